@@ -1,0 +1,1 @@
+"""Provides device shells: token generators, the BiCodec decoder and audio sinks (import torch/vLLM/sounddevice)."""

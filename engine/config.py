@@ -1,0 +1,46 @@
+"""Provides typed, validated configuration: per-request knobs separate from model and device config."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from uuid import uuid4
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Per-request sampling knobs; defaults are the upstream reference's."""
+
+    temperature: float = 0.8
+    """Softmax temperature; 0 means greedy."""
+    top_k: int = 50
+    """Keep only the k most likely tokens (0 disables)."""
+    top_p: float = 0.95
+    """Nucleus sampling mass (1.0 disables)."""
+    max_tokens: int = 3000
+    """Hard cap on generated tokens (3000 semantic tokens = 60 s of audio)."""
+    seed: int | None = None
+    """Seed for this request's sampler; same seed, prompt and model give the same tokens."""
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    """One thing to say."""
+
+    text: str
+    """Raw user text; normalized and split by the synthesizer."""
+    voice: str = "default"
+    """Voice preset name (see assets/voices)."""
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    """Sampling knobs for every sentence of this request."""
+    request_id: str = field(default_factory=lambda: uuid4().hex)
+    """Unique id carried by every event and chunk of this request."""

@@ -1,0 +1,103 @@
+"""Provides typed metric events; the engine emits these and never prints. Front ends decide how to show them."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    request_id: str
+    sentences: int
+    """Sentences known at start (stdin requests may grow)."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    request_id: str
+    ttft_s: float
+    """Seconds from request start to the first generated token."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAudio:
+    request_id: str
+    ttfa_s: float
+    """Seconds from request start to the first audio sample being ready (TTFA)."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDecoded:
+    request_id: str
+    sentence_index: int
+    codes: int
+    """New semantic codes this chunk covers."""
+    samples: int
+    """Samples emitted for this chunk."""
+    decode_s: float
+    """Wall time of the decoder call."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceFinished:
+    request_id: str
+    sentence_index: int
+    tokens: int
+    """Semantic tokens generated for this sentence."""
+    hit_limit: bool
+    """True when the sentence stopped at max_tokens instead of the stop token."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class Underrun:
+    request_id: str
+    frames: int
+    """Frames zero-filled by the playback callback."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    request_id: str
+    audio_s: float
+    wall_s: float
+    rtf: float
+    """wall_s / audio_s: below 1 is faster than real time."""
+    tokens: int
+    cancelled: bool
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    request_id: str
+    error: str
+    """One-line user-facing message."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the user should know that is not a failure (e.g. a backend fallback)."""
+
+    message: str
+    t: float = field(default_factory=_now)
+
+
+Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceFinished, Underrun,
+              RequestFinished, RequestFailed, Notice]
+EventSink = Callable[[Event], None]
+
+
+def ignore_events(event: Event) -> None:
+    """Default event sink: drop everything."""

@@ -1,0 +1,89 @@
+"""Provides the Spark-TTS token-id table and the streaming token parser: id arithmetic, no regex over text."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+GLOBAL_COUNT = 32
+"""Speaker global tokens per utterance (fixed by BiCodec's speaker encoder)."""
+GLOBAL_CODEBOOK = 4096
+SEMANTIC_CODEBOOK = 8192
+
+STRUCTURAL = (
+    "task_vc", "task_tts", "task_asr", "task_s2s", "task_t2s", "task_cap", "task_understand",
+    "task_controllable_tts", "task_prompt_tts", "task_edit", "start_content", "start_style_label",
+    "start_style_prompt", "start_acoustic_token", "start_global_token", "start_semantic_token", "end_content",
+    "end_style_label", "end_style_prompt", "end_acoustic_token", "end_global_token", "end_semantic_token",
+)
+"""Structural added tokens, in the order Spark appended them (ids 165136..165157 in the release)."""
+
+LEVELS = {"very_low": 0, "low": 1, "moderate": 2, "high": 3, "very_high": 4}
+GENDERS = {"female": 0, "male": 1}
+
+
+def tok(name: str) -> str:
+    """Text form of an added token: `tok("gender_1") == "<|gender_1|>"`."""
+    return f"<|{name}|>"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """Ids of every token the engine uses, read from the checkpoint's tokenizer (fine-tunes may differ).
+
+    Defaults are the Spark-TTS-0.5B release's ids.
+    """
+
+    global_base: int = 151665
+    """Id of `<|bicodec_global_0|>`; global index = id - global_base."""
+    semantic_base: int = 155761
+    """Id of `<|bicodec_semantic_0|>`; semantic index = id - semantic_base."""
+    im_end: int = 151645
+    endoftext: int = 151643
+    structural: dict[str, int] = field(default_factory=lambda: {n: 165136 + i for i, n in enumerate(STRUCTURAL)})
+    """Structural token name (without `<|`/`|>`) -> id."""
+    families: dict[str, int] = field(default_factory=lambda: {
+        "pitch_value": 163953, "pitch_var_value": 164954, "pitch_label": 164965, "pitch_var_label": 164970,
+        "speed_value": 164975, "speed_label": 164986, "loudness_value": 164991, "loudness_label": 165022,
+        "age": 165027, "gender": 165032, "emotion": 165035})
+    """Attribute family name -> id of its `_0` member; members are contiguous."""
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Generation ends on any of these: `<|im_end|>`, `<|endoftext|>`, `<|end_semantic_token|>`."""
+        return frozenset({self.im_end, self.endoftext, self.structural["end_semantic_token"]})
+
+    def semantic_index(self, token_id: int) -> int | None:
+        """Codec index of a semantic token id, or None if the id is not one."""
+        i = token_id - self.semantic_base
+        return i if 0 <= i < SEMANTIC_CODEBOOK else None
+
+    def global_index(self, token_id: int) -> int | None:
+        """Codec index of a global token id, or None if the id is not one."""
+        i = token_id - self.global_base
+        return i if 0 <= i < GLOBAL_CODEBOOK else None
+
+    def attribute(self, family: str, value: int) -> int:
+        """Id of `<|{family}_{value}|>`."""
+        return self.families[family] + value
+
+    @classmethod
+    def from_lookup(cls, lookup: Callable[[str], int | None]) -> "TokenIds":
+        """Build the table from a token-text -> id lookup (e.g. the tokenizer's added-token map).
+
+        Raises KeyError naming the first token the lookup does not know.
+        """
+        def need(text: str) -> int:
+            token_id = lookup(text)
+            if token_id is None:
+                raise KeyError(text)
+            return token_id
+
+        families = {f: need(tok(f"{f}_0")) for f in cls().families}
+        return cls(
+            global_base=need(tok("bicodec_global_0")),
+            semantic_base=need(tok("bicodec_semantic_0")),
+            im_end=need("<|im_end|>"),
+            endoftext=need("<|endoftext|>"),
+            structural={n: need(tok(n)) for n in STRUCTURAL},
+            families=families,
+        )

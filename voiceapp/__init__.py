@@ -1,0 +1,1 @@
+"""Provides the voiceapp front ends: the voicectl CLI and the Textual TUI."""

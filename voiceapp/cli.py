@@ -1,0 +1,47 @@
+"""Provides `voicectl`: argparse subcommands, each in its own `voiceapp.cmd_*` module; errors rendered here."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("model", "say", "export", "voices", "voice", "devices", "bench", "doctor", "tui")
+"""Subcommand modules `voiceapp.cmd_<name>`; each defines add_parser(subparsers) and run(args) -> int."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voicectl", description="Real-time Spark-TTS voice player.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"voiceapp.cmd_{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"voiceapp.cmd_{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.errors import VoiceError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["tui", *(argv or [])]) if "tui" in parser._subparsers._group_actions[0].choices \
+            else parser.parse_args(["--help"])
+    try:
+        return int(args.run(args) or 0)
+    except VoiceError as err:
+        print(f"voicectl: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("voicectl: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
