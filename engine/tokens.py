@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from engine.errors import GenerationError
+
 GLOBAL_COUNT = 32
 """Speaker global tokens per utterance (fixed by BiCodec's speaker encoder)."""
 GLOBAL_CODEBOOK = 4096
@@ -87,3 +89,85 @@ class TokenIds:
             structural={n: need(tok(n)) for n in STRUCTURAL},
             families=families,
         )
+
+
+class TokenParser:
+    """Streaming state machine over generated token ids: id deltas in, new semantic codes out.
+
+    One per utterance. Feed it every delta the generator yields; it stops at the first stop id (`done`) and
+    ignores everything after it. In controllable-mode output it also collects the 32 speaker globals emitted
+    between `<|start_global_token|>` and `<|end_global_token|>`. Acoustic (pitch/speed value), structural and
+    unknown ids carry no audio and are only counted in `ignored`.
+    """
+
+    def __init__(self, token_ids: TokenIds) -> None:
+        self.ids = token_ids
+        self._stop = token_ids.stop_ids
+        self._start_global = token_ids.structural["start_global_token"]
+        self._end_global = token_ids.structural["end_global_token"]
+        self.done = False
+        """A stop id has been seen; further ids are dropped uncounted."""
+        self.stop_id: int | None = None
+        """The stop id that ended the stream, once `done`."""
+        self.semantic_count = 0
+        """Semantic codes returned so far."""
+        self.ignored = 0
+        """Ids that were neither semantic, stop, nor part of a global block."""
+        self._globals: list[int] = []
+        self._global_state = "none"  # none -> open (after start_global) -> closed (after end_global)
+
+    def feed(self, token_ids: Iterable[int]) -> list[int]:
+        """Consume a delta of generated ids; return the semantic codes (0..8191) it contained, in order."""
+        codes: list[int] = []
+        for token_id in token_ids:
+            if self.done:
+                break
+            code = self.ids.semantic_index(token_id)
+            if code is not None:
+                codes.append(code)
+            elif token_id in self._stop:
+                self.done, self.stop_id = True, token_id
+            elif not self._track_globals(token_id):
+                self.ignored += 1
+        self.semantic_count += len(codes)
+        return codes
+
+    def _track_globals(self, token_id: int) -> bool:
+        """Advance the global-block state; True if the id belonged to it."""
+        if token_id == self._start_global and self._global_state == "none":
+            self._global_state = "open"
+            return True
+        if self._global_state != "open":
+            return False
+        if token_id == self._end_global:
+            self._global_state = "closed"
+            return True
+        code = self.ids.global_index(token_id)
+        if code is not None:
+            self._globals.append(code)
+        return code is not None
+
+    @property
+    def has_globals(self) -> bool:
+        """A complete `<|start_global_token|>…<|end_global_token|>` block was seen (its size unchecked)."""
+        return self._global_state == "closed"
+
+    @property
+    def global_codes(self) -> tuple[int, ...]:
+        """The 32 speaker globals the model emitted (controllable mode).
+
+        Raises GenerationError if no complete global block was emitted or it did not hold exactly 32 codes
+        (upstream silently decodes whatever it got; a wrong count would garble the voice).
+        """
+        if self._global_state != "closed":
+            raise GenerationError("the model emitted no complete speaker (global token) block; try another seed")
+        if len(self._globals) != GLOBAL_COUNT:
+            raise GenerationError(
+                f"the model emitted {len(self._globals)} speaker global tokens, expected {GLOBAL_COUNT}; try another seed")
+        return tuple(self._globals)
+
+
+def parse_all(ids: Sequence[int], token_ids: TokenIds) -> tuple[list[int], TokenParser]:
+    """Parse a whole generated sequence at once: (semantic codes, the parser for done/globals/counts)."""
+    parser = TokenParser(token_ids)
+    return parser.feed(ids), parser

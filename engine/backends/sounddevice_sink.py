@@ -1,0 +1,332 @@
+"""Provides Player, the speaker AudioSink: one PortAudio output stream per session fed from a RingBuffer.
+
+sounddevice (and with it PortAudio) is imported lazily, inside functions, so importing this module works on
+a machine without PortAudio; only constructing a Player or listing devices needs it.
+
+Threads: the asyncio loop is the ring's only producer (`write`, `drain`, `clear`, `mark_utterance_start`);
+the PortAudio callback is its only consumer and only copies (no allocation of buffers, no locks, no I/O,
+no logging). State the callback needs from the producer is published as one tuple per utterance, read
+once per callback.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from engine.errors import AudioDeviceError
+from engine.ringbuffer import RingBuffer
+
+_FILE_HINT = "use --out FILE.wav to write a file instead"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputDevice:
+    """One PortAudio device that can play audio."""
+
+    index: int
+    name: str
+    hostapi: str
+    """Host API name (ALSA, PulseAudio, CoreAudio, WASAPI, ...)."""
+    default_samplerate: float
+    max_output_channels: int
+    is_default: bool
+    """True for the default output device."""
+
+
+def _device_error(what: str, err: BaseException | None = None) -> AudioDeviceError:
+    detail = f": {str(err).strip().splitlines()[0]}" if err is not None and str(err).strip() else ""
+    return AudioDeviceError(f"{what}{detail}; {_FILE_HINT}")
+
+
+def import_sounddevice() -> Any:
+    """Import sounddevice, turning a missing PortAudio library into AudioDeviceError."""
+    try:
+        import sounddevice as sd
+    except OSError as err:  # "PortAudio library not found"
+        raise _device_error("PortAudio is not available (install libportaudio2)", err) from err
+    return sd
+
+
+def list_devices() -> list[OutputDevice]:
+    """All devices with output channels, in PortAudio's order; raises AudioDeviceError without PortAudio."""
+    sd = import_sounddevice()
+    try:
+        devices = sd.query_devices()
+        hostapis = sd.query_hostapis()
+        default_out = sd.default.device[1]
+    except sd.PortAudioError as err:
+        raise _device_error("cannot query audio devices", err) from err
+    result = []
+    for index, dev in enumerate(devices):
+        if dev["max_output_channels"] < 1:
+            continue
+        result.append(OutputDevice(
+            index=index, name=dev["name"], hostapi=hostapis[dev["hostapi"]]["name"],
+            default_samplerate=float(dev["default_samplerate"]),
+            max_output_channels=int(dev["max_output_channels"]), is_default=index == default_out))
+    return result
+
+
+def pick_device_rate(sd: Any, device: int | str | None, model_rate: int) -> int:
+    """The model's rate if the device accepts it, else the device's default sample rate."""
+    try:
+        sd.check_output_settings(device=device, samplerate=model_rate, channels=1, dtype="float32")
+        return int(model_rate)
+    except (sd.PortAudioError, ValueError):
+        pass
+    try:
+        info = sd.query_devices(device, "output")
+    except (sd.PortAudioError, ValueError) as err:
+        raise _device_error("no usable audio output device", err) from err
+    return int(round(info["default_samplerate"]))
+
+
+class Player:
+    """AudioSink that plays through PortAudio, gaplessly, with pre-roll, backpressure and onset timing."""
+
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        *,
+        device: int | str | None = None,
+        latency: float | str = 0.1,
+        preroll_s: float = 0.2,
+        buffer_s: float = 3.0,
+        device_rate: int | None = None,
+        resample_quality: str = "HQ",
+        poll_s: float = 0.01,
+        stall_timeout_s: float = 5.0,
+    ) -> None:
+        """Open and start the session's output stream.
+
+        sample_rate: rate of the samples given to write() (the model's rate).
+        device: PortAudio device index or name; None = the default output device.
+        latency: PortAudio output latency in seconds; about 0.1 s is robust on small machines.
+        preroll_s: audio buffered before an utterance starts playing; must exceed the latency, because
+            PortAudio may pull a whole host buffer at once.
+        buffer_s: ring capacity; write() awaits while it is full.
+        device_rate: force the stream's rate (None = the model rate if the device takes it, else the
+            device's default rate); when it differs from sample_rate, one stateful soxr stream resamples.
+        stall_timeout_s: waiting this long with no callback progress means the device is gone.
+        """
+        if isinstance(latency, (int, float)) and preroll_s <= latency:
+            raise ValueError(f"preroll_s ({preroll_s}) must exceed the stream latency ({latency})")
+        if buffer_s <= preroll_s:
+            raise ValueError(f"buffer_s ({buffer_s}) must exceed preroll_s ({preroll_s})")
+        sd = import_sounddevice()
+        self.sample_rate = int(sample_rate)
+        self.device_rate = int(device_rate) if device_rate else pick_device_rate(sd, device, self.sample_rate)
+        self._ring = RingBuffer(int(round(buffer_s * self.device_rate)))
+        self._preroll_frames = int(round(preroll_s * self.device_rate))
+        self._resampler = None
+        if self.device_rate != self.sample_rate:
+            import soxr
+
+            self._resampler = soxr.ResampleStream(self.sample_rate, self.device_rate, 1, dtype="float32",
+                                                  quality=resample_quality)
+        self._resampler_dirty = False
+        self._poll_s = poll_s
+        self._stall_timeout_s = stall_timeout_s
+        # Producer -> callback: (utterance seq, ring write count where it begins); replaced, never mutated.
+        self._utt_seq = 0
+        self._utt: tuple[int, int] = (0, 0)
+        self._utt_open = False
+        self._clear_gen = 0
+        # Callback -> producer.
+        self._onset_seq = -1
+        self._onset_perf = 0.0
+        self._callbacks = 0
+        self.output_underflows = 0
+        """Callbacks PortAudio flagged `output_underflow` (host-side glitches; counted, not errors)."""
+        self._finished = False
+        self._closed = False
+        self._sd = sd
+        self._stream = self._open_stream(sd, device, latency)
+
+    # -- stream ---------------------------------------------------------------------------------------
+
+    def _open_stream(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
+        try:
+            stream = sd.OutputStream(samplerate=self.device_rate, channels=1, dtype="float32", device=device,
+                                     latency=latency, callback=self._callback,
+                                     finished_callback=self._on_finished)
+        except (sd.PortAudioError, ValueError) as err:
+            raise _device_error("cannot open the audio output device", err) from err
+        self.latency_s = float(stream.latency)
+        """Output latency PortAudio granted, seconds."""
+        if self._preroll_frames <= self.latency_s * self.device_rate:
+            self._preroll_frames = int(self.latency_s * self.device_rate * 1.5) + 1
+        try:
+            stream.start()
+        except sd.PortAudioError as err:
+            stream.close(ignore_errors=True)
+            raise _device_error("cannot start the audio output device", err) from err
+        return stream
+
+    def _callback(self, outdata: np.ndarray, frames: int, time: Any, status: Any) -> None:
+        """PortAudio thread: copy from the ring, zero-fill on shortfall, note the onset. Nothing else."""
+        ring = self._ring
+        ring.apply_clear()
+        seq, begin = self._utt  # after apply_clear: a seen clear implies its utterance tuple is seen
+        out = outdata[:, 0]
+        r0 = ring.read_count
+        if ring.playing or ring.end_pending or ring.available >= self._preroll_frames:
+            n = ring.read_into(out)
+        else:
+            out.fill(0.0)  # pre-roll: intended silence
+            n = 0
+        if seq != self._onset_seq and r0 + n > begin:
+            offset = begin - r0 if begin > r0 else 0
+            self._onset_perf = (perf_counter() + (time.outputBufferDacTime - time.currentTime)
+                                + offset / self.device_rate)
+            self._onset_seq = seq
+        if status.output_underflow:
+            self.output_underflows += 1
+        self._callbacks += 1
+
+    def _on_finished(self) -> None:
+        self._finished = True
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise AudioDeviceError(f"the audio player is closed; {_FILE_HINT}")
+        if self._finished or not self._stream.active:
+            raise AudioDeviceError(f"the audio output device stopped (disconnected?); {_FILE_HINT}")
+
+    async def _wait_progress(self, last: tuple[int, float]) -> tuple[int, float]:
+        """Sleep one poll; raise AudioDeviceError when the stream died or made no progress for too long."""
+        await asyncio.sleep(self._poll_s)
+        self._check_alive()
+        callbacks, since = last
+        now = perf_counter()
+        if self._callbacks != callbacks:
+            return self._callbacks, now
+        if now - since > self._stall_timeout_s:
+            raise AudioDeviceError(
+                f"the audio output device stopped playing (no callback for {self._stall_timeout_s:g} s); "
+                f"{_FILE_HINT}")
+        return last
+
+    # -- utterances and onset -------------------------------------------------------------------------
+
+    def mark_utterance_start(self) -> int:
+        """Begin a new utterance at the current write position; returns its sequence number. Its audible
+        onset (first buffer carrying its audio reaching the DAC) appears in `last_onset_perf`."""
+        self._utt_seq += 1
+        self._utt = (self._utt_seq, self._ring.write_count)
+        self._utt_open = True
+        return self._utt_seq
+
+    @property
+    def last_onset_perf(self) -> float | None:
+        """time.perf_counter() value at which the current utterance became audible; None until then."""
+        onset = self._onset_perf
+        return onset if self._onset_seq == self._utt_seq else None
+
+    def onset_perf(self, seq: int) -> float | None:
+        """Audible onset of utterance `seq` if it is the latest one whose onset was recorded."""
+        onset = self._onset_perf
+        return onset if self._onset_seq == seq else None
+
+    # -- AudioSink ------------------------------------------------------------------------------------
+
+    async def write(self, samples: np.ndarray) -> None:
+        """Queue float32 mono samples at `sample_rate`; awaits while the ring is full (backpressure)."""
+        self._check_alive()
+        x = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
+        if x.size == 0:
+            return
+        if not self._utt_open:
+            self.mark_utterance_start()
+        if self._resampler is not None:
+            x = self._resampler.resample_chunk(x)
+            self._resampler_dirty = True
+        await self._push(x)
+
+    async def _push(self, x: np.ndarray) -> None:
+        gen = self._clear_gen
+        ring = self._ring
+        done = ring.write(x)
+        last = (self._callbacks, perf_counter())
+        while done < len(x):
+            last = await self._wait_progress(last)
+            if gen != self._clear_gen:
+                return  # cleared while waiting: the rest is dropped too
+            done += ring.write(x[done:])
+
+    async def drain(self) -> None:
+        """Flush the resampler, end the utterance, wait until it has been played, then let at least
+        2x latency of silence follow, so the tail is never cut."""
+        self._check_alive()
+        if self._resampler is not None and self._resampler_dirty:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            self._resampler.clear()
+            self._resampler_dirty = False
+            await self._push(tail)
+        was_open = self._utt_open
+        self._utt_open = False
+        ring = self._ring
+        ring.mark_end()
+        end = ring.write_count
+        if not was_open and ring.available == 0:
+            return
+        last = (self._callbacks, perf_counter())
+        while ring.read_count < end and ring.available > 0:
+            last = await self._wait_progress(last)
+        await asyncio.sleep(max(0.1, 2 * self.latency_s))
+
+    def clear(self) -> None:
+        """Drop everything queued (barge-in). The callback applies it on its next run, so output falls
+        silent within about one callback period plus the host buffer; callable from the producer thread."""
+        self._clear_gen += 1
+        self._utt_open = False
+        self._utt_seq += 1
+        self._utt = (self._utt_seq, self._ring.write_count)  # publish before the ring's clear request
+        self._ring.clear()
+        if self._resampler is not None and self._resampler_dirty:
+            self._resampler.clear()
+            self._resampler_dirty = False
+        if self._closed or not self._stream.active:
+            self._ring.apply_clear()  # no consumer running: apply it ourselves
+
+    def close(self) -> None:
+        """Stop and close the stream; idempotent. Unplayed audio is dropped (call drain() first)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stream.abort(ignore_errors=True)
+            self._stream.close(ignore_errors=True)
+        except self._sd.PortAudioError:
+            pass
+
+    def __enter__(self) -> "Player":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- health counters for a UI ---------------------------------------------------------------------
+
+    @property
+    def underruns(self) -> int:
+        """Callbacks that came up short mid-utterance (the ring ran dry)."""
+        return self._ring.underruns
+
+    @property
+    def underrun_frames(self) -> int:
+        """Device-rate frames zero-filled by those callbacks."""
+        return self._ring.underrun_frames
+
+    @property
+    def fill_frames(self) -> int:
+        """Device-rate frames buffered in the ring now."""
+        return self._ring.available
+
+    @property
+    def capacity_frames(self) -> int:
+        return self._ring.capacity_frames

@@ -1,0 +1,247 @@
+"""Provides TorchTokenGenerator: a KV-cached transformers loop (prefill + decode_one_token) behind TokenGenerator.
+
+The fallback backend when vLLM is not available (CPU, Apple, small GPUs). One request = one DynamicCache; every
+forward pass runs on a single-worker executor owned by the generator, so the event loop never blocks and device
+calls stay serialized while several streams interleave token by token.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from engine.config import SamplingOptions
+from engine.errors import GenerationError, ModelFormatError, ModelNotFound
+from engine.prompt import Prompt
+from engine.tokens import TokenIds
+
+
+def pick_device() -> torch.device:
+    """cuda if available, else mps, else cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on cuda, fp32 elsewhere. Never fp16: Spark's LLM produces garbage in fp16."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# ---- sampling (pure functions on a 1-D logits vector) -------------------------------------------------------
+
+def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates surviving top-k then top-p, most likely first: (logits [K], vocab ids [K]).
+
+    top_k 0 disables top-k, top_p 1.0 disables top-p. Top-p keeps the smallest prefix whose probability mass
+    reaches top_p, and always at least the most likely token. Filtering the top-k first means the sort and
+    softmax run over k values, not the whole 166k vocabulary.
+    """
+    if top_k and top_k < logits.numel():
+        values, indices = torch.topk(logits, top_k)  # sorted, descending
+    elif top_p < 1.0:
+        values, indices = torch.sort(logits, descending=True)
+    else:
+        return logits, torch.arange(logits.numel(), device=logits.device)
+    if top_p < 1.0:
+        probs = torch.softmax(values, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # [K]: mass of strictly more likely candidates
+        keep = mass_before < top_p
+        keep[0] = True
+        values, indices = values[keep], indices[keep]
+    return values, indices
+
+
+def sample_token(logits: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) -> int:
+    """Pick the next id from (already masked) logits [V]: greedy at temperature 0, else top-k/top-p multinomial."""
+    if opts.temperature == 0:
+        return int(torch.argmax(logits))
+    values, indices = top_k_top_p(logits / opts.temperature, opts.top_k, opts.top_p)
+    probs = torch.softmax(values, dim=-1)
+    choice = torch.multinomial(probs, 1, generator=generator)
+    return int(indices[choice])
+
+
+def allowed_mask(allowed_ids: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Additive mask [V]: 0 on allowed ids, -inf elsewhere."""
+    if not allowed_ids or min(allowed_ids) < 0 or max(allowed_ids) >= vocab_size:
+        raise ValueError(f"allowed_ids must be non-empty ids in 0..{vocab_size - 1}")
+    mask = torch.full((vocab_size,), float("-inf"), device=device)
+    mask[torch.tensor(allowed_ids, device=device)] = 0.0
+    return mask
+
+
+# ---- the generator -------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Request:
+    """Per-stream state, owned by one `stream()` call and dropped when it ends."""
+
+    opts: SamplingOptions
+    generator: torch.Generator
+    """This request's RNG: same seed -> same ids, however streams interleave."""
+    mask: torch.Tensor | None
+    """Additive allowed-ids mask [V], built once; None = whole vocabulary."""
+    cache: DynamicCache | None = None
+    pos: int = 0
+    """Position of the next token to feed (= tokens in the cache)."""
+    aborted: bool = False
+
+
+class TorchTokenGenerator:
+    """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
+
+    def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
+                 dtype: torch.dtype | None = None, threads: int | None = None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if dtype == torch.float16:
+            raise ValueError("float16 is not supported (Spark's LLM needs bf16 or fp32)")
+        self.device = torch.device(device) if device is not None else pick_device()
+        self.model = self._load(model_or_dir, dtype)
+        self.token_ids = token_ids
+        self._stop_ids = token_ids.stop_ids
+        self._vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
+        self._requests: dict[str, _Request] = {}
+
+    def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
+        if isinstance(model_or_dir, (str, Path)):
+            path = Path(model_or_dir)
+            if not (path / "config.json").is_file():
+                raise ModelNotFound(f"no LLM checkpoint (config.json) in {path}; download the model first")
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or pick_dtype(self.device))
+            except (OSError, ValueError, KeyError) as e:
+                raise ModelFormatError(f"cannot load the LLM from {path}: {e}") from e
+        else:
+            model = model_or_dir
+            if model.dtype == torch.float16 and dtype is None:
+                raise ValueError("float16 is not supported (Spark's LLM needs bf16 or fp32)")
+        model = model.to(device=self.device, dtype=dtype) if dtype is not None else model.to(self.device)
+        return model.eval()
+
+    # -- the two forward passes (gpt-fast shape); run on the worker thread ----------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: tuple[int, ...] | list[int]) -> tuple[torch.Tensor, DynamicCache]:
+        """Run the whole prompt; return the last position's logits [V] (fp32) and the filled cache."""
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # [1, S]
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float(), cache
+
+    @torch.inference_mode()
+    def decode_one_token(self, last_id: int, cache: DynamicCache, pos: int) -> torch.Tensor:
+        """Feed one token at position `pos` (appending to `cache` in place); return the next logits [V] (fp32)."""
+        input_ids = torch.tensor([[last_id]], dtype=torch.long, device=self.device)  # [1, 1]
+        position_ids = torch.tensor([[pos]], dtype=torch.long, device=self.device)  # [1, 1]
+        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1].float()
+
+    def _next(self, req: _Request, logits: torch.Tensor) -> int:
+        if req.mask is not None:
+            logits = logits + req.mask
+        return sample_token(logits, req.opts, req.generator)
+
+    @torch.inference_mode()
+    def _first_step(self, req: _Request, prompt_ids: tuple[int, ...]) -> int:
+        logits, cache = self.prefill(prompt_ids)
+        req.cache, req.pos = cache, len(prompt_ids)
+        return self._next(req, logits)
+
+    @torch.inference_mode()
+    def _step(self, req: _Request, last_id: int) -> int | None:
+        cache = req.cache
+        if req.aborted or cache is None:  # aborted while this job waited in the queue: no forward pass
+            return None
+        logits = self.decode_one_token(last_id, cache, req.pos)
+        req.pos += 1
+        return self._next(req, logits)
+
+    # -- TokenGenerator ---------------------------------------------------------------------------------------
+
+    def _new_request(self, prompt: Prompt, opts: SamplingOptions) -> _Request:
+        generator = torch.Generator(device=self.device)
+        if opts.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(opts.seed)
+        mask = None
+        if prompt.allowed_ids is not None:
+            mask = allowed_mask(prompt.allowed_ids, self._vocab_size, self.device)
+        return _Request(opts=opts, generator=generator, mask=mask)
+
+    async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
+        """Yield `[id]` as each token is sampled; the stop id (if reached) is the last delta.
+
+        Tokens are computed on demand: nothing runs ahead of the consumer, so when it stops iterating
+        (break + aclose, task cancelled) or `abort()` is called, at most the one forward pass already
+        in flight completes, and its token is dropped.
+        """
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already streaming")
+        if not prompt.ids:
+            raise ValueError("empty prompt")
+        req = self._new_request(prompt, opts)
+        self._requests[request_id] = req
+        loop = asyncio.get_running_loop()
+        try:
+            token = await self._run(loop, self._first_step, req, prompt.ids)
+            for generated in range(1, opts.max_tokens + 1):
+                if req.aborted or token is None:
+                    return
+                yield [token]
+                if token in self._stop_ids or generated == opts.max_tokens:
+                    return
+                token = await self._run(loop, self._step, req, token)
+        finally:
+            req.aborted, req.cache = True, None
+            self._requests.pop(request_id, None)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> Any:
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except RuntimeError as e:
+            if "out of memory" in str(e).lower():
+                raise GenerationError(f"out of memory while generating tokens on {self.device}") from e
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running stream: it ends before its next forward pass; the cache is dropped now."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.aborted, req.cache = True, None
+
+    async def close(self) -> None:
+        """Abort every stream and stop the worker thread (waits for the forward pass in flight)."""
+        for req in self._requests.values():
+            req.aborted, req.cache = True, None
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+
+async def measure_throughput(gen: Any, prompt: Prompt, n_tokens: int, seed: int = 0) -> float:
+    """Decode rate in tokens/s of one `n_tokens` stream, after a 2-token warm-up stream.
+
+    Timed from the first token to the last, so the prefill (time to first token) is not in the rate.
+    Stop ids are not special-cased: a real model may stop early; the rate uses the tokens that came out.
+    """
+    async for _ in gen.stream(prompt, SamplingOptions(max_tokens=2, seed=seed), "throughput-warmup"):
+        pass
+    count, first = 0, 0.0
+    async for delta in gen.stream(prompt, SamplingOptions(max_tokens=n_tokens, seed=seed), "throughput"):
+        if count == 0:
+            first = time.perf_counter()
+        count += len(delta)
+    elapsed = time.perf_counter() - first
+    if count < 2 or elapsed <= 0:
+        raise ValueError("need at least 2 generated tokens to measure a decode rate")
+    return (count - 1) / elapsed

@@ -1,0 +1,390 @@
+"""Provides the Synthesizer: text -> sentences -> tokens -> windowed decode -> crossfaded audio chunks.
+
+`synthesize()` is the only path; `render()` and `speak()` are folds over it. Depends on Protocols only.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import AsyncIterable, AsyncIterator, Callable, Sequence
+
+import numpy as np
+
+from engine.backends.base import AudioSink, CodecDecoder, DecodeItem, TokenGenerator
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.crossfade import Crossfader, fade_edges
+from engine.errors import GenerationError, InputError, VoiceError
+from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
+                           RequestStarted, SentenceFinished, ignore_events)
+from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
+from engine.text import SentenceSplitter, is_speakable, normalize
+from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
+from engine.types import AudioChunk
+from engine.voices import GlobalsCache, Voice, VoiceBank
+from engine.windowing import Window, WindowPlanner, WindowSchedule
+
+VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
+"""Text of the controllable prompt used to compute a preset's speaker globals."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinConfig:
+    """How sentences are joined."""
+
+    pause_s: float = 0.18
+    """Silence between sentences: a short natural pause."""
+    fade_s: float = 0.004
+    """Fade at each sentence edge so joins never click (4 ms is below audibility as a fade)."""
+    max_sentence_chars: int = 280
+    """Longer sentences are split at clause boundaries (what the model handles well)."""
+
+
+def sentence_seed(seed: int | None, index: int) -> int | None:
+    """Per-sentence seed: each sentence is reproducible on its own, whatever the generation order."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+class _TokenFeed:
+    """One sentence's generation running in the background, its deltas queued for the decoder loop."""
+
+    def __init__(self, generator: TokenGenerator, prompt: Prompt, opts: SamplingOptions, request_id: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
+        self._generator = generator
+        self.task = asyncio.create_task(self._run(prompt, opts))
+
+    async def _run(self, prompt: Prompt, opts: SamplingOptions) -> None:
+        try:
+            async for delta in self._generator.stream(prompt, opts, self.request_id):
+                self.queue.put_nowait(list(delta))
+            self.queue.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # handed to the consumer, which raises it in its own context
+            self.queue.put_nowait(err)
+
+    async def get(self) -> list[int] | None:
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def get_nowait(self) -> list[int] | None | bool:
+        """Next delta if one is queued, else False."""
+        if self.queue.empty():
+            return False
+        item = self.queue.get_nowait()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def stop(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+            await self._generator.abort(self.request_id)
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
+@dataclass
+class _Progress:
+    """Per-request counters."""
+
+    t0: float
+    chunks: int = 0
+    samples: int = 0
+    tokens: int = 0
+    first_token: bool = False
+    first_audio: bool = False
+
+
+class Synthesizer:
+    """Streams speech for requests. One instance per loaded model; safe for concurrent requests."""
+
+    def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, token_ids: TokenIds,
+                 encode: Callable[[str], list[int]], voices: VoiceBank, globals_cache: GlobalsCache | None = None,
+                 *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
+                 events: EventSink = ignore_events, eager_lookahead: bool = False) -> None:
+        self.generator, self.decoder, self.token_ids, self.encode = generator, decoder, token_ids, encode
+        self.voices, self.globals_cache = voices, globals_cache
+        self.schedule, self.join, self.events = schedule, join, events
+        self.eager_lookahead = eager_lookahead
+        """Start the next sentence's generation at once (GPU batching) instead of when the current one ends."""
+        self.sample_rate = decoder.sample_rate
+        self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        self._globals_lock = asyncio.Lock()
+
+    # ---- voices -------------------------------------------------------------------------------------
+
+    async def voice_globals(self, name: str) -> tuple[int, ...]:
+        """The voice's 32 speaker globals: stored, cached for this checkpoint, or computed once now."""
+        voice = self.voices.get(name)
+        if voice.global_tokens is not None:
+            return voice.global_tokens
+        async with self._globals_lock:
+            cached = self.globals_cache.get(voice) if self.globals_cache else None
+            if cached is None:
+                cached = await self._compute_globals(voice)
+                if self.globals_cache:
+                    self.globals_cache.put(voice, cached)
+            return cached
+
+    async def _compute_globals(self, voice: Voice) -> tuple[int, ...]:
+        """Run the controllable prompt, constrained to the output grammar
+        `<start_acoustic><pitch_value><speed_value><end_acoustic><start_global>{32 globals}`, sampling each slot
+        from the model restricted to its legal ids. A trained model puts ~all mass there anyway; a random one
+        (synthetic checkpoints) would otherwise never produce a voice."""
+        ids = self.token_ids
+        base = build_controllable_prompt(VOICE_TEXT, voice.gender, voice.pitch, voice.speed, ids, self.encode)
+        s = ids.structural
+        prefix = list(base.ids) + [s["start_acoustic_token"]]
+        slots = [("pitch_value", 1001), ("speed_value", 11)]
+        for i, (family, count) in enumerate(slots):
+            first = ids.families[family]
+            picked = await self._sample(Prompt(tuple(prefix), tuple(range(first, first + count))), 1,
+                                        voice.seed + i, f"globals-{voice.name}-{family}")
+            prefix += picked
+        prefix += [s["end_acoustic_token"], s["start_global_token"]]
+        allowed = tuple(range(ids.global_base, ids.global_base + 4096))
+        picked = await self._sample(Prompt(tuple(prefix), allowed), GLOBAL_COUNT, voice.seed + 7,
+                                    f"globals-{voice.name}")
+        codes = tuple(ids.global_index(t) for t in picked)
+        if len(codes) != GLOBAL_COUNT or None in codes:
+            raise GenerationError(f"voice {voice.name!r}: the model produced {len(codes)} global tokens, "
+                                  f"expected {GLOBAL_COUNT}")
+        return codes  # type: ignore[return-value]
+
+    async def _sample(self, prompt: Prompt, n: int, seed: int, request_id: str) -> list[int]:
+        opts = SamplingOptions(max_tokens=n, seed=seed)
+        out: list[int] = []
+        async for delta in self.generator.stream(prompt, opts, request_id):
+            out += delta
+        return out[:n]
+
+    # ---- the primitive ------------------------------------------------------------------------------
+
+    async def synthesize(self, req: SynthesisRequest,
+                         text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+        """Stream audio for `req.text` (or, if given, for text arriving on `text_stream`, sentence by sentence)."""
+        progress = _Progress(t0=time.perf_counter())
+        self.events(RequestStarted(req.request_id, sentences=0))
+        cancelled = True
+        try:
+            globals_ = await self.voice_globals(req.voice)
+            async for chunk in self._chunks(req, text_stream, globals_, progress):
+                yield chunk
+            cancelled = False
+        except VoiceError as err:
+            self.events(RequestFailed(req.request_id, str(err)))
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as err:
+            message = describe_failure(err)
+            self.events(RequestFailed(req.request_id, message))
+            raise GenerationError(message) from err
+        finally:
+            wall = time.perf_counter() - progress.t0
+            audio = progress.samples / self.sample_rate
+            self.events(RequestFinished(req.request_id, audio_s=audio, wall_s=wall,
+                                        rtf=wall / audio if audio else float("inf"), tokens=progress.tokens,
+                                        cancelled=cancelled))
+
+    async def _chunks(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None,
+                      globals_: tuple[int, ...], progress: _Progress) -> AsyncIterator[AudioChunk]:
+        sentences = _SentenceSource(req.text, text_stream, self.join.max_sentence_chars)
+        feeds: list[tuple[int, _TokenFeed]] = []
+        index = 0
+        try:
+            while True:
+                if not feeds:
+                    text = await sentences.next()
+                    if text is None:
+                        break
+                    feeds.append((index, self._start(req, text, index, globals_)))
+                    index += 1
+                i, feed = feeds.pop(0)
+                if i > 0:
+                    yield self._pause_chunk(req, i, progress)
+
+                def lookahead() -> None:
+                    nonlocal index
+                    text = sentences.next_nowait()
+                    if text is not None:
+                        feeds.append((index, self._start(req, text, index, globals_)))
+                        index += 1
+
+                if self.eager_lookahead:
+                    lookahead()
+                async for chunk in self._sentence(req, i, feed, globals_, progress, on_generated=lookahead
+                                                  if not feeds else None):
+                    yield chunk
+            if index == 0:
+                raise InputError("nothing to say: the text has no speakable words")
+        finally:
+            for _, feed in feeds:
+                await feed.stop()
+            await sentences.close()
+
+    def _start(self, req: SynthesisRequest, text: str, index: int, globals_: tuple[int, ...]) -> _TokenFeed:
+        prompt = build_globals_prompt(text, globals_, self.token_ids, self.encode)
+        opts = replace(req.options, seed=sentence_seed(req.options.seed, index))
+        return _TokenFeed(self.generator, prompt, opts, f"{req.request_id}-{index}")
+
+    async def _sentence(self, req: SynthesisRequest, index: int, feed: _TokenFeed, globals_: tuple[int, ...],
+                        progress: _Progress, on_generated: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
+        parser = TokenParser(self.token_ids)
+        planner, fader = WindowPlanner(self.schedule), Crossfader()
+        codes: list[int] = []
+        done, first_chunk = False, True
+        spc = self.decoder.samples_per_code
+        fade = int(self.join.fade_s * self.sample_rate)
+        try:
+            while True:
+                done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
+                window = planner.next_window(len(codes), done)
+                if window is None:
+                    if done:
+                        break
+                    delta = await feed.get()
+                    done = self._consume(delta, parser, codes, progress, req.request_id)
+                    if done and on_generated:
+                        on_generated()
+                        on_generated = None
+                    continue
+                pcm = await self._decode(req, index, window, codes, globals_)
+                out = fader.push(pcm, window.head * spc, window.tail * spc)
+                out = fade_edges(out, fade if first_chunk else 0, fade if window.final else 0)
+                first_chunk = False
+                yield self._emit(req, index, out, window.final, progress)
+        finally:
+            await feed.stop()
+        self.events(SentenceFinished(req.request_id, index, tokens=parser.semantic_count,
+                                     hit_limit=not parser.done))
+
+    def _take_queued(self, feed: _TokenFeed, parser: TokenParser, codes: list[int], progress: _Progress,
+                     done: bool, request_id: str) -> bool:
+        """Consume every delta already queued, so each window sees the newest codes."""
+        while not done:
+            delta = feed.get_nowait()
+            if delta is False:
+                break
+            done = self._consume(delta, parser, codes, progress, request_id)  # type: ignore[arg-type]
+        return done
+
+    def _consume(self, delta: list[int] | None, parser: TokenParser, codes: list[int], progress: _Progress,
+                 request_id: str) -> bool:
+        if delta is None:
+            return True
+        if not progress.first_token:
+            progress.first_token = True
+            self.events(FirstToken(request_id, time.perf_counter() - progress.t0))
+        new = parser.feed(delta)
+        codes += new
+        progress.tokens += len(new)
+        return parser.done
+
+    async def _decode(self, req: SynthesisRequest, index: int, window: Window, codes: list[int],
+                      globals_: tuple[int, ...]) -> np.ndarray:
+        item = DecodeItem(tuple(codes[window.start:window.stop]), globals_,
+                          window.emit_start - window.start, window.emit_stop - window.start)
+        t = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        (pcm,) = await loop.run_in_executor(self._decode_pool, self.decoder.decode, [item])
+        self.events(ChunkDecoded(req.request_id, index, codes=window.emit_stop - window.emit_start,
+                                 samples=len(pcm), decode_s=time.perf_counter() - t))
+        return pcm
+
+    def _emit(self, req: SynthesisRequest, index: int, samples: np.ndarray, last: bool, progress: _Progress,
+              pause: bool = False) -> AudioChunk:
+        chunk = AudioChunk(req.request_id, samples, self.sample_rate, index, progress.chunks, last, pause)
+        progress.chunks += 1
+        progress.samples += len(samples)
+        if not progress.first_audio and not pause:
+            progress.first_audio = True
+            self.events(FirstAudio(req.request_id, time.perf_counter() - progress.t0))
+        return chunk
+
+    def _pause_chunk(self, req: SynthesisRequest, index: int, progress: _Progress) -> AudioChunk:
+        silence = np.zeros(int(self.join.pause_s * self.sample_rate), np.float32)
+        return self._emit(req, index, silence, False, progress, pause=True)
+
+    # ---- folds --------------------------------------------------------------------------------------
+
+    async def render(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None = None) -> np.ndarray:
+        """The whole utterance as one float32 array."""
+        parts = [chunk.samples async for chunk in self.synthesize(req, text_stream)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    async def speak(self, req: SynthesisRequest, sink: AudioSink,
+                    text_stream: AsyncIterable[str] | None = None) -> None:
+        """Play through a sink (awaits its backpressure), then wait until the sink has played everything."""
+        try:
+            async for chunk in self.synthesize(req, text_stream):
+                await sink.write(chunk.samples)
+            await sink.drain()
+        except BaseException:
+            sink.clear()
+            raise
+
+    async def close(self) -> None:
+        await self.generator.close()
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _SentenceSource:
+    """Normalized, speakable sentences from a string or from text arriving on an async stream."""
+
+    def __init__(self, text: str, stream: AsyncIterable[str] | None, max_chars: int) -> None:
+        self._splitter = SentenceSplitter(max_chars=max_chars)
+        self._ready: list[str] = []
+        self._stream = stream.__aiter__() if stream is not None else None
+        self._flushed = False
+        self._add(self._splitter.feed(text))
+        if self._stream is None:
+            self._finish()
+
+    def _add(self, raw: Sequence[str]) -> None:
+        for sentence in raw:
+            text = normalize(sentence)
+            if is_speakable(text):
+                self._ready.append(text)
+
+    def _finish(self) -> None:
+        if not self._flushed:
+            self._flushed = True
+            self._add(self._splitter.flush())
+
+    def next_nowait(self) -> str | None:
+        return self._ready.pop(0) if self._ready else None
+
+    async def next(self) -> str | None:
+        while not self._ready and not self._flushed:
+            try:
+                piece = await self._stream.__anext__()  # type: ignore[union-attr]
+            except StopAsyncIteration:
+                self._finish()
+                break
+            self._add(self._splitter.feed(piece))
+        return self.next_nowait()
+
+    async def close(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line for an unexpected backend failure (out of memory gets a hint)."""
+    text = f"{type(err).__name__}: {err}".splitlines()[0]
+    if "out of memory" in text.lower():
+        return f"out of GPU memory while synthesizing ({text}); close other GPU programs or use --device cpu"
+    return f"synthesis failed: {text}"

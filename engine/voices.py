@@ -1,0 +1,144 @@
+"""Provides voice presets (assets/voices/*.toml, user voices) and the on-disk cache of their speaker globals."""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import InputError, VoiceNotFound
+from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
+"""Presets shipped with the project."""
+DEFAULT_VOICE = "ava"
+
+
+def user_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "voiceapp"
+
+
+def user_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "voiceapp"
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """A voice: either attributes (+ seed) from which globals are computed once per checkpoint, or stored globals."""
+
+    name: str
+    description: str = ""
+    gender: str = "female"
+    """'female' or 'male' (controllable prompt attribute)."""
+    pitch: str = "moderate"
+    """very_low | low | moderate | high | very_high."""
+    speed: str = "moderate"
+    """very_low | low | moderate | high | very_high (speaking rate)."""
+    seed: int = 0
+    """Sampling seed used when computing the globals: the same seed gives the same voice."""
+    global_tokens: tuple[int, ...] | None = None
+    """Stored globals (cloned voices); None for attribute presets."""
+    model_hash: str | None = None
+    """Checkpoint the stored globals were extracted with (cloned voices)."""
+    path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.gender not in GENDERS:
+            raise InputError(f"voice {self.name!r}: gender must be one of {sorted(GENDERS)}, got {self.gender!r}")
+        for key in ("pitch", "speed"):
+            if getattr(self, key) not in LEVELS:
+                raise InputError(f"voice {self.name!r}: {key} must be one of {list(LEVELS)}")
+        if self.global_tokens is not None:
+            check_globals(self.global_tokens, f"voice {self.name!r}")
+
+    @property
+    def fingerprint(self) -> str:
+        """What determines computed globals: changes to it invalidate the cache."""
+        return f"{self.gender}/{self.pitch}/{self.speed}/{self.seed}"
+
+
+def check_globals(codes, where: str) -> tuple[int, ...]:
+    codes = tuple(int(c) for c in codes)
+    if len(codes) != GLOBAL_COUNT or not all(0 <= c < GLOBAL_CODEBOOK for c in codes):
+        raise InputError(f"{where}: expected {GLOBAL_COUNT} global codes in 0..{GLOBAL_CODEBOOK - 1}")
+    return codes
+
+
+def load_voice_file(path: Path) -> Voice:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise InputError(f"cannot read voice file {path.name}: {err}") from None
+    globals_ = data.pop("global_tokens", None)
+    known = {"name", "description", "gender", "pitch", "speed", "seed", "model_hash"}
+    fields = {k: v for k, v in data.items() if k in known}
+    fields.setdefault("name", path.stem)
+    return Voice(**fields, global_tokens=tuple(globals_) if globals_ is not None else None, path=path)
+
+
+class VoiceBank:
+    """All voices: builtin presets, then user voices (which may shadow presets)."""
+
+    def __init__(self, dirs: list[Path] | None = None) -> None:
+        self.dirs = dirs if dirs is not None else [BUILTIN_DIR, user_data_dir() / "voices"]
+
+    def all(self) -> dict[str, Voice]:
+        voices: dict[str, Voice] = {}
+        for d in self.dirs:
+            for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
+                voice = load_voice_file(path)
+                voices[voice.name] = voice
+        return voices
+
+    def get(self, name: str) -> Voice:
+        name = DEFAULT_VOICE if name in ("", "default") else name
+        voices = self.all()
+        if name not in voices:
+            raise VoiceNotFound(f"unknown voice {name!r}; available: {', '.join(sorted(voices)) or 'none'}")
+        return voices[name]
+
+    def save_user_voice(self, voice: Voice) -> Path:
+        """Write a cloned voice (with stored globals) to the user voice directory."""
+        d = self.dirs[-1]
+        d.mkdir(parents=True, exist_ok=True)
+        lines = [f'name = "{voice.name}"', f'description = "{voice.description}"', f'gender = "{voice.gender}"',
+                 f"global_tokens = {list(voice.global_tokens or ())}"]
+        if voice.model_hash:
+            lines.append(f'model_hash = "{voice.model_hash}"')
+        path = d / f"{voice.name}.toml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+
+class GlobalsCache:
+    """Computed speaker globals on disk, keyed by checkpoint hash and voice fingerprint."""
+
+    def __init__(self, model_hash: str, root: Path | None = None) -> None:
+        self.dir = (root or user_cache_dir() / "globals") / model_hash
+
+    def _path(self, voice: Voice) -> Path:
+        return self.dir / f"{voice.name}.json"
+
+    def get(self, voice: Voice) -> tuple[int, ...] | None:
+        try:
+            data = json.loads(self._path(voice).read_text())
+            if data.get("fingerprint") != voice.fingerprint:
+                return None
+            return check_globals(data["global_tokens"], "cache")
+        except (OSError, ValueError, KeyError, TypeError, InputError):
+            return None
+
+    def put(self, voice: Voice, codes: tuple[int, ...]) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self._path(voice).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"fingerprint": voice.fingerprint, "global_tokens": list(codes)}))
+            tmp.replace(self._path(voice))
+        except OSError:
+            pass  # a read-only cache only costs a recompute next time
+
+    def has(self, voice: Voice) -> bool:
+        return self.get(voice) is not None

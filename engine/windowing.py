@@ -1,0 +1,105 @@
+"""Provides the streaming decode schedule: which codes to decode next and which of their samples to emit. Pure.
+
+BiCodec has no causal state: streaming means decoding overlapping windows. Each window decodes
+`left` codes of already-emitted context, the new codes, and up to `right` codes of lookahead; it emits the
+samples of the new codes plus a `crossfade` tail that the next window's head blends over.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSchedule:
+    """Streaming decode knobs (in semantic codes; 1 code = 20 ms of audio).
+
+    Defaults come from the seam-error table in docs/decoder-context.md: 16 codes of context keeps the
+    random-init seam error near -50 dB, and the crossfade hides what remains.
+    """
+
+    first_new: int = 10
+    """New codes in the first window: small so first audio comes after ~first_new + right LLM steps."""
+    new: int = 24
+    """New codes in the second window; later windows grow by `growth` up to `max_new`."""
+    growth: float = 2.0
+    """Each later window is this many times larger (fewer decoder calls once playback is safely ahead)."""
+    max_new: int = 96
+    """Upper bound on new codes per window (bounds decode latency and memory)."""
+    left: int = 16
+    """Left context codes (already emitted; costs compute only)."""
+    right: int = 8
+    """Right context codes (lookahead; costs latency: the LLM must be this far ahead)."""
+    crossfade: int = 2
+    """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
+
+    def __post_init__(self) -> None:
+        if not (self.first_new >= 1 and self.new >= 1 and self.max_new >= self.new and self.growth >= 1):
+            raise ValueError("window sizes must be >= 1, max_new >= new, growth >= 1")
+        # right >= 1 guarantees that every sentence ends with a final window (where its fade-out goes).
+        if not (0 <= self.left and self.right >= 1 and 0 <= self.crossfade < self.right):
+            raise ValueError("need left >= 0, right >= 1 and 0 <= crossfade < right")
+
+    def new_codes(self, window_index: int) -> int:
+        """New codes emitted by window number `window_index` (0-based)."""
+        if window_index == 0:
+            return self.first_new
+        return min(self.max_new, int(self.new * self.growth ** (window_index - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One planned decode: code indices are absolute within the sentence."""
+
+    start: int
+    """First code fed to the decoder (includes left context)."""
+    stop: int
+    """One past the last code fed to the decoder (includes right context)."""
+    emit_start: int
+    """First code whose samples this window emits (its first `head` codes blend with the previous tail)."""
+    emit_stop: int
+    """One past the last code whose samples this window emits (includes the held-back crossfade tail)."""
+    head: int
+    """Codes at the start of the emitted span that crossfade with the previous window's tail."""
+    tail: int
+    """Codes at the end of the emitted span held back for the next window's crossfade (0 on the last window)."""
+    final: bool
+
+
+class WindowPlanner:
+    """Plans windows for one sentence as codes arrive. Owns only indices; one instance per sentence."""
+
+    def __init__(self, schedule: WindowSchedule) -> None:
+        self.schedule = schedule
+        self.emitted = 0
+        """Codes whose audio is final (excludes the held-back tail)."""
+        self.windows = 0
+        self._pending_head = 0
+
+    def next_window(self, available: int, done: bool) -> Window | None:
+        """The next window to decode given `available` codes so far, or None if it must wait for more.
+
+        When `done`, everything left is planned as one final window (no lookahead needed at the true end).
+        """
+        s = self.schedule
+        remaining = available - self.emitted
+        if remaining <= 0 and not (done and self._pending_head):
+            return None
+        want = s.new_codes(self.windows)
+        if done and remaining <= want + s.right:
+            return self._plan(available, available, final=True)
+        if remaining < want + s.right:
+            return None
+        return self._plan(self.emitted + want, available, final=False)
+
+    def _plan(self, new_stop: int, available: int, final: bool) -> Window:
+        s = self.schedule
+        tail = 0 if final else s.crossfade
+        head = self._pending_head
+        emit_start = self.emitted - head
+        emit_stop = new_stop + tail
+        window = Window(start=max(0, emit_start - s.left), stop=min(available, new_stop + (0 if final else s.right)),
+                        emit_start=emit_start, emit_stop=emit_stop, head=head, tail=tail, final=final)
+        self.emitted = new_stop
+        self._pending_head = tail
+        self.windows += 1
+        return window

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up a development checkout from scratch: system audio/terminal packages (when root with apt),
+# a virtual environment in .venv, CPU PyTorch, the project with its dev extras, and the upstream
+# reference (spark-tts-lib, installed without its dependencies: it declares torchaudio, which pins
+# an older torch; the tests only use its decode modules, which need none of that).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  bash .ci/audio-setup.sh
+fi
+
+python3 -m venv .venv
+py=.venv/bin/python
+$py -m pip install -q --upgrade pip
+# CPU build unless a torch is already there (a GPU machine brings its own CUDA torch).
+$py -c 'import torch' 2>/dev/null || $py -m pip install -q "torch==2.13.0"
+$py -m pip install -q -e '.[dev]'
+$py -m pip install -q --no-deps "spark-tts-lib==0.2.1"
+$py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
