@@ -162,8 +162,8 @@ class TokenParser:
         if self._global_state != "closed":
             raise GenerationError("the model emitted no complete speaker (global token) block; try another seed")
         if len(self._globals) != GLOBAL_COUNT:
-            raise GenerationError(
-                f"the model emitted {len(self._globals)} speaker global tokens, expected {GLOBAL_COUNT}; try another seed")
+            raise GenerationError(f"the model emitted {len(self._globals)} speaker global tokens, "
+                                  f"expected {GLOBAL_COUNT}; try another seed")
         return tuple(self._globals)
 
 

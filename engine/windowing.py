@@ -55,7 +55,8 @@ class Window:
     stop: int
     """One past the last code fed to the decoder (includes right context)."""
     emit_start: int
-    """First code whose samples this window emits (its first `head` codes blend with the previous tail)."""
+    """First code whose samples this window emits; its first `head` codes blend with the previous window's
+    held-back tail, which covered the same codes."""
     emit_stop: int
     """One past the last code whose samples this window emits (includes the held-back crossfade tail)."""
     head: int
@@ -71,7 +72,7 @@ class WindowPlanner:
     def __init__(self, schedule: WindowSchedule) -> None:
         self.schedule = schedule
         self.emitted = 0
-        """Codes whose audio is final (excludes the held-back tail)."""
+        """Codes whose audio is final; the previous window's held-back tail covers the next `_pending_head`."""
         self.windows = 0
         self._pending_head = 0
 
@@ -82,9 +83,9 @@ class WindowPlanner:
         """
         s = self.schedule
         remaining = available - self.emitted
-        if remaining <= 0 and not (done and self._pending_head):
+        if remaining <= 0:
             return None
-        want = s.new_codes(self.windows)
+        want = max(s.new_codes(self.windows), self._pending_head)
         if done and remaining <= want + s.right:
             return self._plan(available, available, final=True)
         if remaining < want + s.right:
@@ -94,11 +95,10 @@ class WindowPlanner:
     def _plan(self, new_stop: int, available: int, final: bool) -> Window:
         s = self.schedule
         tail = 0 if final else s.crossfade
-        head = self._pending_head
-        emit_start = self.emitted - head
-        emit_stop = new_stop + tail
-        window = Window(start=max(0, emit_start - s.left), stop=min(available, new_stop + (0 if final else s.right)),
-                        emit_start=emit_start, emit_stop=emit_stop, head=head, tail=tail, final=final)
+        emit_start = self.emitted
+        window = Window(start=max(0, emit_start - s.left), stop=available if final else new_stop + s.right,
+                        emit_start=emit_start, emit_stop=new_stop + tail, head=self._pending_head, tail=tail,
+                        final=final)
         self.emitted = new_stop
         self._pending_head = tail
         self.windows += 1

@@ -85,6 +85,8 @@ def pick_device_rate(sd: Any, device: int | str | None, model_rate: int) -> int:
     return int(round(info["default_samplerate"]))
 
 
+import os
+CLEAR_ABORT = bool(os.environ.get("CLEAR_ABORT"))
 class Player:
     """AudioSink that plays through PortAudio, gaplessly, with pre-roll, backpressure and onset timing."""
 
@@ -142,6 +144,7 @@ class Player:
         self._callbacks = 0
         self.output_underflows = 0
         """Callbacks PortAudio flagged `output_underflow` (host-side glitches; counted, not errors)."""
+        self._dbg = []
         self._finished = False
         self._closed = False
         self._sd = sd
@@ -184,6 +187,7 @@ class Player:
             self._onset_perf = (perf_counter() + (time.outputBufferDacTime - time.currentTime)
                                 + offset / self.device_rate)
             self._onset_seq = seq
+        if len(self._dbg) < 20: self._dbg.append((time.outputBufferDacTime - time.currentTime, time.currentTime, perf_counter(), frames))
         if status.output_underflow:
             self.output_underflows += 1
         self._callbacks += 1
@@ -292,6 +296,8 @@ class Player:
             self._resampler_dirty = False
         if self._closed or not self._stream.active:
             self._ring.apply_clear()  # no consumer running: apply it ourselves
+        elif CLEAR_ABORT:
+            t=perf_counter(); self._stream.abort(); self._finished = False; self._ring.apply_clear(); self._stream.start(); self._dbg.append(("restart", perf_counter()-t))
 
     def close(self) -> None:
         """Stop and close the stream; idempotent. Unplayed audio is dropped (call drain() first)."""

@@ -81,7 +81,7 @@ def allowed_mask(allowed_ids: tuple[int, ...], vocab_size: int, device: torch.de
 
 # ---- the generator -------------------------------------------------------------------------------------------
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Request:
     """Per-stream state, owned by one `stream()` call and dropped when it ends."""
 
@@ -111,7 +111,8 @@ class TorchTokenGenerator:
         self._stop_ids = token_ids.stop_ids
         self._vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, list[_Request]] = {}
+        """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
 
     def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
         if isinstance(model_or_dir, (str, Path)):
@@ -120,7 +121,7 @@ class TorchTokenGenerator:
                 raise ModelNotFound(f"no LLM checkpoint (config.json) in {path}; download the model first")
             try:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or pick_dtype(self.device))
-            except (OSError, ValueError, KeyError) as e:
+            except Exception as e:  # missing shards, bad safetensors, unknown architecture: one user-facing error
                 raise ModelFormatError(f"cannot load the LLM from {path}: {e}") from e
         else:
             model = model_or_dir
@@ -187,12 +188,10 @@ class TorchTokenGenerator:
         (break + aclose, task cancelled) or `abort()` is called, at most the one forward pass already
         in flight completes, and its token is dropped.
         """
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already streaming")
         if not prompt.ids:
             raise ValueError("empty prompt")
         req = self._new_request(prompt, opts)
-        self._requests[request_id] = req
+        self._requests.setdefault(request_id, []).append(req)
         loop = asyncio.get_running_loop()
         try:
             token = await self._run(loop, self._first_step, req, prompt.ids)
@@ -205,7 +204,7 @@ class TorchTokenGenerator:
                 token = await self._run(loop, self._step, req, token)
         finally:
             req.aborted, req.cache = True, None
-            self._requests.pop(request_id, None)
+            self._forget(request_id, req)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> Any:
         try:
@@ -215,16 +214,23 @@ class TorchTokenGenerator:
                 raise GenerationError(f"out of memory while generating tokens on {self.device}") from e
             raise
 
+    def _forget(self, request_id: str, req: _Request) -> None:
+        live = self._requests.get(request_id, [])
+        if req in live:
+            live.remove(req)
+        if not live:
+            self._requests.pop(request_id, None)
+
     async def abort(self, request_id: str) -> None:
-        """Stop a running stream: it ends before its next forward pass; the cache is dropped now."""
-        req = self._requests.get(request_id)
-        if req is not None:
+        """Stop the stream(s) with this id: each ends before its next forward pass; caches are dropped now."""
+        for req in self._requests.get(request_id, []):
             req.aborted, req.cache = True, None
 
     async def close(self) -> None:
         """Abort every stream and stop the worker thread (waits for the forward pass in flight)."""
-        for req in self._requests.values():
-            req.aborted, req.cache = True, None
+        for live in self._requests.values():
+            for req in live:
+                req.aborted, req.cache = True, None
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
 

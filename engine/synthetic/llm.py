@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from engine.model import FAMILY_SIZES
 from engine.tokens import GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK, STRUCTURAL, tok
 
 BASE_VOCAB = 151643
@@ -30,11 +31,7 @@ QWEN_SPECIALS = (
 )
 """Qwen2.5's added tokens at ids 151643..151664 as (text, special); the last eight are not special upstream."""
 
-SPARK_FAMILIES = (
-    ("bicodec_global", GLOBAL_CODEBOOK), ("bicodec_semantic", SEMANTIC_CODEBOOK), ("pitch_value", 1001),
-    ("pitch_var_value", 11), ("pitch_label", 5), ("pitch_var_label", 5), ("speed_value", 11), ("speed_label", 5),
-    ("loudness_value", 31), ("loudness_label", 5), ("age", 5), ("gender", 3), ("emotion", 101),
-)
+SPARK_FAMILIES = (("bicodec_global", GLOBAL_CODEBOOK), ("bicodec_semantic", SEMANTIC_CODEBOOK), *FAMILY_SIZES.items())
 """Spark's appended token families `<|name_0|>..<|name_{n-1}|>` in append order (spec §2.2); STRUCTURAL follows."""
 
 PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -1,0 +1,153 @@
+"""Synthesizer logic on deterministic fakes: events, streaming == one-shot, cancellation, determinism, inputs."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from engine.backends.base import DecodeItem
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.crossfade import fade_edges
+from engine.errors import InputError, VoiceNotFound
+from engine.events import (ChunkDecoded, FirstAudio, FirstToken, RequestFinished, RequestStarted,
+                           SentenceFinished)
+from engine.fakes import ScriptedGenerator, ToneDecoder
+from engine.pipeline import JoinConfig, Synthesizer, sentence_seed
+from engine.prompt import build_globals_prompt
+from engine.tokens import TokenIds, parse_all
+from engine.voices import GlobalsCache, VoiceBank
+
+IDS = TokenIds()
+
+
+def encode(text):
+    return [ord(c) % 1000 for c in text]
+
+
+def make(tokens=60, delay=0.0, events=None, cache_root=None, **kw):
+    gen = ScriptedGenerator(IDS, tokens_per_sentence=tokens, delay_s=delay)
+    cache = GlobalsCache("testhash", root=cache_root) if cache_root else None
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), cache,
+                        events=(events.append if events is not None else (lambda e: None)), **kw)
+    return synth, gen
+
+
+async def expected_sentence_audio(synth, text, seed, index, voice="ava"):
+    """What one sentence must sound like: the one-shot decode of the tokens its prompt generates."""
+    globals_ = await synth.voice_globals(voice)
+    prompt = build_globals_prompt(text, globals_, IDS, encode)
+    opts = SamplingOptions(seed=sentence_seed(seed, index))
+    ids = [t async for delta in ScriptedGenerator(IDS, synth.generator.tokens_per_sentence).stream(
+        prompt, opts, "x") for t in delta]
+    codes, _ = parse_all(ids, IDS)
+    (pcm,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
+    fade = int(synth.join.fade_s * synth.sample_rate)
+    return fade_edges(pcm, fade, fade)
+
+
+async def test_streamed_chunks_equal_one_shot_decode_with_pauses_between_sentences():
+    synth, _ = make(tokens=137)
+    req = SynthesisRequest("First sentence here. And a second one!", options=SamplingOptions(seed=5))
+    chunks = [c async for c in synth.synthesize(req)]
+    assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
+    pauses = [c for c in chunks if c.pause]
+    assert len(pauses) == 1 and not pauses[0].samples.any()
+    assert len(pauses[0].samples) == int(JoinConfig().pause_s * 16000)
+    for index, text in enumerate(["First sentence here.", "And a second one!"]):
+        got = np.concatenate([c.samples for c in chunks if c.sentence_index == index and not c.pause])
+        want = await expected_sentence_audio(synth, text, 5, index)
+        assert len(got) == 137 * 320
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert sum(c.sentence_end for c in chunks) == 2
+
+
+async def test_events_arrive_in_order_with_sane_values():
+    events = []
+    synth, _ = make(tokens=50, delay=0.001, events=events)
+    await synth.render(SynthesisRequest("Hello world. Bye now.", options=SamplingOptions(seed=1)))
+    kinds = [type(e) for e in events]
+    assert kinds[0] is RequestStarted and kinds[-1] is RequestFinished
+    assert kinds.index(FirstToken) < kinds.index(FirstAudio) < kinds.index(SentenceFinished)
+    assert kinds.count(SentenceFinished) == 2
+    first_token, first_audio = events[kinds.index(FirstToken)], events[kinds.index(FirstAudio)]
+    assert 0 < first_token.ttft_s <= first_audio.ttfa_s < 5
+    decoded = [e for e in events if isinstance(e, ChunkDecoded)]
+    assert sum(e.codes for e in decoded) == 100 and all(e.decode_s >= 0 for e in decoded)
+    done = events[-1]
+    assert not done.cancelled and done.tokens == 100
+    assert done.audio_s == pytest.approx(2 * 50 * 0.02 + JoinConfig().pause_s, abs=1e-6)
+    assert done.rtf == pytest.approx(done.wall_s / done.audio_s)
+    assert [e.t for e in events] == sorted(e.t for e in events)
+
+
+async def test_breaking_out_of_the_stream_cancels_generation_promptly():
+    events = []
+    synth, gen = make(tokens=3000, delay=0.002, events=events)
+    req = SynthesisRequest("A very long sentence that will not finish.", options=SamplingOptions(seed=2))
+    stream = synth.synthesize(req)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    steps = gen.steps
+    await asyncio.sleep(0.05)
+    assert gen.steps == steps, "generation kept running after cancel"
+    assert steps < 200 and any(r.startswith(req.request_id) for r in gen.aborted)
+    assert isinstance(events[-1], RequestFinished) and events[-1].cancelled
+
+
+async def test_task_cancellation_stops_generation():
+    synth, gen = make(tokens=3000, delay=0.002)
+    task = asyncio.create_task(synth.render(SynthesisRequest("Long one.", options=SamplingOptions(seed=2))))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    steps = gen.steps
+    await asyncio.sleep(0.05)
+    assert gen.steps == steps
+
+
+async def test_same_seed_same_audio_different_seed_different_audio():
+    synth, _ = make(tokens=40)
+    text = "Determinism matters. Every time."
+    a = await synth.render(SynthesisRequest(text, options=SamplingOptions(seed=7)))
+    b = await synth.render(SynthesisRequest(text, options=SamplingOptions(seed=7)))
+    c = await synth.render(SynthesisRequest(text, options=SamplingOptions(seed=8)))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+async def test_text_arriving_in_pieces_sounds_the_same_as_whole_text():
+    synth, _ = make(tokens=30)
+    text = "Piped text arrives slowly. It is spoken as it comes.\nA log line without a period\n"
+
+    async def trickle():
+        for i in range(0, len(text), 3):
+            yield text[i:i + 3]
+            await asyncio.sleep(0)
+
+    whole = await synth.render(SynthesisRequest(text, options=SamplingOptions(seed=3)))
+    pieces = await synth.render(SynthesisRequest("", options=SamplingOptions(seed=3)), text_stream=trickle())
+    assert len(whole) > 0 and np.array_equal(whole, pieces)
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "?!... ---", "\U0001F600\U0001F680"])
+async def test_nothing_speakable_is_an_input_error(text):
+    synth, _ = make()
+    with pytest.raises(InputError):
+        await synth.render(SynthesisRequest(text))
+
+
+async def test_unknown_voice_is_reported():
+    synth, _ = make()
+    with pytest.raises(VoiceNotFound, match="ava"):
+        await synth.render(SynthesisRequest("Hi.", voice="nobody"))
+
+
+async def test_voice_globals_are_computed_once_then_cached_on_disk(tmp_path):
+    synth, gen = make(cache_root=tmp_path)
+    first = await synth.voice_globals("leo")
+    assert len(first) == 32 and all(0 <= g < 4096 for g in first)
+    calls = len(gen.started)
+    synth2, gen2 = make(cache_root=tmp_path)
+    assert await synth2.voice_globals("leo") == first and gen2.started == []
+    assert await synth.voice_globals("leo") == first and len(gen.started) == calls
+    assert await synth.voice_globals("emma") != first

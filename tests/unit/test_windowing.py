@@ -1,0 +1,55 @@
+"""Window planner: windows tile the sentence exactly, respect context and lookahead, and end with a final one."""
+import pytest
+
+from engine.windowing import WindowPlanner, WindowSchedule
+
+
+def plan_all(schedule, total, step=1):
+    """Feed `total` codes `step` at a time, then signal done; return all windows with the availability seen."""
+    planner, windows, available = WindowPlanner(schedule), [], 0
+    while True:
+        done = available >= total
+        w = planner.next_window(available, done)
+        if w is None:
+            if done:
+                return windows
+            available = min(total, available + step)
+            continue
+        windows.append((w, available))
+
+
+@pytest.mark.parametrize("total", [1, 5, 10, 17, 18, 19, 40, 200, 777])
+@pytest.mark.parametrize("step", [1, 3, 50])
+def test_windows_tile_the_sentence_and_respect_lookahead(total, step):
+    s = WindowSchedule()
+    windows = plan_all(s, total, step)
+    assert windows and windows[-1][0].final and all(not w.final for w, _ in windows[:-1])
+    pos, held = 0, 0
+    for w, available in windows:
+        assert w.emit_start == pos and w.head == held
+        assert w.start == max(0, w.emit_start - s.left) and w.stop <= available
+        if not w.final:
+            assert w.stop - (w.emit_stop - w.tail) == s.right       # full lookahead beyond the new codes
+            assert w.emit_stop <= w.stop
+        pos, held = w.emit_stop - w.tail, w.tail
+    assert pos == total and held == 0
+
+
+def test_first_window_is_small_and_later_windows_grow():
+    s = WindowSchedule(first_new=10, new=24, growth=2.0, max_new=96, right=8)
+    windows = [w for w, _ in plan_all(s, 1000)]
+    sizes = [w.emit_stop - w.tail - w.emit_start for w in windows]
+    assert sizes[:4] == [10, 24, 48, 96] and max(sizes) == 96
+    first, available = plan_all(s, 1000)[0]
+    assert available == 18                                            # first audio after first_new + right codes
+
+
+def test_no_codes_means_no_window():
+    assert WindowPlanner(WindowSchedule()).next_window(0, True) is None
+
+
+@pytest.mark.parametrize("kwargs", [dict(right=0, crossfade=0), dict(crossfade=8, right=8), dict(first_new=0),
+                                    dict(left=-1), dict(max_new=4, new=10)])
+def test_invalid_schedules_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        WindowSchedule(**kwargs)

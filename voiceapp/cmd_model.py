@@ -1,0 +1,133 @@
+"""Provides `voicectl model synth|download|info`: get a checkpoint, or check and describe one."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("model", help="get a Spark-TTS checkpoint, or check and describe one",
+                                   description="Get a Spark-TTS checkpoint, or check and describe one.")
+    parser.set_defaults(run=run, model_action=None, model_parser=parser)
+    sub = parser.add_subparsers(dest="model_command", metavar="ACTION")
+
+    synth = sub.add_parser("synth", help="write a random-weight checkpoint in the real layout (tests, benchmarks)",
+                           description="Write a random-weight checkpoint in the exact Spark-TTS-0.5B layout. "
+                                       "It loads and runs like the real model but does not speak.")
+    synth.add_argument("dir", metavar="DIR", help="directory to create")
+    synth.add_argument("--size", choices=("tiny", "full"), default="tiny",
+                       help="tiny: small layers, real ids (default); full: the release's shapes (~2.6 GB)")
+    synth.add_argument("--seed", type=int, default=0, help="weight seed; same seed, same bytes (default 0)")
+    synth.add_argument("--force", action="store_true", help="replace DIR if it already holds a checkpoint")
+    synth.set_defaults(model_action=_synth)
+
+    download = sub.add_parser("download", help="download the model from the Hugging Face Hub",
+                              description="Download the model with huggingface_hub (into its cache unless --dir).")
+    download.add_argument("--repo", metavar="ID", default=None, help="repo id (default SparkAudio/Spark-TTS-0.5B)")
+    download.add_argument("--dir", metavar="DIR", default=None,
+                          help="download into DIR instead of the Hugging Face cache (then use --model DIR)")
+    download.set_defaults(model_action=_download)
+
+    info = sub.add_parser("info", help="check a checkpoint and print its layout, token ids and hash",
+                          description="Find the checkpoint (--model, $VOICEAPP_MODEL, Hugging Face cache), "
+                                      "check it and describe it. Exit status 0 only if it is valid.")
+    info.add_argument("--model", metavar="DIR", default=None, help="checkpoint directory")
+    info.set_defaults(model_action=_info)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model_action is None:
+        args.model_parser.print_help(sys.stderr)
+        return 2
+    return args.model_action(args)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from engine.model import load_model_info
+    from engine.synthetic import write_checkpoint
+
+    _status(f"writing a {args.size} synthetic checkpoint (seed {args.seed}) to {args.dir} ...")
+    start = time.perf_counter()
+    path = write_checkpoint(Path(args.dir), size=args.size, seed=args.seed, overwrite=args.force)
+    elapsed = time.perf_counter() - start
+    info = load_model_info(path)
+    print(f"{path}: {args.size} synthetic checkpoint, {_human(_tree_size(path))}, written in {elapsed:.1f} s, "
+          f"hash {info.checkpoint_hash}")
+    print(f"use it with --model {path} (or VOICEAPP_MODEL={path})")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from engine.download import download_model
+    from engine.model import DEFAULT_REPO, load_model_info
+
+    repo = args.repo or DEFAULT_REPO
+    _status(f"downloading {repo} ...")
+    path = download_model(repo, dest=args.dir)
+    info = load_model_info(path)
+    print(f"{path}: {repo}, hash {info.checkpoint_hash}")
+    if args.dir is not None:
+        print(f"use it with --model {path} (or VOICEAPP_MODEL={path})")
+    elif repo != DEFAULT_REPO:
+        print(f"only {DEFAULT_REPO} is found automatically: use --model {path} (or VOICEAPP_MODEL={path})")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from engine.model import load_model_info, resolve_model_dir
+
+    root = resolve_model_dir(args.model)
+    print(f"model        {root}")
+    for rel, size in _layout(root):
+        print(f"  {rel:<40} {_human(size) if size is not None else 'missing'}")
+    info = load_model_info(root)  # raises a one-line ModelFormatError (exit 1) if invalid
+    ids = info.token_ids
+    cfg = info.llm_config
+    print(f"sample rate  {info.sample_rate} Hz")
+    print(f"LLM          {cfg.get('architectures', ['?'])[0]}, {cfg.get('num_hidden_layers')} layers, "
+          f"hidden {info.hidden_size}, vocab {info.vocab_size} (tokenizer {info.tokenizer_size}), {info.llm_dtype}")
+    print(f"tokens       global {ids.global_base}..{ids.global_base + 4095}, "
+          f"semantic {ids.semantic_base}..{ids.semantic_base + 8191}, im_end {ids.im_end}, "
+          f"endoftext {ids.endoftext}, end_semantic {ids.structural['end_semantic_token']}")
+    print(f"wav2vec2     {'present' if info.wav2vec2_dir else 'absent (cloning from a reference clip unavailable)'}")
+    print(f"hash         {info.checkpoint_hash}")
+    print("valid        yes")
+    return 0
+
+
+def _status(line: str) -> None:
+    """A progress line for a human watching (stderr is a terminal); scripts see only results and errors."""
+    if sys.stderr.isatty():
+        print(line, file=sys.stderr, flush=True)
+
+
+def _layout(root: Path) -> list[tuple[str, int | None]]:
+    """(relative path, size or None if missing) for every file the engine reads."""
+    names = ["config.yaml", "LLM/config.json"]
+    index = root / "LLM" / "model.safetensors.index.json"
+    if not (root / "LLM" / "model.safetensors").is_file() and index.is_file():
+        names += ["LLM/model.safetensors.index.json"]
+        names += sorted(f"LLM/{p.name}" for p in (root / "LLM").glob("model-*.safetensors"))
+    else:
+        names += ["LLM/model.safetensors"]
+    names += ["LLM/tokenizer.json", "LLM/tokenizer_config.json", "BiCodec/config.yaml", "BiCodec/model.safetensors"]
+    out: list[tuple[str, int | None]] = [(n, (root / n).stat().st_size if (root / n).is_file() else None)
+                                         for n in names]
+    wav2vec2 = root / "wav2vec2-large-xlsr-53"
+    if wav2vec2.is_dir():
+        out.append(("wav2vec2-large-xlsr-53/", _tree_size(wav2vec2)))
+    return out
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

@@ -1,0 +1,79 @@
+"""Provides what every voicectl command shares: engine options, engine construction, reading text input."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine.errors import InputError
+
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+"""Default cap on a text file read whole (a long novel is ~1 MB); --max-mb raises it."""
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", metavar="DIR", help="checkpoint directory (default: $VOICEAPP_MODEL, then the HF cache)")
+    g.add_argument("--backend", choices=["auto", "torch", "vllm", "fake"], default="auto",
+                   help="token generator (default: vLLM on a GPU, else torch)")
+    g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
+    g.add_argument("--threads", type=int, help="CPU threads for torch")
+
+
+def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
+    p.add_argument("--voice", default="default", help="voice preset (see `voicectl voices`)")
+    p.add_argument("--seed", type=int, default=default_seed,
+                   help=f"sampling seed; same text, voice, seed and model give the same audio (default: "
+                        f"{'random' if default_seed is None else default_seed})")
+
+
+def engine_config(args: argparse.Namespace):
+    from engine.factory import EngineConfig
+
+    return EngineConfig(model=args.model, backend=args.backend,
+                        device="auto" if args.compute == "auto" else args.compute,
+                        decoder_device=args.compute, threads=args.threads)
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """Bytes from a file or stdin -> text; binary or non-UTF-8 input is refused with one line."""
+    if b"\x00" in data[:65536]:
+        raise InputError(f"{source} looks like a binary file, not text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{source} is not valid UTF-8 text (byte {err.start}); convert it with iconv") from None
+
+
+def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """Read a whole text file (or `-` for stdin), with the size cap and binary checks."""
+    source = "stdin" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(max_bytes + 1)
+        else:
+            p = Path(path)
+            if p.is_dir():
+                raise InputError(f"{path} is a directory, not a text file")
+            with p.open("rb") as f:
+                data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InputError(f"no such file: {path}") from None
+    except PermissionError:
+        raise InputError(f"cannot read {path}: permission denied") from None
+    except OSError as err:
+        raise InputError(f"cannot read {source}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{source} is larger than {max_bytes // (1024 * 1024)} MB; "
+                         f"pass --max-mb N to allow more, or split it")
+    return decode_text(data, source)
+
+
+def require_speakable(text: str, source: str) -> None:
+    """Fail fast (before loading a model) on input with nothing to say."""
+    from engine.text import is_speakable, normalize
+
+    if not text.strip():
+        raise InputError(f"{source} is empty: nothing to say")
+    if not is_speakable(normalize(text)):
+        raise InputError(f"{source} has no speakable words (only punctuation, symbols or emoji)")
