@@ -89,13 +89,12 @@ def _cuda() -> bool:
 
 
 def _build_decoder(info, config: EngineConfig):
-    from engine.backends.bicodec import BiCodecDecoder, load_bicodec
+    from engine.backends.bicodec import BiCodecDecoder
 
     device = config.decoder_device
     if device == "auto":
         device = "cuda" if _cuda() else "cpu"
-    model = load_bicodec(info.bicodec_dir, device=device)
-    return BiCodecDecoder(model, num_threads=config.threads)
+    return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
 
 
 def _build_generator(info, config: EngineConfig, events: EventSink):

@@ -34,8 +34,9 @@ class ScriptedGenerator:
         rng = random.Random(hash((opts.seed, prompt.ids)) if opts.seed is not None else None)
         ids = self.token_ids
         pool: Sequence[int] = prompt.allowed_ids or range(ids.semantic_base, ids.semantic_base + 8192)
+        can_stop = prompt.allowed_ids is None or bool(ids.stop_ids & set(prompt.allowed_ids))
         pool = [t for t in pool if t not in ids.stop_ids] or list(pool)
-        for n in range(min(opts.max_tokens, self.tokens_per_sentence + 1)):
+        for n in range(opts.max_tokens):
             if request_id in self.aborted:
                 return
             if self.delay_s:
@@ -43,7 +44,7 @@ class ScriptedGenerator:
             else:
                 await asyncio.sleep(0)
             self.steps += 1
-            if n == self.tokens_per_sentence and not prompt.allowed_ids:
+            if n == self.tokens_per_sentence and can_stop:
                 yield [ids.im_end]
                 return
             yield [rng.choice(pool)]

@@ -299,8 +299,9 @@ class Synthesizer:
         t = time.perf_counter()
         loop = asyncio.get_running_loop()
         (pcm,) = await loop.run_in_executor(self._decode_pool, self.decoder.decode, [item])
-        self.events(ChunkDecoded(req.request_id, index, codes=window.emit_stop - window.emit_start,
-                                 samples=len(pcm), decode_s=time.perf_counter() - t))
+        final_codes = window.emit_stop - window.tail - window.emit_start
+        self.events(ChunkDecoded(req.request_id, index, codes=final_codes,
+                                 samples=final_codes * self.decoder.samples_per_code, decode_s=time.perf_counter() - t))
         return pcm
 
     def _emit(self, req: SynthesisRequest, index: int, samples: np.ndarray, last: bool, progress: _Progress,

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 class WindowSchedule:
     """Streaming decode knobs (in semantic codes; 1 code = 20 ms of audio).
 
-    Defaults come from the seam-error table in docs/decoder-context.md: 16 codes of context keeps the
-    random-init seam error near -50 dB, and the crossfade hides what remains.
+    Defaults come from the seam-error table in docs/decoder-context.md. What sets a seam's error is the
+    right context of the samples just before it (the crossfade starts there with the old window at full
+    weight), so `right` is the quality knob: 16 codes keeps the error near -50 dB on random-init weights,
+    8 gives about -14 dB. Left context is cheap (codes already exist), so it matches.
     """
 
-    first_new: int = 10
+    first_new: int = 8
     """New codes in the first window: small so first audio comes after ~first_new + right LLM steps."""
     new: int = 24
     """New codes in the second window; later windows grow by `growth` up to `max_new`."""
@@ -27,8 +29,10 @@ class WindowSchedule:
     """Upper bound on new codes per window (bounds decode latency and memory)."""
     left: int = 16
     """Left context codes (already emitted; costs compute only)."""
-    right: int = 8
+    right: int = 16
     """Right context codes (lookahead; costs latency: the LLM must be this far ahead)."""
+    first_right: int | None = None
+    """Right context of the first window only (None = `right`); smaller trades first-seam quality for TTFA."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -36,8 +40,15 @@ class WindowSchedule:
         if not (self.first_new >= 1 and self.new >= 1 and self.max_new >= self.new and self.growth >= 1):
             raise ValueError("window sizes must be >= 1, max_new >= new, growth >= 1")
         # right >= 1 guarantees that every sentence ends with a final window (where its fade-out goes).
-        if not (0 <= self.left and self.right >= 1 and 0 <= self.crossfade < self.right):
+        rights = (self.right, self.right if self.first_right is None else self.first_right)
+        if not (0 <= self.left and min(rights) >= 1 and 0 <= self.crossfade < min(rights)):
             raise ValueError("need left >= 0, right >= 1 and 0 <= crossfade < right")
+
+    def right_context(self, window_index: int) -> int:
+        """Lookahead codes required before window number `window_index` may be decoded."""
+        if window_index == 0 and self.first_right is not None:
+            return self.first_right
+        return self.right
 
     def new_codes(self, window_index: int) -> int:
         """New codes emitted by window number `window_index` (0-based)."""
@@ -86,9 +97,10 @@ class WindowPlanner:
         if remaining <= 0:
             return None
         want = max(s.new_codes(self.windows), self._pending_head)
-        if done and remaining <= want + s.right:
+        right = s.right_context(self.windows)
+        if done and remaining <= want + right:
             return self._plan(available, available, final=True)
-        if remaining < want + s.right:
+        if remaining < want + right:
             return None
         return self._plan(self.emitted + want, available, final=False)
 
@@ -96,7 +108,8 @@ class WindowPlanner:
         s = self.schedule
         tail = 0 if final else s.crossfade
         emit_start = self.emitted
-        window = Window(start=max(0, emit_start - s.left), stop=available if final else new_stop + s.right,
+        right = s.right_context(self.windows)
+        window = Window(start=max(0, emit_start - s.left), stop=available if final else new_stop + right,
                         emit_start=emit_start, emit_stop=new_stop + tail, head=self._pending_head, tail=tail,
                         final=final)
         self.emitted = new_stop

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from voiceapp.common import add_engine_args, add_voice_args, engine_config, read_text_file, require_speakable
+from voiceapp.wavout import check_output, write_wav
 
 
 def add_parser(sub) -> None:
@@ -22,21 +20,6 @@ def add_parser(sub) -> None:
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
     p.set_defaults(run=run)
-
-
-def check_output(path: Path) -> None:
-    """Fail before any work if the output cannot be written."""
-    from engine.errors import OutputError
-
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.suffix.lower() != ".wav":
-        raise OutputError(f"{path}: output must be a .wav file")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: directory {parent} does not exist")
-    if path.is_dir():
-        raise OutputError(f"{path} is a directory")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"{path}: directory {parent} is not writable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def export(text: str, out: Path, args: argparse.Namespace, show_progress: bool) -> dict:
     """Render to a temporary file beside `out`; rename only when complete (never a truncated WAV)."""
-    import soundfile as sf
-
     from engine.config import SamplingOptions, SynthesisRequest
-    from engine.errors import OutputError
     from engine.events import RequestFinished, SentenceFinished
     from engine.factory import build_synthesizer
     from engine.text import is_speakable, normalize, split_sentences
@@ -79,28 +59,19 @@ async def export(text: str, out: Path, args: argparse.Namespace, show_progress: 
             done["finished"] = event
 
     synth = build_synthesizer(engine_config(args), events=on_event)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent if str(out.parent) else ".")
-    os.close(fd)
-    samples = 0
+
+    def on_chunk(chunk) -> None:
+        done["samples"] = done.get("samples", 0) + len(chunk.samples)
+        if bar is not None:
+            xrt = done["samples"] / synth.sample_rate / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{xrt:.1f}x real time")
+
     try:
         req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
-        with sf.SoundFile(tmp, "w", samplerate=synth.sample_rate, channels=1, subtype="PCM_16", format="WAV") as f:
-            async for chunk in synth.synthesize(req):
-                f.write(chunk.samples)
-                samples += len(chunk.samples)
-                if bar is not None:
-                    audio = samples / synth.sample_rate
-                    bar.set_postfix_str(f"{audio / max(time.perf_counter() - t0, 1e-9):.1f}x real time")
-        os.replace(tmp, out)
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise OutputError(f"disk full while writing {out}; nothing was written") from None
-        raise OutputError(f"cannot write {out}: {err.strerror or err}") from None
+        samples = await write_wav(synth.synthesize(req), out, synth.sample_rate, on_chunk)
     finally:
         if bar is not None:
             bar.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         await synth.close()
     wall = time.perf_counter() - t0
     audio = samples / synth.sample_rate

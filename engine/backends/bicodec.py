@@ -97,23 +97,30 @@ def _read_state(path: Path, model: BiCodecModel) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
         for key, ref in model.state_dict().items():
             shape = list(ref.shape)
-            stem = key[: -len("weight")]
-            if key in wn_keys and f"{stem}weight_v" in names:
-                g = take(f"{stem}weight_g", [shape[0]] + [1] * (len(shape) - 1)).float()
-                v = take(f"{stem}weight_v", shape).float()
-                state[key] = fold_weight_norm(g, v)
-            elif key in wn_keys and f"{stem}parametrizations.weight.original1" in names:
-                g = take(f"{stem}parametrizations.weight.original0", [shape[0]] + [1] * (len(shape) - 1)).float()
-                v = take(f"{stem}parametrizations.weight.original1", shape).float()
-                state[key] = fold_weight_norm(g, v)
+            if key in wn_keys and key not in names:
+                g_name, v_name = _weight_norm_names(key, names)
+                for name, want in ((g_name, [shape[0]] + [1] * (len(shape) - 1)), (v_name, shape)):
+                    if name not in names:
+                        raise ModelFormatError(f"{path}: missing tensor {name} (expected shape {want})")
+                g = take(g_name, [shape[0]] + [1] * (len(shape) - 1)).float()
+                state[key] = fold_weight_norm(g, take(v_name, shape).float())
             elif key in names:
                 state[key] = take(key, shape)
             elif key.endswith("num_batches_tracked"):  # BatchNorm bookkeeping, unused in eval
                 state[key] = torch.zeros((), dtype=torch.long)
             else:
-                missing = f"{stem}weight_g/weight_v" if key in wn_keys else key
-                raise ModelFormatError(f"{path}: missing tensor {missing} (expected shape {shape})")
+                raise ModelFormatError(f"{path}: missing tensor {key} (expected shape {shape})")
     return state
+
+
+def _weight_norm_names(key: str, names: set[str]) -> tuple[str, str]:
+    """(g, v) tensor names for a weight-normed `...weight`: legacy `weight_g/_v` (the release) or the
+    `parametrizations.weight.original0/1` form a newer torch writes."""
+    stem = key[: -len("weight")]
+    new = (f"{stem}parametrizations.weight.original0", f"{stem}parametrizations.weight.original1")
+    if new[0] in names or new[1] in names:
+        return new
+    return f"{stem}weight_g", f"{stem}weight_v"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ convs in the legacy `weight_g`/`weight_v` form. Weights are drawn the way upstre
   * wave-generator convs: torch's default uniform ±1/sqrt(fan_in), conv biases 0 (transposed-conv biases
     keep the default uniform); Snake α = 1;
   * everything else: torch defaults (uniform ±1/sqrt(fan_in) weights and biases, N(0,1) codebook,
-    BatchNorm 1/0 with running stats 0/1, perceiver latents N(0, 0.02), norms 1/0).
+    BatchNorm 1/0 with running stats 0/1, perceiver latents N(0, 0.02), norms 1/0);
+  * one deliberate change: the wave generator's final conv gets OUTPUT_GAIN, so random-init audio sits at a
+    speech-like level (RMS ~0.03-0.1 instead of upstream-init's ~0.015); the decoder stays far from tanh
+    saturation, so seam errors relative to RMS are unchanged.
 `size="full"` uses the release's config (156.4 M elements); `size="tiny"` keeps the codes' meaning (rates,
 codebooks, 32 globals, 16 kHz) with small channels. The ECAPA tower stays at 512 channels in both: upstream
 hard-codes it.
@@ -37,6 +40,10 @@ _QUANTIZER = {"codebook_size": 8192, "codebook_dim": 8, "commitment": 0.25, "cod
               "use_l2_normlize": True, "threshold_ema_dead_code": 0.2}
 _RATES = {"rates": [8, 5, 4, 2], "kernel_sizes": [16, 11, 8, 4]}
 _SPEAKER = {"input_dim": 128, "token_num": 32, "fsq_levels": [4, 4, 4, 4, 4, 4], "fsq_num_quantizers": 1}
+
+
+OUTPUT_GAIN = 2.5
+"""Scale on the final conv's `weight_g` (see module docstring)."""
 
 
 def _vocos(cin: int, dim: int, inter: int, layers: int, cout: int, **extra: Any) -> dict[str, Any]:
@@ -82,7 +89,10 @@ def bicodec_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     init = _init_rules(model)
     plain = {key: init[key](tuple(ref.shape), ref.dtype, gen) for key, ref in sorted(model.state_dict().items())}
-    return to_weight_norm_state_dict(model, plain)
+    state = to_weight_norm_state_dict(model, plain)
+    last_conv = f"decoder.model.{len(model.decoder.model) - 2}.weight_g"
+    state[last_conv] = state[last_conv] * OUTPUT_GAIN
+    return state
 
 
 def write_bicodec(out_dir: Path, size: str, seed: int) -> None:

@@ -20,8 +20,8 @@ def plan_all(schedule, total, step=1):
 
 @pytest.mark.parametrize("total", [1, 5, 10, 17, 18, 19, 40, 200, 777])
 @pytest.mark.parametrize("step", [1, 3, 50])
-def test_windows_tile_the_sentence_and_respect_lookahead(total, step):
-    s = WindowSchedule()
+@pytest.mark.parametrize("s", [WindowSchedule(), WindowSchedule(first_right=3, crossfade=2)])
+def test_windows_tile_the_sentence_and_respect_lookahead(total, step, s):
     windows = plan_all(s, total, step)
     assert windows and windows[-1][0].final and all(not w.final for w, _ in windows[:-1])
     pos, held = 0, 0
@@ -29,10 +29,17 @@ def test_windows_tile_the_sentence_and_respect_lookahead(total, step):
         assert w.emit_start == pos and w.head == held
         assert w.start == max(0, w.emit_start - s.left) and w.stop <= available
         if not w.final:
-            assert w.stop - (w.emit_stop - w.tail) == s.right       # full lookahead beyond the new codes
+            assert w.stop - (w.emit_stop - w.tail) == s.right_context(windows.index((w, available)))
             assert w.emit_stop <= w.stop
         pos, held = w.emit_stop - w.tail, w.tail
     assert pos == total and held == 0
+
+
+def test_first_window_can_have_less_lookahead():
+    s = WindowSchedule(first_new=8, right=16, first_right=4)
+    windows = plan_all(s, 500)
+    assert windows[0][1] == 12 and windows[0][0].stop == 12
+    assert all(w.stop - (w.emit_stop - w.tail) == 16 for w, _ in windows[1:-1])
 
 
 def test_first_window_is_small_and_later_windows_grow():

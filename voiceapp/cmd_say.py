@@ -1,0 +1,120 @@
+"""Provides `voicectl say`: speak text (or stdin, sentence by sentence as it arrives) through the speakers."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from voiceapp.common import add_engine_args, add_voice_args, engine_config, require_speakable
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("say", help='speak text: voicectl say "Hello" | voicectl say - (stdin)')
+    p.add_argument("text", nargs="+", help="text to speak, or - to speak stdin as it arrives")
+    p.add_argument("--out", metavar="FILE.wav", help="write a WAV file instead of playing")
+    p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
+    p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
+    p.add_argument("--stats", action="store_true", help="print one line of metrics at the end (stderr)")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON on stdout")
+    add_voice_args(p, default_seed=None)
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+@dataclass
+class SayMetrics:
+    """What `--stats` / `--json` report."""
+
+    t0: float = 0.0
+    ttfa_ms: float | None = None
+    onset_ms: float | None = None
+    rtf: float | None = None
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    underruns: int = 0
+    sentences: int = 0
+    notices: list[str] = field(default_factory=list)
+
+    def on_event(self, event) -> None:
+        from engine.events import FirstAudio, Notice, RequestFinished, RequestStarted, SentenceFinished
+
+        if isinstance(event, RequestStarted):
+            self.t0 = event.t
+        elif isinstance(event, FirstAudio):
+            self.ttfa_ms = event.ttfa_s * 1000
+        elif isinstance(event, SentenceFinished):
+            self.sentences += 1
+        elif isinstance(event, RequestFinished):
+            self.audio_s, self.wall_s = event.audio_s, event.wall_s
+            self.rtf = event.rtf if event.audio_s else None
+        elif isinstance(event, Notice):
+            self.notices.append(event.message)
+            print(f"voicectl: {event.message}", file=sys.stderr)
+
+    def line(self) -> str:
+        def ms(v):
+            return "-" if v is None else f"{v:.0f} ms"
+
+        rtf = "-" if self.rtf is None else f"{self.rtf:.3f}"
+        return (f"TTFA {ms(self.ttfa_ms)} | onset {ms(self.onset_ms)} | RTF {rtf} | underruns {self.underruns} | "
+                f"{self.audio_s:.2f} s audio, {self.sentences} sentences")
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "t0"}
+
+
+def run(args: argparse.Namespace) -> int:
+    from voiceapp.wavout import check_output
+
+    from_stdin = args.text == ["-"]
+    text = "" if from_stdin else " ".join(args.text)
+    if not from_stdin:
+        require_speakable(text, "the text")
+    if args.out:
+        check_output(Path(args.out))
+    metrics = SayMetrics()
+    asyncio.run(say(text, from_stdin, args, metrics))
+    if args.stats:
+        print(metrics.line(), file=sys.stderr)
+    if args.json:
+        print(json.dumps(metrics.as_dict()))
+    return 0
+
+
+async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics) -> None:
+    from engine.config import SamplingOptions, SynthesisRequest
+    from engine.factory import build_synthesizer
+    from voiceapp.stdin_text import stdin_pieces
+
+    player = None if args.out else open_player(args)  # fail on a missing device before loading a model
+    try:
+        synth = build_synthesizer(engine_config(args), events=metrics.on_event)
+        try:
+            req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
+            stream = stdin_pieces() if from_stdin else None
+            if player is None:
+                from voiceapp.wavout import write_wav
+
+                await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate)
+            else:
+                player.mark_utterance_start()
+                await synth.speak(req, player, stream)
+                onset = player.last_onset_perf
+                metrics.onset_ms = (onset - metrics.t0) * 1000 if onset else None
+                metrics.underruns = player.underruns
+        finally:
+            await synth.close()
+    finally:
+        if player is not None:
+            player.close()
+
+
+def open_player(args: argparse.Namespace):
+    from engine.backends.sounddevice_sink import Player
+
+    device = int(args.device) if args.device and args.device.isdigit() else args.device
+    return Player(sample_rate=16000, device=device, latency=args.latency)

@@ -1,0 +1,51 @@
+"""Provides atomic WAV writing of an audio chunk stream: a temp file beside the target, renamed when complete."""
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+from engine.errors import OutputError
+from engine.types import AudioChunk
+
+
+def check_output(path: Path) -> None:
+    """Fail before any work if the output cannot be written."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.suffix.lower() != ".wav":
+        raise OutputError(f"{path}: output must be a .wav file")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: directory {parent} does not exist")
+    if path.is_dir():
+        raise OutputError(f"{path} is a directory")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{path}: directory {parent} is not writable")
+
+
+async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: int,
+                    on_chunk: Callable[[AudioChunk], None] | None = None) -> int:
+    """Write every chunk to `out` (16-bit PCM WAV); returns samples written. An interrupted or failed write
+    leaves no file at `out` (and no temp file): a WAV that exists is always complete."""
+    import soundfile as sf
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent if str(out.parent) else ".")
+    os.close(fd)
+    samples = 0
+    try:
+        with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype="PCM_16", format="WAV") as f:
+            async for chunk in chunks:
+                f.write(chunk.samples)
+                samples += len(chunk.samples)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+        os.replace(tmp, out)
+    except (OSError, sf.SoundFileError) as err:
+        if getattr(err, "errno", None) == errno.ENOSPC or "space" in str(err).lower():
+            raise OutputError(f"disk full while writing {out}; nothing was written") from None
+        raise OutputError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return samples
