@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from contextlib import aclosing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import AsyncIterable, AsyncIterator, Callable, Sequence
@@ -179,8 +180,10 @@ class Synthesizer:
         cancelled = True
         try:
             globals_ = await self.voice_globals(req.voice)
-            async for chunk in self._chunks(req, text_stream, globals_, progress):
-                yield chunk
+            # aclosing: an abandoned stream must stop generation now, not whenever the GC finalizes it.
+            async with aclosing(self._chunks(req, text_stream, globals_, progress)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             cancelled = False
         except VoiceError as err:
             self.events(RequestFailed(req.request_id, str(err)))
@@ -224,9 +227,11 @@ class Synthesizer:
 
                 if self.eager_lookahead:
                     lookahead()
-                async for chunk in self._sentence(req, i, feed, globals_, progress, on_generated=lookahead
-                                                  if not feeds else None):
-                    yield chunk
+                sentence = self._sentence(req, i, feed, globals_, progress,
+                                          on_generated=lookahead if not feeds else None)
+                async with aclosing(sentence) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
             if index == 0:
                 raise InputError("nothing to say: the text has no speakable words")
         finally:
@@ -322,15 +327,17 @@ class Synthesizer:
 
     async def render(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None = None) -> np.ndarray:
         """The whole utterance as one float32 array."""
-        parts = [chunk.samples async for chunk in self.synthesize(req, text_stream)]
+        async with aclosing(self.synthesize(req, text_stream)) as chunks:
+            parts = [chunk.samples async for chunk in chunks]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     async def speak(self, req: SynthesisRequest, sink: AudioSink,
                     text_stream: AsyncIterable[str] | None = None) -> None:
         """Play through a sink (awaits its backpressure), then wait until the sink has played everything."""
         try:
-            async for chunk in self.synthesize(req, text_stream):
-                await sink.write(chunk.samples)
+            async with aclosing(self.synthesize(req, text_stream)) as chunks:
+                async for chunk in chunks:
+                    await sink.write(chunk.samples)
             await sink.drain()
         except BaseException:
             sink.clear()

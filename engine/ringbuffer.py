@@ -139,6 +139,11 @@ class RingBuffer:
                     self.underrun_frames += want - n
         return n
 
+    def count_underrun(self, frames: int) -> None:
+        """Consumer side: record a read the consumer chose to zero-fill mid-stream (e.g. while re-buffering)."""
+        self.underruns += 1
+        self.underrun_frames += frames
+
     def reset_underruns(self) -> None:
         """Zero the underrun counters (owner's choice, e.g. per session); not for the consumer thread."""
         self.underruns = 0

@@ -48,6 +48,8 @@ def import_sounddevice() -> Any:
         import sounddevice as sd
     except OSError as err:  # "PortAudio library not found"
         raise _device_error("PortAudio is not available (install libportaudio2)", err) from err
+    except ImportError as err:
+        raise _device_error("the sounddevice package is not installed", err) from err
     return sd
 
 
@@ -85,8 +87,6 @@ def pick_device_rate(sd: Any, device: int | str | None, model_rate: int) -> int:
     return int(round(info["default_samplerate"]))
 
 
-import os
-CLEAR_ABORT = bool(os.environ.get("CLEAR_ABORT"))
 class Player:
     """AudioSink that plays through PortAudio, gaplessly, with pre-roll, backpressure and onset timing."""
 
@@ -97,6 +97,7 @@ class Player:
         device: int | str | None = None,
         latency: float | str = 0.1,
         preroll_s: float = 0.2,
+        rebuffer_s: float | None = None,
         buffer_s: float = 3.0,
         device_rate: int | None = None,
         resample_quality: str = "HQ",
@@ -110,6 +111,8 @@ class Player:
         latency: PortAudio output latency in seconds; about 0.1 s is robust on small machines.
         preroll_s: audio buffered before an utterance starts playing; must exceed the latency, because
             PortAudio may pull a whole host buffer at once.
+        rebuffer_s: after an underrun, wait for this much audio before resuming (None = preroll_s, 0 = resume
+            with whatever arrives); one longer pause sounds better than many short ones.
         buffer_s: ring capacity; write() awaits while it is full.
         device_rate: force the stream's rate (None = the model rate if the device takes it, else the
             device's default rate); when it differs from sample_rate, one stateful soxr stream resamples.
@@ -124,6 +127,9 @@ class Player:
         self.device_rate = int(device_rate) if device_rate else pick_device_rate(sd, device, self.sample_rate)
         self._ring = RingBuffer(int(round(buffer_s * self.device_rate)))
         self._preroll_frames = int(round(preroll_s * self.device_rate))
+        self._rebuffer_frames = int(round((preroll_s if rebuffer_s is None else rebuffer_s) * self.device_rate))
+        self._rebuffering = False
+        """Callback-owned: the ring ran dry mid-utterance; wait for _rebuffer_frames before resuming."""
         self._resampler = None
         if self.device_rate != self.sample_rate:
             import soxr
@@ -144,8 +150,6 @@ class Player:
         self._callbacks = 0
         self.output_underflows = 0
         """Callbacks PortAudio flagged `output_underflow` (host-side glitches; counted, not errors)."""
-        self._dbg = []
-        self._finished = False
         self._closed = False
         self._sd = sd
         self._stream = self._open_stream(sd, device, latency)
@@ -155,8 +159,7 @@ class Player:
     def _open_stream(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
         try:
             stream = sd.OutputStream(samplerate=self.device_rate, channels=1, dtype="float32", device=device,
-                                     latency=latency, callback=self._callback,
-                                     finished_callback=self._on_finished)
+                                     latency=latency, callback=self._callback)
         except (sd.PortAudioError, ValueError) as err:
             raise _device_error("cannot open the audio output device", err) from err
         self.latency_s = float(stream.latency)
@@ -177,28 +180,34 @@ class Player:
         seq, begin = self._utt  # after apply_clear: a seen clear implies its utterance tuple is seen
         out = outdata[:, 0]
         r0 = ring.read_count
-        if ring.playing or ring.end_pending or ring.available >= self._preroll_frames:
+        if not ring.playing:
+            self._rebuffering = False
+        if ring.playing and not self._rebuffering:
+            go = True
+        else:  # pre-roll (new utterance) or re-buffer (after an underrun): wait for enough audio
+            threshold = self._rebuffer_frames if self._rebuffering else self._preroll_frames
+            go = ring.available >= threshold or ring.end_pending
+        if go:
             n = ring.read_into(out)
+            self._rebuffering = n < frames and ring.playing and self._rebuffer_frames > 0
         else:
-            out.fill(0.0)  # pre-roll: intended silence
+            out.fill(0.0)
             n = 0
+            if ring.playing:
+                ring.count_underrun(frames)  # stalled mid-utterance: this silence is a gap
         if seq != self._onset_seq and r0 + n > begin:
             offset = begin - r0 if begin > r0 else 0
             self._onset_perf = (perf_counter() + (time.outputBufferDacTime - time.currentTime)
                                 + offset / self.device_rate)
             self._onset_seq = seq
-        if len(self._dbg) < 20: self._dbg.append((time.outputBufferDacTime - time.currentTime, time.currentTime, perf_counter(), frames))
         if status.output_underflow:
             self.output_underflows += 1
         self._callbacks += 1
 
-    def _on_finished(self) -> None:
-        self._finished = True
-
     def _check_alive(self) -> None:
         if self._closed:
             raise AudioDeviceError(f"the audio player is closed; {_FILE_HINT}")
-        if self._finished or not self._stream.active:
+        if not self._stream.active:
             raise AudioDeviceError(f"the audio output device stopped (disconnected?); {_FILE_HINT}")
 
     async def _wait_progress(self, last: tuple[int, float]) -> tuple[int, float]:
@@ -284,8 +293,8 @@ class Player:
         await asyncio.sleep(max(0.1, 2 * self.latency_s))
 
     def clear(self) -> None:
-        """Drop everything queued (barge-in). The callback applies it on its next run, so output falls
-        silent within about one callback period plus the host buffer; callable from the producer thread."""
+        """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Blocks for
+        the stream's abort + restart (about 1-4 ms measured on the PulseAudio null sink)."""
         self._clear_gen += 1
         self._utt_open = False
         self._utt_seq += 1
@@ -294,10 +303,17 @@ class Player:
         if self._resampler is not None and self._resampler_dirty:
             self._resampler.clear()
             self._resampler_dirty = False
-        if self._closed or not self._stream.active:
-            self._ring.apply_clear()  # no consumer running: apply it ourselves
-        elif CLEAR_ABORT:
-            t=perf_counter(); self._stream.abort(); self._finished = False; self._ring.apply_clear(); self._stream.start(); self._dbg.append(("restart", perf_counter()-t))
+        if self._closed:
+            self._ring.apply_clear()
+            return
+        # Audio already handed to the host (about `latency`, 0.1 s) would keep playing; abort drops it.
+        # abort() returns once the callback thread has stopped, so the ring has no consumer until start().
+        try:
+            self._stream.abort()
+            self._ring.apply_clear()
+            self._stream.start()
+        except self._sd.PortAudioError:
+            self._ring.apply_clear()  # the stream is dead; the next write/drain raises AudioDeviceError
 
     def close(self) -> None:
         """Stop and close the stream; idempotent. Unplayed audio is dropped (call drain() first)."""
