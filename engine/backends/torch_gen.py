@@ -88,8 +88,11 @@ class _Request:
     opts: SamplingOptions
     generator: torch.Generator
     """This request's RNG: same seed -> same ids, however streams interleave."""
-    mask: torch.Tensor | None
-    """Additive allowed-ids mask [V], built once; None = whole vocabulary."""
+    allowed: torch.Tensor | None
+    """Allowed vocabulary ids [A] (None = whole vocabulary); logits are computed for these rows only."""
+    head: torch.Tensor | None
+    """Output-embedding rows of the allowed ids [A, H]: 8195 of 166000 rows for globals-prefixed prompts,
+    which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs)."""
     cache: DynamicCache | None = None
     pos: int = 0
     """Position of the next token to feed (= tokens in the cache)."""
@@ -111,6 +114,7 @@ class TorchTokenGenerator:
         self._stop_ids = token_ids.stop_ids
         self._vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
+        self._heads: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
 
@@ -133,29 +137,39 @@ class TorchTokenGenerator:
     # -- the two forward passes (gpt-fast shape); run on the worker thread ----------------------------------
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: tuple[int, ...] | list[int]) -> tuple[torch.Tensor, DynamicCache]:
-        """Run the whole prompt; return the last position's logits [V] (fp32) and the filled cache."""
+    def prefill(self, prompt_ids: tuple[int, ...] | list[int],
+                head: torch.Tensor | None = None) -> tuple[torch.Tensor, DynamicCache]:
+        """Run the whole prompt; return the last position's logits (fp32; [V], or [A] over `head`'s rows)
+        and the filled cache."""
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # [1, S]
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float(), cache
+        return self._forward(input_ids, None, cache, head), cache
 
     @torch.inference_mode()
-    def decode_one_token(self, last_id: int, cache: DynamicCache, pos: int) -> torch.Tensor:
-        """Feed one token at position `pos` (appending to `cache` in place); return the next logits [V] (fp32)."""
+    def decode_one_token(self, last_id: int, cache: DynamicCache, pos: int,
+                         head: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed one token at position `pos` (appending to `cache` in place); return the next logits (fp32)."""
         input_ids = torch.tensor([[last_id]], dtype=torch.long, device=self.device)  # [1, 1]
         position_ids = torch.tensor([[pos]], dtype=torch.long, device=self.device)  # [1, 1]
-        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
-        return out.logits[0, -1].float()
+        return self._forward(input_ids, position_ids, cache, head)
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache: DynamicCache,
+                 head: torch.Tensor | None) -> torch.Tensor:
+        if head is None:
+            out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                             logits_to_keep=1)
+            return out.logits[0, -1].float()
+        hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                                       use_cache=True).last_hidden_state[0, -1]  # [H]
+        return (head @ hidden).float()  # [A]
 
     def _next(self, req: _Request, logits: torch.Tensor) -> int:
-        if req.mask is not None:
-            logits = logits + req.mask
-        return sample_token(logits, req.opts, req.generator)
+        token = sample_token(logits, req.opts, req.generator)
+        return int(req.allowed[token]) if req.allowed is not None else token
 
     @torch.inference_mode()
     def _first_step(self, req: _Request, prompt_ids: tuple[int, ...]) -> int:
-        logits, cache = self.prefill(prompt_ids)
+        logits, cache = self.prefill(prompt_ids, req.head)
         req.cache, req.pos = cache, len(prompt_ids)
         return self._next(req, logits)
 
@@ -164,9 +178,21 @@ class TorchTokenGenerator:
         cache = req.cache
         if req.aborted or cache is None:  # aborted while this job waited in the queue: no forward pass
             return None
-        logits = self.decode_one_token(last_id, cache, req.pos)
+        logits = self.decode_one_token(last_id, cache, req.pos, req.head)
         req.pos += 1
         return self._next(req, logits)
+
+    def _restricted_head(self, allowed_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [A], output-embedding rows [A, H]) for an allowed set, cached per set."""
+        cached = self._heads.get(allowed_ids)
+        if cached is None:
+            if not allowed_ids or min(allowed_ids) < 0 or max(allowed_ids) >= self._vocab_size:
+                raise ValueError(f"allowed_ids must be non-empty ids in 0..{self._vocab_size - 1}")
+            ids = torch.tensor(allowed_ids, dtype=torch.long, device=self.device)
+            weight = self.model.get_output_embeddings().weight
+            cached = (ids, weight.index_select(0, ids).contiguous())
+            self._heads[allowed_ids] = cached
+        return cached
 
     # -- TokenGenerator ---------------------------------------------------------------------------------------
 
@@ -176,10 +202,10 @@ class TorchTokenGenerator:
             generator.seed()
         else:
             generator.manual_seed(opts.seed)
-        mask = None
+        allowed = head = None
         if prompt.allowed_ids is not None:
-            mask = allowed_mask(prompt.allowed_ids, self._vocab_size, self.device)
-        return _Request(opts=opts, generator=generator, mask=mask)
+            allowed, head = self._restricted_head(tuple(prompt.allowed_ids))
+        return _Request(opts=opts, generator=generator, allowed=allowed, head=head)
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
         """Yield `[id]` as each token is sampled; the stop id (if reached) is the last delta.

@@ -47,9 +47,10 @@ async def gen(model: Qwen2ForCausalLM):
 
 @contextlib.contextmanager
 def count_forwards(model: torch.nn.Module) -> Iterator[list[int]]:
-    """Count top-level forward passes while the block runs: `calls[0]`."""
+    """Count transformer forward passes while the block runs: `calls[0]` (the base model runs in every step,
+    whether logits come from the full LM head or only the allowed rows)."""
     calls = [0]
-    handle = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    handle = model.base_model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     try:
         yield calls
     finally:
@@ -80,7 +81,7 @@ async def test_greedy_cached_loop_equals_hf_generate(gen: TorchTokenGenerator, m
 async def test_every_step_after_prefill_is_one_token_forward(gen: TorchTokenGenerator,
                                                              model: Qwen2ForCausalLM) -> None:
     lengths: list[int] = []
-    handle = model.register_forward_pre_hook(
+    handle = model.base_model.register_forward_pre_hook(
         lambda _m, _a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
         await collect(gen, PROMPT, SamplingOptions(temperature=0, max_tokens=6))
@@ -204,7 +205,7 @@ async def test_concurrent_streams_interleave_and_stay_deterministic(gen: TorchTo
     a_opts, b_opts = (SamplingOptions(temperature=1.0, top_k=0, max_tokens=15, seed=s) for s in (11, 22))
     a_alone, b_alone = await collect(gen, prompt, a_opts, "a"), await collect(gen, prompt, b_opts, "b")
     order: list[int] = []
-    handle = model.register_forward_pre_hook(
+    handle = model.base_model.register_forward_pre_hook(
         lambda _m, _a, kw: order.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
         a, b = await asyncio.gather(collect(gen, prompt, a_opts, "a"), collect(gen, prompt, b_opts, "b"))
@@ -287,3 +288,21 @@ def test_sample_token_never_picks_masked_or_filtered_ids() -> None:
     assert sample_token(logits, SamplingOptions(temperature=0), g) == 0  # greedy = argmax after the mask
     with pytest.raises(ValueError):
         allowed_mask((0, 6), 6, torch.device("cpu"))
+
+
+async def test_restricted_head_samples_like_a_masked_full_vocabulary(gen: TorchTokenGenerator) -> None:
+    """Greedy over allowed rows only == greedy over the full logits with everything else masked out."""
+    allowed = tuple(range(gen.token_ids.semantic_base, gen.token_ids.semantic_base + 8192)) + tuple(
+        sorted(gen.token_ids.stop_ids))
+    prompt = Prompt(PROMPT.ids, allowed_ids=allowed)
+    got = await collect(gen, prompt, SamplingOptions(temperature=0, max_tokens=12))
+    ids, mask = list(PROMPT.ids), allowed_mask(allowed, gen._vocab_size, gen.device)
+    want = []
+    with torch.inference_mode():
+        for _ in range(12):
+            logits = gen.model(input_ids=torch.tensor([ids])).logits[0, -1] + mask
+            want.append(int(torch.argmax(logits)))
+            ids.append(want[-1])
+            if want[-1] in gen.token_ids.stop_ids:
+                break
+    assert got == want and all(t in allowed for t in got)
