@@ -113,6 +113,20 @@ def pulse_server() -> Iterator[PulseServer]:
             rescan_sounddevice()
 
 
+@pytest.fixture
+def private_pulse(pulse_server: PulseServer) -> Iterator[Callable[[dict[str, int]], PulseServer]]:
+    """Factory for extra servers a test may kill (e.g. to make the device vanish); all stopped after."""
+    started: list[PulseServer] = []
+
+    def start(sinks: dict[str, int]) -> PulseServer:
+        started.append(start_pulse(sinks))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 class Capture:
     """What `record_monitor` yields: `frames_so_far()` while recording, `data` (float32) afterwards."""
 

@@ -1,0 +1,86 @@
+"""Provides `voicectl voice add NAME --from ref.wav` (clone a voice from a recording) and `voice remove NAME`."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("voice", help="add or remove your own voices")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = actions.add_parser("add", help="clone a voice from a reference recording (6 s are used)")
+    add.add_argument("name", help="voice name: lowercase letters, digits, - and _")
+    add.add_argument("--from", dest="ref", required=True, metavar="REF.wav", help="reference audio file")
+    add.add_argument("--gender", choices=["female", "male"], default="female", help="recorded for display only")
+    add.add_argument("--description", default="", help="shown by `voicectl voices`")
+    add.add_argument("--force", action="store_true", help="replace an existing user voice of that name")
+    add.add_argument("--model", metavar="DIR", help="checkpoint directory")
+    rm = actions.add_parser("remove", help="delete one of your voices")
+    rm.add_argument("name")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return add_voice(args) if args.action == "add" else remove_voice(args)
+
+
+def add_voice(args: argparse.Namespace) -> int:
+    from engine.errors import InputError
+    from engine.model import load_model_info, resolve_model_dir
+    from engine.voices import Voice, VoiceBank
+
+    if not NAME_RE.match(args.name):
+        raise InputError(f"voice name {args.name!r}: use 1-32 lowercase letters, digits, - or _")
+    bank = VoiceBank()
+    existing = bank.all().get(args.name)
+    if existing is not None and not args.force:
+        where = "a built-in preset" if existing.global_tokens is None else "your voice"
+        raise InputError(f"{args.name!r} is already {where}; pick another name or pass --force")
+    wav = read_reference(args.ref)
+    info = load_model_info(resolve_model_dir(args.model))
+    from engine.backends.bicodec import BiCodecDecoder
+
+    codes = BiCodecDecoder(info.bicodec_dir, with_encoder=True).extract_globals(wav)
+    voice = Voice(name=args.name, description=args.description or f"cloned from {args.ref}", gender=args.gender,
+                  global_tokens=tuple(codes), model_hash=info.checkpoint_hash)
+    path = bank.save_user_voice(voice)
+    print(f"added voice {args.name!r} ({len(wav) / 16000:.1f} s reference) -> {path}", file=sys.stderr)
+    return 0
+
+
+def read_reference(path: str, rate: int = 16000):
+    """Mono float64 audio at `rate`: first channel, resampled with soxr (VHQ) when needed."""
+    import numpy as np
+    import soundfile as sf
+    import soxr
+
+    from engine.errors import InputError
+
+    try:
+        audio, sr = sf.read(path, dtype="float64", always_2d=True)
+    except FileNotFoundError:
+        raise InputError(f"no such file: {path}") from None
+    except (sf.LibsndfileError, RuntimeError, OSError) as err:
+        raise InputError(f"cannot read {path} as audio: {str(err).splitlines()[0]}") from None
+    audio = audio[:, 0]
+    if sr != rate:
+        audio = soxr.resample(audio, sr, rate, quality="VHQ")
+    if len(audio) < rate // 2 or not np.isfinite(audio).all() or not np.abs(audio).max() > 1e-4:
+        raise InputError(f"{path}: need at least 0.5 s of non-silent audio")
+    return audio
+
+
+def remove_voice(args: argparse.Namespace) -> int:
+    from engine.errors import VoiceNotFound
+    from engine.voices import VoiceBank
+
+    bank = VoiceBank()
+    path = bank.dirs[-1] / f"{args.name}.toml"
+    if not path.is_file():
+        raise VoiceNotFound(f"no user voice {args.name!r} (built-in presets cannot be removed)")
+    path.unlink()
+    print(f"removed voice {args.name!r}", file=sys.stderr)
+    return 0

@@ -1,0 +1,162 @@
+"""Provides the TUI's data model, free of Textual: utterances, their metrics (folded from engine events) and
+the bounded history that keeps rendered audio for replay."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from uuid import uuid4
+
+import numpy as np
+
+from engine.events import ChunkDecoded, Event, FirstAudio, FirstToken, RequestFinished, RequestStarted
+
+
+class Status(str, Enum):
+    """Where an utterance is in its life."""
+
+    QUEUED = "queued"
+    PLAYING = "playing"
+    DONE = "done"
+    STOPPED = "stopped"
+    """Cancelled by the stop key."""
+    SKIPPED = "skipped"
+    """Cancelled by the skip key (the next queued one plays)."""
+    DROPPED = "dropped"
+    """Still queued when the stop key was pressed: never played."""
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (Status.QUEUED, Status.PLAYING)
+
+
+@dataclass
+class Metrics:
+    """One utterance's numbers, folded from engine events (`apply`) plus what the bridge measures itself."""
+
+    sample_rate: int = 16000
+    t0: float | None = None
+    """perf_counter() at RequestStarted: every latency below is measured from it."""
+    ttft_s: float | None = None
+    ttfa_s: float | None = None
+    """Time to first audio: the first samples are ready (engine side)."""
+    onset_s: float | None = None
+    """Audible onset: the player's DAC time of the first sample (None for sinks that cannot tell)."""
+    audio_s: float = 0.0
+    tokens: int = 0
+    compute_s: float = 0.0
+    """Seconds spent synthesizing so far, excluding time spent waiting for the player's buffer."""
+    blocked_s: float = 0.0
+    """Seconds the synthesizer waited on the sink's backpressure (set by the bridge)."""
+    underruns: int = 0
+    """Player underruns during this utterance."""
+    finished: bool = False
+
+    @property
+    def rtf(self) -> float | None:
+        """Synthesis seconds per second of audio (below 1 is faster than real time); playback waits excluded."""
+        return self.compute_s / self.audio_s if self.audio_s > 0 and self.compute_s > 0 else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.compute_s if self.tokens and self.compute_s > 0 else None
+
+    def apply(self, event: Event) -> None:
+        """Fold one engine event of this utterance's request into the numbers."""
+        if isinstance(event, RequestStarted):
+            self.t0 = event.t
+        elif isinstance(event, FirstToken):
+            self.ttft_s = event.ttft_s
+        elif isinstance(event, FirstAudio):
+            self.ttfa_s = event.ttfa_s
+        elif isinstance(event, ChunkDecoded):
+            self.tokens += event.codes
+            self.audio_s += event.samples / self.sample_rate
+            self._elapsed(event.t)
+        elif isinstance(event, RequestFinished):
+            self.tokens, self.audio_s, self.finished = event.tokens, event.audio_s, True
+            self.compute_s = max(event.wall_s - self.blocked_s, 0.0)
+
+    def _elapsed(self, t: float) -> None:
+        if self.t0 is not None:
+            self.compute_s = max(t - self.t0 - self.blocked_s, 0.0)
+
+
+@dataclass(eq=False)
+class Utterance:
+    """One submitted text and everything known about it."""
+
+    number: int
+    """1-based, in submission order; the history table's row key."""
+    text: str
+    voice: str
+    """Voice chosen when the text was submitted."""
+    status: Status = Status.QUEUED
+    metrics: Metrics = field(default_factory=Metrics)
+    error: str | None = None
+    request_id: str = field(default_factory=lambda: uuid4().hex)
+    audio: np.ndarray | None = None
+    """The rendered audio (float32, mono, at metrics.sample_rate), kept for replay while the budget allows."""
+    audio_note: str = ""
+    """Why there is no audio to replay, when there is none."""
+
+    def excerpt(self, width: int = 48) -> str:
+        """The text on one line, cut to `width` characters (huge pastes stay cheap to show)."""
+        head = " ".join(self.text[: width * 4].split())
+        return head if len(head) <= width and len(self.text) <= width * 4 else head[: width - 1] + "…"
+
+
+class History:
+    """Utterances in submission order. Bounded: at most `max_entries` rows, and rendered audio kept for at most
+    `max_audio_entries` utterances and `max_audio_s` seconds in all (oldest audio goes first)."""
+
+    def __init__(self, max_entries: int = 200, max_audio_entries: int = 20, max_audio_s: float = 600.0) -> None:
+        self.max_entries, self.max_audio_entries, self.max_audio_s = max_entries, max_audio_entries, max_audio_s
+        self.entries: list[Utterance] = []
+        self._next = 1
+
+    def add(self, text: str, voice: str) -> tuple[Utterance, list[Utterance]]:
+        """Append a queued utterance; returns it and the finished entries pruned to stay within bounds."""
+        utt = Utterance(self._next, text, voice)
+        self._next += 1
+        self.entries.append(utt)
+        pruned: list[Utterance] = []
+        for old in list(self.entries):
+            if len(self.entries) <= self.max_entries:
+                break
+            if old.status.finished:
+                self.entries.remove(old)
+                pruned.append(old)
+        return utt, pruned
+
+    def get(self, number: int) -> Utterance | None:
+        return next((u for u in self.entries if u.number == number), None)
+
+    def by_request(self, request_id: str) -> Utterance | None:
+        return next((u for u in reversed(self.entries) if u.request_id == request_id), None)
+
+    def queued(self) -> list[Utterance]:
+        return [u for u in self.entries if u.status is Status.QUEUED]
+
+    def keep_audio(self, utt: Utterance, audio: np.ndarray) -> list[Utterance]:
+        """Keep `utt`'s rendered audio for replay; returns the entries whose audio was dropped to make room."""
+        seconds = len(audio) / utt.metrics.sample_rate
+        if seconds > self.max_audio_s:
+            utt.audio_note = f"not kept: longer than {self.max_audio_s / 60:g} min"
+            return []
+        utt.audio, utt.audio_note = audio, ""
+        dropped = []
+        kept = [u for u in self.entries if u.audio is not None]
+        while len(kept) > self.max_audio_entries or sum(_seconds(u) for u in kept) > self.max_audio_s:
+            oldest = kept.pop(0)
+            oldest.audio, oldest.audio_note = None, "no longer kept (history audio is bounded)"
+            dropped.append(oldest)
+        return dropped
+
+    @property
+    def kept_audio_s(self) -> float:
+        return sum(_seconds(u) for u in self.entries if u.audio is not None)
+
+
+def _seconds(utt: Utterance) -> float:
+    return 0.0 if utt.audio is None else len(utt.audio) / utt.metrics.sample_rate
