@@ -23,7 +23,9 @@ class EngineConfig:
     device: str = "auto"
     """LLM device for the torch backend: auto | cpu | cuda | mps."""
     decoder_device: str = "auto"
-    """BiCodec device: auto (GPU if present) | cpu | cuda."""
+    """BiCodec device: auto (GPU if present and not slower than the CPU) | cpu | cuda."""
+    decoder_dtype: str = "auto"
+    """BiCodec precision on CUDA: auto (= GPU_DECODER_DTYPE) | fp32 | bf16. The CPU always decodes in fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
@@ -36,6 +38,14 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
             raise ValueError(f"unknown backend {self.backend!r}")
+        if self.decoder_dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
+
+
+GPU_DECODER_DTYPE = "bf16"
+"""BiCodec precision on CUDA by default; bf16 vs fp32 error and seams are measured in docs/benchmarks.md."""
+SLOW_GPU_DECODE_S = 0.05
+"""A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 
 
 def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink = ignore_events) -> Synthesizer:
@@ -47,7 +57,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
 
     info = load_model_info(resolve_model_dir(config.model))
     encode = _load_encoder(info)
-    decoder = _build_decoder(info, config)
+    decoder = _build_decoder(info, config, events)
     generator = _build_generator(info, config, events)
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
@@ -88,13 +98,64 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _build_decoder(info, config: EngineConfig):
+def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events):
+    """BiCodec on the GPU (own stream, CUDA graphs for the schedule's window shapes) when there is one and it is
+    not measurably slower than the CPU; else on the CPU. Built before vLLM so vLLM sizes itself around it."""
     from engine.backends.bicodec import BiCodecDecoder
 
     device = config.decoder_device
     if device == "auto":
         device = "cuda" if _cuda() else "cpu"
-    return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
+    if device != "cuda":
+        return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
+    import torch
+
+    from engine.batching import lengths_for
+    from engine.errors import GenerationError
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[
+        GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype]
+    try:
+        gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads)
+        seconds = gpu.warmup(lengths_for(config.schedule))
+    except RuntimeError as err:  # out of memory, driver trouble
+        if config.decoder_device == "cuda":
+            raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
+        events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
+        return BiCodecDecoder(info.bicodec_dir, device="cpu", num_threads=config.threads)
+    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({config_dtype_name(dtype)}, CUDA graphs "
+                  f"captured in {seconds:.1f} s)"))
+    if config.decoder_device == "auto":
+        gpu_s = probe_decoder(gpu, lengths_for(config.schedule)[0])
+        if gpu_s > SLOW_GPU_DECODE_S:
+            cpu = BiCodecDecoder(info.bicodec_dir, device="cpu", num_threads=config.threads)
+            cpu_s = probe_decoder(cpu, lengths_for(config.schedule)[0])
+            if cpu_s < gpu_s:
+                events(Notice(f"the GPU decodes slower than the CPU here ({gpu_s * 1e3:.0f} vs "
+                              f"{cpu_s * 1e3:.0f} ms per window); decoding on the CPU"))
+                return cpu
+    return gpu
+
+
+def config_dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def probe_decoder(decoder, length: int, repeats: int = 3) -> float:
+    """Median seconds of one decode of a `length`-code window (after one untimed call)."""
+    import statistics
+    import time
+
+    from engine.backends.base import DecodeItem
+
+    item = DecodeItem(tuple((7 * k) % 8192 for k in range(length)), tuple(range(32)))
+    decoder.decode([item])
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        decoder.decode([item])
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def _build_generator(info, config: EngineConfig, events: EventSink):
@@ -103,7 +164,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
         try:
             from engine.backends.vllm_gen import VllmTokenGenerator
 
-            return VllmTokenGenerator(info)
+            return VllmTokenGenerator(info, events=events)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
                 raise

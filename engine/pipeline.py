@@ -15,6 +15,7 @@ from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 import numpy as np
 
 from engine.backends.base import AudioSink, CodecDecoder, DecodeItem, TokenGenerator
+from engine.batching import DecodeBatcher, lengths_for, widen_left
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import Crossfader, fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
@@ -121,6 +122,10 @@ class Synthesizer:
         """Start the next sentence's generation at once (GPU batching) instead of when the current one ends."""
         self.sample_rate = decoder.sample_rate
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128))
+        """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
+        self._shape_lengths = lengths_for(schedule) if getattr(decoder, "fixed_shapes", False) else ()
+        """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""
         self._globals_lock = asyncio.Lock()
 
     # ---- voices -------------------------------------------------------------------------------------
@@ -301,9 +306,10 @@ class Synthesizer:
                       globals_: tuple[int, ...]) -> np.ndarray:
         item = DecodeItem(tuple(codes[window.start:window.stop]), globals_,
                           window.emit_start - window.start, window.emit_stop - window.start)
+        if self._shape_lengths:
+            item = widen_left(item, codes, window.start, self._shape_lengths)
         t = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        (pcm,) = await loop.run_in_executor(self._decode_pool, self.decoder.decode, [item])
+        pcm = await self.batcher.decode(item)
         final_codes = window.emit_stop - window.tail - window.emit_start
         self.events(ChunkDecoded(req.request_id, index, codes=final_codes,
                                  samples=final_codes * self.decoder.samples_per_code, decode_s=time.perf_counter() - t))

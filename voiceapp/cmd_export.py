@@ -1,21 +1,46 @@
-"""Provides `voicectl export INPUT -o OUT.wav`: render text to a WAV file, atomically, with progress."""
+"""Provides `voicectl export BOOK -o OUT.wav | DIR/`: render a .txt, .md or .epub book to WAV, resumably.
+
+Sentences render concurrently (--jobs), each with its own seed derived from --seed and its index, into finished
+parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
+bytes as an uninterrupted one. Outputs: one WAV (+ a CUE sheet of chapters when there are several), or one WAV
+per chapter (-o DIR/ or --split-chapters). Without --resume an earlier unfinished export is never discarded
+silently: --restart discards it.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import errno
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from voiceapp.common import add_engine_args, add_voice_args, engine_config, read_text_file, require_speakable
-from voiceapp.wavout import check_output, write_wav
+from voiceapp.wavout import check_output
+
+CPU_JOBS, GPU_JOBS = 4, 32
+"""Default --jobs: a CPU engine gains little from more; vLLM batches many sentences at once."""
+MAX_EPUB_BYTES = 512 * 1024 * 1024
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="render text (file or - for stdin) to a WAV file")
-    p.add_argument("input", help="text file, or - for stdin")
-    p.add_argument("-o", "--out", required=True, help="output .wav path")
-    p.add_argument("--max-mb", type=int, default=4, help="largest input accepted, in MB (default 4)")
+    p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to WAV; resumable")
+    p.add_argument("input", help=".txt, .md or .epub file, or - for plain text on stdin")
+    p.add_argument("-o", "--out", required=True,
+                   help="OUT.wav (one file, plus OUT.cue listing the chapters when there are several), "
+                        "or DIR/ (one WAV per chapter)")
+    p.add_argument("--split-chapters", action="store_true",
+                   help="one WAV per chapter; with -o OUT.wav they are named 'OUT 01 - Title.wav'")
+    p.add_argument("--jobs", type=int, help=f"sentences rendered at once (default {CPU_JOBS}; {GPU_JOBS} with vLLM)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted export: keep its finished sentences, render the rest")
+    p.add_argument("--restart", action="store_true", help="discard an interrupted export and start over")
+    p.add_argument("--normalize-loudness", nargs="?", type=float, const=-20.0, metavar="DBFS",
+                   help="scale the whole book to this RMS level (default -20 dBFS; the peak stays <= -3 dBFS)")
+    p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
@@ -25,61 +50,291 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InputError
 
-    out = Path(args.out)
-    check_output(out)
     if args.max_mb < 1:
         raise InputError("--max-mb must be at least 1")
-    text = read_text_file(args.input, args.max_mb * 1024 * 1024)
-    require_speakable(text, "stdin" if args.input == "-" else args.input)
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    if args.resume and args.restart:
+        raise InputError("--resume and --restart exclude each other")
+    layout = Layout.from_args(args)
+    plan = make_plan(args)
     show = sys.stderr.isatty() and not args.no_progress
-    stats = asyncio.run(export(text, out, args, show))
-    print(f"wrote {out}: {stats['audio_s']:.1f} s of audio in {stats['wall_s']:.1f} s "
-          f"({stats['xrt']:.1f}x real time, {stats['sentences']} sentences)", file=sys.stderr)
+    stats = asyncio.run(export(plan, layout, args, show))
+    what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
+                                                                      and layout.split else "")
+    resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
+    print(f"wrote {what}: {stats['audio_s']:.1f} s of audio in {stats['wall_s']:.1f} s ({stats['xrt']:.1f}x real "
+          f"time, {len(plan.sentences)} sentences in {len(plan.book.chapters)} chapters{resumed})", file=sys.stderr)
     return 0
 
 
-async def export(text: str, out: Path, args: argparse.Namespace, show_progress: bool) -> dict:
-    """Render to a temporary file beside `out`; rename only when complete (never a truncated WAV)."""
-    from engine.config import SamplingOptions, SynthesisRequest
-    from engine.events import RequestFinished, SentenceFinished
-    from engine.factory import build_synthesizer
-    from engine.text import is_speakable, normalize, split_sentences
+# ---- where things go --------------------------------------------------------------------------------------
 
-    total = sum(1 for s in split_sentences(text) if is_speakable(normalize(s)))
-    bar = _progress_bar(total) if show_progress else None
-    done: dict = {}
-    t0 = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Output paths: the WAV(s), the CUE sheet, the manifest and the parts directory."""
 
-    def on_event(event) -> None:
-        if isinstance(event, SentenceFinished):
-            done["sentences"] = done.get("sentences", 0) + 1
-            if bar is not None:
-                bar.update(1)
-        elif isinstance(event, RequestFinished):
-            done["finished"] = event
+    out: Path
+    directory: bool
+    split: bool
 
-    synth = build_synthesizer(engine_config(args), events=on_event)
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Layout":
+        from engine.errors import OutputError
 
-    def on_chunk(chunk) -> None:
-        done["samples"] = done.get("samples", 0) + len(chunk.samples)
-        if bar is not None:
-            xrt = done["samples"] / synth.sample_rate / max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{xrt:.1f}x real time")
+        out = Path(args.out)
+        directory = args.out.endswith(("/", os.sep)) or out.is_dir()
+        if not directory:
+            check_output(out)
+            return cls(out, False, args.split_chapters)
+        if not out.parent.is_dir():
+            raise OutputError(f"{out}: directory {out.parent} does not exist")
+        out.mkdir(exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise OutputError(f"{out}: directory is not writable")
+        return cls(out, True, True)
 
+    @property
+    def manifest(self) -> Path:
+        return self.out / "export.manifest.json" if self.directory else self.out.with_name(self.out.name +
+                                                                                          ".manifest.json")
+
+    @property
+    def parts(self) -> Path:
+        return self.out / "export.parts" if self.directory else self.out.with_name(self.out.name + ".parts")
+
+    @property
+    def cue(self) -> Path:
+        return self.out.with_suffix(".cue")
+
+    def tracks(self, plan):
+        from engine.export_plan import Track
+
+        if not self.split:
+            return [Track(self.out, range(len(plan.sentences)))]
+        ranges = plan.chapter_ranges()
+        width = max(2, len(str(len(ranges))))
+        prefix = "" if self.directory else f"{self.out.stem} "
+        folder = self.out if self.directory else self.out.parent
+        return [Track(folder / f"{prefix}{n:0{width}d} - {_file_title(plan.book.chapters[n - 1].title)}.wav", r)
+                for n, r in enumerate(ranges, 1)]
+
+
+def _file_title(title: str) -> str:
+    return re.sub(r"[^\w ,.'()&-]+", "_", title).strip(" ._")[:60] or "chapter"
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------
+
+def make_plan(args: argparse.Namespace):
+    """Read and parse the input, and fix everything that decides the audio (before any model is loaded)."""
+    from engine.book import book_sentences, read_book
+    from engine.config import SamplingOptions
+    from engine.errors import InputError
+    from engine.export_plan import ExportPlan, ExportSettings, sha256_bytes
+    from engine.voices import VoiceBank
+
+    name, data = read_input(args.input, args.max_mb * 1024 * 1024)
+    source = "stdin" if args.input == "-" else args.input
+    if isinstance(data, str):
+        require_speakable(data, source)
+    book = read_book(name, data)
+    config = engine_config(args)
+    sentences = book_sentences(book, config.join.max_sentence_chars)
+    if not sentences:
+        raise InputError(f"{source} has no speakable text (only code, markup or symbols?)")
+    voice = (config.voices or VoiceBank()).get(args.voice)
+    options = SamplingOptions(seed=args.seed)
+    settings = ExportSettings(
+        input_sha256=sha256_bytes(data if isinstance(data, bytes) else data.encode()), voice=voice.name,
+        voice_fingerprint=repr(voice.global_tokens) if voice.global_tokens else voice.fingerprint, seed=args.seed,
+        sampling=repr(dataclasses.replace(options, seed=None)), join=repr(config.join),
+        schedule=repr(config.schedule))
+    return ExportPlan(book, tuple(sentences), settings, options)
+
+
+def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
+    """(name, contents): text for .txt/.md/stdin (size and encoding checks), bytes for .epub."""
+    from engine.errors import InputError
+
+    if path == "-" or not path.lower().endswith(".epub"):
+        return ("stdin.txt" if path == "-" else path), read_text_file(path, max_bytes)
     try:
-        req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
-        samples = await write_wav(synth.synthesize(req), out, synth.sample_rate, on_chunk)
+        size = os.path.getsize(path)
+        if size > MAX_EPUB_BYTES:
+            raise InputError(f"{path} is larger than {MAX_EPUB_BYTES >> 20} MB")
+        return path, Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not an EPUB file") from None
+    except PermissionError:
+        raise InputError(f"cannot read {path}: permission denied") from None
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+# ---- running it -------------------------------------------------------------------------------------------
+
+async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: bool) -> dict:
+    from engine.export_plan import Manifest, Parts
+    from engine.factory import build_synthesizer
+
+    manifest = Manifest(layout.manifest, Parts(layout.parts))
+    earlier = previous_run(manifest, plan, args, str(layout.out))
+    synth = build_synthesizer(engine_config(args), events=_print_notices)
+    try:
+        plan = engine_checked(plan, synth, manifest, earlier)
+        return await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
     finally:
-        if bar is not None:
-            bar.close()
         await synth.close()
-    wall = time.perf_counter() - t0
-    audio = samples / synth.sample_rate
-    return {"audio_s": audio, "wall_s": wall, "xrt": audio / wall if wall else 0.0,
-            "sentences": done.get("sentences", 0)}
 
 
-def _progress_bar(total: int):
-    from tqdm import tqdm
+def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
+    """The earlier run's manifest to resume, or None to start over (after refusing to drop finished work)."""
+    from engine.errors import InputError
+    from engine.export_plan import ExportSettings, ManifestError
 
-    return tqdm(total=total, unit="sentence", file=sys.stderr, dynamic_ncols=True)
+    if not manifest.exists():
+        if args.resume:
+            _print_notices(f"nothing to resume ({manifest.path} does not exist): starting from the beginning")
+        manifest.parts.remove()
+        return None
+    if args.restart:
+        manifest.remove()
+        return None
+    try:
+        data = manifest.load()
+    except ManifestError:
+        if args.resume:
+            raise
+        _print_notices(f"{manifest.path} is corrupt: starting over")
+        manifest.remove()
+        return None
+    if not args.resume:
+        raise InputError(f"{out}: an interrupted export is there ({len(data.get('done') or [])} of "
+                         f"{data['sentences']} sentences recorded); pass --resume to continue it or --restart to "
+                         f"start over")
+    keys = tuple(f.name for f in dataclasses.fields(ExportSettings) if f.name not in ExportSettings.ENGINE_KEYS)
+    manifest.check(data, plan, keys)
+    return data
+
+
+def engine_checked(plan, synth, manifest, earlier: dict | None):
+    """The plan completed with the engine's identity, checked against the manifest being resumed."""
+    from engine.export_plan import ExportSettings
+    from engine.protocol import describe_engine
+
+    engine = describe_engine(synth)
+    settings = dataclasses.replace(plan.settings, model_hash=engine["model"]["hash"] if engine["model"] else "fake",
+                                   backend=engine["backend"], sample_rate=synth.sample_rate)
+    plan = dataclasses.replace(plan, settings=settings)
+    if earlier is not None:
+        manifest.check(earlier, plan, ExportSettings.ENGINE_KEYS)
+    return plan
+
+
+async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: bool) -> dict:
+    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, loudness_gain, make_batch_invariant,
+                                    pause_samples, render_parts)
+    from engine.protocol import describe_engine
+
+    parts, tracks = manifest.parts, layout.tracks(plan)
+    outputs = [str(t.path) for t in tracks]
+    done = parts.finished(len(plan.sentences)) if parts.dir.is_dir() else set()
+    resumed = len(done)
+    jobs = args.jobs or (GPU_JOBS if describe_engine(synth)["backend"] == "vllm" else CPU_JOBS)
+    make_batch_invariant(synth)
+    progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
+    try:
+        parts.dir.mkdir(exist_ok=True)
+        manifest.save(plan, done, outputs)
+
+        def on_done(index: int, samples: int) -> None:
+            done.add(index)
+            progress.update(samples)
+            manifest.save(plan, done, outputs, force=False)
+
+        try:
+            await render_parts(synth, plan, parts, [i for i in range(len(plan.sentences)) if i not in done], jobs,
+                               on_done)
+        finally:
+            progress.close()
+            _save_quietly(manifest, plan, done, outputs)
+        gain = 1.0
+        if args.normalize_loudness is not None:
+            gain = loudness_gain(parts, len(plan.sentences), args.normalize_loudness or LOUDNESS_TARGET_DBFS)
+        pause = pause_samples(synth.join.pause_s, synth.sample_rate)
+        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gain)
+        if not layout.split and len(plan.book.chapters) > 1:
+            marks = [(plan.book.chapters[plan.sentences[r.start].chapter].title, offsets[0][r.start])
+                     for r in plan.chapter_ranges()]
+            write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
+    except OSError as err:
+        raise output_error(err, manifest, done, layout.out) from None
+    manifest.remove()
+    wall = time.perf_counter() - progress.t0
+    rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
+    return {"audio_s": total / synth.sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
+            "resumed": resumed}
+
+
+def _save_quietly(manifest, plan, done: set[int], outputs: list[str]) -> None:
+    try:
+        manifest.save(plan, done, outputs)
+    except OSError:
+        pass  # the parts on disk are the record; a full disk must not hide the original error
+
+
+def output_error(err: OSError, manifest, done: set[int], out: Path):
+    """One line for a failed write; finished sentences are kept for --resume (nothing is left if there are none)."""
+    from engine.errors import OutputError
+
+    cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+    if not done:
+        manifest.remove()
+        return OutputError(f"{cause} while writing {out}; nothing was written")
+    return OutputError(f"{cause} while writing {out}; the {len(done)} finished sentences are kept in "
+                       f"{manifest.parts.dir}: free some space and rerun with --resume")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class Progress:
+    """Sentences done, ETA and x-real-time on a terminal (tqdm on stderr); counts audio either way."""
+
+    def __init__(self, total: int, initial: int, sample_rate: int, show: bool) -> None:
+        self.sample_rate, self.samples = sample_rate, 0
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if show:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="sentence", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, samples: int) -> None:
+        self.samples += samples
+        if self.bar is not None:
+            xrt = self.samples / self.sample_rate / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{xrt:.1f}x real time", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _print_notices(event) -> None:
+    from engine.events import Notice
+
+    if isinstance(event, str):
+        print(f"voicectl: {event}", file=sys.stderr)
+    elif isinstance(event, Notice):
+        print(f"voicectl: {event.message}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
     p.add_argument("--stats", action="store_true", help="print one line of metrics at the end (stderr)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on stdout")
+    p.add_argument("--no-server", action="store_true",
+                   help="always run the engine in this process, even when `voicectl serve` is running")
+    p.add_argument("--socket", metavar="PATH", help="the server's socket (default: as `voicectl serve`)")
     add_voice_args(p, default_seed=None)
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -86,31 +90,86 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics) -> None:
-    from engine.config import SamplingOptions, SynthesisRequest
+    """Speak through a running `voicectl serve` when there is one (the audio still plays here), else in-process.
+
+    If the server dies before any audio arrived, a text argument is spoken in-process instead (stdin cannot be
+    replayed: that is an error, like a server dying mid-speech).
+    """
+    from engine.events import Notice
     from engine.factory import build_synthesizer
-    from voiceapp.stdin_text import stdin_pieces
+    from voiceapp.client import ServerGone
 
     player = None if args.out else open_player(args)  # fail on a missing device before loading a model
     try:
+        remote = None if args.no_server else await connect_server(args, metrics.on_event)
+        if remote is not None:
+            try:
+                return await speak_with(remote, text, from_stdin, args, metrics, player)
+            except ServerGone as err:
+                if err.audio_started or from_stdin:
+                    raise
+                metrics.on_event(Notice(f"{err}; speaking in-process instead"))
+            finally:
+                await remote.close()
         synth = build_synthesizer(engine_config(args), events=metrics.on_event)
         try:
-            req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
-            stream = stdin_pieces() if from_stdin else None
-            if player is None:
-                from voiceapp.wavout import write_wav
-
-                await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate)
-            else:
-                player.mark_utterance_start()
-                await synth.speak(req, player, stream)
-                onset = player.last_onset_perf
-                metrics.onset_ms = (onset - metrics.t0) * 1000 if onset else None
-                metrics.underruns = player.underruns
+            await speak_with(synth, text, from_stdin, args, metrics, player)
         finally:
             await synth.close()
     finally:
         if player is not None:
             player.close()
+
+
+async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics,
+                     player) -> None:
+    """One request on `synth` (a Synthesizer or a RemoteSynthesizer): to the player, or to --out."""
+    from engine.config import SamplingOptions, SynthesisRequest
+    from voiceapp.stdin_text import stdin_pieces
+
+    req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
+    stream = stdin_pieces() if from_stdin else None
+    if player is None:
+        from voiceapp.wavout import write_wav
+
+        await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate)
+        return
+    player.mark_utterance_start()
+    await synth.speak(req, player, stream)
+    onset = player.last_onset_perf
+    metrics.onset_ms = (onset - metrics.t0) * 1000 if onset else None
+    metrics.underruns = player.underruns
+
+
+async def connect_server(args: argparse.Namespace, events):
+    """A RemoteSynthesizer on the running server, or None (no server, or it runs another model or backend
+    than the ones asked for explicitly: --model, $VOICEAPP_MODEL, --backend)."""
+    from engine.events import Notice
+    from voiceapp.client import RemoteSynthesizer, socket_path
+
+    remote = await RemoteSynthesizer.connect(socket_path(args.socket), events)
+    if remote is None:
+        return None
+    why = engine_mismatch(remote.info, args)
+    if why is None:
+        return remote
+    await remote.close()
+    events(Notice(f"the running server {why}; speaking in-process (--no-server skips this check)"))
+    return None
+
+
+def engine_mismatch(info: dict, args: argparse.Namespace) -> str | None:
+    """Why the server cannot stand in for the engine these options ask for; None if it can.
+    (--compute and --threads are the server's business and are not compared.)"""
+    from engine.model import ENV_VAR
+
+    if args.backend != "auto" and args.backend != info.get("backend"):
+        return f"uses the {info.get('backend')} backend, not {args.backend}"
+    wanted = args.model or os.environ.get(ENV_VAR)
+    model = info.get("model")
+    if wanted and (model is None or Path(wanted).expanduser().resolve() != Path(model["path"]).resolve()):
+        return f"serves {model['path'] if model else 'no model'}, not {wanted}"
+    return None
 
 
 def open_player(args: argparse.Namespace):

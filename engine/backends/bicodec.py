@@ -162,6 +162,10 @@ class BiCodecDecoder:
     """CodecDecoder over our BiCodec modules; batches windows of equal length into one forward pass.
 
     `num_threads` sets torch's intra-op CPU threads (process-wide, as torch offers no per-model knob).
+    On CUDA every decode runs on the decoder's own stream (never the default stream, so it cannot serialize
+    with other GPU work in this process); `warmup(lengths, batches)` captures CUDA graphs for those window
+    shapes (a batch-1 decode is ~10 ms of kernel launches eagerly, ~1-2 ms as a graph replay); other shapes
+    run eagerly. `dtype=torch.bfloat16` halves memory traffic (see docs/benchmarks.md for its error vs fp32).
     """
 
     def __init__(
@@ -185,6 +189,35 @@ class BiCodecDecoder:
         self._mel = cfg["mel_params"]
         hop = int(self._mel["hop_length"])
         self._ref_samples = int(self.sample_rate * ref_seconds) // hop * hop
+        cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._graphs = _GraphCache(self.model, self.device, self._stream) if cuda else None
+        self.fixed_shapes = cuda
+        """Windows of equal length batch into one pass (and may replay a graph): the pipeline widens to them."""
+        self.batch_limit = 128 if cuda else 16
+        """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher)."""
+
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> float:
+        """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds."""
+        import time
+
+        t = time.perf_counter()
+        glob = tuple([0] * self.global_count)
+        if self._graphs is None:
+            for n in lengths:
+                self.decode([DecodeItem(tuple([0] * n), glob)])
+            return time.perf_counter() - t
+        benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True  # the fastest conv algorithms for each captured shape, chosen once
+        try:
+            with torch.inference_mode():
+                for n in sorted(set(lengths)):
+                    for b in sorted(set(batches)):
+                        self._graphs.capture(b, n, self.global_count)
+        finally:
+            torch.backends.cudnn.benchmark = benchmark  # eager (odd) shapes: no per-shape autotuning stalls
+        self.max_batch = max(self.max_batch, max(batches))
+        return time.perf_counter() - t
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """Audio for each item's kept codes: float32, (keep_stop - keep_start) · samples_per_code samples."""
@@ -195,17 +228,29 @@ class BiCodecDecoder:
             if spans[i][1] > spans[i][0]:
                 by_length[len(item.codes)].append(i)
         spc = self.samples_per_code
-        with torch.inference_mode():
+        with torch.inference_mode(), _on(self._stream):
             for group in by_length.values():
                 for at in range(0, len(group), self.max_batch):
                     batch = group[at: at + self.max_batch]
-                    codes = torch.tensor([items[i].codes for i in batch], dtype=torch.long, device=self.device)
-                    globs = torch.tensor([items[i].global_tokens for i in batch], dtype=torch.long, device=self.device)
-                    audio = self.model.decode(codes, globs).float().cpu().numpy()
+                    codes = torch.tensor([items[i].codes for i in batch], dtype=torch.long)
+                    globs = torch.tensor([items[i].global_tokens for i in batch], dtype=torch.long)
+                    audio = self._forward(codes, globs)
                     for row, i in enumerate(batch):
                         start, stop = spans[i]
                         out[i] = np.ascontiguousarray(audio[row, start * spc: stop * spc])
         return out
+
+    def _forward(self, codes: torch.Tensor, globs: torch.Tensor) -> np.ndarray:
+        """(B,T) codes, (B,32) globals (CPU tensors) -> (B, T·spc) float32 numpy audio."""
+        if self._graphs is not None:
+            audio = self._graphs.run(codes, globs)
+            if audio is None:
+                audio = self.model.decode(codes.to(self.device, non_blocking=True),
+                                          globs.to(self.device, non_blocking=True))
+            host = audio.float().to("cpu", non_blocking=True)
+            self._stream.synchronize()  # type: ignore[union-attr]
+            return host.numpy()
+        return self.model.decode(codes.to(self.device), globs.to(self.device)).float().cpu().numpy()
 
     def _check(self, item: DecodeItem) -> tuple[int, int]:
         n = len(item.codes)
@@ -235,6 +280,63 @@ class BiCodecDecoder:
         with torch.inference_mode():
             tokens = self.model.global_tokens(mel.to(device=self.device, dtype=self.dtype))
         return [int(t) for t in tokens[0].tolist()]
+
+
+class _GraphCache:
+    """CUDA graphs of `model.decode` for fixed (batch, length) shapes, all captured on the decoder's stream and
+    sharing one memory pool (they never run concurrently). A batch of B windows replays the graph of the
+    smallest captured batch >= B; rows past B hold stale codes and are ignored (rows are independent)."""
+
+    def __init__(self, model: BiCodecModel, device: torch.device, stream: Any) -> None:
+        self.model, self.device, self.stream = model, device, stream
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.batches: list[int] = []
+
+    def capture(self, batch: int, length: int, global_count: int) -> None:
+        if (batch, length) in self.graphs:
+            return
+        codes = torch.zeros((batch, length), dtype=torch.long, device=self.device)
+        globs = torch.zeros((batch, global_count), dtype=torch.long, device=self.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for _ in range(2):  # cudnn autotuning and lazy init happen outside the capture
+                self.model.decode(codes, globs)
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            out = self.model.decode(codes, globs)
+        self.graphs[(batch, length)] = (graph, codes, globs, out)
+        if batch not in self.batches:
+            self.batches = sorted([*self.batches, batch])
+
+    def run(self, codes: torch.Tensor, globs: torch.Tensor) -> torch.Tensor | None:
+        """Replay on the current (decoder) stream; None if no graph fits this shape."""
+        b, n = codes.shape
+        bucket = next((x for x in self.batches if x >= b), None)
+        entry = self.graphs.get((bucket, n)) if bucket is not None else None
+        if entry is None:
+            return None
+        graph, codes_in, globs_in, out = entry
+        codes_in[:b].copy_(codes, non_blocking=True)
+        globs_in[:b].copy_(globs, non_blocking=True)
+        graph.replay()
+        return out[:b]
+
+
+class _on:
+    """`with _on(stream)`: run on a CUDA stream, or do nothing for None (CPU)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._ctx = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
 
 
 # ----------------------------------------------------------------------------------------------------------

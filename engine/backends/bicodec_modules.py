@@ -411,6 +411,11 @@ class GEGLU(nn.Module):
         return a * F.gelu(gate)
 
 
+def geglu_feed_forward(dim: int, inner: int) -> nn.Sequential:
+    """Linear(dim, 2·inner) -> GEGLU -> Linear(inner, dim); keys `.0` and `.2`."""
+    return nn.Sequential(nn.Linear(dim, 2 * inner), GEGLU(), nn.Linear(inner, dim))
+
+
 class PerceiverResampler(nn.Module):
     """Context (B,T,1536) -> 32 latent tokens (B,32,dim), RMS-normalised."""
 
@@ -420,8 +425,7 @@ class PerceiverResampler(nn.Module):
         self.proj_context = nn.Linear(dim_context, dim)
         self.latents = nn.Parameter(torch.zeros(num_latents, dim))
         self.layers = nn.ModuleList(
-            nn.ModuleList([CrossAttention(dim), nn.Sequential(nn.Linear(dim, 2 * inner), GEGLU(), nn.Linear(inner, dim))])
-            for _ in range(depth))
+            nn.ModuleList([CrossAttention(dim), geglu_feed_forward(dim, inner)]) for _ in range(depth))
         self.norm = RMSNorm(dim)
 
     def forward(self, context: Tensor) -> Tensor:

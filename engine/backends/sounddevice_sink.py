@@ -109,19 +109,20 @@ class Player:
         sample_rate: rate of the samples given to write() (the model's rate).
         device: PortAudio device index or name; None = the default output device.
         latency: PortAudio output latency in seconds; about 0.1 s is robust on small machines.
-        preroll_s: audio buffered before an utterance starts playing; must exceed the latency, because
-            PortAudio may pull a whole host buffer at once.
+        preroll_s: audio buffered before an utterance starts playing. It must exceed the latency, because
+            PortAudio may pull a whole host buffer at once; it is raised to 1.5x latency when it does not.
         rebuffer_s: after an underrun, wait for this much audio before resuming (None = preroll_s, 0 = resume
             with whatever arrives); one longer pause sounds better than many short ones.
-        buffer_s: ring capacity; write() awaits while it is full.
+        buffer_s: ring capacity (at least 2x pre-roll); write() awaits while it is full.
         device_rate: force the stream's rate (None = the model rate if the device takes it, else the
             device's default rate); when it differs from sample_rate, one stateful soxr stream resamples.
         stall_timeout_s: waiting this long with no callback progress means the device is gone.
         """
-        if isinstance(latency, (int, float)) and preroll_s <= latency:
-            raise ValueError(f"preroll_s ({preroll_s}) must exceed the stream latency ({latency})")
-        if buffer_s <= preroll_s:
-            raise ValueError(f"buffer_s ({buffer_s}) must exceed preroll_s ({preroll_s})")
+        if preroll_s < 0 or buffer_s <= 0 or (rebuffer_s or 0) < 0:
+            raise ValueError("preroll_s and rebuffer_s must be >= 0 and buffer_s > 0")
+        if isinstance(latency, (int, float)):
+            preroll_s = max(preroll_s, 1.5 * latency)  # must exceed the latency (see preroll_s above)
+        buffer_s = max(buffer_s, 2 * preroll_s)
         sd = import_sounddevice()
         self.sample_rate = int(sample_rate)
         self.device_rate = int(device_rate) if device_rate else pick_device_rate(sd, device, self.sample_rate)
@@ -164,8 +165,9 @@ class Player:
             raise _device_error("cannot open the audio output device", err) from err
         self.latency_s = float(stream.latency)
         """Output latency PortAudio granted, seconds."""
-        if self._preroll_frames <= self.latency_s * self.device_rate:
-            self._preroll_frames = int(self.latency_s * self.device_rate * 1.5) + 1
+        if self._preroll_frames <= self.latency_s * self.device_rate:  # granted more than asked
+            self._preroll_frames = int(self.latency_s * self.device_rate * 1.5) + 1  # (and the ring opens
+            # the gate when full, so even a pre-roll beyond its capacity cannot stall playback)
         try:
             stream.start()
         except sd.PortAudioError as err:
@@ -186,7 +188,7 @@ class Player:
             go = True
         else:  # pre-roll (new utterance) or re-buffer (after an underrun): wait for enough audio
             threshold = self._rebuffer_frames if self._rebuffering else self._preroll_frames
-            go = ring.available >= threshold or ring.end_pending
+            go = ring.available >= threshold or ring.end_pending or ring.free <= 0
         if go:
             n = ring.read_into(out)
             self._rebuffering = n < frames and ring.playing and self._rebuffer_frames > 0
@@ -244,6 +246,14 @@ class Player:
         """Audible onset of utterance `seq` if it is the latest one whose onset was recorded."""
         onset = self._onset_perf
         return onset if self._onset_seq == seq else None
+
+    async def wait_onset(self, timeout_s: float = 2.0) -> float | None:
+        """Wait until the current utterance is audible; its onset, or None on timeout / clear."""
+        seq = self._utt_seq
+        deadline = perf_counter() + timeout_s
+        while (onset := self.onset_perf(seq)) is None and self._utt_seq == seq and perf_counter() < deadline:
+            await asyncio.sleep(self._poll_s / 2)
+        return onset
 
     # -- AudioSink ------------------------------------------------------------------------------------
 
@@ -351,4 +361,10 @@ class Player:
 
     @property
     def capacity_frames(self) -> int:
+        """Ring size in device-rate frames (fill_frames / capacity_frames = buffer health)."""
         return self._ring.capacity_frames
+
+    @property
+    def buffered_s(self) -> float:
+        """Seconds of audio queued in the ring (not counting the host buffer's `latency_s`)."""
+        return self._ring.available / self.device_rate

@@ -4,7 +4,8 @@
 every tensor a strict load into upstream BiCodec expects (torchaudio's mel buffers excepted), weight-normed
 convs in the legacy `weight_g`/`weight_v` form. Weights are drawn the way upstream's constructors leave them
 (so random-init audio is sane and windowed-decode seams decay as in the spec):
-  * inside Vocos backbones: convs/linears (AdaLN's too) N(0, 0.02) (upstream's trunc-normal, bounds ±2), biases 0, layer scale 1/num_layers;
+  * inside Vocos backbones: convs/linears (AdaLN's too) N(0, 0.02) (upstream's trunc-normal, whose ±2 bounds
+    never bite), biases 0, layer scale 1/num_layers;
   * wave-generator convs: torch's default uniform ±1/sqrt(fan_in), conv biases 0 (transposed-conv biases
     keep the default uniform); Snake α = 1;
   * everything else: torch defaults (uniform ±1/sqrt(fan_in) weights and biases, N(0,1) codebook,

@@ -42,8 +42,8 @@ class PulseServer:
     sinks: dict[str, int]
     """Sink name -> sample rate."""
 
-    def stop(self) -> None:
-        """Stop by PID (never by name), then remove its folder."""
+    def stop(self, before_cleanup: Callable[[], None] | None = None) -> None:
+        """Stop by PID (never by name), run `before_cleanup`, then remove its folder."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -51,6 +51,9 @@ class PulseServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if before_cleanup is not None:
+            with contextlib.suppress(Exception):
+                before_cleanup()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -103,14 +106,14 @@ def pulse_server() -> Iterator[PulseServer]:
         rescan_sounddevice()  # the env must be in place before PortAudio scans
         yield server
     finally:
-        server.stop()
+        # Re-scan while the env still names the stopped server: PortAudio then lists no devices again,
+        # and libpulse writes nothing under $HOME (a scan without PULSE_SERVER would).
+        server.stop(before_cleanup=rescan_sounddevice)
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        with contextlib.suppress(Exception):
-            rescan_sounddevice()
 
 
 @pytest.fixture

@@ -282,12 +282,15 @@ def test_preroll_gates_the_start_and_onset_uses_dac_time(fake_sd):
     np.testing.assert_array_equal(pump(player), x[:400])
     after = perf_counter()
     assert before + 0.1 <= player.last_onset_perf <= after + 0.1
+    assert asyncio.run(player.wait_onset(0.1)) == player.last_onset_perf
     assert (player.underruns, player.fill_frames) == (0, 2900)
+    player.mark_utterance_start()
+    assert asyncio.run(player.wait_onset(0.05)) is None  # nothing of it played yet
 
 
 def test_onset_of_a_gapless_next_utterance_counts_its_offset_in_the_buffer(fake_sd):
     player = Player(RATE)
-    a, b = noise(0.2, seed=10)[:3300], noise(0.5, seed=11)
+    a, b = noise(0.25, seed=10)[:3300], noise(0.5, seed=11)
     asyncio.run(player.write(a))
     first = player.last_onset_perf
     seq_b = player.mark_utterance_start()
@@ -399,9 +402,11 @@ def test_dead_or_stalled_stream_raises_audio_device_error(fake_sd):
     player.close()
 
 
-def test_preroll_must_exceed_latency():
+def test_preroll_is_raised_above_a_large_latency(fake_sd):
+    player = Player(RATE, latency=0.3, preroll_s=0.2, buffer_s=0.5)
+    assert player._preroll_frames == int(0.45 * RATE) and player.capacity_frames == int(0.9 * RATE)
     with pytest.raises(ValueError):
-        Player(RATE, latency=0.2, preroll_s=0.2)
+        Player(RATE, preroll_s=-1)
 
 
 def test_voicectl_devices_without_devices_fails_with_one_line(monkeypatch, capsys):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.backends.base import DecodeItem
-from engine.backends.bicodec import BiCodecDecoder, load_bicodec
+from engine.backends.bicodec import load_bicodec
 from engine.backends.bicodec_modules import mel_spectrogram
 
 REL_TOL = 1e-4

@@ -11,14 +11,6 @@ from voiceapp.tui.history import Utterance
 
 
 @dataclass
-class ModelLoading(Message):
-    """The background load started."""
-
-    description: str
-    """What is being loaded, e.g. "fake engine" or the model directory."""
-
-
-@dataclass
 class ModelReady(Message):
     """The synthesizer and the audio sink are ready; queued text starts playing."""
 

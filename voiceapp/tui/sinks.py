@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,19 +48,19 @@ class WavDirSink:
 
 
 def _write_wav_atomic(path: Path, audio: np.ndarray, sample_rate: int) -> None:
-    """16-bit PCM WAV via a temp file renamed into place: a WAV that exists is complete."""
+    """16-bit PCM WAV via a temp file renamed into place: a WAV that exists is complete. (Not mkstemp: its
+    0600 mode would stick to the result; this file gets the user's usual permissions.)"""
     import soundfile as sf
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.partial")
     try:
-        sf.write(tmp, audio, sample_rate, subtype="PCM_16", format="WAV")
+        sf.write(str(tmp), audio, sample_rate, subtype="PCM_16", format="WAV")
         os.replace(tmp, path)
     except (OSError, sf.SoundFileError) as err:
         raise OutputError(f"cannot write {path}: {getattr(err, 'strerror', None) or err}") from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
 
 
 class SilentSink:
@@ -98,8 +97,8 @@ class Recorder:
     async def write(self, samples: np.ndarray) -> None:
         if self.samples + len(samples) <= self.max_samples:
             self.parts.append(samples)
-        else:
-            self.overflow = True
+        elif not self.overflow:
+            self.overflow, self.parts = True, []  # it cannot be kept whole: free the copy now
         self.samples += len(samples)
         t = time.perf_counter()
         await self.sink.write(samples)

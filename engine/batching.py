@@ -1,0 +1,180 @@
+"""Provides cross-stream decode batching: many streams' windows become one decoder call. Pure (no torch).
+
+`DecodeBatcher` wraps any CodecDecoder. Every stream awaits `batcher.decode(item)`; the first caller's window
+goes to the decoder at once (no added latency when idle), and windows that arrive while a decode is in flight
+are gathered and run as ONE `decoder.decode(items)` call when it returns. On a GPU a batch of B windows costs
+about as much as one (launch-bound), so throughput grows with the number of streams instead of collapsing.
+
+`widen_left` makes window shapes batchable: windows of equal code length go into one forward pass, so a window
+is widened to the next standard length by taking more left context (codes that already exist; more context
+only makes the decode more exact), instead of padding.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from engine.backends.base import CodecDecoder, DecodeItem
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Counters for tuning and benchmarks."""
+
+    calls: int = 0
+    """Decoder calls made."""
+    items: int = 0
+    """Windows decoded."""
+    max_batch: int = 0
+    """Largest batch seen."""
+    retried_alone: int = 0
+    """Windows re-decoded one by one after their batch failed (to find whose window was bad)."""
+
+    @property
+    def mean_batch(self) -> float:
+        return self.items / self.calls if self.calls else 0.0
+
+
+class DecodeBatcher:
+    """Gathers concurrent `decode(item)` calls into batched `decoder.decode(items)` calls on one executor.
+
+    - Results are exactly what the decoder returns for each item (same order, same arrays).
+    - At most `max_batch` windows and (if set) `max_codes` codes in all go into one call.
+    - A failing batch is retried item by item, so an error reaches only the caller whose window caused it.
+    - A caller cancelled while waiting drops its window if it was not sent yet; others are unaffected.
+    Bound to the event loop that uses it; it re-binds when idle on a new loop (tests make one per test).
+    """
+
+    def __init__(self, decoder: CodecDecoder, executor: Executor | None = None, *, max_batch: int = 64,
+                 max_codes: int | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.decoder, self.executor = decoder, executor
+        self.max_batch, self.max_codes = max_batch, max_codes
+        self.stats = BatchStats()
+        self._pending: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
+        self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def decode(self, item: DecodeItem) -> np.ndarray:
+        """Audio for one window (see CodecDecoder.decode), decoded together with whatever else is queued."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._worker is not None and not self._worker.done() and self._loop is not None \
+                    and not self._loop.is_closed():
+                raise RuntimeError("DecodeBatcher is in use on another event loop")
+            self._loop, self._worker, self._pending = loop, None, []
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        self._pending.append((item, future))
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch = self._take()
+            if not batch:
+                continue
+            items = [item for item, _ in batch]
+            try:
+                results = await loop.run_in_executor(self.executor, self.decoder.decode, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"decoder returned {len(results)} results for {len(items)} windows")
+            except Exception as err:  # noqa: BLE001 - handed to the callers
+                if len(batch) == 1:
+                    _settle(batch[0][1], error=err)
+                    continue
+                await self._one_by_one(loop, batch)
+                continue
+            self.stats.calls += 1
+            self.stats.items += len(items)
+            self.stats.max_batch = max(self.stats.max_batch, len(items))
+            for (_, future), pcm in zip(batch, results):
+                _settle(future, result=pcm)
+
+    async def _one_by_one(self, loop: asyncio.AbstractEventLoop,
+                          batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]) -> None:
+        for item, future in batch:
+            if future.done():
+                continue
+            self.stats.retried_alone += 1
+            try:
+                (pcm,) = await loop.run_in_executor(self.executor, self.decoder.decode, [item])
+            except Exception as err:  # noqa: BLE001
+                _settle(future, error=err)
+            else:
+                _settle(future, result=pcm)
+
+    def _take(self) -> list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]:
+        """Up to max_batch live windows (max_codes codes) from the front of the queue; cancelled ones dropped."""
+        batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
+        codes = 0
+        rest: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
+        for entry in self._pending:
+            item, future = entry
+            if future.done():  # cancelled while queued
+                continue
+            n = len(item.codes)
+            full = len(batch) >= self.max_batch or (
+                self.max_codes is not None and batch and codes + n > self.max_codes)
+            if full:
+                rest.append(entry)
+            else:
+                batch.append(entry)
+                codes += n
+        self._pending = rest
+        return batch
+
+
+def _settle(future: asyncio.Future[np.ndarray], *, result: np.ndarray | None = None,
+            error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
+
+
+# ---- batchable window shapes ----------------------------------------------------------------------------------
+
+def standard_lengths(first_new: int, new: int, growth: float, max_new: int, left: int, right: int,
+                     first_right: int | None = None) -> tuple[int, ...]:
+    """Code lengths of the windows a WindowSchedule produces mid-sentence (left + new + right for each window
+    index, with left clipped at the sentence start), ascending. These are the shapes worth batching (and
+    capturing as CUDA graphs); final windows are widened to one of them by `widen_left`."""
+    lengths = set()
+    emitted, previous = 0, -1
+    for k in range(64):
+        n = first_new if k == 0 else min(max_new, int(new * growth ** (k - 1)))
+        r = first_right if (k == 0 and first_right is not None) else right
+        lengths.add(min(left, emitted) + n + r)
+        emitted += n
+        if k > 0 and n == previous and emitted >= left:  # steady state: every later window looks the same
+            break
+        previous = n
+    return tuple(sorted(lengths))
+
+
+def lengths_for(schedule) -> tuple[int, ...]:
+    """`standard_lengths` of an engine.windowing.WindowSchedule."""
+    s = schedule
+    return standard_lengths(s.first_new, s.new, s.growth, s.max_new, s.left, s.right, s.first_right)
+
+
+def widen_left(item: DecodeItem, codes: Sequence[int], start: int, lengths: Sequence[int]) -> DecodeItem:
+    """`item` (which starts at absolute code `start` of `codes`) widened leftwards to the smallest standard
+    length >= its own, using codes before `start`; unchanged if no standard length fits."""
+    n = len(item.codes)
+    target = next((length for length in sorted(lengths) if length >= n), None)
+    if target is None or target == n or target - n > start:
+        return item
+    extra = target - n
+    stop = item.keep_stop if item.keep_stop is not None else n
+    return replace(item, codes=tuple(codes[start - extra: start]) + tuple(item.codes),
+                   keep_start=item.keep_start + extra, keep_stop=stop + extra)

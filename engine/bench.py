@@ -1,0 +1,641 @@
+"""Provides the benchmark behind `voicectl bench`: our pipeline at 1..128 concurrent streams, export throughput,
+decoder precision/seams/speed, and the upstream reference pipeline (spark_tts_lib) on the same checkpoint.
+
+Random weights never emit the stop token and sample all over the vocabulary, so every sentence is forced to a
+fixed token count: `FixedLengthGenerator` removes the stop ids from the allowed ids and sets max_tokens (the
+LLM then does exactly the same work per sentence in every run); the reference gets max/min_new_tokens and the
+same restriction to semantic ids (see `reference_pipeline`).
+
+Metrics (per stream = one request of `sentences` sentences):
+- TTFA: request start -> first audio chunk yielded by `Synthesizer.synthesize` (samples ready to play).
+- steady RTF: (last chunk time - first chunk time) / (audio after the first chunk); <1 is faster than real time.
+- underruns: a virtual player per stream starts `preroll_s` after the first chunk and plays at real time; each
+  moment it runs out of audio is one underrun (it then waits for the next chunk and resumes).
+Pure apart from the functions that load models (torch, spark_tts_lib and vLLM are imported inside them).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import numpy as np
+
+from engine.backends.base import DecodeItem
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.crossfade import Crossfader
+from engine.prompt import Prompt
+from engine.seams import seam_error_db
+from engine.windowing import WindowPlanner, WindowSchedule
+
+STREAM_LEVELS = (1, 8, 32, 64, 128)
+SENTENCE = ("The benchmark sentence is long enough to be a realistic thing to say, with a clause or two, "
+            "and it ends here.")
+BENCH_GLOBALS = tuple((k * 131 + 7) % 4096 for k in range(32))
+"""Stored speaker globals of the benchmark voice (any 32 codes do for random weights)."""
+
+
+# ---- the fixed-length generator -----------------------------------------------------------------------------
+
+@dataclass
+class TokenTimes:
+    """When one generation request produced its tokens (perf_counter seconds)."""
+
+    start: float
+    deltas: list[tuple[float, int]] = field(default_factory=list)
+    """(time, cumulative token count) per delta."""
+
+    def time_of(self, n: int) -> float | None:
+        for t, count in self.deltas:
+            if count >= n:
+                return t
+        return None
+
+    @property
+    def tokens(self) -> int:
+        return self.deltas[-1][1] if self.deltas else 0
+
+    def rate(self) -> float | None:
+        """Tokens/s from the first delta to the last (decode speed, prefill excluded)."""
+        if len(self.deltas) < 2:
+            return None
+        (t0, c0), (t1, c1) = self.deltas[0], self.deltas[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else None
+
+
+class FixedLengthGenerator:
+    """TokenGenerator wrapper: exactly `tokens` tokens per request (stop ids removed from the allowed ids), and a
+    record of when each delta came (`times`)."""
+
+    def __init__(self, inner: Any, tokens: int, stop_ids: frozenset[int]) -> None:
+        self.inner, self.tokens, self.stop_ids = inner, tokens, stop_ids
+        self.times: dict[str, TokenTimes] = {}
+
+    async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
+        allowed = prompt.allowed_ids
+        if allowed is not None:
+            allowed = tuple(t for t in allowed if t not in self.stop_ids)
+        rec = self.times[request_id] = TokenTimes(time.perf_counter())
+        count = 0
+        async for delta in self.inner.stream(replace(prompt, allowed_ids=allowed),
+                                             replace(opts, max_tokens=self.tokens), request_id):
+            count += len(delta)
+            rec.deltas.append((time.perf_counter(), count))
+            yield delta
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+# ---- playback simulation ------------------------------------------------------------------------------------
+
+@dataclass
+class StreamRecord:
+    """One request's chunks as they arrived."""
+
+    start: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    """(arrival time, samples) per chunk, pauses included (they are played too)."""
+
+    def ttfa(self) -> float:
+        return self.chunks[0][0] - self.start
+
+    def audio_s(self, sample_rate: int) -> float:
+        return sum(n for _, n in self.chunks) / sample_rate
+
+    def steady_rtf(self, sample_rate: int) -> float:
+        if len(self.chunks) < 2:
+            return 0.0
+        after_first = sum(n for _, n in self.chunks[1:]) / sample_rate
+        return (self.chunks[-1][0] - self.chunks[0][0]) / after_first if after_first else 0.0
+
+    def rtf(self, sample_rate: int) -> float:
+        return (self.chunks[-1][0] - self.start) / self.audio_s(sample_rate)
+
+
+def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, preroll_s: float = 0.2
+                      ) -> tuple[int, float]:
+    """(underruns, seconds of silence) for a player that starts `preroll_s` after the first chunk and plays at
+    real time, stalling whenever the next chunk has not arrived by the time the audio before it is used up."""
+    if not chunks:
+        return 0, 0.0
+    clock = chunks[0][0] + preroll_s  # wall time at which the player reaches the start of the next chunk
+    underruns, silence = 0, 0.0
+    for arrival, samples in chunks:
+        if arrival > clock + 1e-9:
+            underruns += 1
+            silence += arrival - clock
+            clock = arrival
+        clock += samples / sample_rate
+    return underruns, silence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+# ---- pipeline runs --------------------------------------------------------------------------------------------
+
+@dataclass
+class LevelResult:
+    streams: int
+    ttfa_ms_p50: float
+    ttfa_ms_p95: float
+    steady_rtf_p50: float
+    steady_rtf_max: float
+    rtf_p50: float
+    rtf_max: float
+    underruns: int
+    streams_with_underruns: int
+    silence_s: float
+    audio_s: float
+    wall_s: float
+    llm_tok_s_per_stream_p50: float
+    ttft_ms_p50: float
+    first_window_tokens_ms_p50: float
+    decode_batch_mean: float
+
+    @property
+    def realtime(self) -> bool:
+        return self.underruns == 0 and self.steady_rtf_max <= 0.5
+
+
+async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str,
+                      preroll_s: float = 0.2, label: str = "s") -> tuple[
+                          list[StreamRecord], list[TokenTimes], list[TokenTimes]]:
+    """Start `n` requests at once and record their chunks; also the token timings of all their sentences and
+    of their first sentences."""
+    records: list[StreamRecord] = []
+
+    async def one(i: int) -> None:
+        req = SynthesisRequest(text, voice=voice, options=SamplingOptions(), request_id=f"{label}{n}-{i}")
+        rec = StreamRecord(time.perf_counter())
+        records.append(rec)
+        async for chunk in synth.synthesize(req):
+            rec.chunks.append((time.perf_counter(), len(chunk.samples)))
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    ids = {f"{label}{n}-{i}" for i in range(n)}
+    times = [t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids]
+    firsts = [t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids and rid.endswith("-0")]
+    for rid in [rid for rid in gen.times if rid.rsplit("-", 1)[0] in ids]:
+        del gen.times[rid]
+    return records, times, firsts
+
+
+def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: list[TokenTimes],
+              sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float) -> LevelResult:
+    ttfa = [r.ttfa() * 1e3 for r in records]
+    steady = [r.steady_rtf(sample_rate) for r in records]
+    under = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
+    rates = [x for x in (t.rate() for t in times) if x]
+    ttft = [(t.deltas[0][0] - t.start) * 1e3 for t in firsts if t.deltas]
+    need = [((t.time_of(first_tokens) or math.nan) - t.start) * 1e3 for t in firsts]
+    return LevelResult(
+        streams=n, ttfa_ms_p50=percentile(ttfa, 50), ttfa_ms_p95=percentile(ttfa, 95),
+        steady_rtf_p50=percentile(steady, 50), steady_rtf_max=max(steady),
+        rtf_p50=percentile([r.rtf(sample_rate) for r in records], 50),
+        rtf_max=max(r.rtf(sample_rate) for r in records),
+        underruns=sum(u for u, _ in under), streams_with_underruns=sum(1 for u, _ in under if u),
+        silence_s=sum(s for _, s in under), audio_s=sum(r.audio_s(sample_rate) for r in records), wall_s=wall_s,
+        llm_tok_s_per_stream_p50=percentile(rates, 50) if rates else math.nan,
+        ttft_ms_p50=percentile(ttft, 50) if ttft else math.nan,
+        first_window_tokens_ms_p50=percentile([x for x in need if not math.isnan(x)], 50) if need else math.nan,
+        decode_batch_mean=batch_mean)
+
+
+async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
+                        preroll_s: float = 0.2) -> LevelResult:
+    stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
+    records: list[StreamRecord] = []
+    times: list[TokenTimes] = []
+    firsts: list[TokenTimes] = []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        recs, ts, fs = await run_streams(synth, gen, n, text=text, voice=voice, preroll_s=preroll_s,
+                                         label=f"r{r}s")
+        records += recs
+        times += ts
+        firsts += fs
+    wall = time.perf_counter() - t0
+    calls = synth.batcher.stats.calls - stats0[0]
+    items = synth.batcher.stats.items - stats0[1]
+    first_tokens = synth.schedule.first_new + synth.schedule.right_context(0)
+    return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
+                     items / calls if calls else 0.0)
+
+
+async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:
+    """Render `sentences` independent one-sentence requests, `concurrency` at a time (what a parallel export
+    does: every sentence is independent in the pipeline); x real time = audio seconds / wall seconds."""
+    sem = asyncio.Semaphore(concurrency)
+    audio = 0
+
+    async def one(i: int) -> None:
+        nonlocal audio
+        async with sem:
+            req = SynthesisRequest(SENTENCE, voice=voice, options=SamplingOptions(seed=i), request_id=f"exp-{i}")
+            async for chunk in synth.synthesize(req):
+                audio += len(chunk.samples)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(sentences)))
+    wall = time.perf_counter() - t0
+    seconds = audio / synth.sample_rate
+    return {"sentences": sentences, "concurrency": concurrency, "audio_s": seconds, "wall_s": wall,
+            "xrt": seconds / wall}
+
+
+async def measure_sequential_export(synth: Any, sentences: int, *, voice: str) -> dict[str, float]:
+    """One request of `sentences` sentences, as `voicectl export` renders a file today (sentence after sentence,
+    the next one's generation started early)."""
+    text = " ".join([SENTENCE] * sentences)
+    t0 = time.perf_counter()
+    audio = await synth.render(SynthesisRequest(text, voice=voice, options=SamplingOptions(seed=0)))
+    wall = time.perf_counter() - t0
+    seconds = len(audio) / synth.sample_rate
+    return {"sentences": sentences, "audio_s": seconds, "wall_s": wall, "xrt": seconds / wall}
+
+
+# ---- decoder precision, seams and speed -----------------------------------------------------------------------
+
+def stream_decode(decoder: Any, codes: Sequence[int], globals_: Sequence[int], schedule: WindowSchedule,
+                  lengths: Sequence[int] = ()) -> np.ndarray:
+    """Decode `codes` exactly as the pipeline does while they stream in (planner, widening, crossfade; no edge
+    fades), returning the joined audio."""
+    from engine.batching import widen_left
+
+    planner, fader = WindowPlanner(schedule), Crossfader()
+    spc = decoder.samples_per_code
+    parts = []
+    n = len(codes)
+    for available in range(1, n + 1):
+        done = available == n
+        while (w := planner.next_window(available, done)) is not None:
+            item = DecodeItem(tuple(codes[w.start:w.stop]), tuple(globals_), w.emit_start - w.start,
+                              w.emit_stop - w.start)
+            if lengths:
+                item = widen_left(item, codes, w.start, lengths)
+            (pcm,) = decoder.decode([item])
+            parts.append(fader.push(pcm, w.head * spc, w.tail * spc))
+    return np.concatenate(parts)
+
+
+def rel_error(x: np.ndarray, ref: np.ndarray) -> float:
+    """max|x - ref| / rms(ref)."""
+    x64, r64 = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(x64 - r64)) / max(float(np.sqrt(np.mean(r64 ** 2))), 1e-12))
+
+
+def decoder_accuracy(bicodec_dir: Path, schedules: dict[str, WindowSchedule], n_codes: int = 400, seed: int = 0,
+                     devices: Sequence[tuple[str, str]] = (("cuda", "fp32"), ("cuda", "bf16"))) -> dict[str, Any]:
+    """One-shot error of each (device, dtype) vs CPU fp32, and streaming seam error (dB vs the CPU fp32
+    one-shot) for each schedule."""
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+    from engine.batching import lengths_for
+
+    rng = np.random.default_rng(seed)
+    codes = [int(c) for c in rng.integers(0, 8192, n_codes)]
+    glob = [int(g) for g in rng.integers(0, 4096, 32)]
+    cpu = BiCodecDecoder(bicodec_dir, device="cpu")
+    ref = cpu.decode([DecodeItem(tuple(codes), tuple(glob))])[0]
+    out: dict[str, Any] = {"codes": n_codes, "ref_rms": float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))}
+    for name, sched in schedules.items():
+        out[f"seam_db_cpu_fp32_{name}"] = seam_error_db(stream_decode(cpu, codes, glob, sched), ref)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for device, dt in devices:
+        dec = BiCodecDecoder(bicodec_dir, device=device, dtype=dtypes[dt])
+        one = dec.decode([DecodeItem(tuple(codes), tuple(glob))])[0]
+        out[f"rel_err_{device}_{dt}_vs_cpu_fp32"] = rel_error(one, ref)
+        out[f"db_{device}_{dt}_vs_cpu_fp32"] = seam_error_db(one, ref)
+        for name, sched in schedules.items():
+            lengths = lengths_for(sched)
+            dec.warmup(lengths, batches=(1,))
+            streamed = stream_decode(dec, codes, glob, sched, lengths)
+            out[f"seam_db_{device}_{dt}_{name}"] = seam_error_db(streamed, ref)
+            out[f"seam_db_{device}_{dt}_{name}_vs_own_oneshot"] = seam_error_db(streamed, one)
+        del dec
+        torch.cuda.empty_cache()
+    return out
+
+
+def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
+                  dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 10) -> list[dict[str, Any]]:
+    """ms per decode call, eager vs CUDA graph, for each (dtype, length, batch); x real time of the whole window."""
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    rows = []
+    glob = tuple(range(32))
+    for dt in dtypes:
+        dec = BiCodecDecoder(bicodec_dir, device="cuda", dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dt])
+        dec.max_batch = max(batches)
+        for mode in ("eager", "graph"):
+            if mode == "graph":
+                dec.warmup(lengths, batches)
+            for n in lengths:
+                for b in batches:
+                    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(n)), glob) for j in range(b)]
+                    dec.decode(items)
+                    times = []
+                    for _ in range(repeats):
+                        t = time.perf_counter()
+                        dec.decode(items)
+                        times.append(time.perf_counter() - t)
+                    ms = statistics.median(times) * 1e3
+                    rows.append({"dtype": dt, "mode": mode, "codes": n, "batch": b, "ms": round(ms, 3),
+                                 "xrt": round(b * n * 0.02 / (ms / 1e3), 1)})
+        del dec
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- the reference pipeline -------------------------------------------------------------------------------------
+
+def reference_pipeline(model_dir: Path, tokens: int, globals_: Sequence[int], text: str = SENTENCE,
+                       runs: int = 1, device: str = "cuda") -> dict[str, Any]:
+    """The upstream reference, `spark_tts_lib.SparkTTS.inference()` (HF transformers `generate()` + its BiCodec
+    detokenize), on the same checkpoint. What is changed, and why:
+
+    - its speaker path (`BiCodecTokenizer.tokenize`: wav2vec2 + encoder on a reference clip) is replaced by the
+      same stored 32 globals our pipeline uses, put into the prompt exactly as `process_prompt` formats them
+      (format b'); `BiCodecTokenizer` is built without wav2vec2 (synthetic checkpoints have none; inference()
+      with given globals never runs it);
+    - `generate()` gets max_new_tokens = min_new_tokens = `tokens` and a logits processor that keeps only
+      semantic ids (applied before its temperature/top-k/top-p warpers): random weights would otherwise sample
+      anywhere in the 166k vocabulary and never stop. Everything else runs as shipped.
+    Not streaming: its time to first audio is its whole run.
+    """
+    import importlib
+
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    sparktts_module = importlib.import_module("spark_tts_lib.SparkTTS")  # the module (the package rebinds the name)
+    from spark_tts_lib.models.audio_tokenizer import BiCodecTokenizer
+    from spark_tts_lib.models.bicodec import BiCodec
+
+    class DecodeOnlyTokenizer(BiCodecTokenizer):
+        def _initialize_model(self) -> None:
+            self.model = BiCodec.load_from_checkpoint(f"{self.model_dir}/BiCodec").to(self.device)
+
+    sparktts_module.BiCodecTokenizer = DecodeOnlyTokenizer
+    t_load = time.perf_counter()
+    tts = sparktts_module.SparkTTS(Path(model_dir), device=torch.device(device))
+    load_s = time.perf_counter() - t_load
+    semantic_base = tts.tokenizer.convert_tokens_to_ids("<|bicodec_semantic_0|>")
+
+    class SemanticOnly(LogitsProcessor):
+        def __init__(self) -> None:
+            self.bias: torch.Tensor | None = None
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if self.bias is None or self.bias.shape[-1] != scores.shape[-1]:
+                bias = torch.full((scores.shape[-1],), float("-inf"), device=scores.device, dtype=scores.dtype)
+                bias[semantic_base: semantic_base + 8192] = 0
+                self.bias = bias
+            return scores + self.bias
+
+    original_generate = tts.model.generate
+    forced = {"n": tokens}
+
+    def fixed_generate(**kwargs: Any) -> Any:
+        kwargs.update(max_new_tokens=forced["n"], min_new_tokens=forced["n"],
+                      logits_processor=LogitsProcessorList([SemanticOnly()]))
+        return original_generate(**kwargs)
+
+    tts.model.generate = fixed_generate
+    global_tokens = "".join(f"<|bicodec_global_{g}|>" for g in globals_)
+    prompt = "".join(["<|task_tts|>", "<|start_content|>", text, "<|end_content|>", "<|start_global_token|>",
+                      global_tokens, "<|end_global_token|>"])
+    global_ids = torch.tensor(list(globals_), dtype=torch.long)[None, None]
+    tts.process_prompt = lambda text, prompt_speech_path, prompt_text=None: (prompt, global_ids)
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    forced["n"] = 8
+    tts.inference(text, prompt_speech_path=Path("unused.wav"))  # warm-up (CUDA init, kernels)
+    forced["n"] = tokens
+    walls, samples = [], 0
+    gen_s = []
+    for _ in range(runs):
+        sync()
+        t = time.perf_counter()
+        tg = {}
+
+        def timed_generate(**kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            result = fixed_generate(**kwargs)
+            sync()
+            tg["s"] = time.perf_counter() - t0
+            return result
+
+        tts.model.generate = timed_generate
+        wav = tts.inference(text, prompt_speech_path=Path("unused.wav"))
+        walls.append(time.perf_counter() - t)
+        gen_s.append(tg.get("s", math.nan))
+        samples = int(np.asarray(wav).size)
+    audio_s = samples / 16000
+    wall = statistics.median(walls)
+    return {"tokens": tokens, "audio_s": audio_s, "wall_s": wall, "ttfa_ms": wall * 1e3, "rtf": wall / audio_s,
+            "generate_s": statistics.median(gen_s), "llm_tok_s": tokens / statistics.median(gen_s),
+            "load_s": load_s, "llm_dtype": str(next(tts.model.parameters()).dtype).replace("torch.", ""),
+            "runs": runs}
+
+
+# ---- the whole benchmark -----------------------------------------------------------------------------------------
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def write_voice(folder: Path, name: str = "bench") -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.toml").write_text(
+        f'name = "{name}"\ndescription = "benchmark voice"\nglobal_tokens = {list(BENCH_GLOBALS)}\n', encoding="utf-8")
+    return name
+
+
+@dataclass
+class BenchOptions:
+    model: Path
+    tokens: int = 250
+    """Semantic tokens per sentence (fixed: 250 = 5 s of audio)."""
+    sentences: int = 2
+    """Sentences per stream."""
+    levels: Sequence[int] = STREAM_LEVELS
+    rounds_1: int = 8
+    """Sequential repeats at 1 stream (TTFA percentiles need samples)."""
+    preroll_s: float = 0.2
+    export_sentences: int = 512
+    export_concurrency: int = 128
+    sequential_export_sentences: int = 8
+    reference: bool = True
+    reference_tokens: int | None = None
+    decoder_checks: bool = True
+    backend: str = "auto"
+    decoder_dtype: str = "auto"
+    schedule: WindowSchedule = field(default_factory=WindowSchedule)
+    threads: int | None = None
+    variants: dict[str, WindowSchedule] = field(default_factory=dict)
+    """Other window schedules to measure TTFA with (at `variant_levels`), on the same engine."""
+    variant_levels: Sequence[int] = (1, 32)
+
+
+async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from engine.events import Notice
+    from engine.factory import EngineConfig, build_synthesizer
+    from engine.voices import VoiceBank
+
+    notices: list[str] = []
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, Notice):
+            notices.append(event.message)
+            log(f"  [engine] {event.message}")
+
+    with tempfile.TemporaryDirectory(prefix="voiceapp-bench-") as tmp:
+        voice = write_voice(Path(tmp) / "voices")
+        t0 = time.perf_counter()
+        synth = build_synthesizer(EngineConfig(model=str(opts.model), backend=opts.backend, schedule=opts.schedule,
+                                               voices=VoiceBank([Path(tmp) / "voices"]), cache_dir=str(Path(tmp)),
+                                               threads=opts.threads, decoder_dtype=opts.decoder_dtype),
+                                  events=on_event)
+        build_s = time.perf_counter() - t0
+        inner = synth.generator
+        gen = FixedLengthGenerator(inner, opts.tokens, synth.token_ids.stop_ids)
+        synth.generator = gen
+        text = " ".join([SENTENCE] * opts.sentences)
+        result: dict[str, Any] = {
+            "generator": type(inner).__name__, "decoder_device": str(getattr(synth.decoder, "device", "?")),
+            "decoder_dtype": str(getattr(synth.decoder, "dtype", "?")).replace("torch.", ""),
+            "engine_build_s": round(build_s, 1), "notices": notices,
+            "vllm_start_s": getattr(inner, "start_s", None), "vllm_warmup_s": getattr(inner, "warmup_s", None),
+            "levels": []}
+        try:
+            # one untimed request: first-use costs of the pipeline itself (not the engine warm-up) stay out
+            await run_streams(synth, gen, 1, text=SENTENCE, voice=voice, label="warm")
+            for n in opts.levels:
+                rounds = opts.rounds_1 if n == 1 else (2 if n <= 8 else 1)
+                level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds,
+                                            preroll_s=opts.preroll_s)
+                result["levels"].append(level.__dict__ | {"realtime": level.realtime})
+                log(f"  {n:>4} streams: TTFA p50 {level.ttfa_ms_p50:.0f} ms p95 {level.ttfa_ms_p95:.0f} ms, "
+                    f"steady RTF p50 {level.steady_rtf_p50:.3f} max {level.steady_rtf_max:.3f}, "
+                    f"underruns {level.underruns}, LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, "
+                    f"decode batch {level.decode_batch_mean:.1f}")
+            for name, variant in opts.variants.items():
+                result.setdefault("variants", {})[name] = await _measure_variant(
+                    synth, gen, variant, opts, text=text, voice=voice, log=log, name=name)
+            if opts.export_sentences:
+                gen.tokens = opts.tokens
+                exp = await measure_export(synth, opts.export_sentences, opts.export_concurrency, voice=voice)
+                result["export"] = exp
+                log(f"  export: {exp['sentences']} sentences, {exp['audio_s']:.0f} s audio in {exp['wall_s']:.1f} s "
+                    f"= {exp['xrt']:.0f}x real time ({exp['concurrency']} at a time)")
+            if opts.sequential_export_sentences:
+                seq = await measure_sequential_export(synth, opts.sequential_export_sentences, voice=voice)
+                result["export_sequential"] = seq
+                log(f"  export, one request: {seq['audio_s']:.0f} s audio in {seq['wall_s']:.1f} s "
+                    f"= {seq['xrt']:.1f}x real time")
+            result["batcher"] = {"calls": synth.batcher.stats.calls, "items": synth.batcher.stats.items,
+                                 "max_batch": synth.batcher.stats.max_batch,
+                                 "mean_batch": round(synth.batcher.stats.mean_batch, 2)}
+        finally:
+            await synth.close()
+    return result
+
+
+async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: WindowSchedule, opts: BenchOptions, *,
+                           text: str, voice: str, log: Callable[[str], None], name: str) -> dict[str, Any]:
+    """TTFA etc. with another window schedule on the same engine (graphs captured for its shapes first); the
+    original schedule is restored afterwards."""
+    from engine.batching import lengths_for
+
+    saved = (synth.schedule, synth._shape_lengths)  # noqa: SLF001 - benchmark-only swap of the schedule
+    try:
+        if getattr(synth.decoder, "fixed_shapes", False):
+            synth.decoder.warmup(lengths_for(schedule))
+            synth._shape_lengths = lengths_for(schedule)  # noqa: SLF001
+        synth.schedule = schedule
+        out: dict[str, Any] = {"schedule": {k: getattr(schedule, k) for k in schedule.__slots__}, "levels": []}
+        for n in opts.variant_levels:
+            rounds = opts.rounds_1 if n == 1 else 1
+            level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=opts.preroll_s)
+            out["levels"].append(level.__dict__ | {"realtime": level.realtime})
+            log(f"  [{name}] {n:>4} streams: TTFA p50 {level.ttfa_ms_p50:.0f} ms p95 {level.ttfa_ms_p95:.0f} ms, "
+                f"underruns {level.underruns}, steady RTF max {level.steady_rtf_max:.3f}")
+        return out
+    finally:
+        synth.schedule, synth._shape_lengths = saved  # noqa: SLF001
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The summary keys of docs/benchmarks/latest.json."""
+    levels = {lv["streams"]: lv for lv in result["pipeline"]["levels"]}
+    realtime = [n for n, lv in sorted(levels.items()) if lv["realtime"]]
+    max_rt = 0
+    for n in sorted(levels):  # largest level such that it and every smaller level were real time
+        if n in realtime:
+            max_rt = n
+        else:
+            break
+    ref = result.get("reference") or {}
+    out = {
+        "device": result["device"],
+        "ttfa_ms_p50_1": _r(levels.get(1, {}).get("ttfa_ms_p50")),
+        "ttfa_ms_p95_32": _r(levels.get(32, {}).get("ttfa_ms_p95")),
+        "max_realtime_streams": max_rt,
+        "export_xrt": _r((result["pipeline"].get("export") or {}).get("xrt")),
+        "ours_rtf_1": _r(levels.get(1, {}).get("rtf_p50"), 4),
+        "reference_rtf_1": _r(ref.get("rtf"), 4),
+        "reference_ttfa_ms_1": _r(ref.get("ttfa_ms")),
+    }
+    if out["ours_rtf_1"] and out["reference_rtf_1"]:
+        out["rtf_ratio_reference_over_ours"] = _r(out["reference_rtf_1"] / out["ours_rtf_1"])
+    if out["ttfa_ms_p50_1"] and out["reference_ttfa_ms_1"]:
+        out["ttfa_ratio_reference_over_ours"] = _r(out["reference_ttfa_ms_1"] / out["ttfa_ms_p50_1"])
+    return out
+
+
+def _r(x: Any, digits: int = 1) -> Any:
+    return round(float(x), digits) if isinstance(x, (int, float)) and not math.isnan(float(x)) else None
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = ["| streams | TTFA p50 (ms) | TTFA p95 (ms) | steady RTF p50 | steady RTF max | RTF max | underruns "
+             "(streams) | LLM tok/s/stream | TTFT p50 (ms) | decode batch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for lv in result["pipeline"]["levels"]:
+        lines.append(f"| {lv['streams']} | {lv['ttfa_ms_p50']:.0f} | {lv['ttfa_ms_p95']:.0f} | "
+                     f"{lv['steady_rtf_p50']:.3f} | {lv['steady_rtf_max']:.3f} | {lv['rtf_max']:.3f} | "
+                     f"{lv['underruns']} ({lv['streams_with_underruns']}) | {lv['llm_tok_s_per_stream_p50']:.0f} | "
+                     f"{lv['ttft_ms_p50']:.0f} | {lv['decode_batch_mean']:.1f} |")
+    return "\n".join(lines)

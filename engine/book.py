@@ -1,0 +1,491 @@
+"""Provides book reading for export: .txt / .md / .epub -> chapters of paragraphs -> sentences. Pure (stdlib only).
+
+Rules (each has a test):
+- Paragraphs are separated by blank lines. Hard-wrapped prose (lines near the paragraph's longest line, itself at
+  least WRAP_MIN_WIDTH characters) is joined with spaces; other line breaks end a sentence, as in `say -`.
+- .txt chapters start at a paragraph whose first line is a heading: "Chapter 12", "CHAPTER XII.", "Chapter Twelve:
+  The Storm", "Book 2", "Part One", "Prologue", "Epilogue", ... (a short second line is taken as its title), or a
+  markdown "# Heading".
+- .md: YAML front matter, fenced code blocks, images, HTML tags/comments, footnotes and link targets are dropped;
+  link texts, emphasis and inline code keep their words; list items, table rows and quotes are read as lines.
+  Chapters start at the most important heading level used more than once (so a lone "# Book Title" above
+  "## Chapter" headings is not a chapter); other headings are read as lines.
+- .epub: META-INF/container.xml -> the OPF -> spine order (navigation documents and linear="no" items skipped);
+  each spine document is a chapter, titled from the table of contents, else its first heading; a document holding
+  several top-level headings is split at them. Scripts, styles, <pre> blocks and ruby annotations are not read.
+- Chapter titles are spoken (they are the chapter's first lines). Text before the first chapter heading is a
+  chapter of its own ("Front matter") unless it is only headings (a book title), which then opens the first
+  chapter. Chapters without speakable text are dropped.
+"""
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import zipfile
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import unquote
+from xml.etree import ElementTree
+
+from engine.errors import InputError
+from engine.text import is_speakable, normalize, split_sentences
+
+WRAP_MIN_WIDTH = 50
+"""A paragraph whose longest line is shorter than this is not hard-wrapped prose (a list, a poem, an address)."""
+WRAP_SLACK = 20
+"""A line this close to the paragraph's longest line was wrapped there: it continues on the next line."""
+MAX_HEADING_CHARS = 80
+MAX_EPUB_MEMBER_BYTES = 64 * 1024 * 1024
+"""Largest uncompressed spine document read from an EPUB (zip-bomb guard)."""
+FRONT_MATTER = "Front matter"
+
+
+@dataclass(frozen=True, slots=True)
+class Chapter:
+    title: str
+    paragraphs: tuple[str, ...]
+    """Text to speak, in order; each item is one paragraph or line (no newlines)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Book:
+    title: str
+    chapters: tuple[Chapter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sentence:
+    chapter: int
+    """Index into Book.chapters."""
+    text: str
+    """Raw sentence text (the synthesizer normalizes it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One paragraph or line of a parsed document; `level` 1-6 for a heading, 0 for body text."""
+
+    text: str
+    level: int = 0
+
+
+def read_book(name: str, data: bytes | str, title: str | None = None) -> Book:
+    """Parse a .txt, .md/.markdown or .epub file's contents (by `name`'s suffix; anything else is plain text)."""
+    title = title or posixpath.splitext(posixpath.basename(name))[0] or "Untitled"
+    suffix = posixpath.splitext(name.lower())[1]
+    if suffix == ".epub":
+        return parse_epub(data if isinstance(data, bytes) else data.encode(), title, name)
+    text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
+    if suffix in (".md", ".markdown"):
+        return parse_markdown(text, title)
+    return parse_text(text, title)
+
+
+def book_sentences(book: Book, max_chars: int) -> list[Sentence]:
+    """Every speakable sentence, in reading order, split exactly as the streaming path splits text."""
+    return [Sentence(i, s) for i, chapter in enumerate(book.chapters) for para in chapter.paragraphs
+            for s in split_sentences(para, max_chars) if is_speakable(normalize(s))]
+
+
+# ---- plain text -------------------------------------------------------------------------------------------
+
+_NUMBER = (r"(?:\d+|[ivxlcdm]+|(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|"
+           r"fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|"
+           r"eighty|ninety|hundred|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|last)"
+           r"(?:[- ](?:one|two|three|four|five|six|seven|eight|nine|first|second|third|fourth|fifth|sixth|"
+           r"seventh|eighth|ninth))?)")
+_TXT_HEADING = re.compile(rf"(?:chapter|book|part|volume)\s+{_NUMBER}(?:[.:]|\s*[-\u2013\u2014:.]\s+\S.*|\s*$)"
+                          rf"|(?:prologue|epilogue|preface|foreword|afterword|introduction|interlude)"
+                          rf"(?:[.:]?\s*$|\s*[-\u2013\u2014:]\s*\S.*)", re.IGNORECASE)
+_ATX = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def parse_text(text: str, title: str) -> Book:
+    blocks: list[_Block] = []
+    for lines in _paragraphs(text.splitlines()):
+        heading = _txt_heading(lines)
+        if heading is not None:
+            blocks.append(_Block(heading, 1))
+        else:
+            blocks += [_Block(line) for line in _unwrap(lines)]
+    return _book(title, [_Section(blocks, split_level=1)])
+
+
+def _paragraphs(lines: list[str]) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip():
+            out[-1].append(line.strip())
+        elif out[-1]:
+            out.append([])
+    return [p for p in out if p]
+
+
+def _txt_heading(lines: list[str]) -> str | None:
+    """The chapter title if this paragraph is a chapter heading (one line, or a heading line and a title line)."""
+    m = _ATX.match(lines[0])
+    if m and len(lines) == 1:
+        return m.group(2)
+    if len(lines) > 2 or any(len(line) > MAX_HEADING_CHARS for line in lines):
+        return None
+    if not _TXT_HEADING.fullmatch(lines[0]):
+        return None
+    return ": ".join([lines[0].rstrip(".:"), *lines[1:]])
+
+
+def _unwrap(lines: list[str]) -> list[str]:
+    """Join hard-wrapped lines of one paragraph; keep the other line breaks."""
+    width = max(len(line) for line in lines)
+    out = [lines[0]]
+    for prev, line in zip(lines, lines[1:]):
+        if width >= WRAP_MIN_WIDTH and len(prev) >= width - WRAP_SLACK:
+            out[-1] = f"{out[-1]} {line}"
+        else:
+            out.append(line)
+    return out
+
+
+# ---- markdown ---------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_SETEXT = re.compile(r"^\s{0,3}(=+|-+)\s*$")
+_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
+_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*\S")
+_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)+\|?\s*$")
+_LIST = re.compile(r"^\s*(?:[-*+]|\d{1,9}[.)])\s+")
+_QUOTE = re.compile(r"^\s{0,3}(?:>\s?)+")
+_INLINE = [
+    (re.compile(r"<!--.*?-->", re.S), ""),
+    (re.compile(r"!\[[^\]]*\]\([^)]*\)|!\[[^\]]*\]\[[^\]]*\]"), ""),  # images
+    (re.compile(r"\[\^[^\]]+\]"), ""),  # footnote references
+    (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),  # [text](url)
+    (re.compile(r"\[([^\]]+)\]\[[^\]]*\]"), r"\1"),  # [text][ref]
+    (re.compile(r"<(?:https?|ftp|mailto):[^>]*>"), ""),  # autolinks
+    (re.compile(r"</?[A-Za-z][^>]*>"), ""),  # HTML tags
+    (re.compile(r"(`+)(.+?)\1"), r"\2"),  # inline code
+    (re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1"), r"\2"),
+    (re.compile(r"\*(?=\S)(.+?)(?<=\S)\*"), r"\1"),
+    (re.compile(r"(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)"), r"\1"),
+    (re.compile(r"~~(.+?)~~"), r"\1"),
+]
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
+_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|~<>])")
+
+
+def parse_markdown(text: str, title: str) -> Book:
+    blocks = _markdown_blocks(_drop_front_matter(text.splitlines()))
+    levels = [b.level for b in blocks if b.level]
+    repeated = sorted(level for level in set(levels) if levels.count(level) > 1)
+    chapter_level = repeated[0] if repeated else min(levels, default=1)
+    book_title = next((b.text for b in blocks if 0 < b.level < chapter_level), title)
+    return _book(book_title, [_Section(blocks, chapter_level)])
+
+
+def _drop_front_matter(lines: list[str]) -> list[str]:
+    if lines and lines[0].strip() == "---":
+        for i, line in enumerate(lines[1:], 1):
+            if line.strip() in ("---", "..."):
+                return lines[i + 1:]
+    return lines
+
+
+def _markdown_blocks(lines: list[str]) -> list[_Block]:
+    blocks: list[_Block] = []
+    para: list[str] = []
+    fence = ""
+
+    def flush() -> None:
+        if para:
+            blocks.extend(_Block(t) for t in _unwrap_markdown(para) if t)
+            para.clear()
+
+    for line in lines:
+        m = _FENCE.match(line)
+        if fence or m:
+            if m and (not fence or m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)):
+                fence = "" if fence else m.group(1)
+            flush()
+            continue
+        heading = _ATX.match(line)
+        setext = _SETEXT.match(line)
+        if heading:
+            flush()
+            blocks.append(_Block(_inline(heading.group(2)), len(heading.group(1))))
+        elif setext and para and not _LIST.match(para[0]):
+            blocks.append(_Block(_inline(" ".join(para)), 1 if setext.group(1)[0] == "=" else 2))
+            para.clear()
+        elif not line.strip() or _RULE.match(line) or setext:
+            flush()
+        elif not (_REF_DEF.match(line) or _TABLE_SEP.match(line)):
+            para.append(line)
+    flush()
+    return blocks
+
+
+def _unwrap_markdown(lines: list[str]) -> list[str]:
+    """A markdown paragraph: soft line breaks are spaces; list items, table rows and hard breaks start a line."""
+    out: list[str] = []
+    joined = False
+    for raw in lines:
+        line = _QUOTE.sub("", raw)
+        starts = bool(_LIST.match(line)) or line.lstrip().startswith("|") or not out or not joined
+        line = _LIST.sub("", line)
+        if line.strip().startswith("|"):
+            line = ", ".join(c.strip() for c in line.strip().strip("|").split("|") if c.strip())
+        text = _inline(line.strip())
+        if starts:
+            out.append(text)
+        else:
+            out[-1] = f"{out[-1]} {text}"
+        joined = not (raw.endswith("  ") or raw.endswith("\\") or raw.lstrip().startswith("|"))
+    return [t.rstrip("\\").strip() for t in out]
+
+
+def _inline(text: str) -> str:
+    """Markdown inline syntax -> the words it shows. Backslash escapes are protected while the rules run."""
+    escaped: list[str] = []
+
+    def protect(m: re.Match[str]) -> str:
+        escaped.append(m.group(1))
+        return f"\ue000{len(escaped) - 1}\ue001"
+
+    text = _ESCAPE.sub(protect, text)
+    for pattern, repl in _INLINE:
+        text = pattern.sub(repl, text)
+    text = _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(text.split()))  # where removed syntax left gaps
+    return re.sub("\ue000(\\d+)\ue001", lambda m: escaped[int(m.group(1))], text)
+
+
+# ---- assembling chapters ----------------------------------------------------------------------------------
+
+@dataclass
+class _Section:
+    """A run of blocks that starts a chapter (a whole text file, or one EPUB spine document)."""
+
+    blocks: list[_Block]
+    split_level: int
+    """Headings of this level start a new chapter (0: none)."""
+    title: str | None = None
+    """From a table of contents."""
+
+
+def _book(title: str, sections: list[_Section]) -> Book:
+    drafts: list[_Section] = []
+    for section in sections:
+        drafts.append(_Section([], section.split_level, section.title))
+        for block in section.blocks:
+            if block.level and block.level == section.split_level and drafts[-1].blocks:
+                drafts.append(_Section([], section.split_level))
+            drafts[-1].blocks.append(block)
+    drafts = [d for d in drafts if any(is_speakable(normalize(b.text)) for b in d.blocks)]
+    if len(drafts) > 1 and _title_only(drafts[0]):
+        front = drafts.pop(0)
+        drafts[0].blocks[:0] = front.blocks
+    return Book(title, tuple(Chapter(_title(d, i, len(drafts), title), tuple(b.text for b in d.blocks))
+                             for i, d in enumerate(drafts)))
+
+
+def _title_only(front: _Section) -> bool:
+    """Front matter that is only headings above the chapter level (a book title): it opens the first chapter."""
+    return front.title is None and all(0 < b.level < front.split_level for b in front.blocks)
+
+
+def _title(draft: _Section, index: int, count: int, book_title: str) -> str:
+    heading = next((b.text for b in draft.blocks if b.level and draft.split_level in (0, b.level)), None)
+    if draft.title or heading:
+        return draft.title or heading  # type: ignore[return-value]
+    if count == 1:
+        return book_title
+    return FRONT_MATTER if index == 0 else f"Section {index + 1}"
+
+
+# ---- epub -------------------------------------------------------------------------------------------------
+
+_NS = {"c": "urn:oasis:names:tc:opendocument:xmlns:container", "opf": "http://www.idpf.org/2007/opf",
+       "dc": "http://purl.org/dc/elements/1.1/", "ncx": "http://www.daisy.org/z3986/2005/ncx/"}
+_XHTML_TYPES = ("application/xhtml+xml", "text/html", "application/xml")
+
+
+def parse_epub(data: bytes, title: str, name: str = "the EPUB") -> Book:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise InputError(f"{name} is not an EPUB (not a zip archive)") from None
+    with archive:
+        opf_path = _rootfile(archive, name)
+        opf = _xml(archive, opf_path, name)
+        base = posixpath.dirname(opf_path)
+        items = {i.get("id"): i for i in opf.iterfind("opf:manifest/opf:item", _NS)}
+        spine = [items[r.get("idref")] for r in opf.iterfind("opf:spine/opf:itemref", _NS)
+                 if r.get("idref") in items and r.get("linear", "yes") != "no"]
+        docs = [_href(base, i.get("href", "")) for i in spine
+                if i.get("media-type") in _XHTML_TYPES and "nav" not in (i.get("properties") or "").split()]
+        _refuse_encrypted(archive, docs, name)
+        toc = _toc_titles(archive, opf, items, base)
+        sections = [_html_blocks(_read_member(archive, doc, name)) for doc in docs]
+        book_title = (opf.findtext("opf:metadata/dc:title", None, _NS) or "").strip() or title
+    book = _book(book_title, [_Section(blocks, _split_level(blocks), toc.get(doc))
+                              for doc, blocks in zip(docs, sections)])
+    if not book.chapters:
+        raise InputError(f"{name} has no readable text (only images, or an empty or unsupported EPUB)")
+    return book
+
+
+def _rootfile(archive: zipfile.ZipFile, name: str) -> str:
+    container = _xml(archive, "META-INF/container.xml", name)
+    rootfile = container.find("c:rootfiles/c:rootfile", _NS)
+    if rootfile is None or not rootfile.get("full-path"):
+        raise InputError(f"{name}: META-INF/container.xml names no package document; is it a valid EPUB?")
+    return rootfile.get("full-path", "")
+
+
+def _read_member(archive: zipfile.ZipFile, path: str, name: str) -> bytes:
+    try:
+        info = archive.getinfo(path)
+    except KeyError:
+        raise InputError(f"{name}: {path} is listed in the EPUB but missing from it") from None
+    if info.file_size > MAX_EPUB_MEMBER_BYTES:
+        raise InputError(f"{name}: {path} is larger than {MAX_EPUB_MEMBER_BYTES >> 20} MB uncompressed")
+    try:
+        return archive.read(info)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as err:
+        raise InputError(f"{name}: cannot read {path} ({err})") from None
+
+
+def _xml(archive: zipfile.ZipFile, path: str, name: str) -> ElementTree.Element:
+    try:
+        return ElementTree.fromstring(_read_member(archive, path, name))
+    except ElementTree.ParseError as err:
+        raise InputError(f"{name}: {path} is not well-formed XML ({err})") from None
+
+
+def _href(base: str, href: str) -> str:
+    return posixpath.normpath(posixpath.join(base, unquote(href.split("#", 1)[0])))
+
+
+def _refuse_encrypted(archive: zipfile.ZipFile, docs: list[str], name: str) -> None:
+    """DRM encrypts the text documents (font obfuscation alone, also listed in encryption.xml, is fine)."""
+    if "META-INF/encryption.xml" not in archive.namelist():
+        return
+    root = _xml(archive, "META-INF/encryption.xml", name)
+    encrypted = {unquote(el.get("URI", "")) for el in root.iter() if el.tag.endswith("CipherReference")}
+    if encrypted & set(docs):
+        raise InputError(f"{name} is DRM-protected (its text is encrypted); export needs a DRM-free EPUB")
+
+
+def _toc_titles(archive: zipfile.ZipFile, opf: ElementTree.Element, items: dict, base: str) -> dict[str, str]:
+    """Document path -> its first title in the table of contents (EPUB 3 nav, else EPUB 2 NCX)."""
+    titles: dict[str, str] = {}
+    for item in items.values():
+        href = _href(base, item.get("href", ""))
+        if href not in archive.namelist():
+            continue
+        if "nav" in (item.get("properties") or "").split():
+            parser = _NavParser()
+            parser.feed(_read_member(archive, href, "").decode("utf-8", "replace"))
+            for target, label in parser.links:
+                titles.setdefault(_href(posixpath.dirname(href), target), label)
+        elif item.get("media-type") == "application/x-dtbncx+xml":
+            try:
+                ncx = ElementTree.fromstring(_read_member(archive, href, ""))
+            except ElementTree.ParseError:
+                continue
+            for point in ncx.iter(f"{{{_NS['ncx']}}}navPoint"):
+                label = " ".join((point.findtext("ncx:navLabel/ncx:text", "", _NS) or "").split())
+                content = point.find("ncx:content", _NS)
+                if label and content is not None:
+                    titles.setdefault(_href(posixpath.dirname(href), content.get("src", "")), label)
+    return titles
+
+
+def _split_level(blocks: list[_Block]) -> int:
+    """Split a spine document at its top heading level only when that level occurs more than once."""
+    levels = [b.level for b in blocks if b.level]
+    top = min(levels, default=0)
+    return top if levels.count(top) > 1 else 0
+
+
+_BLOCK_TAGS = frozenset("p div section article aside blockquote li dt dd tr td th h1 h2 h3 h4 h5 h6 br hr body "
+                        "header footer figure figcaption ul ol dl table caption".split())
+_SKIP_TAGS = frozenset("script style head pre svg math rt rp noscript template".split())
+_SKIP_TYPES = frozenset({"noteref", "pagebreak"})
+"""epub:type values whose text is not read (footnote markers, print page numbers)."""
+
+
+class _TextParser(HTMLParser):
+    """XHTML -> blocks: block-level tags end a paragraph, h1-h6 give its level, skipped elements are not read."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.blocks: list[_Block] = []
+        self._text: list[str] = []
+        self._level = 0
+        self._skip_tag, self._skip_depth = "", 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._skip_depth:
+            self._skip_depth += tag == self._skip_tag
+        elif tag in _SKIP_TAGS or any(v and _SKIP_TYPES & set(v.split()) for k, v in attrs if k.endswith("type")):
+            self._skip_tag, self._skip_depth = tag, 1
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+            if len(tag) == 2 and tag[0] == "h" and tag[1].isdigit():
+                self._level = int(tag[1])
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _BLOCK_TAGS and not self._skip_depth:
+            self._flush()
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip_depth:
+            self._skip_depth -= tag == self._skip_tag
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+            self._level = 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip_depth:
+            self._text.append(data)
+
+    def _flush(self) -> None:
+        text = " ".join("".join(self._text).split())
+        self._text.clear()
+        if text:
+            self.blocks.append(_Block(text, self._level))
+
+    def close(self) -> None:
+        super().close()
+        self._flush()
+
+
+def _html_blocks(data: bytes) -> list[_Block]:
+    parser = _TextParser()
+    parser.feed(data.decode("utf-8", "replace"))
+    parser.close()
+    return parser.blocks
+
+
+class _NavParser(HTMLParser):
+    """The links of an EPUB 3 navigation document: (href, label)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._label: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href, self._label = dict(attrs).get("href"), []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._label.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            label = " ".join("".join(self._label).split())
+            if label:
+                self.links.append((self._href, label))
+            self._href = None

@@ -1,0 +1,339 @@
+"""Provides resumable book export: sentences rendered concurrently into finished parts, then assembled in order.
+
+Every sentence is its own `synthesize` request seeded with `sentence_seed(seed, index)`, so its audio depends on
+nothing but the settings and its index: not on --jobs, not on which run rendered it. Each finished sentence is
+written atomically as a part file (header + float32 samples + CRC) in a `.parts` directory; a JSON manifest beside
+the output records what decides the audio (input, model, backend, voice, seed, sampling, join and window settings).
+`--resume` checks the manifest, keeps every valid part and renders only the rest; assembly then writes the parts
+in order with the streaming path's inter-sentence pause, so a resumed export is byte-identical to an uninterrupted
+one. Assembly is a second pass, which is also where the optional loudness gain is measured (over the whole book).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+import time
+import wave
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from uuid import uuid4
+
+import numpy as np
+
+from engine.book import Book, Sentence
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.errors import InputError
+from engine.pipeline import Synthesizer, sentence_seed
+
+MANIFEST_FORMAT = "voiceapp-export"
+MANIFEST_VERSION = 1
+PART_MAGIC = b"VAPT"
+PART_HEADER = struct.Struct("<4sIQI")
+"""magic, sentence index, sample count, CRC-32 of the samples' bytes."""
+SAVE_EVERY_S = 2.0
+"""The manifest's progress list is rewritten at most this often (parts on disk are the real record)."""
+
+LOUDNESS_TARGET_DBFS = -20.0
+"""Default RMS target of --normalize-loudness (audiobook practice: -23..-18 dB RMS)."""
+PEAK_CEILING_DBFS = -3.0
+"""The gain never lifts the book's highest peak above this."""
+
+
+class ManifestError(InputError):
+    """The manifest cannot be read or belongs to a different export."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSettings:
+    """Everything that decides a sentence's audio. A resumed export must match all of it."""
+
+    input_sha256: str
+    voice: str
+    voice_fingerprint: str
+    seed: int
+    sampling: str
+    """SamplingOptions without the seed."""
+    join: str
+    """JoinConfig: pause, fades, sentence length."""
+    schedule: str
+    """WindowSchedule: streaming decode windows."""
+    model_hash: str = ""
+    backend: str = ""
+    sample_rate: int = 0
+
+    ENGINE_KEYS = ("model_hash", "backend", "sample_rate")
+    """Known only once the engine is built; the rest is checked before loading the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportPlan:
+    """What to render: the book's sentences and the settings that make them reproducible."""
+
+    book: Book
+    sentences: tuple[Sentence, ...]
+    settings: ExportSettings
+    options: SamplingOptions
+
+    def request(self, index: int) -> SynthesisRequest:
+        """Sentence `index` as its own request; its seed depends only on the export seed and the index."""
+        options = dataclasses.replace(self.options, seed=sentence_seed(self.settings.seed, index))
+        request_id = f"export-{index}-{uuid4().hex[:12]}"  # never reused: a backend may remember aborted ids
+        return SynthesisRequest(self.sentences[index].text, voice=self.settings.voice, options=options,
+                                request_id=request_id)
+
+    def chapter_ranges(self) -> list[range]:
+        """Sentence indices of each chapter (every chapter of a parsed Book has at least one sentence)."""
+        starts = [i for i, s in enumerate(self.sentences) if i == 0 or s.chapter != self.sentences[i - 1].chapter]
+        return [range(a, b) for a, b in zip(starts, starts[1:] + [len(self.sentences)])]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- parts ------------------------------------------------------------------------------------------------
+
+class Parts:
+    """A directory of finished sentences, one file each, written atomically (temp file + rename)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def path(self, index: int) -> Path:
+        return self.dir / f"{index:06d}.part"
+
+    def write(self, index: int, samples: np.ndarray) -> None:
+        data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+        tmp = self.dir / f".{index:06d}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 4, zlib.crc32(data)))
+                f.write(data)
+            os.replace(tmp, self.path(index))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read(self, index: int) -> np.ndarray | None:
+        """The sentence's samples, or None when the part is missing, torn or corrupt."""
+        try:
+            raw = self.path(index).read_bytes()
+        except OSError:
+            return None
+        if len(raw) < PART_HEADER.size:
+            return None
+        magic, stored_index, samples, crc = PART_HEADER.unpack_from(raw)
+        data = memoryview(raw)[PART_HEADER.size:]
+        if magic != PART_MAGIC or stored_index != index or len(data) != samples * 4 or zlib.crc32(data) != crc:
+            return None
+        return np.frombuffer(data, dtype="<f4")
+
+    def finished(self, count: int) -> set[int]:
+        """Indices below `count` whose part is intact (corrupt ones are deleted, to be rendered again)."""
+        done = set()
+        for i in range(count):
+            if self.path(i).exists():
+                if self.read(i) is not None:
+                    done.add(i)
+                else:
+                    self.path(i).unlink(missing_ok=True)
+        return done
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- manifest ---------------------------------------------------------------------------------------------
+
+class Manifest:
+    """The JSON record beside the output: settings, sentence and chapter counts, finished sentences."""
+
+    def __init__(self, path: Path, parts: Parts) -> None:
+        self.path, self.parts = path, parts
+        self._saved_at = 0.0
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def load(self) -> dict[str, Any]:
+        """The manifest's contents; ManifestError (one line, with what to do) when unreadable or not ours."""
+        try:
+            data = json.loads(self.path.read_text())
+        except OSError as err:
+            raise ManifestError(f"cannot read {self.path}: {err.strerror or err}") from None
+        except ValueError:
+            raise self._corrupt("not valid JSON") from None
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise self._corrupt("not a voiceapp export manifest")
+        if data.get("version") != MANIFEST_VERSION:
+            raise self._corrupt(f"manifest version {data.get('version')!r}, expected {MANIFEST_VERSION}")
+        if not isinstance(data.get("settings"), dict) or not isinstance(data.get("sentences"), int):
+            raise self._corrupt("settings or sentence count missing")
+        return data
+
+    def _corrupt(self, why: str) -> ManifestError:
+        return ManifestError(f"cannot resume: {self.path} is corrupt ({why}); delete it and {self.parts.dir}, "
+                             f"or run without --resume to start over")
+
+    def check(self, data: dict[str, Any], plan: ExportPlan, keys: tuple[str, ...]) -> None:
+        """Refuse to resume an export whose audio would differ: input, model, voice, seed or settings changed."""
+        now = dataclasses.asdict(plan.settings)
+        for key in keys:
+            if data["settings"].get(key) != now[key]:
+                what = "the input file changed" if key == "input_sha256" else \
+                    f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"
+                raise ManifestError(f"cannot resume {self.path.name}: {what}; rerun with the original settings, "
+                                    f"or run without --resume to start over")
+        if data["sentences"] != len(plan.sentences):
+            raise ManifestError(f"cannot resume: {self.path} lists {data['sentences']} sentences, the input has "
+                                f"{len(plan.sentences)}; run without --resume to start over")
+
+    def save(self, plan: ExportPlan, done: set[int], outputs: list[str], force: bool = True) -> None:
+        """Write atomically (temp + fsync + rename); without `force`, at most every SAVE_EVERY_S seconds."""
+        now = time.monotonic()
+        if not force and now - self._saved_at < SAVE_EVERY_S:
+            return
+        self._saved_at = now
+        data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "settings": dataclasses.asdict(plan.settings),
+                "sentences": len(plan.sentences), "outputs": outputs, "parts": self.parts.dir.name,
+                "chapters": [{"title": plan.book.chapters[plan.sentences[r.start].chapter].title, "first": r.start}
+                             for r in plan.chapter_ranges()],
+                "done": sorted(done)}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.parts.remove()
+
+
+# ---- rendering --------------------------------------------------------------------------------------------
+
+def make_batch_invariant(synth: Synthesizer) -> None:
+    """Decode one window per decoder call. Cross-stream decode batching changes a window's float output with what
+    it is batched with (measured on the CPU BiCodec: concurrent renders differed from sequential ones), which
+    would make an export's bytes depend on --jobs and on where a resumed run restarted."""
+    batcher = getattr(synth, "batcher", None)
+    if batcher is not None:
+        batcher.max_batch = 1
+
+
+async def render_parts(synth: Synthesizer, plan: ExportPlan, parts: Parts, todo: list[int], jobs: int,
+                       on_done: Callable[[int, int], None]) -> None:
+    """Render `todo` with up to `jobs` requests in flight (lowest index first); each finished sentence is written
+    to `parts` before `on_done(index, samples)`. The first failure cancels the rest and is raised."""
+    pending: Iterator[int] = iter(todo)
+
+    async def worker() -> None:
+        for index in pending:  # shared: each index is taken by exactly one worker
+            audio = await synth.render(plan.request(index))
+            parts.write(index, audio)
+            on_done(index, len(audio))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(jobs, len(todo))))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- assembly ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """One output file and the sentences it holds."""
+
+    path: Path
+    sentences: range
+
+
+def pause_samples(pause_s: float, sample_rate: int) -> int:
+    """The streaming path's inter-sentence silence, in samples (same rounding as the pipeline)."""
+    return int(pause_s * sample_rate)
+
+
+def loudness_gain(parts: Parts, count: int, target_dbfs: float, ceiling_dbfs: float = PEAK_CEILING_DBFS) -> float:
+    """One gain for the whole book: RMS over every sentence's samples (pauses excluded) to `target_dbfs`, limited
+    so the highest peak stays at or below `ceiling_dbfs`. Sums in float64 in index order: deterministic."""
+    total, n, peak = 0.0, 0, 0.0
+    for i in range(count):
+        x = _part(parts, i).astype(np.float64)
+        total += float(np.dot(x, x))
+        n += len(x)
+        peak = max(peak, float(np.max(np.abs(x))) if len(x) else 0.0)
+    if n == 0 or total == 0.0:
+        return 1.0
+    rms = math.sqrt(total / n)
+    gain = 10 ** (target_dbfs / 20) / rms
+    return min(gain, 10 ** (ceiling_dbfs / 20) / peak)
+
+
+def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
+             gain: float = 1.0) -> tuple[list[list[int]], int]:
+    """Write each track's sentences in order, `pause` zeros between them, as 16-bit WAV (temp file, then rename).
+    Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
+    offsets, total = [], 0
+    for track in tracks:
+        tmp = track.path.with_name(f".{track.path.name}.partial")
+        starts = []
+        try:
+            with wave.open(str(tmp), "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(sample_rate)
+                written = 0
+                for i in track.sentences:
+                    if i != track.sentences.start:
+                        w.writeframes(bytes(2 * pause))
+                        written += pause
+                    starts.append(written)
+                    audio = _part(parts, i)
+                    w.writeframes(to_pcm16(audio * np.float32(gain) if gain != 1.0 else audio))
+                    written += len(audio)
+            os.replace(tmp, track.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        offsets.append(starts)
+        total += written
+    return offsets, total
+
+
+def _part(parts: Parts, index: int) -> np.ndarray:
+    audio = parts.read(index)
+    if audio is None:
+        raise InputError(f"finished sentence {index} in {parts.dir} is missing or corrupt; rerun with --resume "
+                         f"to render it again")
+    return audio
+
+
+def to_pcm16(samples: np.ndarray) -> bytes:
+    """float32 in [-1, 1] -> little-endian 16-bit PCM (rounded, clipped)."""
+    return np.clip(np.rint(samples * 32767.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def cue_sheet(title: str, wav_name: str, marks: list[tuple[str, int]], sample_rate: int) -> str:
+    """A CUE sheet: one track per chapter at its start (MM:SS:FF, 75 frames per second)."""
+
+    def q(text: str) -> str:
+        return '"' + " ".join(text.replace('"', "'").split()) + '"'
+
+    lines = ['REM COMMENT "voiceapp export"', f"TITLE {q(title)}", f"FILE {q(wav_name)} WAVE"]
+    for n, (name, start) in enumerate(marks, 1):
+        frames = start * 75 // sample_rate
+        mm, rest = divmod(frames, 75 * 60)
+        ss, ff = divmod(rest, 75)
+        lines += [f"  TRACK {n:02d} AUDIO", f"    TITLE {q(name)}", f"    INDEX 01 {mm:02d}:{ss:02d}:{ff:02d}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,178 @@
+"""Provides the engine server's wire format: length-prefixed frames over a stream socket. Pure (stdlib + numpy).
+
+A frame is a 5-byte header (kind: 1 byte, payload length: uint32 big-endian) and the payload:
+- kind `J`: one UTF-8 JSON object with a "type" key (requests, replies, engine events);
+- kind `A`: audio, a 5-byte little-endian prefix (sentence index: uint32, flags: uint8) and float32 LE samples.
+No payload may exceed MAX_FRAME_BYTES; a bigger length is refused before anything is read or allocated.
+
+A connection starts with `hello` both ways (the client's carries "v"; a different version is refused), then carries
+requests one at a time:
+  client: {"type": "say", "text", "voice", "seed", "options", "stream"}  [text pieces: {"type": "text", "text"},
+          then {"type": "end"} when "stream" is true]  {"type": "cancel"} at any time;  or {"type": "status"}
+  server: {"type": "started", "request_id"}, event and audio frames in order, then {"type": "done", "cancelled"}
+          or {"type": "error", "code", "error", "message"};  {"type": "status", ...}
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine import events as ev
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change; client and server must agree exactly."""
+MAX_FRAME_BYTES = 1 << 20
+"""Largest payload accepted (1 MiB): bounds what a peer can make us buffer per frame."""
+MAX_TEXT_PIECE = 65536
+"""Characters per text message the client sends (4 bytes each at worst in UTF-8: far below the frame limit)."""
+
+HEADER = struct.Struct(">cI")
+AUDIO_PREFIX = struct.Struct("<IB")
+KIND_JSON, KIND_AUDIO = b"J", b"A"
+FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
+MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
+
+BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
+"""Generator class -> the --backend value that builds it."""
+
+FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceFinished,
+                                                  ev.RequestFinished, ev.RequestFailed, ev.Notice)}
+"""Engine events the server relays to the client (RequestStarted and FirstAudio are measured client-side)."""
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame; `code` names the kind of fault for the error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFrame:
+    """One piece of a request's audio, in playback order."""
+
+    sentence_index: int
+    samples: np.ndarray
+    """float32, mono."""
+    sentence_end: bool = False
+    pause: bool = False
+
+
+# ---- encoding ---------------------------------------------------------------------------------------------
+
+def encode_message(message: dict[str, Any]) -> bytes:
+    """A JSON frame. Raises ValueError if it would exceed MAX_FRAME_BYTES (callers keep messages small)."""
+    payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ValueError(f"message of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
+    return HEADER.pack(KIND_JSON, len(payload)) + payload
+
+
+def encode_audio(sentence_index: int, samples: np.ndarray, sentence_end: bool = False,
+                 pause: bool = False) -> list[bytes]:
+    """Audio frames for one chunk: split when longer than a frame holds; flags go on the last piece only."""
+    x = np.ascontiguousarray(samples, dtype="<f4").reshape(-1)
+    pieces = [x[i:i + MAX_AUDIO_SAMPLES] for i in range(0, len(x), MAX_AUDIO_SAMPLES)] or [x]
+    frames = []
+    for n, piece in enumerate(pieces):
+        last = n == len(pieces) - 1
+        flags = (FLAG_SENTENCE_END if sentence_end and last else 0) | (FLAG_PAUSE if pause else 0)
+        payload = AUDIO_PREFIX.pack(sentence_index, flags) + piece.tobytes()
+        frames.append(HEADER.pack(KIND_AUDIO, len(payload)) + payload)
+    return frames
+
+
+def error_message(code: str, message: str, error: str = "VoiceError") -> dict[str, Any]:
+    """The error reply: `error` names the engine.errors class the client raises (so exit codes match)."""
+    return {"type": "error", "code": code, "error": error, "message": message}
+
+
+def event_message(event: ev.Event) -> dict[str, Any] | None:
+    """A relayed engine event, or None for events that are not relayed."""
+    name = type(event).__name__
+    if name not in FORWARDED_EVENTS:
+        return None
+    data = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name not in ("request_id", "t")}
+    return {"type": "event", "event": name, "data": _finite(data)}
+
+
+def _finite(data: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no inf/nan: send them as null (e.g. the RTF of a request that produced no audio)."""
+    return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in data.items()}
+
+
+def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
+    """Rebuild a relayed event for the client's own request id; None if unknown or malformed."""
+    cls = FORWARDED_EVENTS.get(str(message.get("event")))
+    data = message.get("data")
+    if cls is None or not isinstance(data, dict):
+        return None
+    data = {k: (float("inf") if v is None and k == "rtf" else v) for k, v in data.items()}
+    if "request_id" in {f.name for f in dataclasses.fields(cls)}:
+        data["request_id"] = request_id
+    try:
+        return cls(**data)
+    except TypeError:
+        return None
+
+
+def describe_engine(synth: Any) -> dict[str, Any]:
+    """What identifies a Synthesizer's output: backend name and checkpoint (path, hash; None for the fake)."""
+    name = type(synth.generator).__name__
+    info = getattr(synth, "model_info", None)
+    return {"backend": BACKEND_NAMES.get(name, name),
+            "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None}
+
+
+# ---- decoding ---------------------------------------------------------------------------------------------
+
+def parse_header(header: bytes) -> tuple[bytes, int]:
+    """(kind, length) of a frame header; ProtocolError on an unknown kind or an oversized length."""
+    kind, length = HEADER.unpack(header)
+    if kind not in (KIND_JSON, KIND_AUDIO):
+        raise ProtocolError("bad-frame", f"unknown frame kind {kind!r} (not a voiceapp client?)")
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError("too-big", f"frame of {length} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    return kind, length
+
+
+def parse_payload(kind: bytes, payload: bytes) -> dict[str, Any] | AudioFrame:
+    if kind == KIND_AUDIO:
+        return _parse_audio(payload)
+    try:
+        message = json.loads(payload.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError("bad-json", "frame payload is not valid UTF-8 JSON") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("bad-json", "a message must be a JSON object with a string \"type\"")
+    return message
+
+
+def _parse_audio(payload: bytes) -> AudioFrame:
+    if len(payload) < AUDIO_PREFIX.size or (len(payload) - AUDIO_PREFIX.size) % 4:
+        raise ProtocolError("bad-frame", f"audio frame of {len(payload)} bytes is not prefix + float32 samples")
+    index, flags = AUDIO_PREFIX.unpack_from(payload)
+    samples = np.frombuffer(payload, dtype="<f4", offset=AUDIO_PREFIX.size).astype(np.float32, copy=False)
+    return AudioFrame(index, samples, bool(flags & FLAG_SENTENCE_END), bool(flags & FLAG_PAUSE))
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | AudioFrame | None:
+    """The next frame, or None on a clean end of stream between frames.
+
+    Raises ProtocolError on a malformed frame and asyncio.IncompleteReadError when the stream ends mid-frame.
+    """
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            return None
+        raise
+    kind, length = parse_header(header)
+    return parse_payload(kind, await reader.readexactly(length))

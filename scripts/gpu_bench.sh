@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: unpack vLLM (carried by ../shared/tools/device-vllm/prepare.sh), run `voicectl bench` on a
+# synthetic full checkpoint, then the GPU tests. Everything worth keeping goes to $OUT.
+#   call 1: carry [".devcarry/vllm-core"],  command: cp .devcarry/vllm-core/core.part-aa /tmp/
+#   call 2: carry [".devcarry/vllm-extra"], command: bash scripts/gpu_bench.sh [bench args...]
+# Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 200), GPU_SKIP_TESTS=1, GPU_SKIP_BENCH=1.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+test -f /tmp/core.part-aa || { echo "vllm core part missing: repeat call 1"; exit 3; }
+t0=$(date +%s)
+if [ ! -d /tmp/site/vllm ]; then
+  mkdir -p /tmp/site
+  cat /tmp/core.part-aa .devcarry/vllm-extra/core.part-a[b-z] | tar xJ -C /tmp/site || exit 4
+  for f in .devcarry/vllm-extra/*.tar.xz; do tar xJf "$f" -C /tmp/site || exit 4; done
+fi
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+echo "unpacked in $(( $(date +%s) - t0 )) s"
+{
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, vllm, transformers, torchaudio; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'torchaudio', torchaudio.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  python3 -c "import spark_tts_lib, einx, omegaconf, soundfile, soxr; print('spark_tts_lib ok')"
+  nproc; free -g | head -2
+} 2>&1 | tee "$OUT/env.txt"
+if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
+  set -o pipefail
+  timeout "${GPU_BENCH_TIMEOUT:-330}" python3 -m voiceapp.cmd_bench --synthetic full --backend vllm \
+      --json "$OUT/latest.json" "$@" 2>&1 | tee "$OUT/bench.log"
+  echo "bench rc=$? at $(( $(date +%s) - t0 )) s"
+fi
+if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s -rA \
+      --timeout 180 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+  echo "tests rc=$? at $(( $(date +%s) - t0 )) s"
+fi

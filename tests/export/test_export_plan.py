@@ -1,0 +1,203 @@
+"""engine.export_plan in-process: parts, manifest, resume, concurrency independence, assembly, CUE, loudness."""
+import dataclasses
+import json
+import wave
+
+import numpy as np
+import pytest
+
+from engine.book import book_sentences, read_book
+from engine.config import SamplingOptions
+from engine.errors import InputError
+from engine.export_plan import (ExportPlan, ExportSettings, Manifest, ManifestError, Parts, Track, assemble,
+                                cue_sheet, loudness_gain, make_batch_invariant, render_parts, to_pcm16)
+from engine.factory import EngineConfig, build_synthesizer
+from engine.pipeline import JoinConfig
+
+TEXT = "Chapter 1\n\n" + " ".join(f"Line {i} is here." for i in range(6)) + "\n\nChapter 2\n\nLast words. The end."
+
+
+def make_plan(text=TEXT, seed=3, max_tokens=3000, **settings):
+    book = read_book("b.txt", text)
+    base = dict(input_sha256="abc", voice="default", voice_fingerprint="f", seed=seed, sampling="s", join="j",
+                schedule="w", model_hash="fake", backend="fake", sample_rate=16000)
+    return ExportPlan(book, tuple(book_sentences(book, 280)), ExportSettings(**{**base, **settings}),
+                      SamplingOptions(seed=seed, max_tokens=max_tokens))
+
+
+class Interrupted(Exception):
+    """Stands for a crash or Ctrl-C in the middle of an export."""
+
+
+async def render_all(synth, plan, parts, jobs, stop_after=None):
+    done = []
+
+    def on_done(index, samples):
+        done.append(index)
+        if stop_after is not None and len(done) == stop_after:
+            raise Interrupted
+
+    todo = [i for i in range(len(plan.sentences)) if i not in parts.finished(len(plan.sentences))]
+    await render_parts(synth, plan, parts, todo, jobs, on_done)
+    return done
+
+
+def assembled(parts, plan, path, pause=2880):
+    assemble(parts, [Track(path, range(len(plan.sentences)))], 16000, pause)
+    return path.read_bytes()
+
+
+# ---- parts ------------------------------------------------------------------------------------------------
+
+def test_parts_round_trip_and_damage_is_detected(tmp_path):
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    x = np.linspace(-1, 1, 999, dtype=np.float32)
+    for i in range(4):
+        parts.write(i, x * (i + 1) / 4)
+    assert parts.read(2).tobytes() == (x * 3 / 4).tobytes()
+    raw = parts.path(1).read_bytes()
+    parts.path(1).write_bytes(raw[:-4])  # torn
+    parts.path(2).write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # bit flip (and another index's file)
+    parts.path(3).write_bytes(parts.path(0).read_bytes())  # a part under the wrong name
+    assert parts.read(1) is None and parts.read(2) is None and parts.read(3) is None
+    assert parts.finished(5) == {0} and sorted(p.name for p in parts.dir.iterdir()) == ["000000.part"]
+
+
+# ---- resume -----------------------------------------------------------------------------------------------
+
+async def test_interrupted_then_resumed_render_is_byte_identical_and_skips_finished_sentences(tmp_path):
+    plan = make_plan()
+    synth = build_synthesizer(EngineConfig(backend="fake"))
+    clean = Parts(tmp_path / "clean")
+    clean.dir.mkdir()
+    await render_all(synth, plan, clean, jobs=3)
+    want = assembled(clean, plan, tmp_path / "clean.wav")
+
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    with pytest.raises(Interrupted):
+        await render_all(synth, plan, parts, jobs=2, stop_after=4)
+    finished = parts.finished(len(plan.sentences))
+    assert 4 <= len(finished) < len(plan.sentences)
+    synth.generator.started.clear()
+    resumed = await render_all(synth, plan, parts, jobs=5)
+    assert sorted(resumed) == sorted(set(range(len(plan.sentences))) - finished)
+    rendered = {int(rid.split("-")[1]) for rid in synth.generator.started if rid.startswith("export-")}
+    assert rendered == set(range(len(plan.sentences))) - finished, "a finished sentence was rendered again"
+    assert assembled(parts, plan, tmp_path / "resumed.wav") == want
+
+
+async def test_output_does_not_depend_on_jobs(tmp_path):
+    plan = make_plan()
+    synth = build_synthesizer(EngineConfig(backend="fake"))
+    outs = []
+    for jobs in (1, 4, 16):
+        parts = Parts(tmp_path / f"p{jobs}")
+        parts.dir.mkdir()
+        await render_all(synth, plan, parts, jobs)
+        outs.append(assembled(parts, plan, tmp_path / f"{jobs}.wav"))
+    assert outs[0] == outs[1] == outs[2]
+
+
+async def test_tiny_checkpoint_resume_and_jobs_are_byte_identical(tiny_model, tmp_path):
+    """The real model path (torch generator + BiCodec, with decode batching neutralized as export does)."""
+    plan = make_plan("One short line. Two more words here. Third sentence now. And a fourth.", max_tokens=40)
+    synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
+                                           cache_dir=str(tmp_path / "cache")))
+    make_batch_invariant(synth)
+    one = Parts(tmp_path / "one")
+    one.dir.mkdir()
+    await render_all(synth, plan, one, jobs=1)
+    many = Parts(tmp_path / "many")
+    many.dir.mkdir()
+    with pytest.raises(Interrupted):
+        await render_all(synth, plan, many, jobs=3, stop_after=2)
+    await render_all(synth, plan, many, jobs=3)
+    await synth.close()
+    assert assembled(one, plan, tmp_path / "a.wav") == assembled(many, plan, tmp_path / "b.wav")
+
+
+# ---- manifest ---------------------------------------------------------------------------------------------
+
+def test_manifest_round_trip_and_settings_checks(tmp_path):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.save(plan, {0, 2}, ["o.wav"])
+    data = manifest.load()
+    assert data["done"] == [0, 2] and data["sentences"] == len(plan.sentences)
+    assert data["settings"]["seed"] == 3 and data["chapters"] == [{"title": "Chapter 1", "first": 0},
+                                                                  {"title": "Chapter 2", "first": 7}]
+    keys = tuple(f.name for f in dataclasses.fields(ExportSettings))
+    manifest.check(data, plan, keys)
+    with pytest.raises(ManifestError, match="seed was 3, now 4"):
+        manifest.check(data, make_plan(seed=4), keys)
+    with pytest.raises(ManifestError, match="voice was 'default', now 'leo'"):
+        manifest.check(data, make_plan(voice="leo"), keys)
+    with pytest.raises(ManifestError, match="model hash was 'fake', now 'x'"):
+        manifest.check(data, make_plan(model_hash="x"), keys)
+    with pytest.raises(ManifestError, match="the input file changed"):
+        manifest.check(data, make_plan(input_sha256="def"), keys)
+    manifest.check(data, make_plan(model_hash="x"), ("seed",))  # only the keys asked for
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}',
+                                     '{"format": "voiceapp-export", "version": 99}',
+                                     '{"format": "voiceapp-export", "version": 1}', ""])
+def test_corrupt_manifest_is_a_clear_error(tmp_path, content):
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.path.write_text(content)
+    with pytest.raises(ManifestError) as err:
+        manifest.load()
+    assert "corrupt" in str(err.value) and "delete it" in str(err.value) and isinstance(err.value, InputError)
+
+
+def test_manifest_save_is_atomic_and_throttled(tmp_path):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "m.json", Parts(tmp_path / "p"))
+    manifest.save(plan, {0}, [])
+    manifest.save(plan, {0, 1}, [], force=False)  # within SAVE_EVERY_S: skipped
+    assert json.loads(manifest.path.read_text())["done"] == [0]
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+# ---- assembly, CUE, loudness ------------------------------------------------------------------------------
+
+def test_assembly_puts_the_streaming_pause_between_sentences_and_splits_chapters(tmp_path):
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    pieces = [np.full(100 * (i + 1), 0.1 * (i + 1), np.float32) for i in range(3)]
+    for i, x in enumerate(pieces):
+        parts.write(i, x)
+    pause = int(JoinConfig().pause_s * 16000)
+    offsets, total = assemble(parts, [Track(tmp_path / "all.wav", range(3))], 16000, pause)
+    with wave.open(str(tmp_path / "all.wav")) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 16000)
+        pcm = w.readframes(w.getnframes())
+    want = to_pcm16(pieces[0]) + bytes(2 * pause) + to_pcm16(pieces[1]) + bytes(2 * pause) + to_pcm16(pieces[2])
+    assert pcm == want and offsets == [[0, 100 + pause, 300 + 2 * pause]] and total == 600 + 2 * pause
+    offsets, _ = assemble(parts, [Track(tmp_path / "a.wav", range(0, 1)), Track(tmp_path / "b.wav", range(1, 3))],
+                          16000, pause)
+    assert offsets == [[0], [0, 200 + pause]]  # no pause at the start of a chapter file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "all.wav", "b.wav", "p"]
+
+
+def test_cue_sheet():
+    cue = cue_sheet('My "Book"', "book.wav", [("Opening", 0), ("Chapter 2", 16000 * 61 + 8000)], 16000)
+    assert cue == ('REM COMMENT "voiceapp export"\nTITLE "My \'Book\'"\nFILE "book.wav" WAVE\n'
+                   '  TRACK 01 AUDIO\n    TITLE "Opening"\n    INDEX 01 00:00:00\n'
+                   '  TRACK 02 AUDIO\n    TITLE "Chapter 2"\n    INDEX 01 01:01:37\n')
+
+
+def test_loudness_gain_reaches_the_target_rms_and_respects_the_peak_ceiling(tmp_path):
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    t = np.arange(16000) / 16000
+    parts.write(0, (0.05 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+    parts.write(1, (0.02 * np.sin(2 * np.pi * 330 * t)).astype(np.float32))
+    gain = loudness_gain(parts, 2, -20.0)
+    both = np.concatenate([parts.read(0), parts.read(1)]) * gain
+    assert 20 * np.log10(np.sqrt(np.mean(both.astype(np.float64) ** 2))) == pytest.approx(-20.0, abs=0.01)
+    assert gain == loudness_gain(parts, 2, -20.0)  # deterministic
+    loud = loudness_gain(parts, 2, -6.0)  # would clip: limited by the -3 dBFS peak ceiling instead
+    assert 20 * np.log10(np.max(np.abs(both / gain * loud))) == pytest.approx(-3.0, abs=0.01)

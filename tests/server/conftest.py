@@ -1,0 +1,91 @@
+"""Server fixtures: an EngineServer on its own event loop in a background thread, on a per-test socket path."""
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from engine.factory import EngineConfig, build_synthesizer
+from voiceapp.server import EngineServer
+
+
+class ThreadServer:
+    """EngineServer running on a private loop in a daemon thread; `call` runs a coroutine there."""
+
+    def __init__(self, path, config: EngineConfig) -> None:
+        self.path = path
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self.thread.start()
+        self.server: EngineServer = self.call(self._start(config))
+        self.synth = self.server.synth
+
+    async def _start(self, config: EngineConfig) -> EngineServer:
+        server = EngineServer(build_synthesizer(config), self.path, log=lambda line: None)
+        await server.start()
+        return server
+
+    def call(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def status(self):
+        async def get():
+            return self.server.status()
+        return self.call(get())
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.call(self.server.close())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+@pytest.fixture
+def sock_path(tmp_path_factory):
+    """A short socket path in a fresh directory (Unix socket paths are limited to 107 bytes)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="vs-")
+    yield os.path.join(d, "run", "engine.sock")
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_server(sock_path):
+    from pathlib import Path
+
+    server = ThreadServer(Path(sock_path), EngineConfig(backend="fake"))
+    yield server
+    server.stop()
+
+
+def voicectl(*args, stdin=None, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], input=stdin, capture_output=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def start_serve(*args, env=None):
+    """`voicectl serve` as a subprocess; returns once it listens (its stderr line says so)."""
+    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+    seen = b""
+    while b"listening on" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError(f"server did not start: {seen.decode()}{proc.stderr.read().decode()}")
+        seen += line
+    return proc
+
+
+def wait_for(predicate, timeout=10.0, step=0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False

@@ -1,0 +1,214 @@
+"""`voicectl serve` / `status` / `say` as processes: lifecycle, signals, one-line errors, automatic use by `say`."""
+import asyncio
+import json
+import os
+import signal
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.protocol import PROTOCOL_VERSION, encode_message
+from tests.server.conftest import start_serve, voicectl, wait_for
+from voiceapp.client import Connection, RemoteSynthesizer, ServerGone, server_status
+
+LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(60))
+
+
+def one_line_error(proc):
+    err = proc.stderr.decode().strip()
+    assert proc.returncode != 0, err
+    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def served(sock_path):
+    """A fake-backend `voicectl serve` process on a private socket; say/status find it through VOICEAPP_SOCKET."""
+    env = {"VOICEAPP_SOCKET": sock_path}
+    proc = start_serve("--backend", "fake", env=env)
+    yield proc, Path(sock_path), env
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def live_streams(path):
+    status = asyncio.run(server_status(path))
+    return len(status["streams"]) if status else -1
+
+
+def audio_sent(path):
+    """Seconds of audio the server has sent for its (only) live request."""
+    status = asyncio.run(server_status(path))
+    return status["streams"][0]["audio_s"] if status and status["streams"] else 0.0
+
+
+def test_status_shows_the_server_and_none_after_sigterm(served):
+    proc, path, env = served
+    out = voicectl("status", env=env)
+    assert out.returncode == 0, out.stderr.decode()
+    text = out.stdout.decode()
+    assert f"pid {proc.pid}" in text and "backend: fake" in text and str(path) in text and "0 live" in text
+    status = json.loads(voicectl("status", "--json", env=env).stdout)
+    assert status["pid"] == proc.pid and status["v"] == PROTOCOL_VERSION
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert not path.exists() and not Path(f"{path}.lock").exists()
+    gone = voicectl("status", env=env)
+    assert gone.returncode == 1 and gone.stdout.decode().startswith("no server running")
+
+
+def test_sigterm_during_a_request_tells_the_client_and_removes_the_socket(served):
+    proc, path, env = served
+
+    async def run():
+        remote = await RemoteSynthesizer.connect(path)
+        chunks = remote.synthesize(__import__("engine.config", fromlist=["x"]).SynthesisRequest(LONG_TEXT))
+        await chunks.__anext__()
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(Exception) as err:
+            async for _ in chunks:
+                pass
+        await remote.close()
+        return err.value
+
+    err = asyncio.run(run())
+    assert "stopped" in str(err)
+    assert proc.wait(10) == 0 and not path.exists()
+
+
+def test_second_server_is_refused_with_one_line(served):
+    _, path, env = served
+    err = one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))
+    assert "already running" in err and str(path) in err
+    assert live_streams(path) == 0  # the first one is unharmed
+
+
+def test_sigkilled_server_leaves_a_stale_socket_that_the_next_server_replaces(served):
+    proc, path, env = served
+    proc.kill()
+    proc.wait()
+    assert path.exists()
+    assert voicectl("status", env=env).returncode == 1
+    again = start_serve("--backend", "fake", env=env)
+    try:
+        assert asyncio.run(server_status(path))["pid"] == again.pid
+    finally:
+        again.terminate()
+        again.wait(10)
+
+
+def test_default_socket_is_private_under_xdg_runtime_dir(tmp_path):
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    env = {"XDG_RUNTIME_DIR": str(runtime), "VOICEAPP_SOCKET": ""}
+    proc = start_serve("--backend", "fake", "--no-warmup", env=env)
+    try:
+        sock = runtime / "voiceapp" / "engine.sock"
+        assert stat.S_IMODE(os.stat(sock.parent).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        assert voicectl("status", env=env).returncode == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_say_uses_the_server_and_matches_in_process_bytes(served, tmp_path):
+    proc, path, env = served
+    args = ["--backend", "fake", "--seed", "4", "--voice", "leo", "--json"]
+    via = voicectl("say", "Through the server. Twice!", "--out", str(tmp_path / "a.wav"), *args, env=env)
+    local = voicectl("say", "Through the server. Twice!", "--out", str(tmp_path / "b.wav"), "--no-server", *args,
+                     env=env)
+    assert via.returncode == 0 and local.returncode == 0, via.stderr.decode() + local.stderr.decode()
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+    assert json.loads(via.stdout)["ttfa_ms"] > 0 and json.loads(via.stdout)["sentences"] == 2
+    piped = voicectl("say", "-", "--out", str(tmp_path / "c.wav"), *args, stdin=b"Through the server.\nTwice!",
+                     env=env)
+    assert piped.returncode == 0 and json.loads(piped.stdout)["sentences"] == 2
+    assert asyncio.run(server_status(path))["served"] == 2
+
+
+def test_say_errors_from_the_server_keep_their_exit_code(served, tmp_path):
+    _, _, env = served
+    err = one_line_error(voicectl("say", "Hello.", "--out", str(tmp_path / "a.wav"), "--voice", "nobody", env=env))
+    assert "nobody" in err
+    assert voicectl("say", "Hello.", "--out", str(tmp_path / "a.wav"), "--voice", "nobody", env=env).returncode == 2
+    err = one_line_error(voicectl("say", "-", "--out", str(tmp_path / "a.wav"), stdin=b"caf\xe9 bad", env=env))
+    assert "UTF-8" in err and not (tmp_path / "a.wav").exists()
+
+
+def test_say_asking_for_another_backend_runs_in_process(served, tmp_path, tiny_model):
+    _, path, env = served
+    out = voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), "--backend", "torch", "--model", str(tiny_model),
+                   env=env)
+    assert out.returncode == 0, out.stderr.decode()
+    assert "uses the fake backend, not torch; speaking in-process" in out.stderr.decode()
+    assert asyncio.run(server_status(path))["served"] == 0
+
+
+def test_server_killed_mid_request_gives_one_line_and_nonzero(served, tmp_path):
+    proc, path, env = served
+    import subprocess
+    import sys
+
+    say = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "say", LONG_TEXT, "--out", str(tmp_path / "a.wav"),
+                            "--backend", "fake"], stderr=subprocess.PIPE, env={**os.environ, **env})
+    assert wait_for(lambda: audio_sent(path) > 1.0, timeout=20)  # before any audio, say would redo it in-process
+    proc.kill()
+    err = say.stderr.read().decode().strip()
+    assert say.wait(30) == 1
+    assert err.startswith("voicectl: the voicectl server") and "stopped in the middle" in err and "\n" not in err
+    assert not (tmp_path / "a.wav").exists() and os.listdir(tmp_path) == []
+
+
+class DiesOnSay:
+    """A server that says hello and then drops the connection when asked to speak."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            conn.sendall(encode_message({"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000,
+                                         "backend": "fake", "model": None}))
+            conn.recv(4096)
+            conn.close()
+
+
+def test_server_dying_before_any_audio_falls_back_to_in_process(sock_path, tmp_path):
+    DiesOnSay(Path(sock_path))
+    env = {"VOICEAPP_SOCKET": sock_path}
+    out = voicectl("say", "Hello there.", "--out", str(tmp_path / "a.wav"), "--backend", "fake", env=env)
+    assert out.returncode == 0, out.stderr.decode()
+    assert "before any audio" in out.stderr.decode() and "speaking in-process instead" in out.stderr.decode()
+    assert (tmp_path / "a.wav").stat().st_size > 1000
+    piped = voicectl("say", "-", "--out", str(tmp_path / "b.wav"), "--backend", "fake", stdin=b"Hello.", env=env)
+    assert "before any audio" in one_line_error(piped)  # stdin cannot be replayed
+
+
+async def test_client_reports_server_gone_with_audio_started(served):
+    proc, path, _ = served
+    from engine.config import SynthesisRequest
+
+    remote = await RemoteSynthesizer.connect(path)
+    chunks = remote.synthesize(SynthesisRequest(LONG_TEXT))
+    await chunks.__anext__()
+    proc.kill()
+    with pytest.raises(ServerGone) as err:
+        async for _ in chunks:
+            pass
+    assert err.value.audio_started and f"pid {proc.pid}" in str(err.value)
+    await remote.close()
+    assert await Connection.open(path) is None

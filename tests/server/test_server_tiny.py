@@ -1,0 +1,48 @@
+"""The server on the tiny synthetic checkpoint (torch on CPU): audio through the socket equals the in-process render."""
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.factory import EngineConfig, build_synthesizer
+from tests.server.conftest import ThreadServer, start_serve, voicectl
+from voiceapp.client import RemoteSynthesizer
+
+
+def tiny_config(model, cache):
+    return EngineConfig(model=str(model), backend="torch", threads=2, cache_dir=str(cache))
+
+
+async def test_remote_equals_in_process_on_the_tiny_checkpoint(tiny_model, sock_path, tmp_path):
+    server = ThreadServer(Path(sock_path), tiny_config(tiny_model, tmp_path / "cache"))
+    try:
+        opts = SamplingOptions(seed=9, max_tokens=60)
+        remote = await RemoteSynthesizer.connect(server.path)
+        assert remote.info["backend"] == "torch" and remote.info["model"]["path"] == str(tiny_model)
+        got = await remote.render(SynthesisRequest("The first one. And a second.", voice="mia", options=opts))
+        await remote.close()
+    finally:
+        server.stop()
+    local = build_synthesizer(tiny_config(tiny_model, tmp_path / "cache"))
+    want = await local.render(SynthesisRequest("The first one. And a second.", voice="mia", options=opts))
+    await local.close()
+    assert len(want) > 16000 * 2 and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.slow
+def test_say_cli_through_serve_equals_no_server_on_the_tiny_checkpoint(tiny_model, sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path}
+    model = ["--model", str(tiny_model), "--backend", "torch", "--threads", "2"]
+    proc = start_serve(*model, env=env)
+    try:
+        args = ["Short.", "--seed", "2", "--voice", "ava", *model]
+        via = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), env=env)
+        assert via.returncode == 0, via.stderr.decode()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    local = voicectl("say", *args, "--out", str(tmp_path / "b.wav"), "--no-server", env=env)
+    assert local.returncode == 0, local.stderr.decode()
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+    assert not os.path.exists(sock_path)

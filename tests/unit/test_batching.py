@@ -1,0 +1,195 @@
+"""DecodeBatcher on CPU with the ToneDecoder: identical results, real batches under concurrency, errors reach the
+right caller, a cancelled waiter harms no one; widen_left / standard_lengths shapes."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from engine.backends.base import DecodeItem
+from engine.batching import DecodeBatcher, lengths_for, standard_lengths, widen_left
+from engine.fakes import ToneDecoder
+from engine.windowing import WindowPlanner, WindowSchedule
+
+GLOBALS = tuple(range(32))
+
+
+def item(seed: int, n: int = 20, keep: tuple[int, int] | None = None) -> DecodeItem:
+    rng = np.random.default_rng(seed)
+    codes = tuple(int(c) for c in rng.integers(0, 8192, n))
+    start, stop = keep if keep else (0, None)
+    return DecodeItem(codes, GLOBALS, start, stop)
+
+
+class RecordingDecoder(ToneDecoder):
+    """ToneDecoder that records batch sizes, takes `delay_s` per call, and fails on a poisoned code."""
+
+    def __init__(self, delay_s: float = 0.0, poison: int | None = None) -> None:
+        self.delay_s, self.poison = delay_s, poison
+        self.batches: list[int] = []
+        self.threads: set[str] = set()
+
+    def decode(self, items):
+        self.batches.append(len(items))
+        self.threads.add(threading.current_thread().name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.poison is not None and any(self.poison in it.codes for it in items):
+            raise ValueError("poisoned window")
+        return super().decode(items)
+
+
+@pytest.fixture
+def pool():
+    p = ThreadPoolExecutor(1, thread_name_prefix="decode")
+    yield p
+    p.shutdown(wait=True)
+
+
+async def test_results_identical_to_unbatched(pool):
+    dec = RecordingDecoder(delay_s=0.01)
+    batcher = DecodeBatcher(dec, pool)
+    items = [item(i, n=10 + i % 7, keep=(1, 8)) for i in range(40)]
+    got = await asyncio.gather(*(batcher.decode(it) for it in items))
+    want = ToneDecoder().decode(items)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32 and np.array_equal(g, w)
+    assert sum(dec.batches) == 40
+
+
+async def test_batches_form_under_concurrency(pool):
+    dec = RecordingDecoder(delay_s=0.02)
+    batcher = DecodeBatcher(dec, pool, max_batch=16)
+    await asyncio.gather(*(batcher.decode(item(i)) for i in range(40)))
+    assert dec.batches == [16, 16, 8]  # all 40 queued before the worker ran: full batches
+    assert batcher.stats.items == 40 and batcher.stats.max_batch == 16
+    assert dec.threads == {"decode_0"}
+
+
+async def test_streams_arriving_while_busy_share_a_call(pool):
+    dec = RecordingDecoder(delay_s=0.03)
+    batcher = DecodeBatcher(dec, pool)
+
+    async def stream(k: int) -> list[np.ndarray]:
+        out = []
+        for w in range(4):
+            await asyncio.sleep(0.001 * k)
+            out.append(await batcher.decode(item(100 * k + w)))
+        return out
+
+    results = await asyncio.gather(*(stream(k) for k in range(8)))
+    assert sum(dec.batches) == 32 and len(dec.batches) < 32 and batcher.stats.mean_batch > 2
+    for k, pcms in enumerate(results):
+        for w, pcm in enumerate(pcms):
+            assert np.array_equal(pcm, ToneDecoder().decode([item(100 * k + w)])[0])
+
+
+async def test_max_codes_bounds_a_batch(pool):
+    dec = RecordingDecoder(delay_s=0.01)
+    batcher = DecodeBatcher(dec, pool, max_batch=64, max_codes=50)
+    await asyncio.gather(*(batcher.decode(item(i, n=20)) for i in range(10)))
+    assert max(dec.batches) <= 2
+
+
+async def test_error_reaches_only_the_caller_with_the_bad_window(pool):
+    dec = RecordingDecoder(delay_s=0.01, poison=7777)
+    batcher = DecodeBatcher(dec, pool)
+    good = [item(i) for i in range(6)]
+    bad = DecodeItem((1, 2, 7777, 3), GLOBALS)
+    tasks = [asyncio.ensure_future(batcher.decode(it)) for it in good[:3] + [bad] + good[3:]]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[3], ValueError) and "poisoned" in str(results[3])
+    for r, it in zip(results[:3] + results[4:], good):
+        assert np.array_equal(r, ToneDecoder().decode([it])[0])
+    assert batcher.stats.retried_alone >= 1
+
+
+async def test_single_failure_propagates_and_batcher_keeps_working(pool):
+    dec = RecordingDecoder(poison=5)
+    batcher = DecodeBatcher(dec, pool)
+    with pytest.raises(ValueError):
+        await batcher.decode(DecodeItem((5,), GLOBALS))
+    assert len(await batcher.decode(item(1))) == 20 * 320
+
+
+async def test_idle_batcher_sends_the_first_window_at_once(pool):
+    dec = RecordingDecoder(delay_s=0.03)
+    batcher = DecodeBatcher(dec, pool)
+    first = asyncio.ensure_future(batcher.decode(item(0)))
+    await asyncio.sleep(0.005)
+    rest = [asyncio.ensure_future(batcher.decode(item(i))) for i in range(1, 9)]
+    await asyncio.gather(first, *rest)
+    assert dec.batches == [1, 8]
+
+
+async def test_cancelling_one_waiter_does_not_break_others(pool):
+    dec = RecordingDecoder(delay_s=0.03)
+    batcher = DecodeBatcher(dec, pool)
+    first = asyncio.ensure_future(batcher.decode(item(0)))  # in flight
+    await asyncio.sleep(0.005)
+    queued = [asyncio.ensure_future(batcher.decode(item(i))) for i in range(1, 6)]
+    await asyncio.sleep(0)
+    queued[2].cancel()  # cancelled while queued: its window is dropped
+    first_result = await first
+    others = await asyncio.gather(*queued, return_exceptions=True)
+    assert isinstance(others[2], asyncio.CancelledError)
+    assert np.array_equal(first_result, ToneDecoder().decode([item(0)])[0])
+    for k in (0, 1, 3, 4):
+        assert np.array_equal(others[k], ToneDecoder().decode([item(k + 1)])[0])
+    assert sum(dec.batches) == 5  # the cancelled window was never decoded
+
+
+async def test_cancelling_an_in_flight_waiter(pool):
+    dec = RecordingDecoder(delay_s=0.03)
+    batcher = DecodeBatcher(dec, pool)
+    a = asyncio.ensure_future(batcher.decode(item(0)))
+    await asyncio.sleep(0.005)
+    b = asyncio.ensure_future(batcher.decode(item(1)))
+    c = asyncio.ensure_future(batcher.decode(item(2)))
+    await asyncio.sleep(0.04)  # b and c now in flight together
+    b.cancel()
+    assert np.array_equal(await c, ToneDecoder().decode([item(2)])[0])
+    assert np.array_equal(await a, ToneDecoder().decode([item(0)])[0])
+    assert len(await batcher.decode(item(3))) == 20 * 320
+
+
+def test_rebinds_to_a_new_event_loop():
+    dec = RecordingDecoder()
+    batcher = DecodeBatcher(dec)
+    for k in range(2):
+        assert np.array_equal(asyncio.run(batcher.decode(item(k))), ToneDecoder().decode([item(k)])[0])
+
+
+def test_standard_lengths_match_the_planner():
+    s = WindowSchedule()
+    assert lengths_for(s) == (24, 48, 80, 128)
+    planner = WindowPlanner(s)
+    seen = set()
+    for available in range(1, 600):
+        while (w := planner.next_window(available, False)) is not None:
+            seen.add(w.stop - w.start)
+    assert seen == set(lengths_for(s))
+    assert standard_lengths(4, 24, 2.0, 96, 16, 16, first_right=12) == (16, 44, 80, 128)
+    assert standard_lengths(8, 24, 1.0, 24, 16, 16) == (24, 48, 56)
+
+
+def test_widen_left_takes_existing_context():
+    codes = list(range(100, 300))
+    it = DecodeItem(tuple(codes[150:170]), GLOBALS, 5, 20)  # a final window of 20 codes at absolute 150
+    wide = widen_left(it, codes, 150, (24, 48, 80, 128))
+    assert len(wide.codes) == 24 and wide.codes[4:] == it.codes and wide.codes[:4] == tuple(codes[146:150])
+    assert (wide.keep_start, wide.keep_stop) == (9, 24)
+    out_a, out_b = ToneDecoder().decode([it, wide])
+    assert np.array_equal(out_a, out_b)
+    # not enough codes before the window: unchanged
+    assert widen_left(it, codes, 3, (24,)) is it
+    # already standard or longer than every standard length: unchanged
+    assert widen_left(DecodeItem(tuple(codes[:24]), GLOBALS), codes, 50, (24,)).codes == tuple(codes[:24])
+    assert widen_left(it, codes, 150, (8, 16)) is it
+    # keep_stop None means "to the end"
+    open_end = widen_left(DecodeItem(tuple(codes[150:170]), GLOBALS), codes, 150, (24,))
+    assert (open_end.keep_start, open_end.keep_stop) == (4, 24)

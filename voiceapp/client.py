@@ -1,0 +1,277 @@
+"""Provides the engine server's client: where the socket lives, and RemoteSynthesizer, a Synthesizer lookalike
+(`synthesize` / `render` / `speak`) whose audio comes from a warm `voicectl serve` process.
+
+Audio plays in the client (its own Player), so `say` behaves the same whether the engine is in-process or not.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any, AsyncIterable, AsyncIterator
+
+from engine import errors
+from engine.config import SynthesisRequest
+from engine.errors import VoiceError
+from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
+from engine.pipeline import Synthesizer
+from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
+                             parse_event, read_frame)
+from engine.types import AudioChunk
+
+SOCKET_ENV = "VOICEAPP_SOCKET"
+SOCKET_NAME = "engine.sock"
+CONNECT_TIMEOUT_S = 2.0
+"""Connect + hello; a live server answers in well under a millisecond."""
+
+
+class ServerGone(VoiceError):
+    """The server closed the connection in the middle of a request (killed, crashed or shut down)."""
+
+    def __init__(self, message: str, audio_started: bool) -> None:
+        super().__init__(message)
+        self.audio_started = audio_started
+        """Whether any audio of the request had arrived (if not, the caller may redo it in-process)."""
+
+
+# ---- where the socket is ----------------------------------------------------------------------------------
+
+def default_socket_path(env: dict[str, str] | None = None) -> Path:
+    """$VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, else /tmp/voiceapp-$UID/engine.sock."""
+    env = os.environ if env is None else env
+    if env.get(SOCKET_ENV):
+        return Path(env[SOCKET_ENV]).expanduser()
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "voiceapp" / SOCKET_NAME
+    return Path("/tmp") / f"voiceapp-{os.getuid()}" / SOCKET_NAME
+
+
+def socket_path(arg: str | None) -> Path:
+    return Path(arg).expanduser() if arg else default_socket_path()
+
+
+def peer_credentials(sock: Any) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED; None where unsupported)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+# ---- connection -------------------------------------------------------------------------------------------
+
+class Connection:
+    """One open connection to a server, after the hello exchange."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, info: dict[str, Any]) -> None:
+        self.reader, self.writer, self.info = reader, writer, info
+
+    @classmethod
+    async def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> "Connection | None":
+        """Connect and say hello; None when no server is listening there (no socket, or a stale one).
+
+        Raises VoiceError when a server answers but cannot serve us (different protocol version, refused).
+        """
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        conn = cls(reader, writer, {})
+        try:
+            creds = peer_credentials(writer.get_extra_info("socket"))
+            if creds is not None and creds[1] != os.getuid():
+                raise VoiceError(f"the server at {path} runs as another user; refusing to use it")
+            await conn.send({"type": "hello", "v": PROTOCOL_VERSION})
+            reply = await asyncio.wait_for(read_frame(reader), timeout_s)
+            if not isinstance(reply, dict) or reply.get("type") not in ("hello", "error"):
+                raise VoiceError(f"the process at {path} does not speak the voiceapp protocol")
+            if reply["type"] == "error":
+                raise error_from(reply)
+            conn.info = reply
+            return conn
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError):
+            await conn.close()
+            return None
+        except BaseException:
+            await conn.close()
+            raise
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.writer.write(encode_message(message))
+        await self.writer.drain()
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one message and return the one JSON reply (error replies are raised)."""
+        await self.send(message)
+        reply = await read_frame(self.reader)
+        if not isinstance(reply, dict):
+            raise VoiceError("the server closed the connection without answering")
+        if reply["type"] == "error":
+            raise error_from(reply)
+        return reply
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
+
+def error_from(reply: dict[str, Any]) -> VoiceError:
+    """The VoiceError subclass the server named (so exit codes match the in-process run)."""
+    cls = getattr(errors, str(reply.get("error")), None)
+    if not (isinstance(cls, type) and issubclass(cls, VoiceError)):
+        cls = VoiceError
+    return cls(str(reply.get("message") or "the server reported an error"))
+
+
+async def server_status(path: Path) -> dict[str, Any] | None:
+    """The server's status reply, or None when no server is running at `path`."""
+    conn = await Connection.open(path)
+    if conn is None:
+        return None
+    try:
+        return {**conn.info, **await conn.request({"type": "status"})}
+    finally:
+        await conn.close()
+
+
+# ---- the Synthesizer lookalike ----------------------------------------------------------------------------
+
+class RemoteSynthesizer:
+    """Streams a request's audio from the server. One request at a time per instance.
+
+    Events: RequestStarted and FirstAudio are measured here (so TTFA includes the socket); the server's
+    FirstToken, ChunkDecoded, SentenceFinished, RequestFinished, RequestFailed and Notice are relayed.
+    """
+
+    def __init__(self, conn: Connection, path: Path, events: EventSink = ignore_events) -> None:
+        self.path, self.events = path, events
+        self.info = conn.info
+        """The server's hello: pid, model, backend, sample_rate."""
+        self.sample_rate = int(conn.info.get("sample_rate", 16000))
+        self._conn: Connection | None = conn
+
+    @classmethod
+    async def connect(cls, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
+        conn = await Connection.open(path)
+        return None if conn is None else cls(conn, path, events)
+
+    # The folds are the Synthesizer's own: they only call self.synthesize.
+    render = Synthesizer.render
+    speak = Synthesizer.speak
+
+    async def synthesize(self, req: SynthesisRequest,
+                         text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+        conn = self._conn or await Connection.open(self.path)
+        self._conn = None  # a connection left mid-request is closed, never reused
+        if conn is None:
+            raise ServerGone(f"the voicectl server at {self.path} is not running any more", audio_started=False)
+        t0 = time.perf_counter()
+        self.events(RequestStarted(req.request_id, sentences=0))
+        pieces = [req.text[i:i + MAX_TEXT_PIECE] for i in range(0, len(req.text), MAX_TEXT_PIECE)] or [""]
+        streamed = text_stream is not None or len(pieces) > 1
+        sender = None
+        state = _Received()
+        try:
+            await conn.send(_say_message(req, pieces[0], streamed))
+            if streamed:
+                sender = asyncio.create_task(_send_text(conn, pieces[1:], text_stream))
+            try:
+                async for chunk in self._receive(conn, req, t0, state):
+                    yield chunk
+            except errors.Cancelled:
+                await _raise_failure(sender)  # the text stream failed: that is the error to report
+                raise
+            self._conn = conn
+        finally:
+            if sender is not None and not sender.done():
+                sender.cancel()
+            if self._conn is not conn:
+                await conn.close()  # the server aborts a request whose client went away
+
+    async def _receive(self, conn: Connection, req: SynthesisRequest, t0: float,
+                       state: "_Received") -> AsyncIterator[AudioChunk]:
+        while True:
+            frame = await self._next_frame(conn, state)
+            if isinstance(frame, AudioFrame):
+                if not frame.pause and not state.audio:
+                    self.events(FirstAudio(req.request_id, time.perf_counter() - t0))
+                state.audio = state.audio or not frame.pause
+                yield AudioChunk(req.request_id, frame.samples, self.sample_rate, frame.sentence_index,
+                                 state.chunks, frame.sentence_end, frame.pause)
+                state.chunks += 1
+            elif frame["type"] == "event":
+                event = parse_event(frame, req.request_id)
+                if event is not None:
+                    self.events(event)
+            elif frame["type"] == "done":
+                if frame.get("cancelled"):
+                    raise errors.Cancelled("the request was cancelled")
+                return
+            elif frame["type"] == "error":
+                raise error_from(frame)
+
+    async def _next_frame(self, conn: Connection, state: "_Received") -> dict[str, Any] | AudioFrame:
+        try:
+            frame = await read_frame(conn.reader)
+        except (OSError, asyncio.IncompleteReadError, ProtocolError):
+            frame = None
+        if frame is None:
+            said = "after some audio" if state.audio else "before any audio"
+            raise ServerGone(f"the voicectl server (pid {self.info.get('pid', '?')}) stopped in the middle of the "
+                             f"request, {said} (killed or crashed?)", audio_started=state.audio)
+        return frame
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
+async def _raise_failure(sender: "asyncio.Task[None] | None") -> None:
+    if sender is not None:
+        await asyncio.wait([sender], timeout=1.0)
+        if sender.done() and not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()  # type: ignore[misc]
+
+
+class _Received:
+    """What a request has received so far."""
+
+    def __init__(self) -> None:
+        self.audio = False
+        self.chunks = 0
+
+
+def _say_message(req: SynthesisRequest, text: str, streamed: bool) -> dict[str, Any]:
+    o = req.options
+    return {"type": "say", "text": text, "voice": req.voice, "seed": o.seed, "stream": streamed,
+            "options": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
+                        "max_tokens": o.max_tokens}}
+
+
+async def _send_text(conn: Connection, pieces: list[str], text_stream: AsyncIterable[str] | None) -> None:
+    """Send the rest of the text, then "end". On a failing stream (e.g. binary stdin) cancel the request; the
+    error is re-raised by synthesize() once the server confirms."""
+    try:
+        for piece in pieces:
+            await conn.send({"type": "text", "text": piece})
+        if text_stream is not None:
+            async for text in text_stream:
+                for i in range(0, len(text), MAX_TEXT_PIECE):
+                    await conn.send({"type": "text", "text": text[i:i + MAX_TEXT_PIECE]})
+        await conn.send({"type": "end"})
+    except (OSError, asyncio.CancelledError):
+        raise
+    except BaseException:
+        try:
+            await conn.send({"type": "cancel"})
+        except OSError:
+            pass
+        raise

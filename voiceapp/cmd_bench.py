@@ -1,0 +1,172 @@
+"""Provides `voicectl bench`: our pipeline at 1..128 concurrent streams, export throughput, decoder precision and
+speed, and the upstream reference pipeline, in one run on one checkpoint; a table on stdout, JSON with --json."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+
+from engine.windowing import WindowSchedule
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="measure TTFA, RTF, concurrency, export speed and the reference pipeline")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--synthetic", choices=["tiny", "full"],
+                     help="build a random-weight checkpoint of this size in a temporary folder and bench it")
+    src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: $VOICEAPP_MODEL, then the HF cache)")
+    p.add_argument("--json", metavar="PATH", help="write every number to this JSON file")
+    p.add_argument("--tokens", type=int, default=250, help="semantic tokens per sentence, fixed (default 250 = 5 s)")
+    p.add_argument("--sentences", type=int, default=2, help="sentences per stream (default 2)")
+    p.add_argument("--levels", default="1,8,32,64,128", help="concurrent stream counts (default 1,8,32,64,128)")
+    p.add_argument("--rounds-1", type=int, default=8, help="sequential runs at 1 stream (default 8)")
+    p.add_argument("--export-sentences", type=int, default=512, help="sentences in the export run (0: skip)")
+    p.add_argument("--export-concurrency", type=int, default=128, help="sentences rendered at a time in export")
+    p.add_argument("--sequential-export", type=int, default=8,
+                   help="sentences in the one-request export run (0: skip)")
+    p.add_argument("--no-reference", action="store_true", help="skip the spark_tts_lib reference pipeline")
+    p.add_argument("--reference-tokens", type=int, help="tokens for the reference run (default: --tokens)")
+    p.add_argument("--no-decoder-checks", action="store_true", help="skip decoder precision/speed (GPU only)")
+    p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
+    p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default 8)")
+    p.add_argument("--first-right", type=int, help="WindowSchedule.first_right (default: right = 16)")
+    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    p.add_argument("--no-variants", action="store_true",
+                   help="skip the TTFA runs with other first-window schedules")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine import bench
+    from engine.errors import InputError
+
+    try:
+        levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"--levels: expected comma-separated integers, got {args.levels!r}") from None
+    if not levels or min(levels) < 1:
+        raise InputError("--levels: need at least one stream count >= 1")
+    schedule = WindowSchedule()
+    if args.first_new or args.first_right:
+        from dataclasses import replace
+
+        schedule = replace(schedule, **({"first_new": args.first_new} if args.first_new else {}),
+                           **({"first_right": args.first_right} if args.first_right else {}))
+    log = _log
+    started = datetime.datetime.now().astimezone()
+    tmp = None
+    try:
+        if args.synthetic:
+            from engine.synthetic import write_checkpoint
+
+            tmp = tempfile.TemporaryDirectory(prefix="voiceapp-synthetic-")
+            t = time.perf_counter()
+            model = write_checkpoint(Path(tmp.name) / args.synthetic, size=args.synthetic, seed=0)
+            log(f"wrote synthetic {args.synthetic} checkpoint in {time.perf_counter() - t:.0f} s")
+            checkpoint = f"synthetic {args.synthetic} (random weights, seed 0)"
+        else:
+            from engine.model import resolve_model_dir
+
+            model = resolve_model_dir(args.model)
+            checkpoint = str(model)
+        result = _bench(args, model, checkpoint, levels, schedule, log)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    result["date"] = started.date().isoformat()
+    argv = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else sys.argv[1:]
+    result["command"] = " ".join(["voicectl", "bench", *(shlex.quote(a) for a in argv)])
+    result["headline"] = bench.headline(result)
+    print()
+    print(bench.format_table(result))
+    print()
+    for key, value in result["headline"].items():
+        print(f"{key}: {value}")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
+    from engine import bench
+
+    result: dict = {"device": bench.device_name(), "checkpoint": checkpoint,
+                    "options": {"tokens_per_sentence": args.tokens, "sentences_per_stream": args.sentences,
+                                "levels": list(levels), "preroll_s": 0.2, "schedule": asdict(schedule)}}
+    cuda = _cuda()
+    if cuda and not args.no_decoder_checks:
+        from engine.batching import lengths_for
+
+        log("decoder precision and seams (GPU fp32/bf16 vs CPU fp32)")
+        schedules = {"default": bench.WindowSchedule(), "first_new4": bench.WindowSchedule(first_new=4),
+                     "first_new2": bench.WindowSchedule(first_new=2),
+                     "first_right12": bench.WindowSchedule(first_right=12),
+                     "first_right8": bench.WindowSchedule(first_right=8)}
+        result["decoder_accuracy"] = _guard(lambda: bench.decoder_accuracy(model / "BiCodec", schedules), log)
+        log(f"  {result['decoder_accuracy']}")
+        log("decoder speed (eager vs CUDA graph)")
+        result["decoder_speed"] = _guard(lambda: bench.decoder_speed(model / "BiCodec", lengths_for(schedule)), log)
+    opts = bench.BenchOptions(model=model, tokens=args.tokens, sentences=args.sentences, levels=levels,
+                              rounds_1=args.rounds_1, export_sentences=args.export_sentences,
+                              export_concurrency=args.export_concurrency,
+                              sequential_export_sentences=args.sequential_export, backend=args.backend,
+                              decoder_dtype=args.decoder_dtype, schedule=schedule, threads=args.threads,
+                              variants={} if args.no_variants else VARIANTS)
+    log(f"pipeline ({args.tokens} tokens x {args.sentences} sentences per stream)")
+    result["pipeline"] = asyncio.run(bench.run_pipeline_bench(opts, log))
+    if not args.no_reference:
+        log("reference pipeline (spark_tts_lib SparkTTS.inference)")
+        result["reference"] = _guard(lambda: bench.reference_pipeline(
+            model, args.reference_tokens or args.tokens, bench.BENCH_GLOBALS, device="cuda" if cuda else "cpu"), log)
+        log(f"  {result['reference']}")
+    return result
+
+
+VARIANTS = {"first_new4": WindowSchedule(first_new=4), "first_new2": WindowSchedule(first_new=2)}
+"""Smaller first windows with the full 16-code right context: fewer tokens before first audio, same seams."""
+
+
+def _guard(fn, log) -> dict:
+    """Run one optional part; a failure is recorded (and printed), not fatal to the rest of the benchmark."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001
+        log(f"  failed: {type(err).__name__}: {err}")
+        log(traceback.format_exc())
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m voiceapp.cmd_bench ...`: the same as `voicectl bench ...` without loading the other commands."""
+    parser = argparse.ArgumentParser(prog="voicectl")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Provides `voicectl status`: is a `voicectl serve` running, and what is it doing."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="show the running engine server (exit status 1 if none)")
+    p.add_argument("--socket", metavar="PATH", help="socket path (default: as `voicectl serve`)")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from voiceapp.client import server_status, socket_path
+
+    path = socket_path(args.socket)
+    status = asyncio.run(server_status(path))
+    if status is None:
+        print(json.dumps(None) if args.json else f"no server running (socket {path})")
+        return 1
+    print(json.dumps(status) if args.json else "\n".join(describe(status)))
+    return 0
+
+
+def describe(status: dict) -> list[str]:
+    model = status.get("model")
+    lines = [f"server: pid {status['pid']}, up {_duration(status['uptime_s'])}, socket {status['socket']}",
+             f"model: {model['path']} (hash {model['hash']})" if model else "model: none (fake backend)",
+             f"backend: {status['backend']}, {status['sample_rate']} Hz"]
+    gpu = status.get("gpu")
+    if gpu:
+        lines.append(f"GPU memory: {gpu['used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB used "
+                     f"({gpu['device']}; {gpu['allocated_bytes'] / 2**30:.2f} GiB allocated by the server)")
+    lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "
+                 f"cancelled, {status['failed']} failed; {status['clients']} clients connected")
+    for s in status["streams"]:
+        ttfa = "-" if s["ttfa_ms"] is None else f"{s['ttfa_ms']:.0f} ms"
+        lines.append(f"  pid {s['client_pid']}: voice {s['voice']}, {s['chars']} chars, {s['audio_s']:.1f} s audio "
+                     f"in {s['age_s']:.1f} s, TTFA {ttfa}")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"

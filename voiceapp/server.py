@@ -1,0 +1,378 @@
+"""Provides EngineServer: one warm Synthesizer served to local clients over a Unix socket (engine.protocol).
+
+Safety: the socket directory is private (0700, ours), the socket is 0600, and connections from another uid are
+refused (SO_PEERCRED). A lock file beside the socket makes a second server refuse to start; a socket file left by
+a dead server is replaced. Every client gets its own request task; a client that cancels or disconnects has its
+request aborted. Malformed input gets an error frame and the connection is closed; the server keeps serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+from uuid import uuid4
+
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.errors import InputError, VoiceError
+from engine.events import Event, FirstAudio, Notice
+from engine.pipeline import Synthesizer
+from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio,
+                             encode_message, error_message, event_message, read_frame)
+from voiceapp.client import peer_credentials
+
+HELLO_TIMEOUT_S = 10.0
+"""A connection that does not say hello within this is dropped."""
+MAX_UNIX_PATH = 107
+
+
+# ---- the socket's directory and lock ----------------------------------------------------------------------
+
+def prepare_socket_dir(path: Path, private: bool) -> None:
+    """Create the socket's directory (0700). `private`: it must be ours, and is made 0700 if it is not."""
+    if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
+        raise InputError(f"socket path {path} is too long ({len(os.fsencode(str(path)))} bytes; Unix sockets "
+                         f"allow {MAX_UNIX_PATH}); choose a shorter --socket")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not private:
+        return
+    st = os.lstat(path.parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise VoiceError(f"{path.parent} is not a directory owned by you; refusing to put the server socket there")
+    if st.st_mode & 0o077:
+        os.chmod(path.parent, 0o700)
+
+
+class SocketLock:
+    """An exclusive flock on `SOCKET.lock`, held for the server's life: a second server cannot start."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd, self.path = fd, path
+
+    @classmethod
+    def acquire(cls, socket_path: Path) -> "SocketLock":
+        path = socket_path.with_name(socket_path.name + ".lock")
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise VoiceError(f"a voicectl server is already running (pid {pid}, socket {socket_path}); "
+                                 f"stop it first (kill {pid}), or pass --socket to run another") from None
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not unlinked by a server that just exited
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(fd, path)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # while still holding it: acquire() re-checks the inode
+        os.close(self.fd)
+
+
+def remove_stale_socket(path: Path) -> None:
+    """We hold the lock, so a socket file there belongs to a dead server."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise InputError(f"{path} exists and is not a socket; remove it or pass another --socket")
+    os.unlink(path)
+
+
+# ---- requests ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Live:
+    """A request being served (what `voicectl status` lists)."""
+
+    req: SynthesisRequest
+    conn: "_Conn"
+    started: float = field(default_factory=time.monotonic)
+    samples: int = 0
+    ttfa_s: float | None = None
+
+
+class _Conn:
+    """One client connection: a reader task turns bytes into frames on a queue, so requests and their control
+    messages (text pieces, cancel) are read by one owner and nothing is lost when a waiter is cancelled."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.peer_pid: int | None = None
+        self._frames: asyncio.Queue[dict[str, Any] | AudioFrame | ProtocolError | None] = asyncio.Queue()
+        self._reader_task = asyncio.create_task(self._read_all(reader))
+
+    async def _read_all(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while (frame := await read_frame(reader)) is not None:
+                self._frames.put_nowait(frame)
+        except ProtocolError as err:
+            self._frames.put_nowait(err)
+            return
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        self._frames.put_nowait(None)
+
+    async def next(self) -> dict[str, Any] | None:
+        """The next message; None when the client has gone. Raises ProtocolError on a malformed frame."""
+        frame = await self._frames.get()
+        if isinstance(frame, ProtocolError):
+            raise frame
+        if isinstance(frame, AudioFrame):
+            raise ProtocolError("unexpected", "clients do not send audio frames")
+        return frame
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(encode_message(message))
+
+    async def close(self) -> None:
+        self._reader_task.cancel()
+        self.writer.close()
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            await self.writer.wait_closed()
+
+
+def parse_say(message: dict[str, Any]) -> SynthesisRequest:
+    """The request a `say` message asks for; InputError on bad fields."""
+    text, voice, seed = message.get("text", ""), message.get("voice", "default"), message.get("seed")
+    options = message.get("options") or {}
+    if not isinstance(text, str) or not isinstance(voice, str) or not isinstance(options, dict):
+        raise InputError("say: text and voice must be strings, options an object")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise InputError("say: seed must be an integer or null")
+    allowed = {"temperature", "top_k", "top_p", "max_tokens"}
+    if set(options) - allowed:
+        raise InputError(f"say: unknown options {sorted(set(options) - allowed)}")
+    try:
+        return SynthesisRequest(text, voice=voice, options=SamplingOptions(seed=seed, **options),
+                                request_id=uuid4().hex)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"say: {err}") from None
+
+
+async def _text_from(queue: asyncio.Queue[str | None]) -> AsyncIterator[str]:
+    while (piece := await queue.get()) is not None:
+        yield piece
+
+
+# ---- the server -------------------------------------------------------------------------------------------
+
+class EngineServer:
+    """Serves `synth` on a Unix socket. Takes over the synthesizer's event sink to route events to clients."""
+
+    def __init__(self, synth: Synthesizer, path: Path, *, lock: SocketLock | None = None, private_dir: bool = False,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.synth, self.path, self.lock = synth, path, lock
+        self.private_dir = private_dir
+        """The socket's directory must be ours and is kept 0700 (the default location)."""
+        self.log = log or (lambda line: print(f"voicectl serve: {line}", file=sys.stderr))
+        self.started_at = time.time()
+        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
+        self._live: dict[str, _Live] = {}
+        self._handlers: set[asyncio.Task] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._inode: int | None = None
+        self._stopping = False
+        synth.events = self._route
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take the lock (unless given), replace a stale socket, listen (0600)."""
+        prepare_socket_dir(self.path, self.private_dir)
+        if self.lock is None:
+            self.lock = SocketLock.acquire(self.path)
+        remove_stale_socket(self.path)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        os.chmod(self.path, 0o600)  # the directory is private, so nobody else could connect in between
+        self._inode = os.stat(self.path).st_ino
+
+    async def close(self) -> None:
+        """Stop listening, end in-flight requests (their clients get a "shutting down" error), remove the socket."""
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        for live in list(self._live.values()):
+            live.conn.send(error_message("shutdown", "the voicectl server was stopped during the request"))
+        self._live.clear()
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5.0)
+        self._remove_socket()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        await self.synth.close()
+
+    def _remove_socket(self) -> None:
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self._inode:  # never remove a socket another server bound since
+                os.unlink(self.path)
+
+    # -- what clients see ---------------------------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        return {"type": "hello", "v": PROTOCOL_VERSION, "pid": os.getpid(), "sample_rate": self.synth.sample_rate,
+                **describe_engine(self.synth)}
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        streams = [{"voice": live.req.voice, "chars": len(live.req.text), "client_pid": live.conn.peer_pid,
+                    "age_s": now - live.started, "audio_s": live.samples / self.synth.sample_rate,
+                    "ttfa_ms": None if live.ttfa_s is None else live.ttfa_s * 1000} for live in self._live.values()]
+        return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
+                "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
+                "gpu": gpu_memory(), **self.counts}
+
+    def _route(self, event: Event) -> None:
+        """Engine events -> the client whose request they belong to (Notices go to the log)."""
+        if isinstance(event, Notice):
+            self.log(event.message)
+            return
+        live = self._live.get(getattr(event, "request_id", ""))
+        if live is None:
+            return
+        if isinstance(event, FirstAudio):
+            live.ttfa_s = event.ttfa_s
+        message = event_message(event)
+        if message is not None:
+            live.conn.send(message)
+
+    # -- connections --------------------------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._handlers.add(task)  # type: ignore[arg-type]
+        conn = _Conn(reader, writer)
+        try:
+            await self._converse(conn)
+        except ProtocolError as err:
+            conn.send(error_message(err.code, str(err)))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception as err:  # a bug must cost one connection, never the server
+            self.log(f"internal error on a connection: {type(err).__name__}: {err}")
+            conn.send(error_message("internal", f"internal server error: {type(err).__name__}"))
+        finally:
+            self._handlers.discard(task)  # type: ignore[arg-type]
+            with contextlib.suppress(OSError):
+                await asyncio.wait_for(writer.drain(), 1.0)
+            await conn.close()
+
+    async def _converse(self, conn: _Conn) -> None:
+        creds = peer_credentials(conn.writer.get_extra_info("socket"))
+        conn.peer_pid = creds[0] if creds else None
+        if creds is not None and creds[1] != os.getuid():
+            self.counts["refused"] += 1
+            conn.send(error_message("peer-uid", "refused: the voicectl server only serves its own user"))
+            return
+        hello = await asyncio.wait_for(conn.next(), HELLO_TIMEOUT_S)
+        if hello is None:
+            return
+        if hello.get("type") != "hello":
+            raise ProtocolError("unexpected", f"expected hello, got {hello.get('type')!r}")
+        if hello.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError("version", f"protocol version {hello.get('v')!r} is not supported (this server "
+                                           f"speaks {PROTOCOL_VERSION}); restart `voicectl serve` after upgrading")
+        conn.send(self.hello())
+        while not self._stopping and (message := await conn.next()) is not None:
+            kind = message["type"]
+            if kind == "status":
+                conn.send(self.status())
+            elif kind == "ping":
+                conn.send({"type": "pong"})
+            elif kind == "say":
+                if not await self._serve_say(conn, message):
+                    return
+            else:
+                raise ProtocolError("unexpected", f"unexpected message type {kind!r}")
+            await conn.writer.drain()
+
+    async def _serve_say(self, conn: _Conn, message: dict[str, Any]) -> bool:
+        """Run one request; False when the connection is finished (client gone or protocol error).
+        The final reply goes out only once the engine has let go of the request."""
+        try:
+            req = parse_say(message)
+        except InputError as err:
+            conn.send(error_message("bad-request", str(err), type(err).__name__))
+            return True
+        text_queue: asyncio.Queue[str | None] | None = asyncio.Queue() if message.get("stream") else None
+        live = self._live[req.request_id] = _Live(req, conn)
+        producer = asyncio.create_task(self._produce(live, None if text_queue is None else _text_from(text_queue)))
+        control = asyncio.create_task(self._control(conn, text_queue))
+        try:
+            await asyncio.wait({producer, control}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (producer, control):
+                task.cancel()
+            await asyncio.gather(producer, control, return_exceptions=True)
+            self._live.pop(req.request_id, None)
+        outcome, error = producer.result() if not producer.cancelled() else (control.result(), None)
+        self.counts[{"done": "served", "failed": "failed"}.get(outcome, "cancelled")] += 1
+        if outcome == "failed":
+            conn.send(error_message("failed", str(error), type(error).__name__))
+        elif outcome in ("done", "cancel"):
+            conn.send({"type": "done", "cancelled": outcome == "cancel"})
+        return outcome != "gone"
+
+    async def _produce(self, live: _Live, text_stream: AsyncIterator[str] | None) -> tuple[str, VoiceError | None]:
+        """Stream the request's audio to its client: ("done" | "failed" | "gone", the error if failed)."""
+        conn = live.conn
+        try:
+            async with contextlib.aclosing(self.synth.synthesize(live.req, text_stream)) as chunks:
+                async for chunk in chunks:
+                    for frame in encode_audio(chunk.sentence_index, chunk.samples, chunk.sentence_end, chunk.pause):
+                        conn.writer.write(frame)
+                    live.samples += len(chunk.samples)
+                    await conn.writer.drain()  # backpressure: a client that plays in real time paces us
+        except VoiceError as err:
+            return "failed", err
+        except OSError:
+            return "gone", None
+        return "done", None
+
+    async def _control(self, conn: _Conn, text_queue: asyncio.Queue[str | None] | None) -> str:
+        """Read the client's messages during a request: text pieces, end, cancel. Returns "cancel" or "gone"."""
+        try:
+            while (message := await conn.next()) is not None:
+                kind = message["type"]
+                if kind == "cancel":
+                    return "cancel"
+                if text_queue is None or kind not in ("text", "end"):
+                    raise ProtocolError("unexpected", f"unexpected {kind!r} message during a request")
+                text = message.get("text") if kind == "text" else None
+                if kind == "text" and not isinstance(text, str):
+                    raise ProtocolError("bad-json", "a text message needs a string \"text\"")
+                text_queue.put_nowait(text)
+        except ProtocolError as err:
+            conn.send(error_message(err.code, str(err)))
+        return "gone"
+
+
+def gpu_memory() -> dict[str, Any] | None:
+    """Device memory when this process uses CUDA (never initializes CUDA just to ask)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return {"device": torch.cuda.get_device_name(), "used_bytes": total - free, "total_bytes": total,
+            "allocated_bytes": torch.cuda.memory_allocated()}
