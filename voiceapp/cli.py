@@ -27,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     from engine.errors import VoiceError
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if "tui" in commands and (not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help"))):
+        argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["tui", *(argv or [])]) if "tui" in parser._subparsers._group_actions[0].choices \
-            else parser.parse_args(["--help"])
+        parser.print_help()
+        return 2
     try:
         return int(args.run(args) or 0)
     except VoiceError as err:

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-reference", action="store_true", help="skip the spark_tts_lib reference pipeline")
     p.add_argument("--reference-tokens", type=int, help="tokens for the reference run (default: --tokens)")
     p.add_argument("--no-decoder-checks", action="store_true", help="skip decoder precision/speed (GPU only)")
+    p.add_argument("--decoder-only", action="store_true",
+                   help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
     p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default 8)")
@@ -85,12 +87,13 @@ def run(args: argparse.Namespace) -> int:
     result["date"] = started.date().isoformat()
     argv = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else sys.argv[1:]
     result["command"] = " ".join(["voicectl", "bench", *(shlex.quote(a) for a in argv)])
-    result["headline"] = bench.headline(result)
-    print()
-    print(bench.format_table(result))
-    print()
-    for key, value in result["headline"].items():
-        print(f"{key}: {value}")
+    if "pipeline" in result:
+        result["headline"] = bench.headline(result)
+        print()
+        print(bench.format_table(result))
+        print()
+        for key, value in result["headline"].items():
+            print(f"{key}: {value}")
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,14 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
         log(f"  {result['decoder_accuracy']}")
         log("decoder speed (eager vs CUDA graph)")
         result["decoder_speed"] = _guard(lambda: bench.decoder_speed(model / "BiCodec", lengths_for(schedule)), log)
+        for row in result["decoder_speed"] if isinstance(result["decoder_speed"], list) else []:
+            log(f"  {row}")
+    if args.decoder_only:
+        if not cuda:
+            from engine.errors import InputError
+
+            raise InputError("--decoder-only needs a CUDA GPU")
+        return result
     opts = bench.BenchOptions(model=model, tokens=args.tokens, sentences=args.sentences, levels=levels,
                               rounds_1=args.rounds_1, export_sentences=args.export_sentences,
                               export_concurrency=args.export_concurrency,

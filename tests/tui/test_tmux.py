@@ -27,10 +27,21 @@ class Tmux:
         # The server passes its environment on to the app. COLUMNS/LINES (set by the snapshot plugin) would
         # override the pane's real size in shutil.get_terminal_size, so they must not reach it.
         self.env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        self.socket = ""
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([*self.base, *args], capture_output=True, text=True, check=check, env=self.env,
                               stdin=subprocess.DEVNULL, start_new_session=True, timeout=20)
+
+    def start(self, *args: str) -> None:
+        self.run("new-session", "-d", "-s", "app", *args)
+        self.socket = self.run("display-message", "-p", "#{socket_path}", check=False).stdout.strip()
+
+    def close(self) -> None:
+        """Kill the server and remove its socket file (a server that exits leaves it behind)."""
+        self.run("kill-server", check=False)
+        if self.socket:
+            Path(self.socket).unlink(missing_ok=True)
 
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-t", "app", check=False).stdout
@@ -53,7 +64,7 @@ def test_voicectl_tui_in_tmux(tmp_path):
     shell = f"{command}; echo $? > {shlex.quote(str(rc_file))}"  # (Textual draws on stderr: keep it on the pane)
     tmux = Tmux(f"voiceapp-test-{tmp_path.name}")
     try:
-        tmux.run("new-session", "-d", "-s", "app", "-x", "100", "-y", "30", "-c", str(tmp_path), shell)
+        tmux.start("-x", "100", "-y", "30", "-c", str(tmp_path), shell)
         tmux.wait_for(lambda s: "ready" in s and "history" in s, "the app to be ready")
         time.sleep(0.5)                                  # let start-up finish before typing (doc: key races)
         tmux.run("send-keys", "-t", "app", "-l", "Hello from tmux.")
@@ -70,4 +81,4 @@ def test_voicectl_tui_in_tmux(tmp_path):
             time.sleep(0.1)
         assert rc_file.read_text().strip() == "0"
     finally:
-        tmux.run("kill-server", check=False)
+        tmux.close()
