@@ -33,24 +33,3 @@ def test_cli_help_imports_no_torch():
     loaded = loaded_after_import("voiceapp.cli")
     assert "torch" not in loaded and "textual" not in loaded
 
-
-def test_bare_voicectl_flags_route_to_the_tui():
-    from voiceapp.cli import build_parser, main  # noqa: F401  (import must work without a terminal)
-    import voiceapp.cli as cli
-
-    seen = {}
-
-    def fake_run(args):
-        seen["command"], seen["backend"] = args.command, args.backend
-        return 0
-
-    parser = cli.build_parser()
-    tui = parser._subparsers._group_actions[0].choices["tui"]
-    tui.set_defaults(run=fake_run)
-    original = cli.build_parser
-    cli.build_parser = lambda: parser
-    try:
-        assert cli.main(["--backend", "fake"]) == 0
-    finally:
-        cli.build_parser = original
-    assert seen == {"command": "tui", "backend": "fake"}
