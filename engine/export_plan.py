@@ -220,6 +220,27 @@ class Manifest:
 
 # ---- rendering --------------------------------------------------------------------------------------------
 
+class MemoryGlobalsCache:
+    """Computed speaker globals kept in memory, by voice fingerprint (the GlobalsCache interface)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def get(self, voice) -> tuple[int, ...] | None:
+        return self._codes.get((voice.name, voice.fingerprint))
+
+    def put(self, voice, codes: tuple[int, ...]) -> None:
+        self._codes[(voice.name, voice.fingerprint)] = tuple(codes)
+
+
+def keep_voice_globals(synth: Synthesizer) -> None:
+    """Give a synthesizer without an on-disk globals cache (the fake engine) one in memory. Without it every
+    request recomputes its voice's globals under the synthesizer's globals lock, which serializes concurrent
+    requests (measured: --jobs made no difference to a fake export). Same globals either way: they are seeded."""
+    if getattr(synth, "globals_cache", None) is None:
+        synth.globals_cache = MemoryGlobalsCache()  # type: ignore[assignment]
+
+
 def make_batch_invariant(synth: Synthesizer) -> None:
     """Decode one window per decoder call. Cross-stream decode batching changes a window's float output with what
     it is batched with (measured on the CPU BiCodec: concurrent renders differed from sequential ones), which

@@ -58,8 +58,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--resume and --restart exclude each other")
     layout = Layout.from_args(args)
     plan = make_plan(args)
-    show = sys.stderr.isatty() and not args.no_progress
-    stats = asyncio.run(export(plan, layout, args, show))
+    show = "bar" if sys.stderr.isatty() else "lines"
+    try:
+        stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
+    except KeyboardInterrupt:
+        raise interrupted(layout, len(plan.sentences)) from None
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
                                                                       and layout.split else "")
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
@@ -176,7 +179,7 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 
 # ---- running it -------------------------------------------------------------------------------------------
 
-async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: bool) -> dict:
+async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: str | None) -> dict:
     from engine.export_plan import Manifest, Parts
     from engine.factory import build_synthesizer
 
@@ -234,9 +237,9 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
     return plan
 
 
-async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: bool) -> dict:
-    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, loudness_gain, make_batch_invariant,
-                                    pause_samples, render_parts)
+async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
+    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, keep_voice_globals, loudness_gain,
+                                    make_batch_invariant, pause_samples, render_parts)
     from engine.protocol import describe_engine
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -245,6 +248,7 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     resumed = len(done)
     jobs = args.jobs or (GPU_JOBS if describe_engine(synth)["backend"] == "vllm" else CPU_JOBS)
     make_batch_invariant(synth)
+    keep_voice_globals(synth)
     progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
     try:
         parts.dir.mkdir(exist_ok=True)
@@ -279,6 +283,17 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             "resumed": resumed}
 
 
+def interrupted(layout: Layout, total: int):
+    """Ctrl-C: how much is kept, and how to go on."""
+    from engine.errors import Cancelled
+
+    if not layout.manifest.exists():
+        return Cancelled("interrupted")
+    kept = len(list(layout.parts.glob("*.part"))) if layout.parts.is_dir() else 0
+    return Cancelled(f"interrupted; {kept} of {total} sentences are finished and kept in {layout.parts}: rerun with "
+                     f"--resume to continue")
+
+
 def _save_quietly(manifest, plan, done: set[int], outputs: list[str]) -> None:
     try:
         manifest.save(plan, done, outputs)
@@ -307,28 +322,55 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class Progress:
-    """Sentences done, ETA and x-real-time on a terminal (tqdm on stderr); counts audio either way."""
+PROGRESS_LINE_EVERY_S = 30.0
+"""Off a terminal (a log file, nohup), one progress line this often."""
 
-    def __init__(self, total: int, initial: int, sample_rate: int, show: bool) -> None:
+
+class Progress:
+    """Sentences done, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
+    PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way."""
+
+    def __init__(self, total: int, initial: int, sample_rate: int, show: str | None) -> None:
         self.sample_rate, self.samples = sample_rate, 0
-        self.t0 = time.perf_counter()
+        self.total, self.done, self.initial = total, initial, initial
+        self.t0 = self._last_line = time.perf_counter()
+        self.lines = show == "lines"
         self.bar = None
-        if show:
+        if show == "bar":
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="sentence", file=sys.stderr, dynamic_ncols=True)
 
+    def xrt(self) -> float:
+        return self.samples / self.sample_rate / max(time.perf_counter() - self.t0, 1e-9)
+
     def update(self, samples: int) -> None:
         self.samples += samples
+        self.done += 1
         if self.bar is not None:
-            xrt = self.samples / self.sample_rate / max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.set_postfix_str(f"{xrt:.1f}x real time", refresh=False)
+            self.bar.set_postfix_str(f"{self.xrt():.1f}x real time", refresh=False)
             self.bar.update(1)
+        elif self.lines and time.perf_counter() - self._last_line >= PROGRESS_LINE_EVERY_S:
+            self._last_line = time.perf_counter()
+            print(f"voicectl: {self.line()}", file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        """"412/1800 sentences (23%), 31.0x real time, ETA 12m05s"; the ETA from this run's own pace."""
+        elapsed = time.perf_counter() - self.t0
+        rendered = self.done - self.initial
+        eta = "-" if not rendered else _duration(elapsed / rendered * (self.total - self.done))
+        return (f"{self.done}/{self.total} sentences ({100 * self.done // max(self.total, 1)}%), "
+                f"{self.xrt():.1f}x real time, ETA {eta}")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
 def _print_notices(event) -> None:

@@ -35,6 +35,12 @@ class SayMetrics:
 
     t0: float = 0.0
     ttfa_ms: float | None = None
+    """From the request's start (after the engine is ready) to its first audio."""
+    process_ttfa_ms: float | None = None
+    """From this process's start to the first audio: what the user waits for (model loading included when the
+    engine runs in-process; connecting included when a server speaks)."""
+    server_pid: int | None = None
+    """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
     onset_ms: float | None = None
     rtf: float | None = None
     audio_s: float = 0.0
@@ -50,6 +56,7 @@ class SayMetrics:
             self.t0 = event.t
         elif isinstance(event, FirstAudio):
             self.ttfa_ms = event.ttfa_s * 1000
+            self.process_ttfa_ms = (event.t - process_start_perf()) * 1000
         elif isinstance(event, SentenceFinished):
             self.sentences += 1
         elif isinstance(event, RequestFinished):
@@ -64,8 +71,10 @@ class SayMetrics:
             return "-" if v is None else f"{v:.0f} ms"
 
         rtf = "-" if self.rtf is None else f"{self.rtf:.3f}"
-        return (f"TTFA {ms(self.ttfa_ms)} | onset {ms(self.onset_ms)} | RTF {rtf} | underruns {self.underruns} | "
-                f"{self.audio_s:.2f} s audio, {self.sentences} sentences")
+        engine = "in-process" if self.server_pid is None else f"server pid {self.server_pid}"
+        return (f"TTFA {ms(self.ttfa_ms)} ({ms(self.process_ttfa_ms)} from launch, {engine}) | onset "
+                f"{ms(self.onset_ms)} | RTF {rtf} | underruns {self.underruns} | {self.audio_s:.2f} s audio, "
+                f"{self.sentences} sentences")
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "t0"}
@@ -74,6 +83,7 @@ class SayMetrics:
 def run(args: argparse.Namespace) -> int:
     from voiceapp.wavout import check_output
 
+    process_start_perf()  # fixes the clock's origin now where /proc cannot tell
     from_stdin = args.text == ["-"]
     text = "" if from_stdin else " ".join(args.text)
     if not from_stdin:
@@ -103,12 +113,14 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
     try:
         remote = None if args.no_server else await connect_server(args, metrics.on_event)
         if remote is not None:
+            metrics.server_pid = remote.info.get("pid")
             try:
                 return await speak_with(remote, text, from_stdin, args, metrics, player)
             except ServerGone as err:
                 if err.audio_started or from_stdin:
                     raise
                 metrics.on_event(Notice(f"{err}; speaking in-process instead"))
+                metrics.server_pid = None
             finally:
                 await remote.close()
         synth = build_synthesizer(engine_config(args), events=metrics.on_event)
@@ -147,7 +159,13 @@ async def connect_server(args: argparse.Namespace, events):
     from engine.events import Notice
     from voiceapp.client import RemoteSynthesizer, socket_path
 
-    remote = await RemoteSynthesizer.connect(socket_path(args.socket), events)
+    from engine.errors import VoiceError
+
+    try:
+        remote = await RemoteSynthesizer.connect(socket_path(args.socket), events)
+    except VoiceError as err:  # a server that cannot serve us (another protocol version, another user)
+        events(Notice(f"{err}; speaking in-process"))
+        return None
     if remote is None:
         return None
     why = engine_mismatch(remote.info, args)
@@ -170,6 +188,25 @@ def engine_mismatch(info: dict, args: argparse.Namespace) -> str | None:
     if wanted and (model is None or Path(wanted).expanduser().resolve() != Path(model["path"]).resolve()):
         return f"serves {model['path'] if model else 'no model'}, not {wanted}"
     return None
+
+
+_PROCESS_START: float | None = None
+
+
+def process_start_perf() -> float:
+    """This process's start on the time.perf_counter() clock (Linux: from /proc, to 10 ms; elsewhere: when this
+    module was first asked)."""
+    global _PROCESS_START
+    if _PROCESS_START is None:
+        now = time.perf_counter()
+        try:
+            with open("/proc/self/stat") as f:
+                start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+            _PROCESS_START = now - max(age, 0.0)
+        except (OSError, ValueError, IndexError, AttributeError):
+            _PROCESS_START = now
+    return _PROCESS_START
 
 
 def open_player(args: argparse.Namespace):

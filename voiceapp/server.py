@@ -22,6 +22,7 @@ from uuid import uuid4
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError
 from engine.events import Event, FirstAudio, Notice
+from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio,
                              encode_message, error_message, event_message, read_frame)
@@ -29,6 +30,11 @@ from voiceapp.client import peer_credentials
 
 HELLO_TIMEOUT_S = 10.0
 """A connection that does not say hello within this is dropped."""
+MAX_QUEUED_FRAMES = 8
+"""Frames read ahead per connection (each at most MAX_FRAME_BYTES); past this the socket itself pushes back."""
+MAX_PENDING_TEXT = 1 << 20
+"""Characters of streamed text held for one request; past this the server stops reading until the synthesizer
+has taken some (a fast sender waits, as it would in-process; the server's memory stays bounded)."""
 MAX_UNIX_PATH = 107
 
 
@@ -105,6 +111,37 @@ class _Live:
     started: float = field(default_factory=time.monotonic)
     samples: int = 0
     ttfa_s: float | None = None
+    text: "_PendingText | None" = None
+    """Streamed text not yet taken by the synthesizer (requests with "stream": true)."""
+
+
+class _PendingText:
+    """A streamed request's text pieces on their way to the synthesizer, counted so the reader can wait while
+    more than `limit` characters are waiting."""
+
+    def __init__(self, limit: int = MAX_PENDING_TEXT) -> None:
+        self.limit, self.chars, self.received = limit, 0, 0
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def put(self, text: str | None) -> None:
+        """A piece, or None for the end of the text."""
+        self._queue.put_nowait(text)
+        self.chars += len(text or "")
+        self.received += len(text or "")
+        if self.chars >= self.limit:
+            self._room.clear()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+    async def pieces(self) -> AsyncIterator[str]:
+        while (piece := await self._queue.get()) is not None:
+            self.chars -= len(piece)
+            if self.chars < self.limit:
+                self._room.set()
+            yield piece
 
 
 class _Conn:
@@ -114,19 +151,20 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.peer_pid: int | None = None
-        self._frames: asyncio.Queue[dict[str, Any] | AudioFrame | ProtocolError | None] = asyncio.Queue()
+        self._frames: asyncio.Queue[dict[str, Any] | AudioFrame | ProtocolError | None] = \
+            asyncio.Queue(MAX_QUEUED_FRAMES)
         self._reader_task = asyncio.create_task(self._read_all(reader))
 
     async def _read_all(self, reader: asyncio.StreamReader) -> None:
         try:
             while (frame := await read_frame(reader)) is not None:
-                self._frames.put_nowait(frame)
+                await self._frames.put(frame)
         except ProtocolError as err:
-            self._frames.put_nowait(err)
+            await self._frames.put(err)
             return
         except (OSError, asyncio.IncompleteReadError):
             pass
-        self._frames.put_nowait(None)
+        await self._frames.put(None)
 
     async def next(self) -> dict[str, Any] | None:
         """The next message; None when the client has gone. Raises ProtocolError on a malformed frame."""
@@ -143,9 +181,17 @@ class _Conn:
 
     async def close(self) -> None:
         self._reader_task.cancel()
-        self.writer.close()
-        with contextlib.suppress(OSError, asyncio.CancelledError):
-            await self.writer.wait_closed()
+        await close_writer(self.writer)
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close now: what a peer has not taken is dropped (a flush could wait forever on a peer that reads nothing)."""
+    if writer.transport.get_write_buffer_size():
+        writer.transport.abort()
+    else:
+        writer.close()
+    with contextlib.suppress(OSError, asyncio.CancelledError, asyncio.TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
 
 
 def parse_say(message: dict[str, Any]) -> SynthesisRequest:
@@ -164,11 +210,6 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
                                 request_id=uuid4().hex)
     except (TypeError, ValueError) as err:
         raise InputError(f"say: {err}") from None
-
-
-async def _text_from(queue: asyncio.Queue[str | None]) -> AsyncIterator[str]:
-    while (piece := await queue.get()) is not None:
-        yield piece
 
 
 # ---- the server -------------------------------------------------------------------------------------------
@@ -190,6 +231,7 @@ class EngineServer:
         self._inode: int | None = None
         self._stopping = False
         synth.events = self._route
+        keep_voice_globals(synth)  # a long-lived engine computes each voice's globals once
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -234,9 +276,11 @@ class EngineServer:
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
-        streams = [{"voice": live.req.voice, "chars": len(live.req.text), "client_pid": live.conn.peer_pid,
+        streams = [{"voice": live.req.voice, "chars": len(live.req.text) + (live.text.received if live.text else 0),
+                    "client_pid": live.conn.peer_pid,
                     "age_s": now - live.started, "audio_s": live.samples / self.synth.sample_rate,
-                    "ttfa_ms": None if live.ttfa_s is None else live.ttfa_s * 1000} for live in self._live.values()]
+                    "ttfa_ms": None if live.ttfa_s is None else live.ttfa_s * 1000,
+                    "text_pending": live.text.chars if live.text else 0} for live in self._live.values()]
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "gpu": gpu_memory(), **self.counts}
@@ -315,10 +359,10 @@ class EngineServer:
         except InputError as err:
             conn.send(error_message("bad-request", str(err), type(err).__name__))
             return True
-        text_queue: asyncio.Queue[str | None] | None = asyncio.Queue() if message.get("stream") else None
-        live = self._live[req.request_id] = _Live(req, conn)
-        producer = asyncio.create_task(self._produce(live, None if text_queue is None else _text_from(text_queue)))
-        control = asyncio.create_task(self._control(conn, text_queue))
+        text = _PendingText() if message.get("stream") else None
+        live = self._live[req.request_id] = _Live(req, conn, text=text)
+        producer = asyncio.create_task(self._produce(live, None if text is None else text.pieces()))
+        control = asyncio.create_task(self._control(conn, text))
         try:
             await asyncio.wait({producer, control}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -350,19 +394,25 @@ class EngineServer:
             return "gone", None
         return "done", None
 
-    async def _control(self, conn: _Conn, text_queue: asyncio.Queue[str | None] | None) -> str:
-        """Read the client's messages during a request: text pieces, end, cancel. Returns "cancel" or "gone"."""
+    async def _control(self, conn: _Conn, pending: _PendingText | None) -> str:
+        """Read the client's messages during a request: text pieces, end, cancel. Returns "cancel" or "gone".
+        While too much streamed text is waiting, nothing is read (a client that leaves meanwhile is noticed when
+        its audio cannot be written)."""
         try:
-            while (message := await conn.next()) is not None:
+            while True:
+                if pending is not None:
+                    await pending.wait_for_room()
+                if (message := await conn.next()) is None:
+                    break
                 kind = message["type"]
                 if kind == "cancel":
                     return "cancel"
-                if text_queue is None or kind not in ("text", "end"):
+                if pending is None or kind not in ("text", "end"):
                     raise ProtocolError("unexpected", f"unexpected {kind!r} message during a request")
                 text = message.get("text") if kind == "text" else None
                 if kind == "text" and not isinstance(text, str):
                     raise ProtocolError("bad-json", "a text message needs a string \"text\"")
-                text_queue.put_nowait(text)
+                pending.put(text)
         except ProtocolError as err:
             conn.send(error_message(err.code, str(err)))
         return "gone"

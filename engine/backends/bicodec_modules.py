@@ -461,8 +461,12 @@ class FSQProjection(nn.Module):
         self.project_out = nn.Linear(len(levels), dim)
 
     def _consts(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        levels = torch.tensor(self.levels, device=like.device)
-        return levels, torch.tensor(self.basis, device=like.device)
+        # Cached per device: a CUDA graph capture must not copy from the host, and replays reuse these tensors.
+        cache = self.__dict__.setdefault("_const_cache", {})
+        if like.device not in cache:
+            cache[like.device] = (torch.tensor(self.levels, device=like.device),
+                                  torch.tensor(self.basis, device=like.device))
+        return cache[like.device]
 
     def codes_from_indices(self, indices: Tensor) -> Tensor:
         """(...) ints -> (..., len(levels)) codes in [-1, 1): digit d -> (d - L//2) / (L//2)."""

@@ -180,6 +180,61 @@ async def test_bad_request_fields_are_refused_but_the_connection_goes_on(fake_se
     await conn.close()
 
 
+async def test_a_fast_text_stream_is_held_back_not_buffered_without_bound(fake_server):
+    """A client that streams text far faster than it is spoken: the server stops reading (the client's writes
+    block) instead of holding everything; the request still ends when that client leaves."""
+    from engine.protocol import MAX_TEXT_PIECE
+    from voiceapp.server import MAX_PENDING_TEXT
+
+    reader, writer = await asyncio.open_unix_connection(str(fake_server.path))
+    writer.write(encode_message({"type": "hello", "v": PROTOCOL_VERSION}))
+    writer.write(encode_message({"type": "say", "text": "", "seed": 1, "stream": True}))
+    piece = "Go on. " * (MAX_TEXT_PIECE // 7)
+    sent = 0
+
+    async def flood():
+        nonlocal sent
+        while True:
+            writer.write(encode_message({"type": "text", "text": piece}))
+            await writer.drain()
+            sent += len(piece)
+
+    task = asyncio.create_task(flood())
+    last = -1
+    while sent != last:  # until the server stops taking more
+        last = sent
+        await asyncio.sleep(0.3)
+    (stream,) = fake_server.status()["streams"]
+    assert MAX_PENDING_TEXT <= stream["text_pending"] < MAX_PENDING_TEXT + len(piece)
+    assert sent < 4 * MAX_PENDING_TEXT  # the rest is frames read ahead and socket buffers
+    task.cancel()
+    writer.transport.abort()  # a plain close would first wait to send what the server does not read
+    await asyncio.sleep(0.05)  # let this loop close the socket
+    assert wait_for(lambda: not fake_server.status()["streams"], timeout=10)
+    assert await still_serves(fake_server.path)
+
+
+async def test_abandoning_a_held_back_text_stream_ends_at_once(fake_server):
+    """The client side of the above: `say -` on endless input, then Ctrl-C. Closing must not wait to flush text
+    the server will not read."""
+    async def endless():
+        while True:
+            yield "More words here. " * 4000
+            await asyncio.sleep(0)
+
+    remote = await RemoteSynthesizer.connect(fake_server.path)
+    chunks = remote.synthesize(req(""), endless())
+    await chunks.__anext__()
+    await asyncio.sleep(0.5)  # the sender is blocked by now
+    await asyncio.wait_for(chunks.aclose(), 3)
+    await asyncio.wait_for(remote.close(), 3)
+    for _ in range(100):
+        if not fake_server.status()["streams"]:
+            break
+        await asyncio.sleep(0.05)
+    assert not fake_server.status()["streams"]
+
+
 # ---- cancel and disconnect abort the request on the server --------------------------------------------------
 
 async def first_audio(conn):
