@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args, engine_config, read_text_file, require_speakable
+from voiceapp.common import add_engine_args, add_voice_args, engine_config, sampling_options, read_text_file, require_speakable
 from voiceapp.wavout import check_output
 
 CPU_JOBS, GPU_JOBS = 4, 32
@@ -147,7 +147,7 @@ def make_plan(args: argparse.Namespace):
     if not sentences:
         raise InputError(f"{source} has no speakable text (only code, markup or symbols?)")
     voice = (config.voices or VoiceBank()).get(args.voice)
-    options = SamplingOptions(seed=args.seed)
+    options = sampling_options(args)
     settings = ExportSettings(
         input_sha256=sha256_bytes(data if isinstance(data, bytes) else data.encode()), voice=voice.name,
         voice_fingerprint=repr(voice.global_tokens) if voice.global_tokens else voice.fingerprint, seed=args.seed,
@@ -238,8 +238,8 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
 
 
 async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
-    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, keep_voice_globals, loudness_gain,
-                                    make_batch_invariant, pause_samples, render_parts)
+    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, loudness_gain, make_batch_invariant,
+                                    pause_samples, render_parts)
     from engine.protocol import describe_engine
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -248,7 +248,6 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     resumed = len(done)
     jobs = args.jobs or (GPU_JOBS if describe_engine(synth)["backend"] == "vllm" else CPU_JOBS)
     make_batch_invariant(synth)
-    keep_voice_globals(synth)
     progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
     try:
         parts.dir.mkdir(exist_ok=True)

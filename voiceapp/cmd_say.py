@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args, engine_config, require_speakable
+from voiceapp.common import add_engine_args, add_voice_args, engine_config, sampling_options, require_speakable
 
 
 def add_parser(sub) -> None:
@@ -139,12 +139,12 @@ async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespac
     from engine.config import SamplingOptions, SynthesisRequest
     from voiceapp.stdin_text import stdin_pieces
 
-    req = SynthesisRequest(text, voice=args.voice, options=SamplingOptions(seed=args.seed))
+    req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
     stream = stdin_pieces() if from_stdin else None
     if player is None:
         from voiceapp.wavout import write_wav
 
-        await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate)
+        await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate, subtype="FLOAT")
         return
     player.mark_utterance_start()
     await synth.speak(req, player, stream)

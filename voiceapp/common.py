@@ -25,6 +25,18 @@ def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None
     p.add_argument("--seed", type=int, default=default_seed,
                    help=f"sampling seed; same text, voice, seed and model give the same audio (default: "
                         f"{'random' if default_seed is None else default_seed})")
+    p.add_argument("--max-tokens", type=int, default=3000, metavar="N",
+                   help="cap on semantic tokens per sentence (3000 = 60 s of audio)")
+
+
+def sampling_options(args: argparse.Namespace):
+    """SamplingOptions from --seed/--max-tokens; bad values become a one-line InputError."""
+    from engine.config import SamplingOptions
+
+    try:
+        return SamplingOptions(seed=args.seed, max_tokens=args.max_tokens)
+    except ValueError as err:
+        raise InputError(str(err)) from None
 
 
 def engine_config(args: argparse.Namespace):

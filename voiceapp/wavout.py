@@ -25,16 +25,17 @@ def check_output(path: Path) -> None:
 
 
 async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: int,
-                    on_chunk: Callable[[AudioChunk], None] | None = None) -> int:
-    """Write every chunk to `out` (16-bit PCM WAV); returns samples written. An interrupted or failed write
-    leaves no file at `out` (and no temp file): a WAV that exists is always complete."""
+                    on_chunk: Callable[[AudioChunk], None] | None = None, subtype: str = "PCM_16") -> int:
+    """Write every chunk to `out` (WAV, 16-bit PCM by default; "FLOAT" keeps the exact float32 samples the
+    speakers would get); returns samples written. An interrupted or failed write leaves no file at `out`
+    (and no temp file): a WAV that exists is always complete."""
     import soundfile as sf
 
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent if str(out.parent) else ".")
     os.close(fd)
     samples = 0
     try:
-        with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype="PCM_16", format="WAV") as f:
+        with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype=subtype, format="WAV") as f:
             async for chunk in chunks:
                 f.write(chunk.samples)
                 samples += len(chunk.samples)
