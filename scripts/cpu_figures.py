@@ -1,0 +1,91 @@
+"""CPU figures for the closing notes: torch generator tok/s, BiCodec decode speed, TTFA / RTF / seam error.
+
+Usage: python -m scripts.cpu_figures --size tiny|full [--threads 2] [--tokens 150]
+Builds the synthetic checkpoint in a temporary directory (deleted afterwards) and runs the real pipeline
+(torch generator + our BiCodec decoder) on the CPU. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+async def measure(model: Path, threads: int, tokens: int) -> dict:
+    from engine.backends.base import DecodeItem
+    from engine.backends.torch_gen import measure_throughput
+    from engine.config import SamplingOptions, SynthesisRequest
+    from engine.crossfade import fade_edges
+    from engine.events import FirstAudio, RequestFinished
+    from engine.factory import EngineConfig, build_synthesizer
+    from engine.pipeline import sentence_seed
+    from engine.prompt import build_globals_prompt
+    from engine.seams import seam_error_db
+    from engine.tokens import parse_all
+
+    events: list = []
+    synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads,
+                                           cache_dir=tempfile.mkdtemp()), events=events.append)
+    globals_ = await synth.voice_globals("leo")
+    text = "Measuring the real pipeline on the processor, one sentence at a time."
+    prompt = build_globals_prompt(text, globals_, synth.token_ids, synth.encode)
+    tok_s = await measure_throughput(synth.generator, prompt, tokens)
+    spc = synth.decoder.samples_per_code
+    decode = {}
+    rng = np.random.default_rng(0)
+    for name, n, keep in (("window_12+2x16", 44, 12), ("window_50+2x16", 82, 50)):
+        item = DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, n)), globals_, 16, 16 + keep)
+        synth.decoder.decode([item])  # warm-up: oneDNN builds kernels for a new shape
+        best = min(_timed(synth.decoder.decode, [item]) for _ in range(3))
+        decode[name] = {"ms": round(best * 1000, 1), "xrt_kept": round(keep * spc / 16000 / best, 2)}
+    # Streaming request: TTFA and RTF; then the one-shot decode of the same tokens for the seam error.
+    opts = SamplingOptions(seed=3, max_tokens=tokens)
+    events.clear()
+    req = SynthesisRequest(text, voice="leo", options=opts)
+    streamed = np.concatenate([c.samples async for c in synth.synthesize(req)])
+    ttfa = next(e.ttfa_s for e in events if isinstance(e, FirstAudio))
+    done = next(e for e in events if isinstance(e, RequestFinished))
+    ids = [t async for d in synth.generator.stream(prompt, SamplingOptions(seed=sentence_seed(3, 0),
+                                                                           max_tokens=tokens), "x") for t in d]
+    codes, _ = parse_all(ids, synth.token_ids)
+    (pcm,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
+    fade = int(synth.join.fade_s * synth.sample_rate)
+    seam = seam_error_db(streamed, fade_edges(pcm, fade, fade))
+    await synth.close()
+    return {"threads": threads, "generator_tok_s": round(tok_s, 1), "decode": decode,
+            "ttfa_ms": round(ttfa * 1000, 1), "rtf": round(done.rtf, 3), "audio_s": round(done.audio_s, 2),
+            "seam_error_db": round(seam, 1), "tokens": tokens, "load_avg_1m": os.getloadavg()[0]}
+
+
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=150)
+    args = ap.parse_args()
+    from engine.synthetic import write_checkpoint
+
+    tmp = Path(tempfile.mkdtemp(prefix="cpu-figures-"))
+    try:
+        write_checkpoint(tmp / "m", size=args.size, seed=0)
+        result = asyncio.run(measure(tmp / "m", args.threads, args.tokens))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"size": args.size, **result}))
+
+
+if __name__ == "__main__":
+    main()
