@@ -2,8 +2,9 @@
 
 Every sentence is its own `synthesize` request seeded with `sentence_seed(seed, index)`, so its audio depends on
 nothing but the settings and its index: not on --jobs, not on which run rendered it. Each finished sentence is
-written atomically as a part file (header + float32 samples + CRC) in a `.parts` directory; a JSON manifest beside
-the output records what decides the audio (input, model, backend, voice, seed, sampling, join and window settings).
+written atomically as a part file (header + the 16-bit PCM samples the WAV will hold + CRC) in a `.parts`
+directory, so the parts take as much disk as the finished WAV, no more; a JSON manifest beside the output records
+what decides the audio (input, model, backend, voice, seed, sampling, join and window settings).
 `--resume` checks the manifest, keeps every valid part and renders only the rest; assembly then writes the parts
 in order with the streaming path's inter-sentence pause, so a resumed export is byte-identical to an uninterrupted
 one. Assembly is a second pass, which is also where the optional loudness gain is measured (over the whole book).
@@ -34,10 +35,11 @@ from engine.errors import InputError
 from engine.pipeline import Synthesizer, sentence_seed
 
 MANIFEST_FORMAT = "voiceapp-export"
-MANIFEST_VERSION = 1
-PART_MAGIC = b"VAPT"
+MANIFEST_VERSION = 2
+"""2: parts hold 16-bit PCM (1 held float32)."""
+PART_MAGIC = b"VAP2"
 PART_HEADER = struct.Struct("<4sIQI")
-"""magic, sentence index, sample count, CRC-32 of the samples' bytes."""
+"""magic, sentence index, sample count, CRC-32 of the samples' bytes (16-bit little-endian PCM)."""
 SAVE_EVERY_S = 2.0
 """The manifest's progress list is rewritten at most this often (parts on disk are the real record)."""
 
@@ -111,18 +113,19 @@ class Parts:
         return self.dir / f"{index:06d}.part"
 
     def write(self, index: int, samples: np.ndarray) -> None:
-        data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+        """Store float samples as the 16-bit PCM the WAV will hold (to_pcm16)."""
+        data = to_pcm16(samples)
         tmp = self.dir / f".{index:06d}.tmp"
         try:
             with open(tmp, "wb") as f:
-                f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 4, zlib.crc32(data)))
+                f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
                 f.write(data)
             os.replace(tmp, self.path(index))
         finally:
             tmp.unlink(missing_ok=True)
 
     def read(self, index: int) -> np.ndarray | None:
-        """The sentence's samples, or None when the part is missing, torn or corrupt."""
+        """The sentence's 16-bit samples ("<i2"), or None when the part is missing, torn or corrupt."""
         try:
             raw = self.path(index).read_bytes()
         except OSError:
@@ -131,9 +134,9 @@ class Parts:
             return None
         magic, stored_index, samples, crc = PART_HEADER.unpack_from(raw)
         data = memoryview(raw)[PART_HEADER.size:]
-        if magic != PART_MAGIC or stored_index != index or len(data) != samples * 4 or zlib.crc32(data) != crc:
+        if magic != PART_MAGIC or stored_index != index or len(data) != samples * 2 or zlib.crc32(data) != crc:
             return None
-        return np.frombuffer(data, dtype="<f4")
+        return np.frombuffer(data, dtype="<i2")
 
     def finished(self, count: int) -> set[int]:
         """Indices below `count` whose part is intact (corrupt ones are deleted, to be rendered again)."""
@@ -254,6 +257,7 @@ async def render_parts(synth: Synthesizer, plan: ExportPlan, parts: Parts, todo:
                        on_done: Callable[[int, int], None]) -> None:
     """Render `todo` with up to `jobs` requests in flight (lowest index first); each finished sentence is written
     to `parts` before `on_done(index, samples)`. The first failure cancels the rest and is raised."""
+    keep_voice_globals(synth)
     pending: Iterator[int] = iter(todo)
 
     async def worker() -> None:
@@ -291,7 +295,7 @@ def loudness_gain(parts: Parts, count: int, target_dbfs: float, ceiling_dbfs: fl
     so the highest peak stays at or below `ceiling_dbfs`. Sums in float64 in index order: deterministic."""
     total, n, peak = 0.0, 0, 0.0
     for i in range(count):
-        x = _part(parts, i).astype(np.float64)
+        x = _part(parts, i).astype(np.float64) / PCM_SCALE
         total += float(np.dot(x, x))
         n += len(x)
         peak = max(peak, float(np.max(np.abs(x))) if len(x) else 0.0)
@@ -321,9 +325,9 @@ def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
                         w.writeframes(bytes(2 * pause))
                         written += pause
                     starts.append(written)
-                    audio = _part(parts, i)
-                    w.writeframes(to_pcm16(audio * np.float32(gain) if gain != 1.0 else audio))
-                    written += len(audio)
+                    pcm = _part(parts, i)
+                    w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
+                    written += len(pcm)
             os.replace(tmp, track.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -340,9 +344,17 @@ def _part(parts: Parts, index: int) -> np.ndarray:
     return audio
 
 
+PCM_SCALE = 32767.0
+
+
 def to_pcm16(samples: np.ndarray) -> bytes:
     """float32 in [-1, 1] -> little-endian 16-bit PCM (rounded, clipped)."""
-    return np.clip(np.rint(samples * 32767.0), -32768, 32767).astype("<i2").tobytes()
+    return np.clip(np.rint(samples * PCM_SCALE), -32768, 32767).astype("<i2").tobytes()
+
+
+def apply_gain(pcm: np.ndarray, gain: float) -> bytes:
+    """16-bit samples scaled by `gain` (rounded, clipped), as 16-bit PCM bytes."""
+    return np.clip(np.rint(pcm.astype(np.float64) * gain), -32768, 32767).astype("<i2").tobytes()
 
 
 def cue_sheet(title: str, wav_name: str, marks: list[tuple[str, int]], sample_rate: int) -> str:

@@ -42,7 +42,7 @@ class EngineConfig:
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
 
 
-GPU_DECODER_DTYPE = "bf16"
+GPU_DECODER_DTYPE = "fp32"
 """BiCodec precision on CUDA by default; bf16 vs fp32 error and seams are measured in docs/benchmarks.md."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""

@@ -98,10 +98,11 @@ def test_bad_paths_and_options(case, tmp_path):
 
 
 def test_disk_full_and_read_only_leave_nothing_behind(tmp_path):
-    """A real small tmpfs: the write fails mid-export with ENOSPC; a read-only remount refuses up front."""
+    """A real small tmpfs: the write fails mid-export with ENOSPC before any sentence is finished (one takes 38 kB),
+    so nothing is kept; a read-only remount refuses up front. (Finished sentences kept for --resume: tests/export.)"""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(mnt)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:

@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args, engine_config, sampling_options, read_text_file, require_speakable
+from voiceapp.common import (add_engine_args, add_voice_args, engine_config, read_text_file, require_speakable,
+                             sampling_options)
 from voiceapp.wavout import check_output
 
 CPU_JOBS, GPU_JOBS = 4, 32
@@ -132,7 +133,6 @@ def _file_title(title: str) -> str:
 def make_plan(args: argparse.Namespace):
     """Read and parse the input, and fix everything that decides the audio (before any model is loaded)."""
     from engine.book import book_sentences, read_book
-    from engine.config import SamplingOptions
     from engine.errors import InputError
     from engine.export_plan import ExportPlan, ExportSettings, sha256_bytes
     from engine.voices import VoiceBank
@@ -329,10 +329,10 @@ class Progress:
     """Sentences done, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
     PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way."""
 
-    def __init__(self, total: int, initial: int, sample_rate: int, show: str | None) -> None:
-        self.sample_rate, self.samples = sample_rate, 0
+    def __init__(self, total: int, initial: int, sample_rate: int, show: str | None, clock=time.perf_counter) -> None:
+        self.sample_rate, self.samples, self.clock = sample_rate, 0, clock
         self.total, self.done, self.initial = total, initial, initial
-        self.t0 = self._last_line = time.perf_counter()
+        self.t0 = self._last_line = clock()
         self.lines = show == "lines"
         self.bar = None
         if show == "bar":
@@ -341,7 +341,7 @@ class Progress:
             self.bar = tqdm(total=total, initial=initial, unit="sentence", file=sys.stderr, dynamic_ncols=True)
 
     def xrt(self) -> float:
-        return self.samples / self.sample_rate / max(time.perf_counter() - self.t0, 1e-9)
+        return self.samples / self.sample_rate / max(self.clock() - self.t0, 1e-9)
 
     def update(self, samples: int) -> None:
         self.samples += samples
@@ -349,13 +349,13 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(f"{self.xrt():.1f}x real time", refresh=False)
             self.bar.update(1)
-        elif self.lines and time.perf_counter() - self._last_line >= PROGRESS_LINE_EVERY_S:
-            self._last_line = time.perf_counter()
+        elif self.lines and self.clock() - self._last_line >= PROGRESS_LINE_EVERY_S:
+            self._last_line = self.clock()
             print(f"voicectl: {self.line()}", file=sys.stderr, flush=True)
 
     def line(self) -> str:
         """"412/1800 sentences (23%), 31.0x real time, ETA 12m05s"; the ETA from this run's own pace."""
-        elapsed = time.perf_counter() - self.t0
+        elapsed = self.clock() - self.t0
         rendered = self.done - self.initial
         eta = "-" if not rendered else _duration(elapsed / rendered * (self.total - self.done))
         return (f"{self.done}/{self.total} sentences ({100 * self.done // max(self.total, 1)}%), "

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args, engine_config, sampling_options, require_speakable
+from voiceapp.common import add_engine_args, add_voice_args, engine_config, require_speakable, sampling_options
 
 
 def add_parser(sub) -> None:
@@ -136,7 +136,7 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
 async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics,
                      player) -> None:
     """One request on `synth` (a Synthesizer or a RemoteSynthesizer): to the player, or to --out."""
-    from engine.config import SamplingOptions, SynthesisRequest
+    from engine.config import SynthesisRequest
     from voiceapp.stdin_text import stdin_pieces
 
     req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))

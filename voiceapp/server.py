@@ -241,8 +241,12 @@ class EngineServer:
         if self.lock is None:
             self.lock = SocketLock.acquire(self.path)
         remove_stale_socket(self.path)
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
-        os.chmod(self.path, 0o600)  # the directory is private, so nobody else could connect in between
+        umask = os.umask(0o177)  # the socket is born 0600: no window in a directory others can enter
+        try:
+            self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        finally:
+            os.umask(umask)
+        os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
 
     async def close(self) -> None:

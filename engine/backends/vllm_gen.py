@@ -14,6 +14,7 @@ request pays a lazy compile. Failures to start raise ImportError (vLLM not insta
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import threading
@@ -28,6 +29,9 @@ from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt, semantic_allowed_ids
 
 GIB = 1 << 30
+ALLOWED_RUNS_KEY = "voiceapp_allowed_runs"
+"""SamplingParams.extra_args key: the request's allowed ids as [[lo, hi), ...] (engine.backends.vllm_logits)."""
+LOGITS_PROCESSOR = "engine.backends.vllm_logits:AllowedRunsLogitsProcessor"
 WARMUP_BATCHES = (1, 8, 32, 64, 128)
 """Concurrent request counts warmed up at start (what the benchmark and real traffic use)."""
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -43,6 +47,18 @@ def memory_fraction(free: int, total: int, reserve: int, want: int) -> float:
         raise GenerationError(f"not enough free GPU memory for vLLM: {free / GIB:.1f} GiB free, "
                               f"{reserve / GIB:.1f} GiB kept for the decoder (close other GPU programs)")
     return round(min(room, want) / total, 4)
+
+
+@functools.lru_cache(maxsize=64)
+def id_runs(ids: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Token ids as sorted, merged half-open runs ((lo, hi), ...) (the semantic set + stop ids is 2-3 runs)."""
+    runs: list[list[int]] = []
+    for t in sorted(set(ids)):
+        if runs and t == runs[-1][1]:
+            runs[-1][1] = t + 1
+        else:
+            runs.append([t, t + 1])
+    return tuple((lo, hi) for lo, hi in runs)
 
 
 class _Waker:
@@ -112,6 +128,9 @@ class VllmTokenGenerator:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        # Allowed ids go through our logits processor (engine.backends.vllm_logits), which vLLM 0.26 runs on its
+        # V1 model runner only (its V2 runner also caps allowed_token_ids at 1024 ids; we need 8195).
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         import torch
         import vllm  # noqa: F401  (ImportError -> the factory falls back to torch)
 
@@ -131,7 +150,7 @@ class VllmTokenGenerator:
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
-                           disable_log_stats=True, **engine_kwargs)
+                           disable_log_stats=True, logits_processors=[LOGITS_PROCESSOR], **engine_kwargs)
         t0 = time.perf_counter()
         events(Notice(f"starting vLLM on {torch.cuda.get_device_name()} (model load, compile, CUDA graphs; "
                       f"about a minute the first time), {gpu_memory_utilization:.0%} of GPU memory"))
@@ -197,10 +216,10 @@ class VllmTokenGenerator:
     def _params(self, prompt: Prompt, opts: SamplingOptions) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        allowed = list(prompt.allowed_ids) if prompt.allowed_ids is not None else None
+        extra = {ALLOWED_RUNS_KEY: id_runs(prompt.allowed_ids)} if prompt.allowed_ids is not None else None
         return SamplingParams(
             n=1, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, max_tokens=opts.max_tokens,
-            seed=opts.seed, stop_token_ids=list(self._stop_ids), allowed_token_ids=allowed,
+            seed=opts.seed, stop_token_ids=list(self._stop_ids), extra_args=extra,
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False)
 
     def _prompt(self, ids: Sequence[int]) -> Any:

@@ -25,6 +25,12 @@ SINK_RATES = {"tts16": 16000, "tts48": 48000}
 bit-exact; the default sink is tts16."""
 
 
+def die_with_parent(args: list[str]) -> list[str]:
+    """Wrap a child command so the kernel sends it SIGTERM if this process dies without cleaning up (a crash
+    or SIGKILL would otherwise leave an orphaned pulseaudio/parec running)."""
+    return ["setpriv", "--pdeathsig", "TERM", *args] if shutil.which("setpriv") else args
+
+
 def _skip_or_fail(reason: str) -> None:
     if os.environ.get("VOICEAPP_REQUIRE_AUDIO") == "1":
         pytest.fail(f"{reason} (VOICEAPP_REQUIRE_AUDIO=1; run .ci/audio-setup.sh)")
@@ -67,7 +73,7 @@ def start_pulse(sinks: dict[str, int]) -> PulseServer:
     for name, rate in sinks.items():
         args += ["-L", f"module-null-sink sink_name={name} format=float32le rate={rate} channels=1 norewinds=1"]
     child_env = {**os.environ, **env, "HOME": str(d)}
-    proc = subprocess.Popen(args, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(die_with_parent(args), env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     server = PulseServer(d, env, proc, dict(sinks))
     deadline = time.monotonic() + 10
@@ -157,8 +163,8 @@ def record_monitor(pulse_server: PulseServer, tmp_path: Path) -> Callable[..., c
         rate = rate or pulse_server.sinks[sink]
         cap = Capture(tmp_path / f"cap{next(counter)}.f32")
         proc = subprocess.Popen(
-            ["parec", "-d", f"{sink}.monitor", "--raw", "--format=float32le", f"--rate={rate}", "--channels=1",
-             "--latency-msec=10", str(cap.path)],
+            die_with_parent(["parec", "-d", f"{sink}.monitor", "--raw", "--format=float32le", f"--rate={rate}",
+                             "--channels=1", "--latency-msec=10", str(cap.path)]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(0.3)

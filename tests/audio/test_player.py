@@ -190,21 +190,45 @@ async def test_clear_silences_output_fast_and_player_recovers(record_monitor):
     assert (gaps, errors) == ([], []), "the first utterance is cut off cleanly; the next plays intact"
 
 
-@pytest.mark.audio
-async def test_vanished_device_raises_audio_device_error(private_pulse, monkeypatch):
-    server = private_pulse({"doomed": RATE})
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)  # the stream connects to this server when it opens
-    with Player(RATE, stall_timeout_s=2.0) as player:
-        await player.write(noise(0.5, seed=7))
-        server.proc.kill()
-        server.proc.wait(5)
-        t0 = perf_counter()
-        with pytest.raises(AudioDeviceError, match="--out FILE.wav"):
+_VANISH_CHILD = """
+import asyncio, os, signal, sys, time
+import numpy as np
+from engine.backends.sounddevice_sink import Player
+from engine.errors import AudioDeviceError
+
+async def main():
+    x = np.full(8000, 0.1, np.float32)
+    with Player(16000, stall_timeout_s=2.0) as player:
+        await player.write(x)
+        await asyncio.sleep(0.3)
+        os.kill(int(sys.argv[1]), signal.SIGKILL)  # the sound server dies mid-play
+        t0 = time.perf_counter()
+        try:
             for _ in range(100):
-                await player.write(noise(0.5, seed=8))
+                await player.write(x)
             await player.drain()
-        assert perf_counter() - t0 < 5
+        except AudioDeviceError as err:
+            print(f"AudioDeviceError after {time.perf_counter() - t0:.2f} s: {err}")
+            return
+    print("no error")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.audio
+def test_vanished_device_raises_audio_device_error(private_pulse):
+    # In a child process: a native crash in PortAudio or libpulse must not take the test session with it.
+    server = private_pulse({"doomed": RATE})
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, **server.env, "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _VANISH_CHILD, str(server.proc.pid)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    server.proc.wait(5)
+    assert out.returncode == 0, f"child exited {out.returncode}:\n{out.stderr[-3000:]}"
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("AudioDeviceError", "no error"))]
+    assert len(lines) == 1 and lines[0].startswith("AudioDeviceError") and "--out FILE.wav" in lines[0], out.stdout
+    assert float(lines[0].split()[2]) < 5
 
 
 @pytest.mark.audio

@@ -196,7 +196,7 @@ def test_disk_full_keeps_finished_parts_and_resume_completes(tmp_path):
     is freed (here: the tmpfs is grown), with the same bytes as an export that never failed."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=240k", "tmpfs", str(mnt)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:

@@ -55,7 +55,8 @@ def test_parts_round_trip_and_damage_is_detected(tmp_path):
     x = np.linspace(-1, 1, 999, dtype=np.float32)
     for i in range(4):
         parts.write(i, x * (i + 1) / 4)
-    assert parts.read(2).tobytes() == (x * 3 / 4).tobytes()
+    assert parts.read(2).tobytes() == to_pcm16(x * 3 / 4)  # stored as the WAV will hold it
+    assert parts.path(2).stat().st_size == 20 + 2 * 999
     raw = parts.path(1).read_bytes()
     parts.path(1).write_bytes(raw[:-4])  # torn
     parts.path(2).write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # bit flip (and another index's file)
@@ -196,7 +197,7 @@ def test_loudness_gain_reaches_the_target_rms_and_respects_the_peak_ceiling(tmp_
     parts.write(0, (0.05 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
     parts.write(1, (0.02 * np.sin(2 * np.pi * 330 * t)).astype(np.float32))
     gain = loudness_gain(parts, 2, -20.0)
-    both = np.concatenate([parts.read(0), parts.read(1)]) * gain
+    both = np.concatenate([parts.read(0), parts.read(1)]) / 32767 * gain
     assert 20 * np.log10(np.sqrt(np.mean(both.astype(np.float64) ** 2))) == pytest.approx(-20.0, abs=0.01)
     assert gain == loudness_gain(parts, 2, -20.0)  # deterministic
     loud = loudness_gain(parts, 2, -6.0)  # would clip: limited by the -3 dBFS peak ceiling instead

@@ -184,3 +184,10 @@ def test_memory_fraction():
     assert memory_fraction(30 * GIB, total, 12 * GIB, 24 * GIB) == pytest.approx(18 / 80, abs=1e-3)
     with pytest.raises(GenerationError, match="not enough free GPU memory"):
         memory_fraction(14 * GIB, total, 12 * GIB, 24 * GIB)
+
+
+def test_id_runs():
+    from engine.backends.vllm_gen import id_runs
+
+    assert id_runs((5, 3, 4, 10, 11, 7, 4)) == ((3, 6), (7, 8), (10, 12))
+    assert id_runs(tuple(range(100, 8292)) + (7,)) == ((7, 8), (100, 8292))

@@ -89,3 +89,13 @@ def wait_for(predicate, timeout=10.0, step=0.02):
             return True
         time.sleep(step)
     return False
+
+
+def same_audio(a, b) -> bool:
+    """Two WAV files hold the same samples in the same format. (Not a byte comparison: libsndfile stamps float
+    WAVs with the time they were written, in their PEAK chunk.)"""
+    import soundfile
+
+    (x, rate_x), (y, rate_y) = soundfile.read(str(a), dtype="float32"), soundfile.read(str(b), dtype="float32")
+    info_x, info_y = soundfile.info(str(a)), soundfile.info(str(b))
+    return (rate_x, info_x.subtype) == (rate_y, info_y.subtype) and x.shape == y.shape and x.tobytes() == y.tobytes()

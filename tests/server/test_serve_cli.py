@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.protocol import PROTOCOL_VERSION, encode_message
-from tests.server.conftest import start_serve, voicectl, wait_for
+from tests.server.conftest import same_audio, start_serve, voicectl, wait_for
 from voiceapp.client import Connection, RemoteSynthesizer, ServerGone, server_status
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(60))
@@ -123,7 +123,7 @@ def test_say_uses_the_server_and_matches_in_process_bytes(served, tmp_path):
     local = voicectl("say", "Through the server. Twice!", "--out", str(tmp_path / "b.wav"), "--no-server", *args,
                      env=env)
     assert via.returncode == 0 and local.returncode == 0, via.stderr.decode() + local.stderr.decode()
-    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+    assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav")
     assert json.loads(via.stdout)["ttfa_ms"] > 0 and json.loads(via.stdout)["sentences"] == 2
     piped = voicectl("say", "-", "--out", str(tmp_path / "c.wav"), *args, stdin=b"Through the server.\nTwice!",
                      env=env)
@@ -140,13 +140,55 @@ def test_say_errors_from_the_server_keep_their_exit_code(served, tmp_path):
     assert "UTF-8" in err and not (tmp_path / "a.wav").exists()
 
 
-def test_say_asking_for_another_backend_runs_in_process(served, tmp_path, tiny_model):
-    _, path, env = served
-    out = voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), "--backend", "torch", "--model", str(tiny_model),
-                   env=env)
+class HelloOnly:
+    """A server that answers hello as `hello` says (then nothing more); counts the requests it gets."""
+
+    def __init__(self, path: Path, hello: dict) -> None:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen()
+        self.requests = 0
+        self.hello = hello
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(encode_message(self.hello))
+                if conn.recv(4096):
+                    self.requests += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+ENGINE_HELLO = {"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000, "backend": "torch",
+                "model": {"path": "/nonexistent/model", "hash": "x"}}
+
+
+@pytest.mark.parametrize("args,hello,notice", [
+    (["--backend", "fake"], ENGINE_HELLO, "uses the torch backend, not fake; speaking in-process"),
+    (["--backend", "fake", "--model", "elsewhere"], {**ENGINE_HELLO, "backend": "fake", "model": None},
+     "serves no model, not elsewhere; speaking in-process"),
+    (["--backend", "fake"], {"type": "error", "code": "version", "error": "VoiceError",
+                             "message": "protocol version 1 is not supported"}, "not supported; speaking in-process"),
+])
+def test_say_runs_in_process_when_the_server_cannot_stand_in(sock_path, tmp_path, args, hello, notice):
+    """Another backend or model asked for explicitly, or a server of another version: a notice, then in-process."""
+    server = HelloOnly(Path(sock_path), hello)
+    try:
+        out = voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), *args, env={"VOICEAPP_SOCKET": sock_path})
+    finally:
+        server.close()
     assert out.returncode == 0, out.stderr.decode()
-    assert "uses the fake backend, not torch; speaking in-process" in out.stderr.decode()
-    assert asyncio.run(server_status(path))["served"] == 0
+    assert notice in out.stderr.decode() and (tmp_path / "a.wav").stat().st_size > 1000
+    assert server.requests == 0
 
 
 def test_server_killed_mid_request_gives_one_line_and_nonzero(served, tmp_path):

@@ -1,4 +1,4 @@
-"""EngineServer on the fake engine: round trips, concurrency, permissions, malformed input, cancel, lock, stale socket."""
+"""EngineServer on the fake engine: round trips, concurrency, permissions, malformed input, cancel, stale socket."""
 import asyncio
 import os
 import socket
@@ -315,6 +315,18 @@ def test_a_non_socket_file_in_the_way_is_not_deleted(sock_path):
     with pytest.raises(InputError, match="not a socket"):
         ThreadServer(path, EngineConfig(backend="fake"))
     assert path.read_text() == "precious"
+
+
+async def test_a_peer_of_another_uid_is_refused_before_hello(fake_server, monkeypatch):
+    """The SO_PEERCRED check, with the kernel's answer faked (the test below does it for real, as root)."""
+    import voiceapp.server
+
+    monkeypatch.setattr(voiceapp.server, "peer_credentials", lambda sock: (4242, os.getuid() + 1))
+    frames = await raw_exchange(fake_server.path, b"")
+    assert [(f["type"], f["code"]) for f in frames] == [("error", "peer-uid")]
+    assert fake_server.status()["refused"] == 1
+    monkeypatch.undo()
+    assert await still_serves(fake_server.path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not hasattr(socket, "SO_PEERCRED"), reason="needs root to switch uid")

@@ -1,13 +1,17 @@
 """The server on the tiny synthetic checkpoint (torch on CPU): audio through the socket equals the in-process render."""
+import asyncio
+import json
 import os
 from pathlib import Path
 
 import pytest
+import soundfile
 
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.factory import EngineConfig, build_synthesizer
-from tests.server.conftest import ThreadServer, start_serve, voicectl
+from tests.server.conftest import ThreadServer, same_audio, start_serve, voicectl
 from voiceapp.client import RemoteSynthesizer
+from voiceapp.wavout import write_wav
 
 
 def tiny_config(model, cache):
@@ -31,18 +35,24 @@ async def test_remote_equals_in_process_on_the_tiny_checkpoint(tiny_model, sock_
 
 
 @pytest.mark.slow
-def test_say_cli_through_serve_equals_no_server_on_the_tiny_checkpoint(tiny_model, sock_path, tmp_path):
+def test_say_cli_through_serve_equals_in_process_on_the_tiny_checkpoint(tiny_model, sock_path, tmp_path):
     env = {"VOICEAPP_SOCKET": sock_path}
     model = ["--model", str(tiny_model), "--backend", "torch", "--threads", "2"]
     proc = start_serve(*model, env=env)
     try:
-        args = ["Short.", "--seed", "2", "--voice", "ava", *model]
-        via = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), env=env)
+        via = voicectl("say", "Short.", "--seed", "2", "--voice", "ava", *model, "--out", str(tmp_path / "a.wav"),
+                       "--json", env=env)
         assert via.returncode == 0, via.stderr.decode()
+        assert json.loads(via.stdout)["server_pid"] == proc.pid
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
-    local = voicectl("say", *args, "--out", str(tmp_path / "b.wav"), "--no-server", env=env)
-    assert local.returncode == 0, local.stderr.decode()
-    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
     assert not os.path.exists(sock_path)
+    local = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2))
+    try:
+        request = SynthesisRequest("Short.", voice="ava", options=SamplingOptions(seed=2))
+        subtype = soundfile.info(str(tmp_path / "a.wav")).subtype  # whatever `say --out` writes
+        asyncio.run(write_wav(local.synthesize(request), tmp_path / "b.wav", local.sample_rate, subtype=subtype))
+    finally:
+        asyncio.run(local.close())
+    assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav")

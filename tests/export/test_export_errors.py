@@ -1,0 +1,91 @@
+"""`voicectl export` in-process: write failures injected (no root needed, unlike the tmpfs test): a full disk
+while rendering or while assembling is one clear line, the finished sentences are kept, and --resume completes
+with the same bytes as an export that never failed. And the progress report (ETA, x real time)."""
+import errno
+import wave
+
+import pytest
+
+import engine.export_plan as export_plan
+from voiceapp.cli import main
+
+TEXT = "One sentence here. Another one there. A third one now. And a fourth. Then the fifth. The last."
+
+
+def export(capsys, *args):
+    code = main(["export", *args, "--backend", "fake", "--jobs", "2", "--no-progress"])
+    return code, capsys.readouterr().err.strip()
+
+
+def full_disk(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def clean(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text(TEXT)
+    code, err = export(capsys, str(src), "-o", str(tmp_path / "want.wav"))
+    assert code == 0, err
+    return src, (tmp_path / "want.wav").read_bytes()
+
+
+def test_disk_full_while_rendering_keeps_the_finished_sentences(clean, tmp_path, capsys, monkeypatch):
+    src, want = clean
+    out = tmp_path / "o.wav"
+    write = export_plan.Parts.write
+    calls = []
+
+    def fails_on_the_fourth(self, index, samples):
+        calls.append(index)
+        if len(calls) >= 4:
+            full_disk()
+        write(self, index, samples)
+
+    monkeypatch.setattr(export_plan.Parts, "write", fails_on_the_fourth)
+    code, err = export(capsys, str(src), "-o", str(out))
+    assert code == 1 and "\n" not in err, err
+    assert err == (f"voicectl: disk full while writing {out}; the 3 finished sentences are kept in "
+                   f"{tmp_path / 'o.wav.parts'}: free some space and rerun with --resume")
+    assert not out.exists() and len(list((tmp_path / "o.wav.parts").glob("*.part"))) == 3
+    monkeypatch.undo()
+    code, err = export(capsys, str(src), "-o", str(out), "--resume")
+    assert code == 0 and "3 were already done" in err, err
+    assert out.read_bytes() == want
+
+
+def test_disk_full_while_assembling_keeps_every_sentence(clean, tmp_path, capsys, monkeypatch):
+    src, want = clean
+    out = tmp_path / "o.wav"
+    monkeypatch.setattr(wave.Wave_write, "writeframes", full_disk)
+    code, err = export(capsys, str(src), "-o", str(out))
+    assert code == 1 and "disk full" in err and "the 6 finished sentences are kept" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "o.wav.manifest.json", "o.wav.parts", "want.wav"]
+    monkeypatch.undo()
+    code, err = export(capsys, str(src), "-o", str(out), "--resume")
+    assert code == 0 and "6 were already done" in err, err
+    assert out.read_bytes() == want
+
+
+def test_disk_full_before_any_sentence_leaves_nothing(clean, tmp_path, capsys, monkeypatch):
+    src, _ = clean
+    monkeypatch.setattr(export_plan.Parts, "write", full_disk)
+    code, err = export(capsys, str(src), "-o", str(tmp_path / "o.wav"))
+    assert code == 1 and err == f"voicectl: disk full while writing {tmp_path / 'o.wav'}; nothing was written", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "want.wav"]
+
+
+def test_progress_reports_eta_and_speed_from_this_runs_pace(capsys, monkeypatch):
+    from voiceapp import cmd_export
+
+    now = [100.0]
+    progress = cmd_export.Progress(total=100, initial=20, sample_rate=16000, show="lines", clock=lambda: now[0])
+    assert progress.line() == "20/100 sentences (20%), 0.0x real time, ETA -"
+    for _ in range(10):  # 10 sentences of 3 s each in 10 s; the 20 resumed ones cost nothing
+        now[0] += 1.0
+        progress.update(3 * 16000)
+    assert progress.line() == "30/100 sentences (30%), 3.0x real time, ETA 1m10s"
+    assert capsys.readouterr().err == ""  # off a terminal: a line every PROGRESS_LINE_EVERY_S only
+    now[0] += cmd_export.PROGRESS_LINE_EVERY_S
+    progress.update(3 * 16000)
+    assert capsys.readouterr().err.startswith("voicectl: 31/100 sentences (31%), ")
