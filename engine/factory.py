@@ -43,7 +43,9 @@ class EngineConfig:
 
 
 GPU_DECODER_DTYPE = "fp32"
-"""BiCodec precision on CUDA by default; bf16 vs fp32 error and seams are measured in docs/benchmarks.md."""
+"""BiCodec precision on CUDA by default. fp32: bf16 measured -22.8 dB vs CPU fp32 (fp32 on the GPU: -47.5 dB) and
+its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/benchmarks.md); fp32 still decodes ~1000x
+real time batched, far more than 128 streams need."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# One device call: unpack vLLM (carried by ../shared/tools/device-vllm/prepare.sh), run `voicectl bench` on a
-# synthetic full checkpoint, then the GPU tests. Everything worth keeping goes to $OUT.
-#   call 1: carry [".devcarry/vllm-core"],  command: cp .devcarry/vllm-core/core.part-aa /tmp/
-#   call 2: carry [".devcarry/vllm-extra"], command: bash scripts/gpu_bench.sh [bench args...]
-# Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 200), GPU_SKIP_TESTS=1, GPU_SKIP_BENCH=1.
+# Device calls that produced docs/benchmarks.md (vLLM carried by ../shared/tools/device-vllm/prepare.sh):
+#   call 1: carry [".devcarry/vllm-core"],  command: cp .devcarry/vllm-core/core.part-aa /tmp/ &&
+#           python3 -m voiceapp.cmd_bench --synthetic full --decoder-only --json $OUT/decoder.json
+#           (decoder fp32/bf16 error, seams, eager vs graph speed: needs no vLLM)
+#   call 2: carry [".devcarry/vllm-extra"], command: bash scripts/gpu_bench.sh --no-decoder-checks
+# Call 2 unpacks vLLM, runs `voicectl bench` on a synthetic full checkpoint (pipeline at 1..128 streams, export,
+# reference), then the GPU tests and (GPU_PROBE=1) the vLLM-only TTFT probe on one shared synthetic checkpoint.
+# Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 150), GPU_SKIP_TESTS=1, GPU_SKIP_BENCH=1,
+# GPU_PROBE=1. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced, repeat call 1.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 test -f /tmp/core.part-aa || { echo "vllm core part missing: repeat call 1"; exit 3; }
@@ -26,9 +30,19 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   timeout "${GPU_BENCH_TIMEOUT:-330}" python3 -m voiceapp.cmd_bench --synthetic full --backend vllm \
       --json "$OUT/latest.json" "$@" 2>&1 | tee "$OUT/bench.log"
   echo "bench rc=$? at $(( $(date +%s) - t0 )) s"
+  set +o pipefail
+fi
+if [ "${GPU_SKIP_TESTS:-0}" != 1 ] || [ "${GPU_PROBE:-0}" = 1 ]; then
+  model=${TMPDIR:-/tmp}/voiceapp-gpu-model
+  [ -f "$model/config.yaml" ] || python3 -c "import sys; from pathlib import Path; from engine.synthetic import write_checkpoint; write_checkpoint(Path(sys.argv[1]), size='full', seed=0)" "$model"
+  export VOICEAPP_GPU_MODEL=$model
 fi
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s -rA \
-      --timeout 180 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
-  echo "tests rc=$? at $(( $(date +%s) - t0 )) s"
+  timeout "${GPU_TEST_TIMEOUT:-150}" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s -rA \
+      --timeout 140 2>&1 | grep -v EngineCore > "$OUT/gpu_tests.log"
+  grep -E "passed|failed|FAILED|streamed vs|^E " "$OUT/gpu_tests.log" | tail -20
+  echo "tests done at $(( $(date +%s) - t0 )) s"
+fi
+if [ "${GPU_PROBE:-0}" = 1 ]; then
+  timeout 170 python3 scripts/vllm_ttft_probe.py "$VOICEAPP_GPU_MODEL" --json "$OUT/probe.json" 2>&1 | grep "case"
 fi
