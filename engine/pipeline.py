@@ -119,7 +119,8 @@ class Synthesizer:
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
         self.eager_lookahead = eager_lookahead
-        """Start the next sentence's generation at once (GPU batching) instead of when the current one ends."""
+        """Start the next sentence's generation at the current one's first audio (batching backends, where a
+        second request costs little) instead of when the current one's generation ends (CPU)."""
         self.sample_rate = decoder.sample_rate
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128))
@@ -230,10 +231,8 @@ class Synthesizer:
                         feeds.append((index, self._start(req, text, index, globals_)))
                         index += 1
 
-                if self.eager_lookahead:
-                    lookahead()
                 sentence = self._sentence(req, i, feed, globals_, progress,
-                                          on_generated=lookahead if not feeds else None)
+                                          start_next=lookahead if not feeds else None)
                 async with aclosing(sentence) as chunks:
                     async for chunk in chunks:
                         yield chunk
@@ -250,7 +249,10 @@ class Synthesizer:
         return _TokenFeed(self.generator, prompt, opts, f"{req.request_id}-{index}")
 
     async def _sentence(self, req: SynthesisRequest, index: int, feed: _TokenFeed, globals_: tuple[int, ...],
-                        progress: _Progress, on_generated: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
+                        progress: _Progress, start_next: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
+        """One sentence's audio. `start_next` starts the next sentence's generation: once this one's is done,
+        or (eager_lookahead, for batching backends) already at its first audio, so that a stream keeps one
+        request in the generator until it has sound, and the next one is ready long before it is needed."""
         parser = TokenParser(self.token_ids)
         planner, fader = WindowPlanner(self.schedule), Crossfader()
         codes: list[int] = []
@@ -260,15 +262,15 @@ class Synthesizer:
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
+                if start_next is not None and (done or (self.eager_lookahead and not first_chunk)):
+                    start_next()
+                    start_next = None
                 window = planner.next_window(len(codes), done)
                 if window is None:
                     if done:
                         break
                     delta = await feed.get()
                     done = self._consume(delta, parser, codes, progress, req.request_id)
-                    if done and on_generated:
-                        on_generated()
-                        on_generated = None
                     continue
                 pcm = await self._decode(req, index, window, codes, globals_)
                 out = fader.push(pcm, window.head * spc, window.tail * spc)

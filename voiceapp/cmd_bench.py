@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
                    help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
     p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
-    p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default 8)")
+    p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default: the schedule's, 4)")
     p.add_argument("--first-right", type=int, help="WindowSchedule.first_right (default: right = 16)")
     p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.add_argument("--no-variants", action="store_true",

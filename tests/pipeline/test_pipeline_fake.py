@@ -151,3 +151,29 @@ async def test_voice_globals_are_computed_once_then_cached_on_disk(tmp_path):
     assert await synth2.voice_globals("leo") == first and gen2.started == []
     assert await synth.voice_globals("leo") == first and len(gen.started) == calls
     assert await synth.voice_globals("emma") != first
+
+
+class RecordingGenerator(ScriptedGenerator):
+    """Notes how many tokens had been generated when each sentence's stream started."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.started_at_step: dict[str, int] = {}
+
+    async def stream(self, prompt, opts, request_id):
+        self.started_at_step[request_id] = self.steps
+        async for delta in super().stream(prompt, opts, request_id):
+            yield delta
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_next_sentence_starts_at_first_audio_or_when_generation_ends(eager):
+    gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=eager)
+    req = SynthesisRequest("One sentence here. Another one there.", options=SamplingOptions(seed=1))
+    await synth.render(req)
+    steps_before_second = gen.started_at_step[f"{req.request_id}-1"] - gen.started_at_step[f"{req.request_id}-0"]
+    if eager:  # first audio needs first_new + right codes: well before the first sentence's 121 tokens
+        assert synth.schedule.first_new + synth.schedule.right <= steps_before_second < 60
+    else:
+        assert steps_before_second == 121  # 120 codes + the stop token
