@@ -122,6 +122,8 @@ class Synthesizer:
         """Start the next sentence's generation at the current one's first audio (batching backends, where a
         second request costs little) instead of when the current one's generation ends (CPU)."""
         self.sample_rate = decoder.sample_rate
+        self.active_requests = 0
+        """Requests being synthesized now (picks the busy window schedule)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128))
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
@@ -183,6 +185,7 @@ class Synthesizer:
         """Stream audio for `req.text` (or, if given, for text arriving on `text_stream`, sentence by sentence)."""
         progress = _Progress(t0=time.perf_counter())
         self.events(RequestStarted(req.request_id, sentences=0))
+        self.active_requests += 1
         cancelled = True
         try:
             globals_ = await self.voice_globals(req.voice)
@@ -201,6 +204,7 @@ class Synthesizer:
             self.events(RequestFailed(req.request_id, message))
             raise GenerationError(message) from err
         finally:
+            self.active_requests -= 1
             wall = time.perf_counter() - progress.t0
             audio = progress.samples / self.sample_rate
             self.events(RequestFinished(req.request_id, audio_s=audio, wall_s=wall,
@@ -254,7 +258,8 @@ class Synthesizer:
         or (eager_lookahead, for batching backends) already at its first audio, so that a stream keeps one
         request in the generator until it has sound, and the next one is ready long before it is needed."""
         parser = TokenParser(self.token_ids)
-        planner, fader = WindowPlanner(self.schedule), Crossfader()
+        busy = self.active_requests > self.schedule.busy_streams
+        planner, fader = WindowPlanner(self.schedule.busy() if busy else self.schedule), Crossfader()
         codes: list[int] = []
         done, first_chunk = False, True
         spc = self.decoder.samples_per_code

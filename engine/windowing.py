@@ -6,7 +6,7 @@ samples of the new codes plus a `crossfade` tail that the next window's head ble
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +22,11 @@ class WindowSchedule:
     first_new: int = 4
     """New codes in the first window: small so first audio comes after first_new + right LLM steps. It does
     not change seam quality (that is `right`): on the H200 4 gave TTFA 60 ms vs 79 ms for 8 (benchmarks.md)."""
-    new: int = 24
-    """New codes in the second window; later windows grow by `growth` up to `max_new`."""
+    new: int = 12
+    """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
+    must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
+    and the 200 ms pre-roll covers the rest. (24 here underran at 128 streams on the H200, where a stream
+    gets 114 tok/s, once the first window shrank to 4 codes.)"""
     growth: float = 2.0
     """Each later window is this many times larger (fewer decoder calls once playback is safely ahead)."""
     max_new: int = 96
@@ -34,6 +37,10 @@ class WindowSchedule:
     """Right context codes (lookahead; costs latency: the LLM must be this far ahead)."""
     first_right: int | None = None
     """Right context of the first window only (None = `right`); smaller trades first-seam quality for TTFA."""
+    busy_streams: int = 48
+    """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
+    stream generates slower and decode batches queue, and small first windows then underran on the H200
+    at 128 streams, while 8 + 24 did not (docs/benchmarks.md)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -50,6 +57,10 @@ class WindowSchedule:
         if window_index == 0 and self.first_right is not None:
             return self.first_right
         return self.right
+
+    def busy(self) -> "WindowSchedule":
+        """The schedule for a loaded engine: first windows of 8 then 24 new codes (same context, same seams)."""
+        return replace(self, first_new=max(self.first_new, 8), new=max(self.new, 24))
 
     def new_codes(self, window_index: int) -> int:
         """New codes emitted by window number `window_index` (0-based)."""

@@ -177,3 +177,21 @@ async def test_next_sentence_starts_at_first_audio_or_when_generation_ends(eager
         assert synth.schedule.first_new + synth.schedule.right <= steps_before_second < 60
     else:
         assert steps_before_second == 121  # 120 codes + the stop token
+
+
+async def test_many_concurrent_requests_use_the_busy_schedule():
+    from engine.windowing import WindowSchedule
+
+    events = []
+    synth, _ = make(tokens=60, delay=0.001, events=events, schedule=WindowSchedule(busy_streams=2))
+    reqs = [SynthesisRequest(f"Stream number {i}.", options=SamplingOptions(seed=i)) for i in range(4)]
+    await asyncio.gather(*(synth.render(r) for r in reqs))
+    firsts = {}
+    for e in events:
+        if isinstance(e, ChunkDecoded) and e.request_id not in firsts:
+            firsts[e.request_id] = e.codes
+    sizes = sorted(firsts.values())
+    assert set(sizes) == {4, 8} and sizes.count(8) >= 2 and synth.active_requests == 0
+    events.clear()
+    await synth.render(SynthesisRequest("Alone again.", options=SamplingOptions(seed=9)))
+    assert next(e.codes for e in events if isinstance(e, ChunkDecoded)) == 4

@@ -60,3 +60,10 @@ def test_no_codes_means_no_window():
 def test_invalid_schedules_are_rejected(kwargs):
     with pytest.raises(ValueError):
         WindowSchedule(**kwargs)
+
+
+def test_busy_schedule_only_enlarges_the_first_windows():
+    s = WindowSchedule()
+    b = s.busy()
+    assert (b.first_new, b.new) == (8, 24) and (b.left, b.right, b.crossfade) == (s.left, s.right, s.crossfade)
+    assert WindowSchedule(first_new=16, new=32).busy().first_new == 16
