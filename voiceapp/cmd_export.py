@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from voiceapp.common import (add_engine_args, add_voice_args, engine_config, read_text_file, require_speakable,
-                             sampling_options)
+from voiceapp.common import (add_engine_args, add_voice_args, engine_config, read_input_bytes, read_text_file,
+                             require_speakable, sampling_options)
 from voiceapp.wavout import check_output
 
 CPU_JOBS, GPU_JOBS = 4, 32
@@ -162,19 +162,10 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 
     if path == "-" or not path.lower().endswith(".epub"):
         return ("stdin.txt" if path == "-" else path), read_text_file(path, max_bytes)
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_EPUB_BYTES:
-            raise InputError(f"{path} is larger than {MAX_EPUB_BYTES >> 20} MB")
-        return path, Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not an EPUB file") from None
-    except PermissionError:
-        raise InputError(f"cannot read {path}: permission denied") from None
-    except OSError as err:
-        raise InputError(f"cannot read {path}: {err.strerror or err}") from None
+    data = read_input_bytes(path, MAX_EPUB_BYTES, kind="EPUB file")
+    if data is None:
+        raise InputError(f"{path} is larger than {MAX_EPUB_BYTES >> 20} MB")
+    return path, data
 
 
 # ---- running it -------------------------------------------------------------------------------------------

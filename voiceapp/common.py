@@ -57,8 +57,9 @@ def decode_text(data: bytes, source: str) -> str:
         raise InputError(f"{source} is not valid UTF-8 text (byte {err.start}); convert it with iconv") from None
 
 
-def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
-    """Read a whole text file (or `-` for stdin), with the size cap and binary checks."""
+def read_input_bytes(path: str, max_bytes: int, kind: str = "text file") -> bytes | None:
+    """Up to `max_bytes` + 1 bytes of a file (or `-` for stdin); None means more than `max_bytes`.
+    Missing, unreadable or directory paths become one-line InputErrors naming the `kind` expected."""
     source = "stdin" if path == "-" else path
     try:
         if path == "-":
@@ -66,7 +67,7 @@ def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
         else:
             p = Path(path)
             if p.is_dir():
-                raise InputError(f"{path} is a directory, not a text file")
+                raise InputError(f"{path} is a directory, not a {kind}")
             with p.open("rb") as f:
                 data = f.read(max_bytes + 1)
     except FileNotFoundError:
@@ -75,7 +76,14 @@ def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
         raise InputError(f"cannot read {path}: permission denied") from None
     except OSError as err:
         raise InputError(f"cannot read {source}: {err.strerror or err}") from None
-    if len(data) > max_bytes:
+    return None if len(data) > max_bytes else data
+
+
+def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """Read a whole text file (or `-` for stdin), with the size cap and binary checks."""
+    source = "stdin" if path == "-" else path
+    data = read_input_bytes(path, max_bytes)
+    if data is None:
         raise InputError(f"{source} is larger than {max_bytes // (1024 * 1024)} MB; "
                          f"pass --max-mb N to allow more, or split it")
     return decode_text(data, source)
