@@ -109,11 +109,14 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
     from engine.factory import build_synthesizer
     from voiceapp.client import ServerGone
 
-    player = None if args.out else open_player(args)  # fail on a missing device before loading a model
+    if not args.out:
+        check_device(args)  # fail on a missing device before loading a model
+    player = None
     try:
         remote = None if args.no_server else await connect_server(args, metrics.on_event)
         if remote is not None:
             metrics.server_pid = remote.info.get("pid")
+            player = None if args.out else open_player(args)
             try:
                 return await speak_with(remote, text, from_stdin, args, metrics, player)
             except ServerGone as err:
@@ -124,6 +127,10 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
             finally:
                 await remote.close()
         synth = build_synthesizer(engine_config(args), events=metrics.on_event)
+        if player is None and not args.out:
+            # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's
+            # callback and ALSA would report underruns of the silence it plays.
+            player = open_player(args)
         try:
             await speak_with(synth, text, from_stdin, args, metrics, player)
         finally:
@@ -209,8 +216,18 @@ def process_start_perf() -> float:
     return _PROCESS_START
 
 
+def _device(args: argparse.Namespace) -> int | str | None:
+    return int(args.device) if args.device and args.device.isdigit() else args.device
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """Raise AudioDeviceError (suggesting --out) unless the output device exists and can play."""
+    from engine.backends.sounddevice_sink import import_sounddevice, pick_device_rate
+
+    pick_device_rate(import_sounddevice(), _device(args), 16000)
+
+
 def open_player(args: argparse.Namespace):
     from engine.backends.sounddevice_sink import Player
 
-    device = int(args.device) if args.device and args.device.isdigit() else args.device
-    return Player(sample_rate=16000, device=device, latency=args.latency)
+    return Player(sample_rate=16000, device=_device(args), latency=args.latency)

@@ -41,6 +41,8 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
                 samples += len(chunk.samples)
                 if on_chunk is not None:
                     on_chunk(chunk)
+        if subtype == "FLOAT":
+            zero_peak_timestamp(tmp)
         os.replace(tmp, out)
     except (OSError, sf.SoundFileError) as err:
         if getattr(err, "errno", None) == errno.ENOSPC or "space" in str(err).lower():
@@ -50,3 +52,14 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
         if os.path.exists(tmp):
             os.unlink(tmp)
     return samples
+
+
+def zero_peak_timestamp(path: str) -> None:
+    """libsndfile stamps float WAVs' PEAK chunk with the wall-clock time; zero it so the same audio always
+    gives the same bytes. PEAK layout: id, size, version (u32), timestamp (u32), then per-channel peaks."""
+    with open(path, "r+b") as f:
+        head = f.read(4096)
+        at = head.find(b"PEAK")
+        if at >= 12:
+            f.seek(at + 12)
+            f.write(b"\0\0\0\0")

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from engine.config import SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
@@ -123,6 +124,7 @@ class TorchTokenGenerator:
             path = Path(model_or_dir)
             if not (path / "config.json").is_file():
                 raise ModelNotFound(f"no LLM checkpoint (config.json) in {path}; download the model first")
+            hf_logging.disable_progress_bar()  # the engine never prints; front ends show load progress
             try:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or pick_dtype(self.device))
             except Exception as e:  # missing shards, bad safetensors, unknown architecture: one user-facing error

@@ -67,3 +67,31 @@ def test_doctor_without_a_model_says_how_to_get_one(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", "doctor", "--no-sound", "--model",
                            str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "voicectl model download" in proc.stdout
+
+
+@pytest.mark.audio
+def test_ctrl_c_stops_sound_within_100_ms_and_exits_130(pulse_server, record_monitor, tiny_model):
+    """SIGINT while speaking: the speakers go silent within 100 ms (plus the capture's own ~10 ms latency),
+    the exit status is 130 and stderr has one line."""
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "voiceapp.cli", "say", "A long sentence that keeps talking. " * 4,
+            "--model", str(tiny_model), "--backend", "torch", "--seed", "2", "--max-tokens", "400", "--no-server"]
+    with record_monitor("tts16") as cap:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and np.count_nonzero(np.fromfile(cap.path, np.float32)) < 16000:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)  # wait until a second of sound has played
+        at_signal = cap.frames_so_far()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        time.sleep(0.3)
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().strip().count("\n") == 0 and "Traceback" not in err.decode()
+    after = cap()[at_signal:]
+    nonzero = np.flatnonzero(after)
+    tail_ms = (nonzero[-1] + 1) / 16 if len(nonzero) else 0.0
+    print(f"sound after Ctrl-C: {tail_ms:.0f} ms")
+    assert tail_ms <= 110, f"sound went on for {tail_ms:.0f} ms after Ctrl-C"
