@@ -1,10 +1,8 @@
 """Provides build_synthesizer(): the ONLY place that picks concrete backends (lazy device imports)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from engine.config import SamplingOptions
 from engine.errors import VoiceError
 from engine.events import EventSink, Notice, ignore_events
 from engine.pipeline import JoinConfig, Synthesizer

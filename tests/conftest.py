@@ -1,5 +1,4 @@
 """Shared fixtures: one tiny synthetic checkpoint per test session, isolated user dirs."""
-import os
 
 import pytest
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import os
-import sys
 from dataclasses import dataclass
 
 

@@ -1,7 +1,6 @@
 """The wire format on its own: frames round-trip, and every malformed frame is a ProtocolError, never a crash."""
 import asyncio
 import json
-import struct
 
 import numpy as np
 import pytest

@@ -166,7 +166,7 @@ def test_rebinds_to_a_new_event_loop():
 
 def test_standard_lengths_match_the_planner():
     s = WindowSchedule()
-    assert lengths_for(s) == (24, 48, 80, 128)
+    assert lengths_for(s) == (20, 32, 56, 80, 128)
     planner = WindowPlanner(s)
     seen = set()
     for available in range(1, 600):
