@@ -218,28 +218,25 @@ def _positive_int(value: object) -> bool:
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: missing (expected {what})") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ModelFormatError(f"{path}: cannot parse (expected {what} in YAML): {_one_line(err)}") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a YAML mapping ({what}), found {type(data).__name__}")
-    return data
+    return _read_mapping(path, what, yaml.safe_load, yaml.YAMLError, "YAML mapping")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
+    return _read_mapping(path, what, json.load, json.JSONDecodeError, "JSON object")
+
+
+def _read_mapping(path: Path, what: str, load: Any, parse_error: type[Exception], kind: str) -> dict[str, Any]:
+    """A config file that must hold a mapping; every failure is one ModelFormatError naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = load(f)
     except FileNotFoundError:
         raise ModelFormatError(f"{path}: missing (expected {what})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelFormatError(f"{path}: cannot parse (expected {what} in JSON): {_one_line(err)}") from None
+    except (OSError, UnicodeDecodeError, parse_error) as err:
+        raise ModelFormatError(f"{path}: cannot parse (expected {what} in {kind.split()[0]}): "
+                               f"{_one_line(err)}") from None
     if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object ({what}), found {type(data).__name__}")
+        raise ModelFormatError(f"{path}: expected a {kind} ({what}), found {type(data).__name__}")
     return data
 
 
