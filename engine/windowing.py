@@ -21,7 +21,8 @@ class WindowSchedule:
 
     first_new: int = 4
     """New codes in the first window: small so first audio comes after first_new + right LLM steps. It does
-    not change seam quality (that is `right`): on the H200 4 gave TTFA 60 ms vs 79 ms for 8 (benchmarks.md)."""
+    not change seam quality (that is `right`): on the H200, 4 (with a second window of 12) gave TTFA p50 53 ms
+    at 1 stream vs 79 ms for 8 + 24 (docs/benchmarks.md)."""
     new: int = 12
     """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
     must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
