@@ -26,8 +26,9 @@ class WindowSchedule:
     new: int = 12
     """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
     must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
-    and the 200 ms pre-roll covers the rest. (24 here underran at 128 streams on the H200, where a stream
-    gets 114 tok/s, once the first window shrank to 4 codes.)"""
+    and the 200 ms pre-roll covers the rest. Small early windows cost decoder throughput (16 + 16 codes of
+    context per window): after a 4-code first window, both 12 and 24 here underran at 128 streams on the
+    H200, hence `busy_streams`."""
     growth: float = 2.0
     """Each later window is this many times larger (fewer decoder calls once playback is safely ahead)."""
     max_new: int = 96
@@ -41,7 +42,7 @@ class WindowSchedule:
     busy_streams: int = 48
     """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
     stream generates slower and decode batches queue, and small first windows then underran on the H200
-    at 128 streams, while 8 + 24 did not (docs/benchmarks.md)."""
+    at 128 streams, while 8 + 24 did not (docs/benchmarks.md; this switch itself is not yet measured)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
