@@ -277,3 +277,38 @@ async def _send_text(conn: Connection, pieces: list[str], text_stream: AsyncIter
         except OSError:
             pass
         raise
+
+
+async def connect_matching(path: Path, backend: str, model: str | None,
+                           events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
+    """A RemoteSynthesizer on the server at `path` if one runs and can stand in for the engine these options
+    ask for; else None, with a Notice saying why when a server was there but could not be used."""
+    from engine.events import Notice
+
+    try:
+        remote = await RemoteSynthesizer.connect(path, events)
+    except VoiceError as err:  # a server that cannot serve us (another protocol version, another user)
+        events(Notice(f"{err}; speaking in-process"))
+        return None
+    if remote is None:
+        return None
+    why = server_mismatch(remote.info, backend, model)
+    if why is None:
+        return remote
+    await remote.close()
+    events(Notice(f"the running server {why}; speaking in-process (--no-server skips this check)"))
+    return None
+
+
+def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
+    """Why the server cannot stand in for an engine with this backend and model (explicit --model or
+    $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
+    from engine.model import ENV_VAR
+
+    if backend != "auto" and backend != info.get("backend"):
+        return f"uses the {info.get('backend')} backend, not {backend}"
+    wanted = model or os.environ.get(ENV_VAR)
+    served = info.get("model")
+    if wanted and (served is None or Path(wanted).expanduser().resolve() != Path(served["path"]).resolve()):
+        return f"serves {served['path'] if served else 'no model'}, not {wanted}"
+    return None

@@ -161,40 +161,10 @@ async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespac
 
 
 async def connect_server(args: argparse.Namespace, events):
-    """A RemoteSynthesizer on the running server, or None (no server, or it runs another model or backend
-    than the ones asked for explicitly: --model, $VOICEAPP_MODEL, --backend)."""
-    from engine.events import Notice
-    from voiceapp.client import RemoteSynthesizer, socket_path
+    """A RemoteSynthesizer on the running server, or None (see `voiceapp.client.connect_matching`)."""
+    from voiceapp.client import connect_matching, socket_path
 
-    from engine.errors import VoiceError
-
-    try:
-        remote = await RemoteSynthesizer.connect(socket_path(args.socket), events)
-    except VoiceError as err:  # a server that cannot serve us (another protocol version, another user)
-        events(Notice(f"{err}; speaking in-process"))
-        return None
-    if remote is None:
-        return None
-    why = engine_mismatch(remote.info, args)
-    if why is None:
-        return remote
-    await remote.close()
-    events(Notice(f"the running server {why}; speaking in-process (--no-server skips this check)"))
-    return None
-
-
-def engine_mismatch(info: dict, args: argparse.Namespace) -> str | None:
-    """Why the server cannot stand in for the engine these options ask for; None if it can.
-    (--compute and --threads are the server's business and are not compared.)"""
-    from engine.model import ENV_VAR
-
-    if args.backend != "auto" and args.backend != info.get("backend"):
-        return f"uses the {info.get('backend')} backend, not {args.backend}"
-    wanted = args.model or os.environ.get(ENV_VAR)
-    model = info.get("model")
-    if wanted and (model is None or Path(wanted).expanduser().resolve() != Path(model["path"]).resolve()):
-        return f"serves {model['path'] if model else 'no model'}, not {wanted}"
-    return None
+    return await connect_matching(socket_path(args.socket), args.backend, args.model, events)
 
 
 _PROCESS_START: float | None = None

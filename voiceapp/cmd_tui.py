@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
     p.add_argument("--out-dir", metavar="DIR", help="write each utterance as a WAV file in DIR instead of playing")
+    p.add_argument("--no-server", action="store_true", help="never use a running `voicectl serve`")
+    p.add_argument("--socket", metavar="PATH", help="the server's socket (default: as `voicectl serve`)")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -24,8 +26,12 @@ def run(args: argparse.Namespace) -> int:
 
     out_dir = prepare_out_dir(Path(args.out_dir)) if args.out_dir else None
     device = int(args.device) if args.device and args.device.isdigit() else args.device
+    from voiceapp.client import socket_path
+
+    # The fake backend is a demo/test engine: it never stands in for a real server, nor the reverse.
+    server = None if args.no_server or args.backend == "fake" else socket_path(args.socket)
     options = TuiOptions(engine=engine_config(args), voice=args.voice, device=device, latency=args.latency,
-                         out_dir=out_dir)
+                         out_dir=out_dir, server_socket=server)
     app = VoiceApp(options)
     app.run()
     return app.return_code or 0

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import soundfile as sf
-from conftest import SIZE, RecordingApp, fake_options, ready, say, wait_until
+from tui_helpers import SIZE, RecordingApp, fake_options, ready, say, wait_until
 from textual import events
 
 from engine.errors import AudioDeviceError

@@ -3,7 +3,7 @@ numbers, history rows with fixed metrics, no clocks, no cursor blink. Update wit
 from __future__ import annotations
 
 import numpy as np
-from conftest import SIZE, fake_options, wait_until
+from tui_helpers import SIZE, fake_options, wait_until
 
 from voiceapp.tui.app import VoiceApp
 from voiceapp.tui.history import Metrics, Status

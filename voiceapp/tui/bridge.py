@@ -49,6 +49,8 @@ class TuiOptions:
     """Output stream latency in seconds."""
     out_dir: Path | None = None
     """Write each utterance as a WAV file here instead of playing it."""
+    server_socket: Path | None = None
+    """Use a running `voicectl serve` at this socket when it can stand in for `engine`; None = in-process."""
 
 
 class Bridge(Widget):
@@ -84,7 +86,7 @@ class Bridge(Widget):
 
     def on_mount(self) -> None:
         self._ui_thread = threading.get_ident()
-        self._load()
+        self.run_worker(self._start_engine(), name="engine", group="engine", exit_on_error=False)
         self.run_worker(self._serve(), name="speaker", group="speaker", exit_on_error=False)
         self.set_interval(POLL_S, self._poll)
         self._post_state()
@@ -102,16 +104,36 @@ class Bridge(Widget):
         config = self.options.engine
         return "fake engine" if config.backend == "fake" else f"model {config.model or '(default)'}"
 
+    async def _start_engine(self) -> None:
+        """A warm server when one runs and fits (no model load at all), else the in-process engine."""
+        if self.options.server_socket is not None:
+            from voiceapp.client import connect_matching
+
+            engine = self.options.engine
+            remote = await connect_matching(self.options.server_socket, engine.backend, engine.model,
+                                            self._on_engine_event)
+            if remote is not None:
+                try:
+                    sink, notice = await asyncio.to_thread(self._open_sink, remote.sample_rate)
+                except VoiceError as err:
+                    await remote.close()
+                    self.post_message(ModelFailed(str(err)))
+                    return
+                self.post_message(ModelReady(f"server pid {remote.info.get('pid')}", remote, sink, notice))
+                return
+        self._load()
+
+    def _open_sink(self, sample_rate: int) -> tuple[AudioSink, str | None]:
+        if self._given_sink is not None:
+            return self._given_sink, None
+        return open_sink(sample_rate, self.options.out_dir, self.options.device, self.options.latency)
+
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self) -> None:
         """Thread worker: build the synthesizer (slow: weights, warm-up), then open the sink."""
         try:
             synth = build_synthesizer(self.options.engine, events=self._on_engine_event)
-            notice = None
-            sink = self._given_sink
-            if sink is None:
-                sink, notice = open_sink(synth.sample_rate, self.options.out_dir, self.options.device,
-                                         self.options.latency)
+            sink, notice = self._open_sink(synth.sample_rate)
         except VoiceError as err:
             self.post_message(ModelFailed(str(err)))
             return
