@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ async def measure(model: Path, threads: int, tokens: int) -> dict:
     from engine.prompt import build_globals_prompt
     from engine.seams import seam_error_db
     from engine.tokens import parse_all
+    from scripts.decoder_context_table import timed
 
     events: list = []
     synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads,
@@ -42,8 +42,7 @@ async def measure(model: Path, threads: int, tokens: int) -> dict:
     rng = np.random.default_rng(0)
     for name, n, keep in (("window_12+2x16", 44, 12), ("window_50+2x16", 82, 50)):
         item = DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, n)), globals_, 16, 16 + keep)
-        synth.decoder.decode([item])  # warm-up: oneDNN builds kernels for a new shape
-        best = min(_timed(synth.decoder.decode, [item]) for _ in range(3))
+        best = timed(synth.decoder, [item], repeats=3)
         decode[name] = {"ms": round(best * 1000, 1), "xrt_kept": round(keep * spc / 16000 / best, 2)}
     # Streaming request: TTFA and RTF; then the one-shot decode of the same tokens for the seam error.
     opts = SamplingOptions(seed=3, max_tokens=tokens)
@@ -62,12 +61,6 @@ async def measure(model: Path, threads: int, tokens: int) -> dict:
     return {"threads": threads, "generator_tok_s": round(tok_s, 1), "decode": decode,
             "ttfa_ms": round(ttfa * 1000, 1), "rtf": round(done.rtf, 3), "audio_s": round(done.audio_s, 2),
             "seam_error_db": round(seam, 1), "tokens": tokens, "load_avg_1m": os.getloadavg()[0]}
-
-
-def _timed(fn, *args) -> float:
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t
 
 
 def main() -> None:
