@@ -32,6 +32,9 @@ class EngineConfig:
     """Voice bank; None = builtin presets + the user's voices."""
     cache_dir: str | None = None
     """Root of the speaker-globals cache; None = the user cache dir."""
+    deterministic: bool = False
+    """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
+    in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
@@ -56,6 +59,10 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     from engine.model import load_model_info, resolve_model_dir
 
     info = load_model_info(resolve_model_dir(config.model))
+    if config.deterministic:
+        import os
+
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read by vLLM's engine process, started below
     encode = _load_encoder(info)
     decoder = _build_decoder(info, config, events)
     generator = _build_generator(info, config, events)
@@ -116,7 +123,8 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[
         GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype]
     try:
-        gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads)
+        gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
+                             deterministic=config.deterministic)
         seconds = gpu.warmup(lengths_for(config.schedule))
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device == "cuda":

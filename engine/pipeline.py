@@ -22,7 +22,7 @@ from engine.errors import GenerationError, InputError, VoiceError
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
                            RequestStarted, SentenceFinished, ignore_events)
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
-from engine.text import SentenceSplitter, is_speakable, normalize
+from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
 from engine.types import AudioChunk
 from engine.voices import GlobalsCache, Voice, VoiceBank
@@ -249,14 +249,18 @@ class Synthesizer:
 
     def _start(self, req: SynthesisRequest, text: str, index: int, globals_: tuple[int, ...]) -> _TokenFeed:
         prompt = build_globals_prompt(text, globals_, self.token_ids, self.encode)
-        opts = replace(req.options, seed=sentence_seed(req.options.seed, index))
+        opts = replace(req.options, seed=sentence_seed(req.options.seed, index),
+                       max_tokens=min(req.options.max_tokens, sentence_token_cap(text)))
         return _TokenFeed(self.generator, prompt, opts, f"{req.request_id}-{index}")
 
     async def _sentence(self, req: SynthesisRequest, index: int, feed: _TokenFeed, globals_: tuple[int, ...],
                         progress: _Progress, start_next: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
         """One sentence's audio. `start_next` starts the next sentence's generation: once this one's is done,
         or (eager_lookahead, for batching backends) already at its first audio, so that a stream keeps one
-        request in the generator until it has sound, and the next one is ready long before it is needed."""
+        request in the generator until it has sound, and the next one is ready long before it is needed.
+        Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
+        its first audio doubled the requests competing for each step just when every first sentence needed
+        its next windows (128 streams on the H200 all underran, docs/benchmarks.md run 4)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
         planner, fader = WindowPlanner(self.schedule.busy() if busy else self.schedule), Crossfader()
@@ -267,7 +271,7 @@ class Synthesizer:
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
-                if start_next is not None and (done or (self.eager_lookahead and not first_chunk)):
+                if start_next is not None and (done or (self.eager_lookahead and not busy and not first_chunk)):
                     start_next()
                     start_next = None
                 window = planner.next_window(len(codes), done)

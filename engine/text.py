@@ -3,6 +3,7 @@
 Order: split first, then normalize each sentence (`[normalize(s) for s in split_sentences(raw)]`). The splitter sees
 the raw text, so "Dr. Smith", "3.14", "e.g. this" and "example.com" are visible as what they are; `normalize` then
 expands them inside the sentence. Both are pure str -> str (stdlib only) and never raise on odd input.
+`sentence_token_cap` bounds how long the model may speak one normalized sentence.
 
 Rules chosen by `normalize` (documented here once; the tests hold one example of each):
 - Unicode: ANSI escapes, control/format/zero-width/bidi characters, unpaired surrogates, combining marks left over
@@ -821,3 +822,22 @@ def split_sentences(text: str, max_chars: int = 300, *, newline_breaks: bool = T
     """All sentences of a complete text: `SentenceSplitter.feed(text)` then `flush()`."""
     splitter = SentenceSplitter(max_chars, newline_breaks=newline_breaks)
     return splitter.feed(text) + splitter.flush()
+
+
+# ---- how long a sentence may run -------------------------------------------------------------------------------
+
+CAP_BASE_TOKENS = 50
+"""Every sentence may run 1 s (50 semantic tokens) beyond what its characters allow: short words, pauses."""
+CAP_TOKENS_PER_CHAR = 8
+"""0.16 s per non-space character: over twice the time ordinary English speech takes (~15 characters/s with
+spaces), so a slow voice is never cut, while a model that fails to stop (a known failure of LLM TTS: minutes of babble or silence after a
+short sentence) is stopped after about twice the sentence's natural length instead of at the 60 s hard cap."""
+CAP_TOKENS_PER_WIDE_CHAR = 24
+"""A CJK character is a syllable (~0.2-0.25 s spoken): 0.48 s allowed, three times a Latin letter's allowance."""
+
+
+def sentence_token_cap(sentence: str) -> int:
+    """Most semantic tokens a sentence of this (normalized) text should need; the pipeline stops it there."""
+    wide = sum(1 for ch in sentence if unicodedata.east_asian_width(ch) in "WF")
+    narrow = sum(1 for ch in sentence if not ch.isspace()) - wide
+    return CAP_BASE_TOKENS + CAP_TOKENS_PER_CHAR * narrow + CAP_TOKENS_PER_WIDE_CHAR * wide

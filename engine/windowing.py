@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+WHOLE_CODES = 750
+"""15 s of codes: WindowSchedule.whole()'s window."""
+
+
 @dataclass(frozen=True, slots=True)
 class WindowSchedule:
     """Streaming decode knobs (in semantic codes; 1 code = 20 ms of audio).
@@ -41,8 +45,9 @@ class WindowSchedule:
     """Right context of the first window only (None = `right`); smaller trades first-seam quality for TTFA."""
     busy_streams: int = 48
     """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
-    stream generates slower and decode batches queue, and small first windows then underran on the H200
-    at 128 streams, while 8 + 24 did not (docs/benchmarks.md; this switch itself is not yet measured)."""
+    stream generates slower and decode batches queue. Small first windows underran on the H200 at 128
+    streams, while 8 + 24 did not when both sentences of a stream started at once (docs/benchmarks.md, run
+    1); with this switch and one sentence at a time, 128 streams still underran (run 4)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -59,6 +64,13 @@ class WindowSchedule:
         if window_index == 0 and self.first_right is not None:
             return self.first_right
         return self.right
+
+    @classmethod
+    def whole(cls) -> "WindowSchedule":
+        """For rendering, not streaming (export): a sentence of up to 15 s is decoded in one pass once all its
+        codes exist, so it has no seams at all and costs one decoder call instead of ~8; longer ones are cut
+        into 15 s windows (which bounds the decoder's memory), seamed like any other."""
+        return cls(first_new=WHOLE_CODES, new=WHOLE_CODES, growth=1.0, max_new=WHOLE_CODES, busy_streams=1 << 30)
 
     def busy(self) -> "WindowSchedule":
         """The schedule for a loaded engine: first windows of 8 then 24 new codes (same context, same seams)."""

@@ -9,22 +9,8 @@
 # Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 150), GPU_SKIP_TESTS=1, GPU_SKIP_BENCH=1,
 # GPU_PROBE=1. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced, repeat call 1.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-test -f /tmp/core.part-aa || { echo "vllm core part missing: repeat call 1"; exit 3; }
-t0=$(date +%s)
-if [ ! -d /tmp/site/vllm ]; then
-  mkdir -p /tmp/site
-  cat /tmp/core.part-aa .devcarry/vllm-extra/core.part-a[b-z] | tar xJ -C /tmp/site || exit 4
-  for f in .devcarry/vllm-extra/*.tar.xz; do tar xJf "$f" -C /tmp/site || exit 4; done
-fi
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-echo "unpacked in $(( $(date +%s) - t0 )) s"
-{
-  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
-  python3 -c "import torch, vllm, transformers, torchaudio; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'torchaudio', torchaudio.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
-  python3 -c "import spark_tts_lib, einx, omegaconf, soundfile, soxr; print('spark_tts_lib ok')"
-  nproc; free -g | head -2
-} 2>&1 | tee "$OUT/env.txt"
+source scripts/device_env.sh || exit $?
+t0=$T0
 if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   set -o pipefail
   timeout "${GPU_BENCH_TIMEOUT:-330}" python3 -m voiceapp.cmd_bench --synthetic full --backend vllm \
@@ -33,9 +19,8 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   set +o pipefail
 fi
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ] || [ "${GPU_PROBE:-0}" = 1 ]; then
-  model=${TMPDIR:-/tmp}/voiceapp-gpu-model
-  [ -f "$model/config.yaml" ] || python3 -c "import sys; from pathlib import Path; from engine.synthetic import write_checkpoint; write_checkpoint(Path(sys.argv[1]), size='full', seed=0)" "$model"
-  export VOICEAPP_GPU_MODEL=$model
+  write_model
+  export VOICEAPP_GPU_MODEL=$MODEL
 fi
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   timeout "${GPU_TEST_TIMEOUT:-150}" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s -rA \

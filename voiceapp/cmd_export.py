@@ -22,8 +22,9 @@ from voiceapp.common import (add_engine_args, add_voice_args, engine_config, rea
                              require_speakable, sampling_options)
 from voiceapp.wavout import check_output
 
-CPU_JOBS, GPU_JOBS = 4, 32
-"""Default --jobs: a CPU engine gains little from more; vLLM batches many sentences at once."""
+CPU_JOBS, GPU_JOBS = 4, 128
+"""Default --jobs: a CPU engine gains little from more; vLLM batches many sentences at once (on an H200 its
+throughput still grew from 64 to 128 requests: docs/benchmarks.md)."""
 MAX_EPUB_BYTES = 512 * 1024 * 1024
 
 
@@ -136,6 +137,7 @@ def make_plan(args: argparse.Namespace):
     from engine.errors import InputError
     from engine.export_plan import ExportPlan, ExportSettings, sha256_bytes
     from engine.voices import VoiceBank
+    from engine.windowing import WindowSchedule
 
     name, data = read_input(args.input, args.max_mb * 1024 * 1024)
     source = "stdin" if args.input == "-" else args.input
@@ -152,7 +154,7 @@ def make_plan(args: argparse.Namespace):
         input_sha256=sha256_bytes(data if isinstance(data, bytes) else data.encode()), voice=voice.name,
         voice_fingerprint=repr(voice.global_tokens) if voice.global_tokens else voice.fingerprint, seed=args.seed,
         sampling=repr(dataclasses.replace(options, seed=None)), join=repr(config.join),
-        schedule=repr(config.schedule))
+        schedule=repr(WindowSchedule.whole()))  # what make_batch_invariant gives the engine
     return ExportPlan(book, tuple(sentences), settings, options)
 
 
@@ -176,7 +178,9 @@ async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: 
 
     manifest = Manifest(layout.manifest, Parts(layout.parts))
     earlier = previous_run(manifest, plan, args, str(layout.out))
-    synth = build_synthesizer(engine_config(args), events=_print_notices)
+    # deterministic: a sentence's bytes must not depend on what renders beside it (--jobs, where a resume
+    # restarts), nor on the process, or --resume would not reproduce an uninterrupted export
+    synth = build_synthesizer(dataclasses.replace(engine_config(args), deterministic=True), events=_print_notices)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
         return await render_and_assemble(plan, synth, manifest, layout, args, show_progress)

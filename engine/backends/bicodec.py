@@ -171,10 +171,15 @@ class BiCodecDecoder:
     def __init__(
         self, bicodec_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
         num_threads: int | None = None, with_encoder: bool = False, max_batch: int = 16,
-        ref_seconds: float = 6.0,
+        ref_seconds: float = 6.0, deterministic: bool = False,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        self.deterministic = deterministic
+        """cuDNN's fixed, deterministic algorithms instead of the fastest ones timed at warm-up (that timing can
+        pick differently in another process, so a resumed export could differ in the last bits)."""
+        if deterministic:
+            torch.backends.cudnn.deterministic = True
         self.model = load_bicodec(bicodec_dir, device=device, dtype=dtype, with_encoder=with_encoder)
         cfg = self.model.config
         self.device = torch.device(device)
@@ -197,8 +202,11 @@ class BiCodecDecoder:
         self.batch_limit = 128 if cuda else 16
         """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher)."""
 
-    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> float:
-        """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds."""
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 4, 8, 16, 32, 64)) -> float:
+        """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.
+
+        No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little),
+        and each captured shape adds ~1.5 s to start-up (cuDNN autotuning)."""
         import time
 
         t = time.perf_counter()
@@ -208,7 +216,8 @@ class BiCodecDecoder:
                 self.decode([DecodeItem(tuple([0] * n), glob)])
             return time.perf_counter() - t
         benchmark = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True  # the fastest conv algorithms for each captured shape, chosen once
+        # the fastest conv algorithms for each captured shape, chosen once (by timing: not when deterministic)
+        torch.backends.cudnn.benchmark = not self.deterministic
         try:
             with torch.inference_mode():
                 for n in sorted(set(lengths)):

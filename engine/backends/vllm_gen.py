@@ -31,7 +31,10 @@ from engine.prompt import Prompt, semantic_allowed_ids
 GIB = 1 << 30
 ALLOWED_RUNS_KEY = "voiceapp_allowed_runs"
 """SamplingParams.extra_args key: the request's allowed ids as [[lo, hi), ...] (engine.backends.vllm_logits)."""
-LOGITS_PROCESSOR = "engine.backends.vllm_logits:AllowedRunsLogitsProcessor"
+TOP_K_TOP_P_KEY = "voiceapp_top_k_top_p"
+"""SamplingParams.extra_args key: [top_k, top_p] applied by our batch-invariant processor instead of vLLM's."""
+LOGITS_PROCESSORS = ["engine.backends.vllm_logits:AllowedRunsLogitsProcessor",
+                     "engine.backends.vllm_logits:TopKTopPLogitsProcessor"]
 WARMUP_BATCHES = (1, 8, 32, 64, 128)
 """Concurrent request counts warmed up at start (what the benchmark and real traffic use)."""
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -128,6 +131,8 @@ class VllmTokenGenerator:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        # vLLM logs to stdout by default, which would corrupt `say --json` / `status --json` and anything piped
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         # Allowed ids go through our logits processor (engine.backends.vllm_logits), which vLLM 0.26 runs on its
         # V1 model runner only (its V2 runner also caps allowed_token_ids at 1024 ids; we need 8195).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -146,11 +151,20 @@ class VllmTokenGenerator:
                                                      int(want_gib * GIB))
         self.gpu_memory_utilization = gpu_memory_utilization
         self.info = info
+        self.batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT") == "1"
+        """Batch-invariant mode (EngineConfig.deterministic). vLLM's own top-k/top-p is not batch invariant even
+        then (it sorts on the GPU below 8 requests and runs a Triton kernel from 8 up: measured on an H200, 0 of 8
+        seeded requests kept their tokens when 16 others joined, against 8 of 8 with temperature only), so in this
+        mode top-k/top-p go to engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That
+        processor is loaded only in this mode: in the one bench run with it loaded (unused) vLLM stepped ~17%
+        slower than in the run before (cause not isolated: docs/benchmarks.md, runs 4 and 5)."""
         self._setup(info.token_ids, events, max_num_seqs)
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
-                           disable_log_stats=True, logits_processors=[LOGITS_PROCESSOR], **engine_kwargs)
+                           disable_log_stats=True,
+                           logits_processors=LOGITS_PROCESSORS if self.batch_invariant else LOGITS_PROCESSORS[:1],
+                           **engine_kwargs)
         t0 = time.perf_counter()
         events(Notice(f"starting vLLM on {torch.cuda.get_device_name()} (model load, compile, CUDA graphs; "
                       f"about a minute the first time), {gpu_memory_utilization:.0%} of GPU memory"))
@@ -216,10 +230,16 @@ class VllmTokenGenerator:
     def _params(self, prompt: Prompt, opts: SamplingOptions) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        extra = {ALLOWED_RUNS_KEY: id_runs(prompt.allowed_ids)} if prompt.allowed_ids is not None else None
+        extra: dict[str, Any] = {}
+        if prompt.allowed_ids is not None:
+            extra[ALLOWED_RUNS_KEY] = id_runs(prompt.allowed_ids)
+        top_k, top_p = opts.top_k, opts.top_p
+        if self.batch_invariant and opts.temperature > 0 and (top_k or top_p < 1):
+            extra[TOP_K_TOP_P_KEY] = [top_k, top_p]
+            top_k, top_p = 0, 1.0
         return SamplingParams(
-            n=1, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, max_tokens=opts.max_tokens,
-            seed=opts.seed, stop_token_ids=list(self._stop_ids), extra_args=extra,
+            n=1, temperature=opts.temperature, top_k=top_k, top_p=top_p, max_tokens=opts.max_tokens,
+            seed=opts.seed, stop_token_ids=list(self._stop_ids), extra_args=extra or None,
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False)
 
     def _prompt(self, ids: Sequence[int]) -> Any:

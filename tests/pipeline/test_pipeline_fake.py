@@ -46,13 +46,13 @@ async def expected_sentence_audio(synth, text, seed, index, voice="ava"):
 
 async def test_streamed_chunks_equal_one_shot_decode_with_pauses_between_sentences():
     synth, _ = make(tokens=137)
-    req = SynthesisRequest("First sentence here. And a second one!", options=SamplingOptions(seed=5))
+    req = SynthesisRequest("First sentence here. And a second one follows!", options=SamplingOptions(seed=5))
     chunks = [c async for c in synth.synthesize(req)]
     assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
     pauses = [c for c in chunks if c.pause]
     assert len(pauses) == 1 and not pauses[0].samples.any()
     assert len(pauses[0].samples) == int(JoinConfig().pause_s * 16000)
-    for index, text in enumerate(["First sentence here.", "And a second one!"]):
+    for index, text in enumerate(["First sentence here.", "And a second one follows!"]):
         got = np.concatenate([c.samples for c in chunks if c.sentence_index == index and not c.pause])
         want = await expected_sentence_audio(synth, text, 5, index)
         assert len(got) == 137 * 320
@@ -179,6 +179,19 @@ async def test_next_sentence_starts_at_first_audio_or_when_generation_ends(eager
         assert steps_before_second == 121  # 120 codes + the stop token
 
 
+async def test_busy_engine_starts_the_next_sentence_only_when_generation_ends():
+    from engine.windowing import WindowSchedule
+
+    gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+                        schedule=WindowSchedule(busy_streams=1))
+    reqs = [SynthesisRequest(f"Stream {i} speaks. Then again.", options=SamplingOptions(seed=i)) for i in range(2)]
+    await asyncio.gather(*(synth.render(r) for r in reqs))
+    for req in reqs:  # both requests ran at once: busy (2 > 1), so no lookahead at first audio
+        started = gen.started_at_step
+        assert started[f"{req.request_id}-1"] - started[f"{req.request_id}-0"] >= 121
+
+
 async def test_many_concurrent_requests_use_the_busy_schedule():
     from engine.windowing import WindowSchedule
 
@@ -195,3 +208,20 @@ async def test_many_concurrent_requests_use_the_busy_schedule():
     events.clear()
     await synth.render(SynthesisRequest("Alone again.", options=SamplingOptions(seed=9)))
     assert next(e.codes for e in events if isinstance(e, ChunkDecoded)) == 4
+
+
+async def test_a_sentence_that_never_stops_is_cut_at_its_length_cap():
+    from engine.text import sentence_token_cap
+
+    events = []
+    synth, _ = make(tokens=100_000, events=events)  # the model never samples its stop token
+    audio = await synth.render(SynthesisRequest("Short one.", options=SamplingOptions(seed=1, max_tokens=3000)))
+    cap = sentence_token_cap("Short one.")
+    assert cap < 3000
+    (finished,) = [e for e in events if isinstance(e, SentenceFinished)]
+    assert finished.tokens == cap and finished.hit_limit
+    assert len(audio) == cap * 320
+    capped = []
+    synth2, _ = make(tokens=100_000, events=capped)
+    await synth2.render(SynthesisRequest("Short one.", options=SamplingOptions(seed=1, max_tokens=40)))
+    assert [e.tokens for e in capped if isinstance(e, SentenceFinished)] == [40]  # --max-tokens still wins

@@ -166,12 +166,13 @@ def test_rebinds_to_a_new_event_loop():
 
 def test_standard_lengths_match_the_planner():
     s = WindowSchedule()
-    assert lengths_for(s) == (20, 32, 56, 80, 128)
-    planner = WindowPlanner(s)
+    assert lengths_for(s) == (20, 24, 32, 48, 56, 80, 128)  # the default schedule's and its busy variant's
     seen = set()
-    for available in range(1, 600):
-        while (w := planner.next_window(available, False)) is not None:
-            seen.add(w.stop - w.start)
+    for variant in (s, s.busy()):
+        planner = WindowPlanner(variant)
+        for available in range(1, 600):
+            while (w := planner.next_window(available, False)) is not None:
+                seen.add(w.stop - w.start)
     assert seen == set(lengths_for(s))
     assert standard_lengths(4, 24, 2.0, 96, 16, 16, first_right=12) == (16, 44, 80, 128)
     assert standard_lengths(8, 24, 1.0, 24, 16, 16) == (24, 48, 56)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engine.text import SentenceSplitter, is_speakable, normalize, split_sentences
+from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, split_sentences
 
 N = pytest.param
 
@@ -388,3 +388,16 @@ def test_5mb_split_and_normalized_in_reasonable_time():
     spoken = [normalize(s) for s in split_sentences(text[:5_000_000])]
     elapsed = time.perf_counter() - t0
     assert spoken and elapsed < 15.0, f"{elapsed:.1f} s"
+
+
+def test_sentence_token_cap_allows_slow_speech_and_scales_for_wide_scripts():
+    latin = "The quick brown fox jumps over the lazy dog."
+    letters = sum(not c.isspace() for c in latin)
+    cap = sentence_token_cap(latin)
+    # ~15 characters/s is ordinary speech; the cap leaves at least twice that time (50 tokens = 1 s)
+    assert cap / 50 >= 2 * len(latin) / 15
+    assert cap == 50 + 8 * letters
+    assert sentence_token_cap(latin + "   \n ") == cap  # spaces cost nothing
+    # a CJK character is a syllable: its allowance is 3x a letter's, so Chinese is never cut short
+    assert sentence_token_cap("你好世界") == 50 + 24 * 4
+    assert sentence_token_cap("") == 50

@@ -1,0 +1,114 @@
+"""AllowedRunsLogitsProcessor.apply on CPU tensors. vLLM is not installed here, so its two base names are stubbed
+(the class only subclasses LogitsProcessor and uses process_dict_updates in update_state, not tested here);
+tests/gpu runs the processor inside real vLLM."""
+import sys
+import types
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def processor(monkeypatch):
+    names = ["vllm", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.logits_processor",
+             "vllm.v1.sample.logits_processor.builtin"]
+    for name in names:
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    lp = sys.modules["vllm.v1.sample.logits_processor"]
+    if not hasattr(lp, "LogitsProcessor"):
+        monkeypatch.setattr(lp, "LogitsProcessor", object, raising=False)
+        monkeypatch.setattr(lp, "BatchUpdate", object, raising=False)
+        monkeypatch.setattr(sys.modules["vllm.v1.sample.logits_processor.builtin"], "process_dict_updates",
+                            lambda *a: False, raising=False)
+    monkeypatch.delitem(sys.modules, "engine.backends.vllm_logits", raising=False)
+    from engine.backends.vllm_logits import AllowedRunsLogitsProcessor
+
+    yield AllowedRunsLogitsProcessor(None, torch.device("cpu"), False)
+    sys.modules.pop("engine.backends.vllm_logits", None)  # it was bound to the stubs
+
+
+@pytest.fixture
+def module(processor):
+    return sys.modules["engine.backends.vllm_logits"]
+
+
+def _allowed(row: torch.Tensor) -> list[int]:
+    return torch.nonzero(torch.isfinite(row)).flatten().tolist()
+
+
+def test_whole_batch_restricted_alike(processor):
+    processor.rows = {0: ((2, 5), (9, 10)), 1: ((2, 5), (9, 10)), 2: ((2, 5), (9, 10))}
+    logits = torch.randn(3, 12)
+    before = logits.clone()
+    out = processor.apply(logits)
+    for r in range(3):
+        assert _allowed(out[r]) == [2, 3, 4, 9]
+        assert torch.equal(out[r, [2, 3, 4, 9]], before[r, [2, 3, 4, 9]])
+
+
+def test_mixed_batch_each_row_gets_its_own_runs(processor):
+    processor.rows = {0: ((0, 3),), 2: ((5, 7),), 3: ((0, 3),)}  # row 1 is unrestricted
+    logits = torch.randn(4, 8)
+    before = logits.clone()
+    out = processor.apply(logits)
+    assert _allowed(out[0]) == [0, 1, 2] and _allowed(out[3]) == [0, 1, 2]
+    assert _allowed(out[2]) == [5, 6]
+    assert torch.equal(out[1], before[1])
+
+
+def test_groups_follow_batch_changes(processor):
+    processor.rows = {0: ((0, 2),), 1: ((0, 2),)}
+    processor.apply(torch.randn(2, 6))
+    processor.rows = {0: ((0, 2),), 1: ((4, 6),)}
+    processor._groups = None  # what update_state does when the batch changed
+    out = processor.apply(torch.randn(2, 6))
+    assert _allowed(out[0]) == [0, 1] and _allowed(out[1]) == [4, 5]
+
+
+def test_fewer_rows_than_logits_is_not_the_broadcast_case(processor):
+    processor.rows = {0: ((0, 2),), 1: ((0, 2),)}
+    logits = torch.randn(3, 4)
+    before = logits.clone()
+    out = processor.apply(logits)
+    assert _allowed(out[0]) == [0, 1] and _allowed(out[1]) == [0, 1]
+    assert torch.equal(out[2], before[2])
+
+
+def _nucleus(row: torch.Tensor, k: int, p: float) -> set[int]:
+    """Reference: the k largest, then the fewest of them (largest first) whose probability reaches p."""
+    order = torch.argsort(row, descending=True)[:k]
+    probs = torch.softmax(row[order].double(), dim=-1)
+    kept, mass = [], 0.0
+    for token, prob in zip(order.tolist(), probs.tolist()):
+        kept.append(token)
+        mass += prob
+        if mass >= p:
+            break
+    return set(kept)
+
+
+@pytest.mark.parametrize("k,p", [(50, 0.95), (5, 1.0), (0, 0.5), (300, 0.9), (1, 0.9)])
+def test_top_k_top_p_keeps_the_nucleus(module, k, p):
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(k)) * 3
+    want = [_nucleus(row, k or 300, p) for row in logits]
+    module.mask_top_k_top_p(logits, k, p)
+    for row, kept in zip(logits, want):
+        assert set(_allowed(row)) == kept
+
+
+def test_top_k_top_p_row_is_independent_of_the_batch(module):
+    logits = torch.randn(32, 1000, generator=torch.Generator().manual_seed(1)) * 2
+    alone = logits[5:6].clone()
+    module.mask_top_k_top_p(alone, 50, 0.95)
+    module.mask_top_k_top_p(logits, 50, 0.95)
+    assert torch.equal(alone[0], logits[5])
+
+
+def test_top_k_top_p_processor_groups_rows_by_their_knobs(module):
+    proc = module.TopKTopPLogitsProcessor(None, torch.device("cpu"), False)
+    proc.rows = {0: (2, 1.0), 2: (1, 1.0)}  # row 1 has no top-k/top-p of ours
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 3)
+    out = proc.apply(logits)
+    assert _allowed(out[0]) == [1, 3] and _allowed(out[2]) == [1] and _allowed(out[1]) == [0, 1, 2, 3]
+    assert proc.is_argmax_invariant()
