@@ -13,8 +13,6 @@ def _now() -> float:
 @dataclass(frozen=True, slots=True)
 class RequestStarted:
     request_id: str
-    sentences: int
-    """Sentences known at start (stdin requests may grow)."""
     t: float = field(default_factory=_now)
 
 

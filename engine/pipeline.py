@@ -184,7 +184,7 @@ class Synthesizer:
                          text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
         """Stream audio for `req.text` (or, if given, for text arriving on `text_stream`, sentence by sentence)."""
         progress = _Progress(t0=time.perf_counter())
-        self.events(RequestStarted(req.request_id, sentences=0))
+        self.events(RequestStarted(req.request_id))
         self.active_requests += 1
         cancelled = True
         try:

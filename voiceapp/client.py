@@ -173,7 +173,7 @@ class RemoteSynthesizer:
         if conn is None:
             raise ServerGone(f"the voicectl server at {self.path} is not running any more", audio_started=False)
         t0 = time.perf_counter()
-        self.events(RequestStarted(req.request_id, sentences=0))
+        self.events(RequestStarted(req.request_id))
         pieces = [req.text[i:i + MAX_TEXT_PIECE] for i in range(0, len(req.text), MAX_TEXT_PIECE)] or [""]
         streamed = text_stream is not None or len(pieces) > 1
         sender = None

@@ -26,7 +26,8 @@ def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None
                    help=f"sampling seed; same text, voice, seed and model give the same audio (default: "
                         f"{'random' if default_seed is None else default_seed})")
     p.add_argument("--max-tokens", type=int, default=3000, metavar="N",
-                   help="cap on semantic tokens per sentence (3000 = 60 s of audio)")
+                   help="cap on semantic tokens per sentence (3000 = 60 s of audio); each sentence is also "
+                        "capped by its length (~0.16 s per character + 1 s)")
 
 
 def sampling_options(args: argparse.Namespace):

@@ -23,62 +23,67 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 from engine.backends.vllm_gen import ALLOWED_RUNS_KEY, TOP_K_TOP_P_KEY
 
 Runs = tuple[tuple[int, int], ...]
+TopKP = tuple[int, float]
 
 
-def _runs(params: Any, _prompt: Any = None, _output: Any = None) -> Runs | None:
-    raw = (params.extra_args or {}).get(ALLOWED_RUNS_KEY)
-    if raw is None:
-        return None
-    return tuple((int(lo), int(hi)) for lo, hi in raw)
+class _PerRequestProcessor(LogitsProcessor):
+    """A processor whose requests each carry a small hashable setting in `extra_args[KEY]`; each step it works
+    on the rows of each group of requests with the same setting, as one in-place operation over the whole
+    batch when one group is the whole batch (the usual case), else through a cached device index."""
 
+    KEY = ""
 
-class AllowedRunsLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
-        self.rows: dict[int, Runs] = {}
-        """Persistent-batch index -> that request's allowed runs."""
-        self._bias: dict[tuple[Runs, int], torch.Tensor] = {}
-        self._groups: list[tuple[list[int], Runs]] | None = None
-        """Requests with the same runs: (sorted batch indices, runs); rebuilt when the batch changes."""
+        self.rows: dict[int, Any] = {}
+        """Persistent-batch index -> that request's setting."""
+        self._groups: list[tuple[list[int], Any]] | None = None
+        """Requests with the same setting: (sorted batch indices, setting); rebuilt when the batch changes."""
         self._index: dict[tuple[int, ...], torch.Tensor] = {}
         """Those indices on the device, for groups that cover only part of the batch."""
 
     @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        raw = (sampling_params.extra_args or {}).get(ALLOWED_RUNS_KEY)
-        if raw is None:
-            return
-        try:
-            ok = bool(raw) and all(0 <= int(lo) < int(hi) for lo, hi in raw)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(f"{ALLOWED_RUNS_KEY} must be a non-empty list of [lo, hi) pairs, got {raw!r}")
+    def setting(cls, raw: Any) -> Any:
+        """The request's raw extra_args value as a hashable setting; raises ValueError if malformed."""
+        raise NotImplementedError
 
-    def is_argmax_invariant(self) -> bool:
-        return False
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        raw = (sampling_params.extra_args or {}).get(cls.KEY)
+        if raw is not None:
+            cls.setting(raw)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if process_dict_updates(self.rows, batch_update, _runs):
+        def state(params: Any, _prompt: Any = None, _output: Any = None) -> Any:
+            raw = (params.extra_args or {}).get(self.KEY)
+            return None if raw is None else self.setting(raw)
+
+        if process_dict_updates(self.rows, batch_update, state):
             self._groups = None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
         if self._groups is None:
-            by_runs: dict[Runs, list[int]] = {}
-            for index, runs in self.rows.items():
-                by_runs.setdefault(runs, []).append(index)
-            self._groups = [(sorted(idx), runs) for runs, idx in by_runs.items()]
+            by_setting: dict[Any, list[int]] = {}
+            for index, setting in self.rows.items():
+                by_setting.setdefault(setting, []).append(index)
+            self._groups = [(sorted(idx), setting) for setting, idx in by_setting.items()]
             self._index = {}
         rows = logits.shape[0]
-        for index, runs in self._groups:
-            bias = self._bias_row(runs, logits)
+        for index, setting in self._groups:
             if len(index) == rows and index[-1] == rows - 1:
-                logits += bias  # the usual case (every request restricted alike): one broadcast add, no gather
+                self.apply_rows(logits, setting)
             else:
-                logits[self._device_index(index)] += bias
+                at = self._device_index(index)
+                part = logits[at]
+                self.apply_rows(part, setting)
+                logits[at] = part
         return logits
+
+    def apply_rows(self, logits: torch.Tensor, setting: Any) -> None:
+        """In place, on rows that all have `setting`."""
+        raise NotImplementedError
 
     def _device_index(self, index: list[int]) -> torch.Tensor:
         key = tuple(index)
@@ -86,6 +91,32 @@ class AllowedRunsLogitsProcessor(LogitsProcessor):
         if found is None:
             found = self._index[key] = torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)
         return found
+
+
+class AllowedRunsLogitsProcessor(_PerRequestProcessor):
+    """-inf outside the request's allowed runs: one cached bias row per setting, added in place."""
+
+    KEY = ALLOWED_RUNS_KEY
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        super().__init__(vllm_config, device, is_pin_memory)
+        self._bias: dict[tuple[Runs, int], torch.Tensor] = {}
+
+    @classmethod
+    def setting(cls, raw: Any) -> Runs:
+        try:
+            runs = tuple((int(lo), int(hi)) for lo, hi in raw)
+        except (TypeError, ValueError):
+            runs = ()
+        if not runs or not all(0 <= lo < hi for lo, hi in runs):
+            raise ValueError(f"{ALLOWED_RUNS_KEY} must be a non-empty list of [lo, hi) pairs, got {raw!r}")
+        return runs
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def apply_rows(self, logits: torch.Tensor, setting: Runs) -> None:
+        logits += self._bias_row(setting, logits)
 
     def _bias_row(self, runs: Runs, logits: torch.Tensor) -> torch.Tensor:
         key = (runs, logits.shape[-1])
@@ -100,70 +131,31 @@ class AllowedRunsLogitsProcessor(LogitsProcessor):
         return row
 
 
-TopKP = tuple[int, float]
-
-
-def _top_k_top_p(params: Any, _prompt: Any = None, _output: Any = None) -> TopKP | None:
-    raw = (params.extra_args or {}).get(TOP_K_TOP_P_KEY)
-    if raw is None:
-        return None
-    return int(raw[0]), float(raw[1])
-
-
-class TopKTopPLogitsProcessor(LogitsProcessor):
+class TopKTopPLogitsProcessor(_PerRequestProcessor):
     """Top-k then top-p (nucleus) masking whose result for a row never depends on the other rows, for
     `VllmTokenGenerator.batch_invariant`. vLLM runs it where it runs its own top-k/top-p: after the temperature
     (argmax-invariant processors come after it), before sampling. Top-k keeps every logit >= the k-th largest
     (torch.topk selects exact values); top-p keeps the largest of those while the mass before them is < p, with
     the mass computed in float64 over the k survivors only (tiny, and far from any rounding boundary)."""
 
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.device = device
-        self.rows: dict[int, TopKP] = {}
-        """Persistent-batch index -> that request's (top_k, top_p)."""
-        self._groups: list[tuple[list[int], TopKP]] | None = None
-        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+    KEY = TOP_K_TOP_P_KEY
 
     @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        raw = (sampling_params.extra_args or {}).get(TOP_K_TOP_P_KEY)
-        if raw is None:
-            return
+    def setting(cls, raw: Any) -> TopKP:
         try:
-            ok = len(raw) == 2 and int(raw[0]) >= 0 and 0 < float(raw[1]) <= 1
-        except (TypeError, ValueError):
+            k, p = int(raw[0]), float(raw[1])
+            ok = len(raw) == 2 and k >= 0 and 0 < p <= 1
+        except (TypeError, ValueError, IndexError):
             ok = False
         if not ok:
             raise ValueError(f"{TOP_K_TOP_P_KEY} must be [top_k >= 0, 0 < top_p <= 1], got {raw!r}")
+        return k, p
 
     def is_argmax_invariant(self) -> bool:
         return True  # the most likely token always survives, so greedy requests may skip it
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if process_dict_updates(self.rows, batch_update, _top_k_top_p):
-            self._groups = None
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.rows:
-            return logits
-        if self._groups is None:
-            by_knobs: dict[TopKP, list[int]] = {}
-            for index, knobs in self.rows.items():
-                by_knobs.setdefault(knobs, []).append(index)
-            self._groups = [(sorted(idx), knobs) for knobs, idx in by_knobs.items()]
-            self._index = {}
-        rows = logits.shape[0]
-        for index, (k, p) in self._groups:
-            if len(index) == rows and index[-1] == rows - 1:
-                mask_top_k_top_p(logits, k, p)
-            else:
-                at = self._index.get(tuple(index))
-                if at is None:
-                    at = self._index[tuple(index)] = torch.tensor(index, dtype=torch.long).to(self.device)
-                part = logits[at]
-                mask_top_k_top_p(part, k, p)
-                logits[at] = part
-        return logits
+    def apply_rows(self, logits: torch.Tensor, setting: TopKP) -> None:
+        mask_top_k_top_p(logits, *setting)
 
 
 def mask_top_k_top_p(logits: torch.Tensor, k: int, p: float) -> None:

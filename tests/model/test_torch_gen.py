@@ -154,8 +154,8 @@ async def test_consumer_break_stops_generation(gen: TorchTokenGenerator, model: 
     assert not gen._requests  # cache and state dropped
 
 
-async def test_abort_from_another_task(gen: TorchTokenGenerator, model: Qwen2ForCausalLM) -> None:
-    seen: list[int] = []
+async def consume_until_three(gen: TorchTokenGenerator, seen: list[int]) -> asyncio.Task:
+    """A task streaming request "victim" into `seen`, returned once it has received three tokens."""
     three = asyncio.Event()
 
     async def consume() -> None:
@@ -164,9 +164,16 @@ async def test_abort_from_another_task(gen: TorchTokenGenerator, model: Qwen2For
             if len(seen) == 3:
                 three.set()
 
+    task = asyncio.create_task(consume())
+    await three.wait()
+    return task
+
+
+async def test_abort_from_another_task(gen: TorchTokenGenerator, model: Qwen2ForCausalLM) -> None:
+    seen: list[int] = []
+
     with count_forwards(model) as calls:
-        task = asyncio.create_task(consume())
-        await three.wait()
+        task = await consume_until_three(gen, seen)
         at_abort = calls[0]
         await gen.abort("victim")
         await asyncio.wait_for(task, timeout=5)
@@ -179,17 +186,9 @@ async def test_abort_from_another_task(gen: TorchTokenGenerator, model: Qwen2For
 
 async def test_cancelled_task_stops_generation(gen: TorchTokenGenerator, model: Qwen2ForCausalLM) -> None:
     seen: list[int] = []
-    three = asyncio.Event()
-
-    async def consume() -> None:
-        async for delta in gen.stream(PROMPT, SamplingOptions(max_tokens=1000, seed=0), "victim"):
-            seen.extend(delta)
-            if len(seen) == 3:
-                three.set()
 
     with count_forwards(model) as calls:
-        task = asyncio.create_task(consume())
-        await three.wait()
+        task = await consume_until_three(gen, seen)
         at_cancel = calls[0]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -14,7 +14,7 @@ from voiceapp.tui.sinks import Recorder, SilentSink, WavDirSink
 
 def test_metrics_fold_events_and_exclude_playback_waits():
     m = Metrics(sample_rate=16000)
-    m.apply(RequestStarted("r", 0, t=10.0))
+    m.apply(RequestStarted("r", t=10.0))
     m.apply(FirstAudio("r", 0.12, t=10.12))
     m.apply(ChunkDecoded("r", 0, codes=50, samples=16000, decode_s=0.01, t=10.5))
     assert m.ttfa_s == 0.12 and m.audio_s == 1.0 and m.tokens == 50

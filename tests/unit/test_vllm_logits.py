@@ -8,6 +8,15 @@ import pytest
 import torch
 
 
+def _added_only(entries, update, new_state):
+    """Stand-in for vLLM's process_dict_updates, for additions only (what these tests send)."""
+    if not update:
+        return False
+    for index, params, prompt, output in update.added:
+        entries[index] = new_state(params, prompt, output)
+    return True
+
+
 @pytest.fixture
 def processor(monkeypatch):
     names = ["vllm", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.logits_processor",
@@ -20,7 +29,7 @@ def processor(monkeypatch):
         monkeypatch.setattr(lp, "LogitsProcessor", object, raising=False)
         monkeypatch.setattr(lp, "BatchUpdate", object, raising=False)
         monkeypatch.setattr(sys.modules["vllm.v1.sample.logits_processor.builtin"], "process_dict_updates",
-                            lambda *a: False, raising=False)
+                            _added_only, raising=False)
     monkeypatch.delitem(sys.modules, "engine.backends.vllm_logits", raising=False)
     from engine.backends.vllm_logits import AllowedRunsLogitsProcessor
 
@@ -112,3 +121,22 @@ def test_top_k_top_p_processor_groups_rows_by_their_knobs(module):
     out = proc.apply(logits)
     assert _allowed(out[0]) == [1, 3] and _allowed(out[2]) == [1] and _allowed(out[1]) == [0, 1, 2, 3]
     assert proc.is_argmax_invariant()
+
+
+def test_settings_come_from_extra_args_and_bad_ones_are_refused(module):
+    from engine.backends.vllm_gen import ALLOWED_RUNS_KEY, TOP_K_TOP_P_KEY
+
+    params = types.SimpleNamespace(extra_args={ALLOWED_RUNS_KEY: [[2, 4]], TOP_K_TOP_P_KEY: [1, 0.9]})
+    update = types.SimpleNamespace(added=[(0, params, [], [])], removed=[], moved=[])
+    runs = module.AllowedRunsLogitsProcessor(None, torch.device("cpu"), False)
+    topk = module.TopKTopPLogitsProcessor(None, torch.device("cpu"), False)
+    runs.update_state(update)
+    topk.update_state(update)
+    assert runs.rows == {0: ((2, 4),)} and topk.rows == {0: (1, 0.9)}
+    out = topk.apply(runs.apply(torch.tensor([[9.0, 0.0, 1.0, 2.0, 8.0]])))
+    assert _allowed(out[0]) == [3]
+    for cls, bad in ((module.AllowedRunsLogitsProcessor, [[4, 2]]), (module.AllowedRunsLogitsProcessor, []),
+                     (module.TopKTopPLogitsProcessor, [5, 1.5]), (module.TopKTopPLogitsProcessor, "x")):
+        with pytest.raises(ValueError):
+            cls.validate_params(types.SimpleNamespace(extra_args={cls.KEY: bad}))
+    module.TopKTopPLogitsProcessor.validate_params(types.SimpleNamespace(extra_args=None))  # not ours: accepted
