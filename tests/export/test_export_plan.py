@@ -119,6 +119,40 @@ async def test_tiny_checkpoint_resume_and_jobs_are_byte_identical(tiny_model, tm
     assert assembled(one, plan, tmp_path / "a.wav") == assembled(many, plan, tmp_path / "b.wav")
 
 
+async def test_export_decodes_each_sentence_whole(tiny_model, tmp_path):
+    """After make_batch_invariant a sentence is one decoder pass: its audio is the one-shot decode of its codes
+    (edge fades aside), not crossfaded streaming windows."""
+    from engine.backends.base import DecodeItem
+    from engine.crossfade import fade_edges
+    from engine.events import ChunkDecoded
+    from engine.windowing import WindowSchedule
+
+    events = []
+    synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
+                                           cache_dir=str(tmp_path / "cache")), events=events.append)
+    make_batch_invariant(synth)
+    assert synth.schedule == WindowSchedule.whole()
+    recorded = []
+    stream = synth.generator.stream
+
+    async def recording(prompt, opts, request_id):
+        async for delta in stream(prompt, opts, request_id):
+            recorded.extend(delta)
+            yield delta
+
+    synth.generator.stream = recording
+    plan = make_plan("A single sentence for the decoder.", max_tokens=120)
+    audio = await synth.render(plan.request(0))
+    await synth.close()
+    assert len([e for e in events if isinstance(e, ChunkDecoded)]) == 1
+    codes = [i for i in map(synth.token_ids.semantic_index, recorded) if i is not None]
+    assert len(codes) == 120 and len(audio) == 120 * synth.decoder.samples_per_code
+    globals_ = await synth.voice_globals("default")
+    (whole,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
+    fade = int(synth.join.fade_s * synth.sample_rate)
+    np.testing.assert_allclose(audio, fade_edges(whole, fade, fade), atol=1e-5)
+
+
 # ---- manifest ---------------------------------------------------------------------------------------------
 
 def test_manifest_round_trip_and_settings_checks(tmp_path):
