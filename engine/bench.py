@@ -368,6 +368,41 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
     return rows
 
 
+def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
+                       repeats: int = 10, device: str = "cuda") -> list[dict[str, Any]]:
+    """fp32 CUDA-graph decode with cuDNN's autotuned algorithms (what the streaming engine captures: ~86 s of
+    start-up on an H200) vs its fixed deterministic ones (export's engine: 4.7 s): graph capture seconds and
+    ms per call for each (length, batch). If "fixed" decodes about as fast, start-up can drop the autotuning."""
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    rows = []
+    glob = tuple(range(32))
+    was = torch.backends.cudnn.deterministic
+    try:
+        for algorithms in ("autotuned", "fixed"):
+            dec = BiCodecDecoder(bicodec_dir, device=device, deterministic=algorithms == "fixed")
+            capture_s = dec.warmup(lengths, batches)
+            for n in lengths:
+                for b in batches:
+                    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(n)), glob) for j in range(b)]
+                    dec.decode(items)
+                    times = []
+                    for _ in range(repeats):
+                        t = time.perf_counter()
+                        dec.decode(items)
+                        times.append(time.perf_counter() - t)
+                    rows.append({"algorithms": algorithms, "capture_s": round(capture_s, 1), "codes": n, "batch": b,
+                                 "ms": round(statistics.median(times) * 1e3, 3)})
+            del dec
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        torch.backends.cudnn.deterministic = was  # BiCodecDecoder(deterministic=True) sets it process-wide
+    return rows
+
+
 # ---- the reference pipeline -------------------------------------------------------------------------------------
 
 def reference_pipeline(model_dir: Path, tokens: int, globals_: Sequence[int], text: str = SENTENCE,
