@@ -336,6 +336,18 @@ def decoder_accuracy(bicodec_dir: Path, schedules: dict[str, WindowSchedule], n_
     return out
 
 
+def _decode_ms(decoder: Any, codes: int, batch: int, repeats: int) -> float:
+    """Median ms of one decode() of `batch` windows of `codes` codes, after one untimed call."""
+    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(codes)), tuple(range(32))) for j in range(batch)]
+    decoder.decode(items)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        decoder.decode(items)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
 def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
                   dtypes: Sequence[str] = ("fp32", "bf16"), repeats: int = 10) -> list[dict[str, Any]]:
     """ms per decode call, eager vs CUDA graph, for each (dtype, length, batch); x real time of the whole window."""
@@ -344,7 +356,6 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
     from engine.backends.bicodec import BiCodecDecoder
 
     rows = []
-    glob = tuple(range(32))
     for dt in dtypes:
         dec = BiCodecDecoder(bicodec_dir, device="cuda", dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dt])
         dec.max_batch = max(batches)
@@ -353,14 +364,7 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
                 dec.warmup(lengths, batches)
             for n in lengths:
                 for b in batches:
-                    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(n)), glob) for j in range(b)]
-                    dec.decode(items)
-                    times = []
-                    for _ in range(repeats):
-                        t = time.perf_counter()
-                        dec.decode(items)
-                        times.append(time.perf_counter() - t)
-                    ms = statistics.median(times) * 1e3
+                    ms = _decode_ms(dec, n, b, repeats)
                     rows.append({"dtype": dt, "mode": mode, "codes": n, "batch": b, "ms": round(ms, 3),
                                  "xrt": round(b * n * 0.02 / (ms / 1e3), 1)})
         del dec
@@ -378,7 +382,6 @@ def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Seque
     from engine.backends.bicodec import BiCodecDecoder
 
     rows = []
-    glob = tuple(range(32))
     was = torch.backends.cudnn.deterministic
     try:
         for algorithms in ("autotuned", "fixed"):
@@ -386,15 +389,8 @@ def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Seque
             capture_s = dec.warmup(lengths, batches)
             for n in lengths:
                 for b in batches:
-                    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(n)), glob) for j in range(b)]
-                    dec.decode(items)
-                    times = []
-                    for _ in range(repeats):
-                        t = time.perf_counter()
-                        dec.decode(items)
-                        times.append(time.perf_counter() - t)
                     rows.append({"algorithms": algorithms, "capture_s": round(capture_s, 1), "codes": n, "batch": b,
-                                 "ms": round(statistics.median(times) * 1e3, 3)})
+                                 "ms": round(_decode_ms(dec, n, b, repeats), 3)})
             del dec
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -59,10 +59,6 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     from engine.model import load_model_info, resolve_model_dir
 
     info = load_model_info(resolve_model_dir(config.model))
-    if config.deterministic:
-        import os
-
-        os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read by vLLM's engine process, started below
     encode = _load_encoder(info)
     decoder = _build_decoder(info, config, events)
     generator = _build_generator(info, config, events)
@@ -172,7 +168,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
         try:
             from engine.backends.vllm_gen import VllmTokenGenerator
 
-            return VllmTokenGenerator(info, events=events)
+            return VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
                 raise

@@ -830,8 +830,9 @@ CAP_BASE_TOKENS = 50
 """Every sentence may run 1 s (50 semantic tokens) beyond what its characters allow: short words, pauses."""
 CAP_TOKENS_PER_CHAR = 8
 """0.16 s per non-space character: over twice the time ordinary English speech takes (~15 characters/s with
-spaces), so a slow voice is never cut, while a model that fails to stop (a known failure of LLM TTS: minutes of babble or silence after a
-short sentence) is stopped after about twice the sentence's natural length instead of at the 60 s hard cap."""
+spaces), so a slow voice is never cut, while a model that fails to stop (a known failure of LLM TTS: minutes
+of babble or silence after a short sentence) is stopped after about twice the sentence's natural length
+instead of at the 60 s hard cap."""
 CAP_TOKENS_PER_WIDE_CHAR = 24
 """A CJK character is a syllable (~0.2-0.25 s spoken): 0.48 s allowed, three times a Latin letter's allowance."""
 

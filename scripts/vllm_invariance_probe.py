@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 
 N, FILLERS, TOKENS = 8, 16, 200
@@ -24,9 +23,7 @@ def main() -> int:
     p.add_argument("--invariant", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
-    if args.invariant:
-        os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    rows = asyncio.run(probe(args.model))
+    rows = asyncio.run(probe(args.model, args.invariant))
     for row in rows:
         print(json.dumps(row))
     if args.json:
@@ -47,13 +44,13 @@ def prompt(info, k: int):
     return Prompt(body, tuple(range(ids.semantic_base, ids.semantic_base + 8192)))
 
 
-async def probe(model: str) -> list[dict]:
+async def probe(model: str, invariant: bool) -> list[dict]:
     from engine.backends.vllm_gen import VllmTokenGenerator
     from engine.config import SamplingOptions
     from engine.model import load_model_info
 
     info = load_model_info(model)
-    gen = VllmTokenGenerator(info, warmup_batches=(1, 8, 32))
+    gen = VllmTokenGenerator(info, warmup_batches=(1, 8, 32), batch_invariant=invariant)
     cases = {"reference sampling (t 0.8, top-k 50, top-p 0.95)": {},
              "temperature only (t 0.8)": {"top_k": 0, "top_p": 1.0},
              "greedy": {"temperature": 0.0}}

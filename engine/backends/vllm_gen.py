@@ -127,7 +127,8 @@ class VllmTokenGenerator:
     def __init__(self, info: Any, *, events: EventSink = ignore_events, max_num_seqs: int = 256,
                  max_model_len: int = 4096, decoder_reserve_gib: float = 12.0, want_gib: float = 24.0,
                  gpu_memory_utilization: float | None = None, warmup_batches: Sequence[int] = WARMUP_BATCHES,
-                 enforce_eager: bool = False, start_timeout_s: float = 900.0, **engine_kwargs: Any) -> None:
+                 enforce_eager: bool = False, start_timeout_s: float = 900.0, batch_invariant: bool = False,
+                 **engine_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
@@ -136,6 +137,8 @@ class VllmTokenGenerator:
         # Allowed ids go through our logits processor (engine.backends.vllm_logits), which vLLM 0.26 runs on its
         # V1 model runner only (its V2 runner also caps allowed_token_ids at 1024 ids; we need 8195).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        if batch_invariant:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read by vLLM's engine process, started below
         import torch
         import vllm  # noqa: F401  (ImportError -> the factory falls back to torch)
 
@@ -152,7 +155,7 @@ class VllmTokenGenerator:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.info = info
         self.batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT") == "1"
-        """Batch-invariant mode (EngineConfig.deterministic). vLLM's own top-k/top-p is not batch invariant even
+        """Batch-invariant mode (`batch_invariant`, from EngineConfig.deterministic, or set in the environment). vLLM's own top-k/top-p is not batch invariant even
         then (it sorts on the GPU below 8 requests and runs a Triton kernel from 8 up: measured on an H200, 0 of 8
         seeded requests kept their tokens when 16 others joined, against 8 of 8 with temperature only), so in this
         mode top-k/top-p go to engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That

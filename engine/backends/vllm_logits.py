@@ -9,8 +9,8 @@ together went from 39 ms (no restriction) to 680 ms. Here a request costs a few 
 cached bias row (-inf outside the runs) to the logits of each group of requests with the same runs: when one
 group is the whole batch (the usual case), as one in-place broadcast add instead of a gather and a scatter.
 
-Loaded by vLLM in its engine process by name (`LOGITS_PROCESSOR`); imports vLLM, so only that process and the
-vLLM backend import it.
+Loaded by vLLM in its engine process by name (`engine.backends.vllm_gen.LOGITS_PROCESSORS`); imports vLLM, so
+only that process and the vLLM backend import it.
 """
 from __future__ import annotations
 
