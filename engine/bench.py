@@ -105,6 +105,7 @@ class StreamRecord:
     start: float
     chunks: list[tuple[float, int]] = field(default_factory=list)
     """(arrival time, samples) per chunk, pauses included (they are played too)."""
+    request_id: str = ""
 
     def ttfa(self) -> float:
         return self.chunks[0][0] - self.start
@@ -122,10 +123,51 @@ class StreamRecord:
         return (self.chunks[-1][0] - self.start) / self.audio_s(sample_rate)
 
 
+@dataclass(frozen=True, slots=True)
+class Playback:
+    """What a listener got from one stream in a playback simulation."""
+
+    underruns: int
+    """Times the buffer ran dry before the stream's last chunk had arrived."""
+    silence_s: float
+    """Seconds of unplanned silence (from each underrun until playing resumed)."""
+    onset: float
+    """Wall time at which the first sample was played (perf_counter seconds)."""
+
+
+def simulate_player(chunks: Sequence[tuple[float, int]], sample_rate: int, preroll_s: float = 0.2,
+                    rebuffer_s: float | None = None) -> Playback:
+    """Our player (engine.backends.sounddevice_sink): it starts once it holds `preroll_s` of audio (or the
+    stream's last chunk has arrived), plays at real time, and after an underrun waits for `rebuffer_s` (default:
+    the pre-roll) of audio again before resuming."""
+    if not chunks:
+        return Playback(0, 0.0, math.nan)
+    rebuffer = preroll_s if rebuffer_s is None else rebuffer_s
+    playing, threshold, queued = False, preroll_s, 0.0
+    runs_out = onset = stalled = math.nan  # runs_out: wall time at which the queued audio is used up
+    underruns, silence = 0, 0.0
+    for k, (arrival, samples) in enumerate(chunks):
+        if playing and arrival > runs_out + 1e-9:
+            underruns, playing, threshold, queued, stalled = underruns + 1, False, rebuffer, 0.0, runs_out
+        if playing:
+            runs_out += samples / sample_rate
+            continue
+        queued += samples / sample_rate
+        if queued >= threshold - 1e-9 or k == len(chunks) - 1:
+            playing, runs_out = True, arrival + queued
+            if math.isnan(onset):
+                onset = arrival
+            if not math.isnan(stalled):
+                silence, stalled = silence + arrival - stalled, math.nan
+    return Playback(underruns, silence, onset)
+
+
 def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, preroll_s: float = 0.2
                       ) -> tuple[int, float]:
-    """(underruns, seconds of silence) for a player that starts `preroll_s` after the first chunk and plays at
-    real time, stalling whenever the next chunk has not arrived by the time the audio before it is used up."""
+    """(underruns, seconds of silence) for a player that starts a fixed `preroll_s` after the first chunk
+    (whatever it holds by then) and plays at real time, stalling whenever the next chunk has not arrived by the
+    time the audio before it is used up. Stricter than our player when the first chunk is short and late chunks
+    come slowly; runs 1-5 in docs/benchmarks.md used only this one."""
     if not chunks:
         return 0, 0.0
     clock = chunks[0][0] + preroll_s  # wall time at which the player reaches the start of the next chunk
@@ -169,22 +211,37 @@ class LevelResult:
     ttft_ms_p50: float
     first_window_tokens_ms_p50: float
     decode_batch_mean: float
+    onset_ms_p50: float = math.nan
+    """When our player (simulate_player) would start playing: TTFA plus the wait for its 200 ms pre-roll."""
+    onset_ms_p95: float = math.nan
+    underruns_fixed_delay: int = 0
+    """Underruns of the stricter fixed-delay player (simulate_playback), the measure of runs 1-5."""
+    streams_with_underruns_fixed_delay: int = 0
+    first_submit_ms_p50: float = math.nan
+    """From the first window's last token reaching the pipeline to its decode being submitted (host plumbing)."""
+    first_decode_ms_p50: float = math.nan
+    """From the first window's decode being submitted to its audio coming back (queue, thread hop, decode)."""
 
     @property
     def realtime(self) -> bool:
+        """Every stream played by our player without an underrun, and generated at RTF <= 0.5."""
         return self.underruns == 0 and self.steady_rtf_max <= 0.5
+
+    @property
+    def realtime_fixed_delay(self) -> bool:
+        return self.underruns_fixed_delay == 0 and self.steady_rtf_max <= 0.5
 
 
 async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str,
                       preroll_s: float = 0.2, label: str = "s") -> tuple[
-                          list[StreamRecord], list[TokenTimes], list[TokenTimes]]:
+                          list[StreamRecord], list[TokenTimes], dict[str, TokenTimes]]:
     """Start `n` requests at once and record their chunks; also the token timings of all their sentences and
-    of their first sentences."""
+    of their first sentences (by request id)."""
     records: list[StreamRecord] = []
 
     async def one(i: int) -> None:
         req = SynthesisRequest(text, voice=voice, options=SamplingOptions(), request_id=f"{label}{n}-{i}")
-        rec = StreamRecord(time.perf_counter())
+        rec = StreamRecord(time.perf_counter(), request_id=req.request_id)
         records.append(rec)
         async for chunk in synth.synthesize(req):
             rec.chunks.append((time.perf_counter(), len(chunk.samples)))
@@ -192,52 +249,81 @@ async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: st
     await asyncio.gather(*(one(i) for i in range(n)))
     ids = {f"{label}{n}-{i}" for i in range(n)}
     times = [t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids]
-    firsts = [t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids and rid.endswith("-0")]
+    firsts = {rid[:-2]: t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids and rid.endswith("-0")}
     for rid in [rid for rid in gen.times if rid.rsplit("-", 1)[0] in ids]:
         del gen.times[rid]
     return records, times, firsts
 
 
-def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: list[TokenTimes],
-              sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float) -> LevelResult:
+class FirstDecodes:
+    """Event sink (chained after the bench's own): when each request's first window was submitted to the
+    decoder and when its audio came back, from its first ChunkDecoded event."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, tuple[float, float]] = {}
+
+    def record(self, event: Any) -> None:
+        from engine.events import ChunkDecoded
+
+        if isinstance(event, ChunkDecoded) and event.sentence_index == 0 and event.request_id not in self.times:
+            self.times[event.request_id] = (event.t - event.decode_s, event.t)
+
+
+def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: dict[str, TokenTimes],
+              sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float,
+              decodes: dict[str, tuple[float, float]] | None = None) -> LevelResult:
     ttfa = [r.ttfa() * 1e3 for r in records]
     steady = [r.steady_rtf(sample_rate) for r in records]
-    under = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
+    fixed = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
+    played = [simulate_player(r.chunks, sample_rate, preroll_s) for r in records]
+    onset = [(p.onset - r.start) * 1e3 for p, r in zip(played, records)]
     rates = [x for x in (t.rate() for t in times) if x]
-    ttft = [(t.deltas[0][0] - t.start) * 1e3 for t in firsts if t.deltas]
-    need = [((t.time_of(first_tokens) or math.nan) - t.start) * 1e3 for t in firsts]
+    ttft = [(t.deltas[0][0] - t.start) * 1e3 for t in firsts.values() if t.deltas]
+    need = [((t.time_of(first_tokens) or math.nan) - t.start) * 1e3 for t in firsts.values()]
+    submit, decode = [], []
+    for rid, (sent, back) in (decodes or {}).items():
+        ready = firsts[rid].time_of(first_tokens) if rid in firsts else None
+        if ready is not None:
+            submit.append((sent - ready) * 1e3)
+            decode.append((back - sent) * 1e3)
     return LevelResult(
         streams=n, ttfa_ms_p50=percentile(ttfa, 50), ttfa_ms_p95=percentile(ttfa, 95),
         steady_rtf_p50=percentile(steady, 50), steady_rtf_max=max(steady),
         rtf_p50=percentile([r.rtf(sample_rate) for r in records], 50),
         rtf_max=max(r.rtf(sample_rate) for r in records),
-        underruns=sum(u for u, _ in under), streams_with_underruns=sum(1 for u, _ in under if u),
-        silence_s=sum(s for _, s in under), audio_s=sum(r.audio_s(sample_rate) for r in records), wall_s=wall_s,
+        underruns=sum(p.underruns for p in played), streams_with_underruns=sum(1 for p in played if p.underruns),
+        silence_s=sum(p.silence_s for p in played), audio_s=sum(r.audio_s(sample_rate) for r in records),
+        wall_s=wall_s, onset_ms_p50=percentile(onset, 50), onset_ms_p95=percentile(onset, 95),
+        underruns_fixed_delay=sum(u for u, _ in fixed), streams_with_underruns_fixed_delay=sum(1 for u, _ in fixed if u),
         llm_tok_s_per_stream_p50=percentile(rates, 50) if rates else math.nan,
         ttft_ms_p50=percentile(ttft, 50) if ttft else math.nan,
         first_window_tokens_ms_p50=percentile([x for x in need if not math.isnan(x)], 50) if need else math.nan,
-        decode_batch_mean=batch_mean)
+        decode_batch_mean=batch_mean, first_submit_ms_p50=percentile(submit, 50),
+        first_decode_ms_p50=percentile(decode, 50))
 
 
 async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
-                        preroll_s: float = 0.2) -> LevelResult:
+                        preroll_s: float = 0.2, decodes: FirstDecodes | None = None) -> LevelResult:
     stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
     records: list[StreamRecord] = []
     times: list[TokenTimes] = []
-    firsts: list[TokenTimes] = []
+    firsts: dict[str, TokenTimes] = {}
     t0 = time.perf_counter()
     for r in range(rounds):
         recs, ts, fs = await run_streams(synth, gen, n, text=text, voice=voice, preroll_s=preroll_s,
                                          label=f"r{r}s")
         records += recs
         times += ts
-        firsts += fs
+        firsts.update(fs)
     wall = time.perf_counter() - t0
     calls = synth.batcher.stats.calls - stats0[0]
     items = synth.batcher.stats.items - stats0[1]
-    first_tokens = synth.schedule.first_new + synth.schedule.right_context(0)
+    schedule = synth.schedule.busy() if n > synth.schedule.busy_streams else synth.schedule
+    first_tokens = schedule.first_new + schedule.right_context(0)
+    mine = {r.request_id: decodes.times.pop(r.request_id) for r in records
+            if decodes is not None and r.request_id in decodes.times}
     return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
-                     items / calls if calls else 0.0)
+                     items / calls if calls else 0.0, mine)
 
 
 async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:
@@ -535,9 +621,8 @@ class BenchOptions:
     decoder_dtype: str = "auto"
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     threads: int | None = None
-    variants: dict[str, WindowSchedule] = field(default_factory=dict)
-    """Other window schedules to measure TTFA with (at `variant_levels`), on the same engine."""
-    variant_levels: Sequence[int] = (1, 32)
+    variants: dict[str, tuple[WindowSchedule, Sequence[int]]] = field(default_factory=dict)
+    """Other window schedules to measure, each at its own stream counts, on the same engine."""
 
 
 async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -546,8 +631,10 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
     from engine.voices import VoiceBank
 
     notices: list[str] = []
+    decodes = FirstDecodes()
 
     def on_event(event: Any) -> None:
+        decodes.record(event)
         if isinstance(event, Notice):
             notices.append(event.message)
             log(f"  [engine] {event.message}")
@@ -576,15 +663,12 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
             for n in opts.levels:
                 rounds = opts.rounds_1 if n == 1 else (2 if n <= 8 else 1)
                 level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds,
-                                            preroll_s=opts.preroll_s)
-                result["levels"].append(level.__dict__ | {"realtime": level.realtime})
-                log(f"  {n:>4} streams: TTFA p50 {level.ttfa_ms_p50:.0f} ms p95 {level.ttfa_ms_p95:.0f} ms, "
-                    f"steady RTF p50 {level.steady_rtf_p50:.3f} max {level.steady_rtf_max:.3f}, "
-                    f"underruns {level.underruns}, LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, "
-                    f"decode batch {level.decode_batch_mean:.1f}")
-            for name, variant in opts.variants.items():
+                                            preroll_s=opts.preroll_s, decodes=decodes)
+                result["levels"].append(_level_json(level))
+                log(f"  {n:>4} streams: {_describe(level)}")
+            for name, (variant, levels) in opts.variants.items():
                 result.setdefault("variants", {})[name] = await _measure_variant(
-                    synth, gen, variant, opts, text=text, voice=voice, log=log, name=name)
+                    synth, gen, variant, levels, opts, text=text, voice=voice, log=log, name=name, decodes=decodes)
             if opts.export_sentences:
                 gen.tokens = opts.tokens
                 exp = await measure_export(synth, opts.export_sentences, opts.export_concurrency, voice=voice)
@@ -604,8 +688,22 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
     return result
 
 
-async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: WindowSchedule, opts: BenchOptions, *,
-                           text: str, voice: str, log: Callable[[str], None], name: str) -> dict[str, Any]:
+def _level_json(level: LevelResult) -> dict[str, Any]:
+    return level.__dict__ | {"realtime": level.realtime, "realtime_fixed_delay": level.realtime_fixed_delay}
+
+
+def _describe(level: LevelResult) -> str:
+    return (f"TTFA p50 {level.ttfa_ms_p50:.0f} ms p95 {level.ttfa_ms_p95:.0f} ms (first window: tokens "
+            f"{level.first_window_tokens_ms_p50:.1f}, to decoder {level.first_submit_ms_p50:.1f}, decode "
+            f"{level.first_decode_ms_p50:.1f} ms), onset p50 {level.onset_ms_p50:.0f} ms, steady RTF p50 "
+            f"{level.steady_rtf_p50:.3f} max {level.steady_rtf_max:.3f}, underruns {level.underruns} "
+            f"({level.streams_with_underruns} streams; fixed-delay player {level.underruns_fixed_delay}), "
+            f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f}")
+
+
+async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: WindowSchedule, levels: Sequence[int],
+                           opts: BenchOptions, *, text: str, voice: str, log: Callable[[str], None], name: str,
+                           decodes: FirstDecodes | None = None) -> dict[str, Any]:
     """TTFA etc. with another window schedule on the same engine (graphs captured for its shapes first); the
     original schedule is restored afterwards."""
     from engine.batching import lengths_for
@@ -617,12 +715,12 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: Wind
             synth._shape_lengths = lengths_for(schedule)  # noqa: SLF001
         synth.schedule = schedule
         out: dict[str, Any] = {"schedule": {k: getattr(schedule, k) for k in schedule.__slots__}, "levels": []}
-        for n in opts.variant_levels:
+        for n in levels:
             rounds = opts.rounds_1 if n == 1 else 1
-            level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=opts.preroll_s)
-            out["levels"].append(level.__dict__ | {"realtime": level.realtime})
-            log(f"  [{name}] {n:>4} streams: TTFA p50 {level.ttfa_ms_p50:.0f} ms p95 {level.ttfa_ms_p95:.0f} ms, "
-                f"underruns {level.underruns}, steady RTF max {level.steady_rtf_max:.3f}")
+            level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=opts.preroll_s,
+                                        decodes=decodes)
+            out["levels"].append(_level_json(level))
+            log(f"  [{name}] {n:>4} streams: {_describe(level)}")
         return out
     finally:
         synth.schedule, synth._shape_lengths = saved  # noqa: SLF001
@@ -631,23 +729,18 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: Wind
 def headline(result: dict[str, Any]) -> dict[str, Any]:
     """The summary keys of docs/benchmarks/latest.json."""
     levels = {lv["streams"]: lv for lv in result["pipeline"]["levels"]}
-    realtime = [n for n, lv in sorted(levels.items()) if lv["realtime"]]
-    max_rt = 0
-    for n in sorted(levels):  # largest level such that it and every smaller level were real time
-        if n in realtime:
-            max_rt = n
-        else:
-            break
     ref = result.get("reference") or {}
     out = {
         "device": result["device"],
         "ttfa_ms_p50_1": _r(levels.get(1, {}).get("ttfa_ms_p50")),
         "ttfa_ms_p95_32": _r(levels.get(32, {}).get("ttfa_ms_p95")),
-        "max_realtime_streams": max_rt,
+        "max_realtime_streams": _max_realtime(levels, "realtime"),
         "export_xrt": _r((result["pipeline"].get("export") or {}).get("xrt")),
         "ours_rtf_1": _r(levels.get(1, {}).get("rtf_p50"), 4),
         "reference_rtf_1": _r(ref.get("rtf"), 4),
         "reference_ttfa_ms_1": _r(ref.get("ttfa_ms")),
+        "onset_ms_p50_1": _r(levels.get(1, {}).get("onset_ms_p50")),
+        "max_realtime_streams_fixed_delay": _max_realtime(levels, "realtime_fixed_delay"),
     }
     if out["ours_rtf_1"] and out["reference_rtf_1"]:
         out["rtf_ratio_reference_over_ours"] = _r(out["reference_rtf_1"] / out["ours_rtf_1"])
@@ -656,17 +749,30 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _max_realtime(levels: dict[int, dict[str, Any]], key: str) -> int:
+    """The largest level such that it and every smaller level were real time by `key`."""
+    best = 0
+    for n in sorted(levels):
+        if not levels[n].get(key, False):
+            break
+        best = n
+    return best
+
+
 def _r(x: Any, digits: int = 1) -> Any:
     return round(float(x), digits) if isinstance(x, (int, float)) and not math.isnan(float(x)) else None
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = ["| streams | TTFA p50 (ms) | TTFA p95 (ms) | steady RTF p50 | steady RTF max | RTF max | underruns "
-             "(streams) | LLM tok/s/stream | TTFT p50 (ms) | decode batch |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| streams | TTFA p50 (ms) | TTFA p95 (ms) | onset p50 (ms) | steady RTF p50 | steady RTF max | RTF max "
+             "| underruns (streams) | fixed-delay underruns (streams) | LLM tok/s/stream | TTFT p50 (ms) | "
+             "decode batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in result["pipeline"]["levels"]:
         lines.append(f"| {lv['streams']} | {lv['ttfa_ms_p50']:.0f} | {lv['ttfa_ms_p95']:.0f} | "
+                     f"{lv.get('onset_ms_p50', math.nan):.0f} | "
                      f"{lv['steady_rtf_p50']:.3f} | {lv['steady_rtf_max']:.3f} | {lv['rtf_max']:.3f} | "
-                     f"{lv['underruns']} ({lv['streams_with_underruns']}) | {lv['llm_tok_s_per_stream_p50']:.0f} | "
-                     f"{lv['ttft_ms_p50']:.0f} | {lv['decode_batch_mean']:.1f} |")
+                     f"{lv['underruns']} ({lv['streams_with_underruns']}) | "
+                     f"{lv.get('underruns_fixed_delay', 0)} ({lv.get('streams_with_underruns_fixed_delay', 0)}) | "
+                     f"{lv['llm_tok_s_per_stream_p50']:.0f} | {lv['ttft_ms_p50']:.0f} | {lv['decode_batch_mean']:.1f} |")
     return "\n".join(lines)

@@ -48,6 +48,13 @@ class WindowSchedule:
     stream generates slower and decode batches queue. Small first windows underran on the H200 at 128
     streams, while 8 + 24 did not when both sentences of a stream started at once (docs/benchmarks.md, run
     1); with this switch and one sentence at a time, 128 streams still underran (run 4)."""
+    busy_first_new: int = 16
+    """`busy()`'s first window. Under load the player cannot start before it holds its 200 ms pre-roll (10
+    codes) anyway, so a smaller first window only costs decoder throughput; what matters is that each window
+    arrives before the audio before it runs out, with decode batches queueing behind each other (128 streams,
+    run 5: ~146 tokens/s per stream and ~300 ms from a first window's tokens to its audio)."""
+    busy_new: int = 32
+    """`busy()`'s second window (later ones grow by `growth` as usual)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -73,8 +80,10 @@ class WindowSchedule:
         return cls(first_new=WHOLE_CODES, new=WHOLE_CODES, growth=1.0, max_new=WHOLE_CODES, busy_streams=1 << 30)
 
     def busy(self) -> "WindowSchedule":
-        """The schedule for a loaded engine: first windows of 8 then 24 new codes (same context, same seams)."""
-        return replace(self, first_new=max(self.first_new, 8), new=max(self.new, 24))
+        """The schedule for a loaded engine: larger first windows (`busy_first_new`, `busy_new`), same context
+        and seams."""
+        return replace(self, first_new=max(self.first_new, self.busy_first_new), new=max(self.new, self.busy_new),
+                       max_new=max(self.max_new, self.busy_new))
 
     def new_codes(self, window_index: int) -> int:
         """New codes emitted by window number `window_index` (0-based)."""

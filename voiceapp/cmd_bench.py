@@ -150,8 +150,11 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
     return result
 
 
-VARIANTS = {"first_new4": WindowSchedule(first_new=4), "first_new2": WindowSchedule(first_new=2)}
-"""Smaller first windows with the full 16-code right context: fewer tokens before first audio, same seams."""
+VARIANTS = {"first_new2": (WindowSchedule(first_new=2), (1,)),
+            "busy8_24": (WindowSchedule(busy_first_new=8, busy_new=24), (128,)),
+            "busy24_48": (WindowSchedule(busy_first_new=24, busy_new=48), (128,))}
+"""Other schedules on the same engine: a 2-code first window (2 tokens fewer before first audio, same seams) at
+1 stream, and smaller / larger busy first windows than the default 16 + 32 at 128 streams."""
 
 
 def _guard(fn, log) -> dict:

@@ -65,5 +65,7 @@ def test_invalid_schedules_are_rejected(kwargs):
 def test_busy_schedule_only_enlarges_the_first_windows():
     s = WindowSchedule()
     b = s.busy()
-    assert (b.first_new, b.new) == (8, 24) and (b.left, b.right, b.crossfade) == (s.left, s.right, s.crossfade)
-    assert WindowSchedule(first_new=16, new=32).busy().first_new == 16
+    assert (b.first_new, b.new) == (s.busy_first_new, s.busy_new) and b.first_new > s.first_new
+    assert (b.left, b.right, b.crossfade) == (s.left, s.right, s.crossfade)
+    assert WindowSchedule(first_new=24, new=48).busy().first_new == 24
+    assert WindowSchedule(busy_first_new=8, busy_new=24).busy().new == 24

@@ -1,0 +1,49 @@
+"""The benchmark's playback simulations (engine.bench): our player (audio pre-roll, rebuffer) and the stricter
+fixed-delay player, and how the headline picks the largest real-time level."""
+import math
+
+from engine import bench
+
+SR = 1000  # 1 sample = 1 ms keeps the arithmetic readable
+
+
+def test_player_waits_for_its_preroll_of_audio_then_plays_without_gaps():
+    # 80 ms at t=0, 320 ms at t=0.1 (pre-roll reached: starts at 0.1 holding 400 ms), 480 ms at t=0.45
+    chunks = [(0.0, 80), (0.1, 320), (0.45, 480)]
+    played = bench.simulate_player(chunks, SR, preroll_s=0.2)
+    assert played == bench.Playback(0, 0.0, 0.1)
+    # the fixed-delay player starts at 0.2 with only 400 ms queued and also makes it (runs out at 0.6)
+    assert bench.simulate_playback(chunks, SR, 0.2) == (0, 0.0)
+
+
+def test_fixed_delay_player_underruns_where_ours_does_not():
+    # a short first chunk and a slow second one: the fixed-delay player starts at 0.2 with 80 ms and runs dry
+    chunks = [(0.0, 80), (0.5, 320), (0.7, 480)]
+    assert bench.simulate_playback(chunks, SR, 0.2) == (1, 0.5 - 0.28)
+    played = bench.simulate_player(chunks, SR, preroll_s=0.2)
+    assert (played.underruns, played.onset) == (0, 0.5)
+
+
+def test_player_underrun_rebuffers_before_resuming():
+    # starts at 0 with 200 ms, runs dry at 0.2; the next chunks (100 ms each at 0.5 and 0.7) must add up to the
+    # 200 ms rebuffer first: it resumes at 0.7, so 0.5 s of silence, one underrun
+    chunks = [(0.0, 200), (0.5, 100), (0.7, 100), (0.75, 1000)]
+    played = bench.simulate_player(chunks, SR, preroll_s=0.2)
+    assert played.underruns == 1 and math.isclose(played.silence_s, 0.5) and played.onset == 0.0
+    # with no rebuffer it resumes with each chunk as it comes, and so runs dry twice (0.2-0.5, 0.6-0.7)
+    resumed = bench.simulate_player(chunks, SR, preroll_s=0.2, rebuffer_s=0.0)
+    assert resumed.underruns == 2 and math.isclose(resumed.silence_s, 0.4)
+
+
+def test_a_stream_shorter_than_the_preroll_still_plays():
+    played = bench.simulate_player([(0.0, 50), (0.02, 50)], SR, preroll_s=0.2)
+    assert played == bench.Playback(0, 0.0, 0.02)
+    assert math.isnan(bench.simulate_player([], SR).onset)
+
+
+def test_max_realtime_is_the_largest_level_with_every_smaller_one_real_time():
+    levels = {1: {"realtime": True, "f": True}, 8: {"realtime": True, "f": False},
+              32: {"realtime": False, "f": True}, 64: {"realtime": True, "f": True}}
+    assert bench._max_realtime(levels, "realtime") == 8
+    assert bench._max_realtime(levels, "f") == 1
+    assert bench._max_realtime({1: {}}, "realtime") == 0
