@@ -460,9 +460,10 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
 
 def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
                        repeats: int = 10, device: str = "cuda") -> list[dict[str, Any]]:
-    """fp32 CUDA-graph decode with cuDNN's autotuned algorithms (what the streaming engine captures: ~86 s of
-    start-up on an H200) vs its fixed deterministic ones (export's engine: 4.7 s): graph capture seconds and
-    ms per call for each (length, batch). If "fixed" decodes about as fast, start-up can drop the autotuning."""
+    """fp32 CUDA-graph decode with the streaming engine's cuDNN algorithms ("default": batch-1 graphs autotuned,
+    the rest fixed, see BiCodecDecoder._pick_algorithms) vs cuDNN's fixed deterministic ones everywhere
+    (export's engine): graph capture seconds and ms per call for each (length, batch). Capture seconds are only
+    comparable on a fresh process (cuDNN keeps what it timed for earlier shapes)."""
     import torch
 
     from engine.backends.bicodec import BiCodecDecoder
@@ -470,7 +471,7 @@ def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Seque
     rows = []
     was = torch.backends.cudnn.deterministic
     try:
-        for algorithms in ("autotuned", "fixed"):
+        for algorithms in ("default", "fixed"):
             dec = BiCodecDecoder(bicodec_dir, device=device, deterministic=algorithms == "fixed")
             capture_s = dec.warmup(lengths, batches)
             for n in lengths:

@@ -123,7 +123,7 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
         result["decoder_speed"] = _guard(lambda: bench.decoder_speed(model / "BiCodec", lengths_for(schedule)), log)
         for row in result["decoder_speed"] if isinstance(result["decoder_speed"], list) else []:
             log(f"  {row}")
-        log("decoder cuDNN algorithms (autotuned vs fixed, fp32 graphs)")
+        log("decoder cuDNN algorithms (default: batch 1 autotuned, vs fixed everywhere; fp32 graphs)")
         result["decoder_algorithms"] = _guard(
             lambda: bench.decoder_algorithms(model / "BiCodec", lengths_for(schedule)), log)
         for row in result["decoder_algorithms"] if isinstance(result["decoder_algorithms"], list) else []:

@@ -205,8 +205,7 @@ class BiCodecDecoder:
     def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 4, 8, 16, 32, 64)) -> float:
         """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.
 
-        No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little),
-        and each captured shape adds ~1.5 s to start-up (cuDNN autotuning)."""
+        No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little)."""
         import time
 
         t = time.perf_counter()
@@ -215,18 +214,26 @@ class BiCodecDecoder:
             for n in lengths:
                 self.decode([DecodeItem(tuple([0] * n), glob)])
             return time.perf_counter() - t
-        benchmark = torch.backends.cudnn.benchmark
-        # the fastest conv algorithms for each captured shape, chosen once (by timing: not when deterministic)
-        torch.backends.cudnn.benchmark = not self.deterministic
+        flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
         try:
             with torch.inference_mode():
                 for n in sorted(set(lengths)):
                     for b in sorted(set(batches)):
+                        self._pick_algorithms(autotune=b == 1 and not self.deterministic)
                         self._graphs.capture(b, n, self.global_count)
         finally:
-            torch.backends.cudnn.benchmark = benchmark  # eager (odd) shapes: no per-shape autotuning stalls
+            # eager (odd) shapes: no per-shape autotuning stalls
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
         self.max_batch = max(self.max_batch, max(batches))
         return time.perf_counter() - t
+
+    def _pick_algorithms(self, autotune: bool) -> None:
+        """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
+        Only batch-1 graphs are autotuned. On the H200 autotuned graphs were 10-20% faster at batch 1 (the first
+        window of a lone stream: TTFA) and within a few percent from batch 8 up, while autotuning every
+        captured shape made graph capture ~90 s of engine start-up (docs/benchmarks.md, decoder algorithms)."""
+        torch.backends.cudnn.benchmark = autotune
+        torch.backends.cudnn.deterministic = not autotune
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """Audio for each item's kept codes: float32, (keep_stop - keep_start) · samples_per_code samples."""

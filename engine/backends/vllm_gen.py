@@ -124,11 +124,14 @@ class _Channel:
 class VllmTokenGenerator:
     """TokenGenerator over vLLM's AsyncLLM (bf16, CUDA graphs, continuous batching)."""
 
+    batch_invariant = False
+    own_top_k_top_p = False
+
     def __init__(self, info: Any, *, events: EventSink = ignore_events, max_num_seqs: int = 256,
                  max_model_len: int = 4096, decoder_reserve_gib: float = 12.0, want_gib: float = 24.0,
                  gpu_memory_utilization: float | None = None, warmup_batches: Sequence[int] = WARMUP_BATCHES,
                  enforce_eager: bool = False, start_timeout_s: float = 900.0, batch_invariant: bool = False,
-                 **engine_kwargs: Any) -> None:
+                 own_top_k_top_p: bool | None = None, **engine_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
@@ -159,14 +162,18 @@ class VllmTokenGenerator:
         then (it sorts on the GPU below 8 requests and runs a Triton kernel from 8 up: measured on an H200, 0 of 8
         seeded requests kept their tokens when 16 others joined, against 8 of 8 with temperature only), so in this
         mode top-k/top-p go to engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That
-        processor is loaded only in this mode: in the one bench run with it loaded (unused) vLLM stepped ~17%
-        slower than in the run before (cause not isolated: docs/benchmarks.md, runs 4 and 5)."""
+        processor is loaded only in this mode (or with `own_top_k_top_p`): in the one bench run with it loaded
+        (unused) vLLM stepped ~17% slower than in the run before (cause not isolated: docs/benchmarks.md, runs 4
+        and 5)."""
+        self.own_top_k_top_p = self.batch_invariant if own_top_k_top_p is None else own_top_k_top_p
+        """Top-k/top-p through our processor instead of vLLM's sampler (needs it loaded: it is when this starts
+        True; scripts/vllm_ttft_probe.py flips it per case to time both)."""
         self._setup(info.token_ids, events, max_num_seqs)
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
                            disable_log_stats=True,
-                           logits_processors=LOGITS_PROCESSORS if self.batch_invariant else LOGITS_PROCESSORS[:1],
+                           logits_processors=LOGITS_PROCESSORS if self.own_top_k_top_p else LOGITS_PROCESSORS[:1],
                            **engine_kwargs)
         t0 = time.perf_counter()
         events(Notice(f"starting vLLM on {torch.cuda.get_device_name()} (model load, compile, CUDA graphs; "
@@ -237,7 +244,7 @@ class VllmTokenGenerator:
         if prompt.allowed_ids is not None:
             extra[ALLOWED_RUNS_KEY] = id_runs(prompt.allowed_ids)
         top_k, top_p = opts.top_k, opts.top_p
-        if self.batch_invariant and opts.temperature > 0 and (top_k or top_p < 1):
+        if self.own_top_k_top_p and opts.temperature > 0 and (top_k or top_p < 1):
             extra[TOP_K_TOP_P_KEY] = [top_k, top_p]
             top_k, top_p = 0, 1.0
         return SamplingParams(
