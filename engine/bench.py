@@ -620,6 +620,7 @@ class BenchOptions:
     decoder_checks: bool = True
     backend: str = "auto"
     decoder_dtype: str = "auto"
+    decoder_autotune: str = "batch1"
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     threads: int | None = None
     variants: dict[str, tuple[WindowSchedule, Sequence[int]]] = field(default_factory=dict)
@@ -645,7 +646,8 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
         t0 = time.perf_counter()
         synth = build_synthesizer(EngineConfig(model=str(opts.model), backend=opts.backend, schedule=opts.schedule,
                                                voices=VoiceBank([Path(tmp) / "voices"]), cache_dir=str(Path(tmp)),
-                                               threads=opts.threads, decoder_dtype=opts.decoder_dtype),
+                                               threads=opts.threads, decoder_dtype=opts.decoder_dtype,
+                                               decoder_autotune=opts.decoder_autotune),
                                   events=on_event)
         build_s = time.perf_counter() - t0
         inner = synth.generator

@@ -32,6 +32,9 @@ class EngineConfig:
     """Voice bank; None = builtin presets + the user's voices."""
     cache_dir: str | None = None
     """Root of the speaker-globals cache; None = the user cache dir."""
+    decoder_autotune: str = "batch1"
+    """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: batch1 (default: the lone
+    stream's windows, TTFA) | all (slower start-up) | none. See BiCodecDecoder.autotune."""
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
     in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""
@@ -41,6 +44,8 @@ class EngineConfig:
             raise ValueError(f"unknown backend {self.backend!r}")
         if self.decoder_dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
+        if self.decoder_autotune not in ("batch1", "all", "none"):
+            raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")
 
 
 GPU_DECODER_DTYPE = "fp32"
@@ -120,7 +125,7 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
         GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype]
     try:
         gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
-                             deterministic=config.deterministic)
+                             deterministic=config.deterministic, autotune=config.decoder_autotune)
         seconds = gpu.warmup(lengths_for(config.schedule))
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device == "cuda":

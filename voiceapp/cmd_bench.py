@@ -39,11 +39,14 @@ def add_parser(sub) -> None:
                    help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
     p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--decoder-autotune", choices=["batch1", "all", "none"], default="batch1",
+                   help="GPU decoder graphs captured with cuDNN's timed algorithms (default batch1)")
     p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default: the schedule's, 4)")
     p.add_argument("--first-right", type=int, help="WindowSchedule.first_right (default: right = 16)")
     p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.add_argument("--no-variants", action="store_true",
                    help="skip the TTFA runs with other first-window schedules")
+    p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
     p.set_defaults(run=run)
 
 
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--levels: expected comma-separated integers, got {args.levels!r}") from None
     if not levels or min(levels) < 1:
         raise InputError("--levels: need at least one stream count >= 1")
+    _variants(args)  # a bad name fails before minutes of checkpoint writing and model loading
     schedule = WindowSchedule()
     if args.first_new or args.first_right:
         from dataclasses import replace
@@ -107,7 +111,8 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
 
     result: dict = {"device": bench.device_name(), "checkpoint": checkpoint,
                     "options": {"tokens_per_sentence": args.tokens, "sentences_per_stream": args.sentences,
-                                "levels": list(levels), "preroll_s": 0.2, "schedule": asdict(schedule)}}
+                                "levels": list(levels), "preroll_s": 0.2, "schedule": asdict(schedule),
+                                "decoder_autotune": args.decoder_autotune}}
     cuda = _cuda()
     if cuda and not args.no_decoder_checks:
         from engine.batching import lengths_for
@@ -138,8 +143,9 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
                               rounds_1=args.rounds_1, export_sentences=args.export_sentences,
                               export_concurrency=args.export_concurrency,
                               sequential_export_sentences=args.sequential_export, backend=args.backend,
-                              decoder_dtype=args.decoder_dtype, schedule=schedule, threads=args.threads,
-                              variants={} if args.no_variants else VARIANTS)
+                              decoder_dtype=args.decoder_dtype, decoder_autotune=args.decoder_autotune,
+                              schedule=schedule, threads=args.threads,
+                              variants=_variants(args))
     log(f"pipeline ({args.tokens} tokens x {args.sentences} sentences per stream)")
     result["pipeline"] = asyncio.run(bench.run_pipeline_bench(opts, log))
     if not args.no_reference:
@@ -152,9 +158,25 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
 
 VARIANTS = {"first_new2": (WindowSchedule(first_new=2), (1,)),
             "busy8_24": (WindowSchedule(busy_first_new=8, busy_new=24), (128,)),
-            "busy24_48": (WindowSchedule(busy_first_new=24, busy_new=48), (128,))}
+            "busy16_16": (WindowSchedule(busy_first_new=16, busy_new=16), (128,)),
+            "busy24_24": (WindowSchedule(busy_first_new=24, busy_new=24), (128,))}
 """Other schedules on the same engine: a 2-code first window (2 tokens fewer before first audio, same seams) at
-1 stream, and smaller / larger busy first windows than the default 16 + 32 at 128 streams."""
+1 stream, and other busy first windows than the default 16 + 32 at 128 streams (24 + 48 underran on every stream
+in runs 6 and 7)."""
+
+
+def _variants(args: argparse.Namespace) -> dict:
+    if args.no_variants:
+        return {}
+    if not args.variants:
+        return VARIANTS
+    from engine.errors import InputError
+
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise InputError(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    return {n: VARIANTS[n] for n in names}
 
 
 def _guard(fn, log) -> dict:

@@ -171,7 +171,7 @@ class BiCodecDecoder:
     def __init__(
         self, bicodec_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
         num_threads: int | None = None, with_encoder: bool = False, max_batch: int = 16,
-        ref_seconds: float = 6.0, deterministic: bool = False,
+        ref_seconds: float = 6.0, deterministic: bool = False, autotune: str = "batch1",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -180,6 +180,8 @@ class BiCodecDecoder:
         pick differently in another process, so a resumed export could differ in the last bits)."""
         if deterministic:
             torch.backends.cudnn.deterministic = True
+        self.autotune = "none" if deterministic else autotune
+        """Captured graphs that get cuDNN's timed algorithms: batch1 | all | none (see _pick_algorithms)."""
         self.model = load_bicodec(bicodec_dir, device=device, dtype=dtype, with_encoder=with_encoder)
         cfg = self.model.config
         self.device = torch.device(device)
@@ -219,7 +221,7 @@ class BiCodecDecoder:
             with torch.inference_mode():
                 for n in sorted(set(lengths)):
                     for b in sorted(set(batches)):
-                        self._pick_algorithms(autotune=b == 1 and not self.deterministic)
+                        self._pick_algorithms(autotune=self.autotune == "all" or (self.autotune == "batch1" and b == 1))
                         self._graphs.capture(b, n, self.global_count)
         finally:
             # eager (odd) shapes: no per-shape autotuning stalls
@@ -229,7 +231,7 @@ class BiCodecDecoder:
 
     def _pick_algorithms(self, autotune: bool) -> None:
         """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
-        Only batch-1 graphs are autotuned. On the H200 autotuned graphs were 10-20% faster at batch 1 (the first
+        By default only batch-1 graphs are autotuned. On the H200 autotuned graphs were 10-20% faster at batch 1 (the first
         window of a lone stream: TTFA) and within a few percent from batch 8 up, while autotuning every
         captured shape made graph capture ~90 s of engine start-up (docs/benchmarks.md, decoder algorithms)."""
         torch.backends.cudnn.benchmark = autotune
