@@ -133,6 +133,8 @@ class Playback:
     """Seconds of unplanned silence (from each underrun until playing resumed)."""
     onset: float
     """Wall time at which the first sample was played (perf_counter seconds)."""
+    first_underrun: int = -1
+    """Index of the chunk that came too late the first time (-1: none)."""
 
 
 def simulate_player(chunks: Sequence[tuple[float, int]], sample_rate: int, preroll_s: float = 0.2,
@@ -145,10 +147,11 @@ def simulate_player(chunks: Sequence[tuple[float, int]], sample_rate: int, prero
     rebuffer = preroll_s if rebuffer_s is None else rebuffer_s
     playing, threshold, queued = False, preroll_s, 0.0
     runs_out = onset = stalled = math.nan  # runs_out: wall time at which the queued audio is used up
-    underruns, silence = 0, 0.0
+    underruns, silence, first = 0, 0.0, -1
     for k, (arrival, samples) in enumerate(chunks):
         if playing and arrival > runs_out + 1e-9:
             underruns, playing, threshold, queued, stalled = underruns + 1, False, rebuffer, 0.0, runs_out
+            first = k if first < 0 else first
         if playing:
             runs_out += samples / sample_rate
             continue
@@ -159,7 +162,7 @@ def simulate_player(chunks: Sequence[tuple[float, int]], sample_rate: int, prero
                 onset = arrival
             if not math.isnan(stalled):
                 silence, stalled = silence + arrival - stalled, math.nan
-    return Playback(underruns, silence, onset)
+    return Playback(underruns, silence, onset, first)
 
 
 def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, preroll_s: float = 0.2
@@ -221,6 +224,10 @@ class LevelResult:
     """From the first window's last token reaching the pipeline to its decode being submitted (host plumbing)."""
     first_decode_ms_p50: float = math.nan
     """From the first window's decode being submitted to its audio coming back (queue, thread hop, decode)."""
+    decode_ms_by_window: dict[int, list[float]] = field(default_factory=dict)
+    """Window index of the first sentence -> [p50, p95] ms from decode submitted to audio back."""
+    first_underrun_chunks: dict[int, int] = field(default_factory=dict)
+    """Chunk index -> streams whose first underrun (our player) came before that chunk arrived."""
 
     @property
     def realtime(self) -> bool:
@@ -255,23 +262,27 @@ async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: st
     return records, times, firsts
 
 
-class FirstDecodes:
-    """Event sink (chained after the bench's own): when each request's first window was submitted to the
-    decoder and when its audio came back, from its first ChunkDecoded event."""
+class DecodeLog:
+    """Event sink (chained after the bench's own): when each window of each request's first sentence was
+    submitted to the decoder and when its audio came back, from the ChunkDecoded events."""
 
     def __init__(self) -> None:
-        self.times: dict[str, tuple[float, float]] = {}
+        self.times: dict[str, list[tuple[float, float]]] = {}
 
     def record(self, event: Any) -> None:
         from engine.events import ChunkDecoded
 
-        if isinstance(event, ChunkDecoded) and event.sentence_index == 0 and event.request_id not in self.times:
-            self.times[event.request_id] = (event.t - event.decode_s, event.t)
+        if isinstance(event, ChunkDecoded) and event.sentence_index == 0:
+            self.times.setdefault(event.request_id, []).append((event.t - event.decode_s, event.t))
+
+
+WINDOWS_REPORTED = 6
+"""Windows of the first sentence whose decode latency a level reports (p50, p95 in ms)."""
 
 
 def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: dict[str, TokenTimes],
               sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float,
-              decodes: dict[str, tuple[float, float]] | None = None) -> LevelResult:
+              decodes: dict[str, list[tuple[float, float]]] | None = None) -> LevelResult:
     ttfa = [r.ttfa() * 1e3 for r in records]
     steady = [r.steady_rtf(sample_rate) for r in records]
     fixed = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
@@ -281,11 +292,18 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
     ttft = [(t.deltas[0][0] - t.start) * 1e3 for t in firsts.values() if t.deltas]
     need = [((t.time_of(first_tokens) or math.nan) - t.start) * 1e3 for t in firsts.values()]
     submit, decode = [], []
-    for rid, (sent, back) in (decodes or {}).items():
+    by_window: dict[int, list[float]] = {}
+    for rid, windows in (decodes or {}).items():
         ready = firsts[rid].time_of(first_tokens) if rid in firsts else None
-        if ready is not None:
-            submit.append((sent - ready) * 1e3)
-            decode.append((back - sent) * 1e3)
+        if ready is not None and windows:
+            submit.append((windows[0][0] - ready) * 1e3)
+            decode.append((windows[0][1] - windows[0][0]) * 1e3)
+        for k, (sent, back) in enumerate(windows[:WINDOWS_REPORTED]):
+            by_window.setdefault(k, []).append((back - sent) * 1e3)
+    late: dict[int, int] = {}
+    for p in played:
+        if p.first_underrun >= 0:
+            late[p.first_underrun] = late.get(p.first_underrun, 0) + 1
     return LevelResult(
         streams=n, ttfa_ms_p50=percentile(ttfa, 50), ttfa_ms_p95=percentile(ttfa, 95),
         steady_rtf_p50=percentile(steady, 50), steady_rtf_max=max(steady),
@@ -299,11 +317,14 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
         ttft_ms_p50=percentile(ttft, 50) if ttft else math.nan,
         first_window_tokens_ms_p50=percentile([x for x in need if not math.isnan(x)], 50) if need else math.nan,
         decode_batch_mean=batch_mean, first_submit_ms_p50=percentile(submit, 50),
-        first_decode_ms_p50=percentile(decode, 50))
+        first_decode_ms_p50=percentile(decode, 50),
+        decode_ms_by_window={k: [round(percentile(v, 50), 1), round(percentile(v, 95), 1)]
+                             for k, v in sorted(by_window.items())},
+        first_underrun_chunks=dict(sorted(late.items())))
 
 
 async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
-                        preroll_s: float = 0.2, decodes: FirstDecodes | None = None) -> LevelResult:
+                        preroll_s: float = 0.2, decodes: DecodeLog | None = None) -> LevelResult:
     stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
     records: list[StreamRecord] = []
     times: list[TokenTimes] = []
@@ -321,7 +342,7 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
     schedule = synth.schedule.busy() if n > synth.schedule.busy_streams else synth.schedule
     first_tokens = schedule.first_new + schedule.right_context(0)
     mine = {r.request_id: decodes.times.pop(r.request_id) for r in records
-            if decodes is not None and r.request_id in decodes.times}
+            if decodes is not None and r.request_id in decodes.times}  # (popped: the log stays small)
     return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
                      items / calls if calls else 0.0, mine)
 
@@ -620,7 +641,8 @@ class BenchOptions:
     decoder_checks: bool = True
     backend: str = "auto"
     decoder_dtype: str = "auto"
-    decoder_autotune: str = "batch1"
+    decoder_autotune: str = "all"
+    """As `voicectl serve` (the many-streams configuration this measures); see EngineConfig.decoder_autotune."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     threads: int | None = None
     variants: dict[str, tuple[WindowSchedule, Sequence[int]]] = field(default_factory=dict)
@@ -633,7 +655,7 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
     from engine.voices import VoiceBank
 
     notices: list[str] = []
-    decodes = FirstDecodes()
+    decodes = DecodeLog()
 
     def on_event(event: Any) -> None:
         decodes.record(event)
@@ -701,12 +723,14 @@ def _describe(level: LevelResult) -> str:
             f"{level.first_decode_ms_p50:.1f} ms), onset p50 {level.onset_ms_p50:.0f} ms, steady RTF p50 "
             f"{level.steady_rtf_p50:.3f} max {level.steady_rtf_max:.3f}, underruns {level.underruns} "
             f"({level.streams_with_underruns} streams; fixed-delay player {level.underruns_fixed_delay}), "
-            f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f}")
+            f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f}, "
+            f"decode ms by window {level.decode_ms_by_window}"
+            + (f", first underrun before chunk {level.first_underrun_chunks}" if level.underruns else ""))
 
 
 async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: WindowSchedule, levels: Sequence[int],
                            opts: BenchOptions, *, text: str, voice: str, log: Callable[[str], None], name: str,
-                           decodes: FirstDecodes | None = None) -> dict[str, Any]:
+                           decodes: DecodeLog | None = None) -> dict[str, Any]:
     """TTFA etc. with another window schedule on the same engine (graphs captured for its shapes first); the
     original schedule is restored afterwards."""
     from engine.batching import lengths_for

@@ -34,7 +34,8 @@ class EngineConfig:
     """Root of the speaker-globals cache; None = the user cache dir."""
     decoder_autotune: str = "batch1"
     """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: batch1 (default: the lone
-    stream's windows, TTFA) | all (slower start-up) | none. See BiCodecDecoder.autotune."""
+    stream's windows, TTFA; graph capture ~10 s on an H200) | all (`voicectl serve`: ~97 s, and batched decodes
+    measured 15-20% faster at 8-32 streams) | none. See BiCodecDecoder.autotune."""
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
     in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+from dataclasses import replace
 
 from voiceapp.common import add_engine_args, engine_config
 
@@ -39,7 +40,9 @@ async def serve(args: argparse.Namespace) -> None:
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
-        synth = build_synthesizer(engine_config(args))
+        # A server starts once and then carries many streams: every decoder graph gets timed cuDNN algorithms
+        # (~90 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8).
+        synth = build_synthesizer(replace(engine_config(args), decoder_autotune="all"))
     except BaseException:
         lock.release()
         raise

@@ -30,6 +30,7 @@ def test_player_underrun_rebuffers_before_resuming():
     chunks = [(0.0, 200), (0.5, 100), (0.7, 100), (0.75, 1000)]
     played = bench.simulate_player(chunks, SR, preroll_s=0.2)
     assert played.underruns == 1 and math.isclose(played.silence_s, 0.5) and played.onset == 0.0
+    assert played.first_underrun == 1
     # with no rebuffer it resumes with each chunk as it comes, and so runs dry twice (0.2-0.5, 0.6-0.7)
     resumed = bench.simulate_player(chunks, SR, preroll_s=0.2, rebuffer_s=0.0)
     assert resumed.underruns == 2 and math.isclose(resumed.silence_s, 0.4)
