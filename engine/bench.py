@@ -479,6 +479,39 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
     return rows
 
 
+def decoder_snake(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
+                  repeats: int = 10) -> dict[str, Any]:
+    """fp32 CUDA-graph decode with Snake as eager PyTorch ops vs the fused Triton kernel (engine.backends.
+    snake_fused), same fixed cuDNN algorithms in both: ms per call for each (length, batch), and how far the
+    fused decode is from the eager one (dB, on a 128-code window)."""
+    import torch
+
+    from engine.backends import snake_fused
+    from engine.backends.bicodec import BiCodecDecoder
+
+    rows, audio = [], {}
+    window = [DecodeItem(tuple((k * 53 + 11) % 8192 for k in range(128)), tuple(range(32)))]
+    was = snake_fused.enabled
+    try:
+        for fused in (False, True):
+            snake_fused.enabled = fused
+            dec = BiCodecDecoder(bicodec_dir, device="cuda", autotune="none")
+            capture_s = dec.warmup(lengths, batches)
+            for n in lengths:
+                for b in batches:
+                    rows.append({"snake": "fused" if fused else "eager", "capture_s": round(capture_s, 1),
+                                 "codes": n, "batch": b, "ms": round(_decode_ms(dec, n, b, repeats), 3)})
+            audio[fused] = dec.decode(window)[0]
+            del dec
+            torch.cuda.empty_cache()
+    finally:
+        snake_fused.enabled = was
+    diff = float(np.sqrt(np.mean((audio[True] - audio[False]) ** 2)))
+    ref = float(np.sqrt(np.mean(audio[False] ** 2)))
+    return {"available": snake_fused.available(), "rows": rows,
+            "db_fused_vs_eager": 20 * math.log10(max(diff, 1e-12) / max(ref, 1e-12))}
+
+
 def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
                        repeats: int = 10, device: str = "cuda") -> list[dict[str, Any]]:
     """fp32 CUDA-graph decode with the streaming engine's cuDNN algorithms ("default": batch-1 graphs autotuned,

@@ -134,6 +134,11 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
             lambda: bench.decoder_algorithms(model / "BiCodec", lengths_for(schedule)), log)
         for row in result["decoder_algorithms"] if isinstance(result["decoder_algorithms"], list) else []:
             log(f"  {row}")
+        log("decoder Snake activation (eager ops vs fused Triton kernel, fp32 graphs, fixed algorithms)")
+        result["decoder_snake"] = _guard(lambda: bench.decoder_snake(model / "BiCodec", lengths_for(schedule)), log)
+        for row in (result["decoder_snake"].get("rows") or []):
+            log(f"  {row}")
+        log(f"  fused vs eager: {result['decoder_snake'].get('db_fused_vs_eager')} dB")
     if args.decoder_only:
         if not cuda:
             from engine.errors import InputError

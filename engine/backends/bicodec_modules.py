@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.backends import snake_fused
+
 # ----------------------------------------------------------------------------------------------------------
 # Weight norm: plain convs in memory, legacy g/v pairs on disk.
 
@@ -199,6 +201,8 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.is_cuda and snake_fused.usable(x, self.alpha):
+            return snake_fused.fused_snake(x, self.alpha)
         inv_alpha = (self.alpha + 1e-9).reciprocal()
         if torch.is_grad_enabled():
             return x + torch.sin(self.alpha * x).square() * inv_alpha
