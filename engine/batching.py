@@ -149,15 +149,16 @@ def standard_lengths(first_new: int, new: int, growth: float, max_new: int, left
     index, with left clipped at the sentence start), ascending. These are the shapes worth batching (and
     capturing as CUDA graphs); final windows are widened to one of them by `widen_left`."""
     lengths = set()
-    emitted, previous = 0, -1
+    emitted = 0
     for k in range(64):
         n = first_new if k == 0 else min(max_new, int(new * growth ** (k - 1)))
         r = first_right if (k == 0 and first_right is not None) else right
         lengths.add(min(left, emitted) + n + r)
+        full_left = emitted >= left
         emitted += n
-        if k > 0 and n == previous and emitted >= left:  # steady state: every later window looks the same
+        following = min(max_new, int(new * growth ** k))
+        if k > 0 and following == n and full_left:  # steady state: every later window looks the same
             break
-        previous = n
     return tuple(sorted(lengths))
 
 

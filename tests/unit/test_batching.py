@@ -166,7 +166,7 @@ def test_rebinds_to_a_new_event_loop():
 
 def test_standard_lengths_match_the_planner():
     s = WindowSchedule()
-    assert lengths_for(s) == (20, 32, 48, 56, 80, 128)  # the default schedule's and its busy variant's
+    assert lengths_for(s) == (20, 32, 48, 56, 64, 80, 96, 128)  # the default schedule's and its busy variant's
     seen = set()
     for variant in (s, s.busy()):
         planner = WindowPlanner(variant)
@@ -176,6 +176,7 @@ def test_standard_lengths_match_the_planner():
     assert seen == set(lengths_for(s))
     assert standard_lengths(4, 24, 2.0, 96, 16, 16, first_right=12) == (16, 44, 80, 128)
     assert standard_lengths(8, 24, 1.0, 24, 16, 16) == (24, 48, 56)
+    assert standard_lengths(16, 16, 2.0, 96, 16, 16) == (32, 48, 64, 96, 128)  # second window = first
 
 
 def test_widen_left_takes_existing_context():
