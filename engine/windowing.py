@@ -53,11 +53,11 @@ class WindowSchedule:
     codes) anyway, so a smaller first window only costs decoder throughput; what matters is that each window
     arrives before the audio before it runs out, with decode batches queueing behind each other (128 streams,
     run 5: ~146 tokens/s per stream and ~300 ms from a first window's tokens to its audio)."""
-    busy_new: int = 16
-    """`busy()`'s second window (later ones grow by `growth` as usual). Equal to the first: at 128 streams on
-    the H200 (fused Snake), 16 + 16 and 8 + 24 played without an underrun while 16 + 32 underran on 80 streams,
-    all before their third chunk, whose 64-code windows took ~580 ms to decode in batches of ~128
-    (docs/benchmarks.md, run 9)."""
+    busy_new: int = 32
+    """`busy()`'s second window (later ones grow by `growth` as usual). At 128 streams on the H200 the first
+    128-stream run of a process underran on ~80 streams with 16 + 32 (run 9) and with 16 + 16 (run 10), while
+    a later run in the same process played both without an underrun: the choice between them is inside that
+    spread (docs/benchmarks.md, runs 6-10); 24 + 48 and 24 + 24 underran on every stream."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 

@@ -166,7 +166,7 @@ def test_rebinds_to_a_new_event_loop():
 
 def test_standard_lengths_match_the_planner():
     s = WindowSchedule()
-    assert lengths_for(s) == (20, 32, 48, 56, 64, 80, 96, 128)  # the default schedule's and its busy variant's
+    assert lengths_for(s) == (20, 32, 56, 64, 80, 96, 128)  # the default schedule's and its busy variant's
     seen = set()
     for variant in (s, s.busy()):
         planner = WindowPlanner(variant)
