@@ -9,8 +9,11 @@ same restriction to semantic ids (see `reference_pipeline`).
 Metrics (per stream = one request of `sentences` sentences):
 - TTFA: request start -> first audio chunk yielded by `Synthesizer.synthesize` (samples ready to play).
 - steady RTF: (last chunk time - first chunk time) / (audio after the first chunk); <1 is faster than real time.
-- underruns: a virtual player per stream starts `preroll_s` after the first chunk and plays at real time; each
-  moment it runs out of audio is one underrun (it then waits for the next chunk and resumes).
+- underruns: a virtual copy of our player per stream (`simulate_player`) starts once it holds `preroll_s` of
+  audio and plays at real time; each moment it runs out before the last chunk is one underrun (it then waits for
+  `preroll_s` of audio again). `max_realtime_streams` counts on it. The fixed-delay player of runs 1-5
+  (`simulate_playback`: starts `preroll_s` after the first chunk, whatever it holds) is reported beside it.
+- onset: when that player starts playing (TTFA plus the wait for the pre-roll): the first sound a user hears.
 Pure apart from the functions that load models (torch, spark_tts_lib and vLLM are imported inside them).
 """
 from __future__ import annotations
