@@ -231,9 +231,11 @@ class BiCodecDecoder:
 
     def _pick_algorithms(self, autotune: bool) -> None:
         """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
-        By default only batch-1 graphs are autotuned. On the H200 autotuned graphs were 10-20% faster at batch 1 (the first
-        window of a lone stream: TTFA) and within a few percent from batch 8 up, while autotuning every
-        captured shape made graph capture ~90 s of engine start-up (docs/benchmarks.md, decoder algorithms)."""
+        On the H200, autotuning every captured shape made graph capture ~95 s of engine start-up against ~10 s for
+        the batch-1 shapes only. Autotuned graphs were 10-20% faster at batch 1 (a lone stream's windows: TTFA);
+        timed alone, batches of 8-64 were within a few percent, yet in the pipeline fixed algorithms decoded the
+        batched first windows ~20% slower at 8-32 streams (docs/benchmarks.md, runs 8a/8b). Hence `autotune`:
+        batch1 for in-process front ends, all for the server."""
         torch.backends.cudnn.benchmark = autotune
         torch.backends.cudnn.deterministic = not autotune
 
