@@ -44,17 +44,20 @@ class DecodeBatcher:
 
     - Results are exactly what the decoder returns for each item (same order, same arrays).
     - At most `max_batch` windows and (if set) `max_codes` codes in all go into one call.
+    - With `one_length`, a call holds windows of one length only (the oldest waiting window's): a decoder runs
+      each length as its own forward pass and returns when all are done, so mixing lengths made every window wait
+      for every other length's pass too (for fixed-shape decoders, where lengths are few and standard).
     - A failing batch is retried item by item, so an error reaches only the caller whose window caused it.
     - A caller cancelled while waiting drops its window if it was not sent yet; others are unaffected.
     Bound to the event loop that uses it; it re-binds when idle on a new loop (tests make one per test).
     """
 
     def __init__(self, decoder: CodecDecoder, executor: Executor | None = None, *, max_batch: int = 64,
-                 max_codes: int | None = None) -> None:
+                 max_codes: int | None = None, one_length: bool = False) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.decoder, self.executor = decoder, executor
-        self.max_batch, self.max_codes = max_batch, max_codes
+        self.max_batch, self.max_codes, self.one_length = max_batch, max_codes, one_length
         self.stats = BatchStats()
         self._pending: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
         self._worker: asyncio.Task[None] | None = None
@@ -111,7 +114,8 @@ class DecodeBatcher:
                 _settle(future, result=pcm)
 
     def _take(self) -> list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]:
-        """Up to max_batch live windows (max_codes codes) from the front of the queue; cancelled ones dropped."""
+        """Up to max_batch live windows (max_codes codes; with one_length, of the first one's length) from the
+        front of the queue, in order; cancelled ones dropped; the rest keep their order."""
         batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
         codes = 0
         rest: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
@@ -121,7 +125,8 @@ class DecodeBatcher:
                 continue
             n = len(item.codes)
             full = len(batch) >= self.max_batch or (
-                self.max_codes is not None and batch and codes + n > self.max_codes)
+                self.max_codes is not None and batch and codes + n > self.max_codes) or (
+                self.one_length and batch and n != len(batch[0][0].codes))
             if full:
                 rest.append(entry)
             else:

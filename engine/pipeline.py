@@ -125,7 +125,8 @@ class Synthesizer:
         self.active_requests = 0
         """Requests being synthesized now (picks the busy window schedule)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
-        self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128))
+        self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128),
+                                     one_length=getattr(decoder, "fixed_shapes", False))
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
         self._shape_lengths = lengths_for(schedule) if getattr(decoder, "fixed_shapes", False) else ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""

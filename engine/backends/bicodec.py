@@ -201,8 +201,16 @@ class BiCodecDecoder:
         self._graphs = _GraphCache(self.model, self.device, self._stream) if cuda else None
         self.fixed_shapes = cuda
         """Windows of equal length batch into one pass (and may replay a graph): the pipeline widens to them."""
-        self.batch_limit = 128 if cuda else 16
-        """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher)."""
+        self._batch_limit = 128 if cuda else 16
+
+    @property
+    def batch_limit(self) -> int:
+        """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher): once graphs are
+        captured, the largest captured batch, so that a call is one graph replay per length and its windows
+        come back after it, not after a second replay for the overflow."""
+        if self._graphs is not None and self._graphs.batches:
+            return self._graphs.batches[-1]
+        return self._batch_limit
 
     def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 4, 8, 16, 32, 64)) -> float:
         """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.

@@ -88,6 +88,49 @@ async def test_streams_arriving_while_busy_share_a_call(pool):
             assert np.array_equal(pcm, ToneDecoder().decode([item(100 * k + w)])[0])
 
 
+class LengthRecordingDecoder(RecordingDecoder):
+    """Also records the window lengths of each call and when each call finished."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        super().__init__(delay_s)
+        self.lengths: list[list[int]] = []
+        self.finished: list[float] = []
+
+    def decode(self, items):
+        self.lengths.append([len(it.codes) for it in items])
+        out = super().decode(items)
+        self.finished.append(time.perf_counter())
+        return out
+
+
+async def test_one_length_per_call_keeps_arrival_order_and_returns_each_length_early(pool):
+    dec = LengthRecordingDecoder(delay_s=0.02)
+    batcher = DecodeBatcher(dec, pool, max_batch=4, one_length=True)
+    lengths = [20, 32, 20, 32, 32, 20, 48, 20, 20, 20]
+    items = [item(i, n=n) for i, n in enumerate(lengths)]
+    done: dict[int, float] = {}
+
+    async def one(k: int) -> np.ndarray:
+        pcm = await batcher.decode(items[k])
+        done[k] = time.perf_counter()
+        return pcm
+
+    got = await asyncio.gather(*(one(k) for k in range(len(items))))
+    for g, w in zip(got, ToneDecoder().decode(items)):
+        assert np.array_equal(g, w)
+    # all ten were queued before the worker ran: each call takes the oldest waiting window's length, up to 4
+    assert dec.lengths == [[20, 20, 20, 20], [32, 32, 32], [48], [20, 20]]
+    # a window comes back when its own call ends, not when a later length's call does
+    assert done[1] < dec.finished[2] and done[6] < dec.finished[3]
+
+
+async def test_mixed_lengths_share_a_call_without_one_length(pool):
+    dec = LengthRecordingDecoder(delay_s=0.02)
+    batcher = DecodeBatcher(dec, pool, max_batch=8)
+    await asyncio.gather(*(batcher.decode(item(i, n=n)) for i, n in enumerate([20, 32, 20, 48, 32])))
+    assert dec.lengths == [[20, 32, 20, 48, 32]]
+
+
 async def test_max_codes_bounds_a_batch(pool):
     dec = RecordingDecoder(delay_s=0.01)
     batcher = DecodeBatcher(dec, pool, max_batch=64, max_codes=50)
