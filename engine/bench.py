@@ -270,13 +270,14 @@ class DecodeLog:
     submitted to the decoder and when its audio came back, from the ChunkDecoded events."""
 
     def __init__(self) -> None:
-        self.times: dict[str, list[tuple[float, float]]] = {}
+        self.times: dict[str, list[tuple[float, float, int]]] = {}
+        """request id -> (submitted, audio back, new codes) per window of its first sentence."""
 
     def record(self, event: Any) -> None:
         from engine.events import ChunkDecoded
 
         if isinstance(event, ChunkDecoded) and event.sentence_index == 0:
-            self.times.setdefault(event.request_id, []).append((event.t - event.decode_s, event.t))
+            self.times.setdefault(event.request_id, []).append((event.t - event.decode_s, event.t, event.codes))
 
 
 WINDOWS_REPORTED = 6
@@ -285,7 +286,10 @@ WINDOWS_REPORTED = 6
 
 def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: dict[str, TokenTimes],
               sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float,
-              decodes: dict[str, list[tuple[float, float]]] | None = None) -> LevelResult:
+              decodes: dict[str, list[tuple[float, float, int]]] | None = None, right: int = 0) -> LevelResult:
+    """One level's numbers. `first_tokens`: tokens the first window needs; where `decodes` knows a stream's first
+    window, its own size + `right` is used instead (under load, streams that started before the engine counted
+    as busy got the small first window, later ones the busy one)."""
     ttfa = [r.ttfa() * 1e3 for r in records]
     steady = [r.steady_rtf(sample_rate) for r in records]
     fixed = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
@@ -293,15 +297,20 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
     onset = [(p.onset - r.start) * 1e3 for p, r in zip(played, records)]
     rates = [x for x in (t.rate() for t in times) if x]
     ttft = [(t.deltas[0][0] - t.start) * 1e3 for t in firsts.values() if t.deltas]
-    need = [((t.time_of(first_tokens) or math.nan) - t.start) * 1e3 for t in firsts.values()]
+    decodes = decodes or {}
+
+    def tokens_for(rid: str) -> int:
+        return decodes[rid][0][2] + right if decodes.get(rid) else first_tokens
+
+    need = [((t.time_of(tokens_for(rid)) or math.nan) - t.start) * 1e3 for rid, t in firsts.items()]
     submit, decode = [], []
     by_window: dict[int, list[float]] = {}
-    for rid, windows in (decodes or {}).items():
-        ready = firsts[rid].time_of(first_tokens) if rid in firsts else None
+    for rid, windows in decodes.items():
+        ready = firsts[rid].time_of(tokens_for(rid)) if rid in firsts else None
         if ready is not None and windows:
             submit.append((windows[0][0] - ready) * 1e3)
             decode.append((windows[0][1] - windows[0][0]) * 1e3)
-        for k, (sent, back) in enumerate(windows[:WINDOWS_REPORTED]):
+        for k, (sent, back, _) in enumerate(windows[:WINDOWS_REPORTED]):
             by_window.setdefault(k, []).append((back - sent) * 1e3)
     late: dict[int, int] = {}
     for p in played:
@@ -329,6 +338,8 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
 async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
                         preroll_s: float = 0.2, decodes: DecodeLog | None = None) -> LevelResult:
     stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
+    if decodes is not None:
+        decodes.times.clear()  # what unmeasured requests (warm-up, export) left behind
     records: list[StreamRecord] = []
     times: list[TokenTimes] = []
     firsts: dict[str, TokenTimes] = {}
@@ -347,7 +358,7 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
     mine = {r.request_id: decodes.times.pop(r.request_id) for r in records
             if decodes is not None and r.request_id in decodes.times}  # (popped: the log stays small)
     return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
-                     items / calls if calls else 0.0, mine)
+                     items / calls if calls else 0.0, mine, right=schedule.right_context(0))
 
 
 async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B on one machine (machine-to-machine spread was ~15-20% per LLM step between runs, docs/benchmarks.md):
 # the streaming bench with every decoder graph autotuned (--decoder-autotune all) and then with only batch-1
-# graphs autotuned (the default), plus the busy-window variants at 128 streams. Device call 2 of the usual two
+# graphs autotuned (what in-process front ends use), plus the busy-window variants at 128 streams. Device call 2 of the usual two
 # (call 1: cp .devcarry/vllm-core/core.part-aa /tmp/), carrying .devcarry/vllm-extra. Results under $OUT.
 set -u
 source scripts/device_env.sh || exit $?

@@ -166,11 +166,11 @@ VARIANTS = {"first_new2": (WindowSchedule(first_new=2), (1,)),
             "busy8_24": (WindowSchedule(busy_first_new=8, busy_new=24), (128,)),
             "busy16_16": (WindowSchedule(busy_first_new=16, busy_new=16), (128,)),
             "busy24_24": (WindowSchedule(busy_first_new=24, busy_new=24), (128,))}
-DEFAULT_VARIANTS = ("first_new2", "busy8_24", "busy16_16")
-"""What a plain `voicectl bench` runs (busy24_24 underran on every stream in run 8)."""
 """Other schedules on the same engine: a 2-code first window (2 tokens fewer before first audio, same seams) at
 1 stream, and other busy first windows than the default 16 + 32 at 128 streams (24 + 48 underran on every stream
 in runs 6 and 7)."""
+DEFAULT_VARIANTS = ("first_new2", "busy8_24", "busy16_16")
+"""What a plain `voicectl bench` runs (busy24_24 underran on every stream in run 8)."""
 
 
 def _variants(args: argparse.Namespace) -> dict:

@@ -41,7 +41,7 @@ async def serve(args: argparse.Namespace) -> None:
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
         # A server starts once and then carries many streams: every decoder graph gets timed cuDNN algorithms
-        # (~90 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8).
+        # (~85 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8).
         synth = build_synthesizer(replace(engine_config(args), decoder_autotune="all"))
     except BaseException:
         lock.release()

@@ -180,6 +180,8 @@ class BiCodecDecoder:
         pick differently in another process, so a resumed export could differ in the last bits)."""
         if deterministic:
             torch.backends.cudnn.deterministic = True
+        if autotune not in ("batch1", "all", "none"):
+            raise ValueError(f"unknown decoder autotune policy {autotune!r}")
         self.autotune = "none" if deterministic else autotune
         """Captured graphs that get cuDNN's timed algorithms: batch1 | all | none (see _pick_algorithms)."""
         self.model = load_bicodec(bicodec_dir, device=device, dtype=dtype, with_encoder=with_encoder)
@@ -239,7 +241,7 @@ class BiCodecDecoder:
 
     def _pick_algorithms(self, autotune: bool) -> None:
         """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
-        On the H200, autotuning every captured shape made graph capture ~95 s of engine start-up against ~10 s for
+        On the H200, autotuning every captured shape made graph capture ~95-97 s of engine start-up against ~10 s for
         the batch-1 shapes only. Autotuned graphs were 10-20% faster at batch 1 (a lone stream's windows: TTFA);
         timed alone, batches of 8-64 were within a few percent, yet in the pipeline fixed algorithms decoded the
         batched first windows ~20% slower at 8-32 streams (docs/benchmarks.md, runs 8a/8b). Hence `autotune`:

@@ -126,6 +126,7 @@ class VllmTokenGenerator:
 
     batch_invariant = False
     own_top_k_top_p = False
+    _top_k_top_p_loaded = False
 
     def __init__(self, info: Any, *, events: EventSink = ignore_events, max_num_seqs: int = 256,
                  max_model_len: int = 4096, decoder_reserve_gib: float = 12.0, want_gib: float = 24.0,
@@ -165,15 +166,18 @@ class VllmTokenGenerator:
         processor is loaded only in this mode (or with `own_top_k_top_p`): in the one bench run with it loaded
         (unused) vLLM stepped ~17% slower than in the run before (cause not isolated: docs/benchmarks.md, runs 4
         and 5)."""
-        self.own_top_k_top_p = self.batch_invariant if own_top_k_top_p is None else own_top_k_top_p
-        """Top-k/top-p through our processor instead of vLLM's sampler (needs it loaded: it is when this starts
-        True; scripts/vllm_ttft_probe.py flips it per case to time both)."""
+        # batch-invariant mode always needs our processor (vLLM's sampler would break determinism)
+        self._top_k_top_p_loaded = self.batch_invariant or bool(own_top_k_top_p)
+        self.own_top_k_top_p = self._top_k_top_p_loaded
+        """Top-k/top-p through our processor instead of vLLM's sampler. Only honoured while the processor is
+        loaded (batch-invariant mode, or `own_top_k_top_p=True` at start); scripts/vllm_ttft_probe.py flips it
+        per case to time both on one engine."""
         self._setup(info.token_ids, events, max_num_seqs)
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
                            disable_log_stats=True,
-                           logits_processors=LOGITS_PROCESSORS if self.own_top_k_top_p else LOGITS_PROCESSORS[:1],
+                           logits_processors=LOGITS_PROCESSORS if self._top_k_top_p_loaded else LOGITS_PROCESSORS[:1],
                            **engine_kwargs)
         t0 = time.perf_counter()
         events(Notice(f"starting vLLM on {torch.cuda.get_device_name()} (model load, compile, CUDA graphs; "
@@ -244,7 +248,8 @@ class VllmTokenGenerator:
         if prompt.allowed_ids is not None:
             extra[ALLOWED_RUNS_KEY] = id_runs(prompt.allowed_ids)
         top_k, top_p = opts.top_k, opts.top_p
-        if self.own_top_k_top_p and opts.temperature > 0 and (top_k or top_p < 1):
+        ours = self.batch_invariant or (self.own_top_k_top_p and self._top_k_top_p_loaded)
+        if ours and opts.temperature > 0 and (top_k or top_p < 1):
             extra[TOP_K_TOP_P_KEY] = [top_k, top_p]
             top_k, top_p = 0, 1.0
         return SamplingParams(

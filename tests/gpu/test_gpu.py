@@ -249,4 +249,31 @@ def test_fused_snake_equals_the_eager_formula(cuda):
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (shape, (got - want).abs().max().item())
             low = snake_fused.fused_snake(x.bfloat16(), alpha)
             assert low.dtype == torch.bfloat16 and torch.allclose(low.float(), want, rtol=2e-2, atol=5e-2)
-    assert not snake_fused.usable(x.cpu(), alpha.cpu())
+    with torch.inference_mode():
+        assert not snake_fused.usable(x.cpu(), alpha.cpu())  # CPU tensors keep the eager formula
+    assert not snake_fused.usable(x, alpha)  # autograd on: eager too
+
+
+def test_decoder_warmup_picks_algorithms_per_policy_and_restores_cudnn(gpu_model):
+    """batch1 autotunes only batch-1 graphs, all every graph, none none; the process-wide cuDNN flags come back."""
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    before = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    for policy, want in (("batch1", [True, False]), ("all", [True, True]), ("none", [False, False])):
+        dec = BiCodecDecoder(gpu_model / "BiCodec", device="cuda", autotune=policy)
+        seen = []
+        pick = dec._pick_algorithms
+
+        def spy(autotune: bool, pick=pick, seen=seen) -> None:
+            seen.append(autotune)
+            pick(autotune)
+
+        dec._pick_algorithms = spy
+        dec.warmup((20,), (1, 4))
+        assert seen == want, policy
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == before
+        del dec
+    with pytest.raises(ValueError):
+        BiCodecDecoder(gpu_model / "BiCodec", device="cuda", autotune="fast")

@@ -48,3 +48,19 @@ def test_max_realtime_is_the_largest_level_with_every_smaller_one_real_time():
     assert bench._max_realtime(levels, "realtime") == 8
     assert bench._max_realtime(levels, "f") == 1
     assert bench._max_realtime({1: {}}, "realtime") == 0
+
+
+def test_summarize_splits_the_first_window_per_stream():
+    """Two streams: one got a 4-code first window, one a 16-code (busy) one; each is timed at its own token."""
+    rec = [bench.StreamRecord(0.0, [(0.050, 80), (0.060, 240)], "a"),
+           bench.StreamRecord(0.0, [(0.100, 320), (0.200, 320)], "b")]
+    firsts = {"a": bench.TokenTimes(0.0, [(0.002 * k, k) for k in range(1, 41)]),
+              "b": bench.TokenTimes(0.0, [(0.002 * k, k) for k in range(1, 41)])}
+    decodes = {"a": [(0.041, 0.048, 4), (0.055, 0.059, 12)], "b": [(0.065, 0.095, 16)]}
+    lv = bench.summarize(2, rec, list(firsts.values()), firsts, SR, 0.2, first_tokens=32, wall_s=1.0,
+                         batch_mean=1.0, decodes=decodes, right=16)
+    # stream a needs 4 + 16 = 20 tokens (at 40 ms), stream b 16 + 16 = 32 (at 64 ms)
+    assert math.isclose(lv.first_window_tokens_ms_p50, (40 + 64) / 2)
+    assert math.isclose(lv.first_submit_ms_p50, 1.0) and math.isclose(lv.first_decode_ms_p50, (7 + 30) / 2)
+    assert lv.decode_ms_by_window[0] == [round((7 + 30) / 2, 1), round(7 + 0.95 * 23, 1)]
+    assert lv.decode_ms_by_window[1] == [4.0, 4.0] and lv.first_underrun_chunks == {}
