@@ -457,16 +457,29 @@ def decoder_accuracy(bicodec_dir: Path, schedules: dict[str, WindowSchedule], n_
     return out
 
 
-def _decode_ms(decoder: Any, codes: int, batch: int, repeats: int) -> float:
-    """Median ms of one decode() of `batch` windows of `codes` codes, after one untimed call."""
-    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(codes)), tuple(range(32))) for j in range(batch)]
-    decoder.decode(items)
+def call_times(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall seconds of each of `repeats` calls of `fn`, after one untimed call (first-use costs: kernels built per
+    shape, cuDNN autotuning)."""
+    fn()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        decoder.decode(items)
+        fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return times
+
+
+def _decode_ms(decoder: Any, codes: int, batch: int, repeats: int) -> float:
+    """Median ms of one decode() of `batch` windows of `codes` codes, after one untimed call."""
+    items = [DecodeItem(tuple((k * 37 + j) % 8192 for k in range(codes)), tuple(range(32))) for j in range(batch)]
+    return statistics.median(call_times(lambda: decoder.decode(items), repeats)) * 1e3
+
+
+def _speed_rows(decoder: Any, lengths: Sequence[int], batches: Sequence[int], repeats: int,
+                **labels: Any) -> list[dict[str, Any]]:
+    """One row per (length, batch): `labels`, then codes, batch and the median ms per decode() call."""
+    return [{**labels, "codes": n, "batch": b, "ms": round(_decode_ms(decoder, n, b, repeats), 3)}
+            for n in lengths for b in batches]
 
 
 def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[int] = (1, 8, 32, 64),
@@ -483,11 +496,8 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
         for mode in ("eager", "graph"):
             if mode == "graph":
                 dec.warmup(lengths, batches)
-            for n in lengths:
-                for b in batches:
-                    ms = _decode_ms(dec, n, b, repeats)
-                    rows.append({"dtype": dt, "mode": mode, "codes": n, "batch": b, "ms": round(ms, 3),
-                                 "xrt": round(b * n * 0.02 / (ms / 1e3), 1)})
+            rows += [row | {"xrt": round(row["batch"] * row["codes"] * 0.02 / (row["ms"] / 1e3), 1)}
+                     for row in _speed_rows(dec, lengths, batches, repeats, dtype=dt, mode=mode)]
         del dec
         torch.cuda.empty_cache()
     return rows
@@ -511,10 +521,8 @@ def decoder_snake(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
             snake_fused.enabled = fused
             dec = BiCodecDecoder(bicodec_dir, device="cuda", autotune="none")
             capture_s = dec.warmup(lengths, batches)
-            for n in lengths:
-                for b in batches:
-                    rows.append({"snake": "fused" if fused else "eager", "capture_s": round(capture_s, 1),
-                                 "codes": n, "batch": b, "ms": round(_decode_ms(dec, n, b, repeats), 3)})
+            rows += _speed_rows(dec, lengths, batches, repeats, snake="fused" if fused else "eager",
+                                capture_s=round(capture_s, 1))
             audio[fused] = dec.decode(window)[0]
             del dec
             torch.cuda.empty_cache()
@@ -542,10 +550,7 @@ def decoder_algorithms(bicodec_dir: Path, lengths: Sequence[int], batches: Seque
         for algorithms in ("default", "fixed"):
             dec = BiCodecDecoder(bicodec_dir, device=device, deterministic=algorithms == "fixed")
             capture_s = dec.warmup(lengths, batches)
-            for n in lengths:
-                for b in batches:
-                    rows.append({"algorithms": algorithms, "capture_s": round(capture_s, 1), "codes": n, "batch": b,
-                                 "ms": round(_decode_ms(dec, n, b, repeats), 3)})
+            rows += _speed_rows(dec, lengths, batches, repeats, algorithms=algorithms, capture_s=round(capture_s, 1))
             del dec
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -24,6 +24,7 @@ import torch
 
 from engine.backends.base import DecodeItem
 from engine.backends.bicodec import BiCodecDecoder, config_summary, context_windows, measure_context_table
+from engine.bench import call_times
 
 CONTEXTS = (8, 16, 24, 32, 67)
 SPEED_WINDOWS = ((12, 16), (50, 16))
@@ -44,13 +45,7 @@ def cpu_name() -> str:
 def timed(decoder: BiCodecDecoder, items: list[DecodeItem], repeats: int) -> float:
     """Best (minimum) wall seconds of decoder.decode(items) after one warm-up call (oneDNN builds kernels per
     shape). The minimum, not the median: other processes on a shared 2-core machine only ever add time."""
-    decoder.decode(items)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        decoder.decode(items)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(call_times(lambda: decoder.decode(items), repeats))
 
 
 def fmt_db(x: float) -> str:
