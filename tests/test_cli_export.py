@@ -1,22 +1,12 @@
 """`voicectl export` end to end in a subprocess: WAV output, determinism, and every kind of bad input."""
 import os
 import subprocess
-import sys
 
 import pytest
 import soundfile as sf
 
 
-def voicectl(*args, stdin=None, env=None):
-    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], input=stdin, capture_output=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
-
-
-def one_line_error(proc):
-    err = proc.stderr.decode().strip()
-    assert proc.returncode != 0, err
-    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
-    return err
+from tests.cli_helpers import one_line_error, small_tmpfs, voicectl
 
 
 def test_export_tiny_model_is_bit_identical_across_runs(tiny_model, tmp_path):
@@ -100,12 +90,7 @@ def test_bad_paths_and_options(case, tmp_path):
 def test_disk_full_and_read_only_leave_nothing_behind(tmp_path):
     """A real small tmpfs: the write fails mid-export with ENOSPC before any sentence is finished (one takes 38 kB),
     so nothing is kept; a read-only remount refuses up front. (Finished sentences kept for --resume: tests/export.)"""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with small_tmpfs(tmp_path / "mnt", "32k") as mnt:
         src = tmp_path / "in.txt"
         src.write_text("A sentence long enough to fill sixty four kilobytes of audio. " * 4)
         err = one_line_error(voicectl("export", str(src), "-o", str(mnt / "o.wav"), "--backend", "fake"))
@@ -113,5 +98,3 @@ def test_disk_full_and_read_only_leave_nothing_behind(tmp_path):
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         err = one_line_error(voicectl("export", str(src), "-o", str(mnt / "o.wav"), "--backend", "fake"))
         assert "not writable" in err or "read-only" in err
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -1,27 +1,19 @@
 """`voicectl model synth|info|download` in a subprocess: success paths and one-line errors without tracebacks."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import cli_helpers
+from tests.cli_helpers import one_line_error
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def voicectl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, env=env, timeout=300)
-
-
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    err = proc.stderr.strip()
-    assert proc.returncode != 0, proc.stdout
-    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
-    return err
+    return cli_helpers.voicectl(*args, env={"PYTHONPATH": str(REPO_ROOT), **(env or {})}, text=True, cwd=REPO_ROOT)
 
 
 def test_synth_then_info(tmp_path):

@@ -1,15 +1,13 @@
 """`voicectl voices` and `voicectl voice add/remove` end to end: cloning from a real WAV on the tiny checkpoint."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import soundfile as sf
 
+from tests import cli_helpers
+
 
 def voicectl(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    return cli_helpers.voicectl(*args, env=env, text=True)
 
 
 def test_voices_lists_six_presets_and_cache_status(tiny_model):

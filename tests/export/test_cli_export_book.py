@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cli_helpers import one_line_error, small_tmpfs, voicectl
 from tests.export.test_book import DOCS, NAV, make_epub
 
 FAKE = ["--backend", "fake"]
@@ -18,18 +19,6 @@ FAST = [*FAKE, "--jobs", "16"]
 """For exports that run to the end: the fake engine is paced like a model, and --jobs does not change the bytes."""
 BOOK = "\n\n".join(f"Chapter {c}\n\n" + " ".join(f"Chapter {c} sentence {i} is here." for i in range(12))
                    for c in range(1, 6)) + "\n"
-
-
-def voicectl(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], input=stdin, capture_output=True,
-                          timeout=300)
-
-
-def one_line_error(proc):
-    err = proc.stderr.decode().strip()
-    assert proc.returncode != 0, err
-    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
-    return err
 
 
 def ok(proc):
@@ -194,12 +183,7 @@ def test_bad_options(clean, tmp_path, args, match):
 def test_disk_full_keeps_finished_parts_and_resume_completes(tmp_path):
     """A tmpfs that holds the parts but not the final WAV: the error says so, and --resume finishes after space
     is freed (here: the tmpfs is grown), with the same bytes as an export that never failed."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=240k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with small_tmpfs(tmp_path / "mnt", "240k") as mnt:
         src = tmp_path / "in.txt"
         src.write_text("One sentence here. Another one there. A third one now. And the last.")
         ok(voicectl("export", str(src), "-o", str(tmp_path / "want.wav"), *FAKE))
@@ -210,5 +194,3 @@ def test_disk_full_keeps_finished_parts_and_resume_completes(tmp_path):
         err = ok(voicectl("export", str(src), "-o", str(mnt / "o.wav"), *FAKE, "--resume"))
         assert "4 were already done" in err
         assert (mnt / "o.wav").read_bytes() == (tmp_path / "want.wav").read_bytes()
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -63,11 +63,6 @@ def fake_server(sock_path):
     server.stop()
 
 
-def voicectl(*args, stdin=None, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], input=stdin, capture_output=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
-
-
 def start_serve(*args, env=None):
     """`voicectl serve` as a subprocess; returns once it listens (its stderr line says so)."""
     proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *args], stdout=subprocess.PIPE,

@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 
 from engine.protocol import PROTOCOL_VERSION, encode_message
-from tests.server.conftest import same_audio, start_serve, voicectl, wait_for
+from tests.cli_helpers import one_line_error, voicectl
+from tests.server.conftest import same_audio, start_serve, wait_for
 from voiceapp.client import Connection, RemoteSynthesizer, ServerGone, server_status
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(60))
-
-
-def one_line_error(proc):
-    err = proc.stderr.decode().strip()
-    assert proc.returncode != 0, err
-    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
-    return err
 
 
 @pytest.fixture
@@ -141,7 +135,8 @@ def test_say_errors_from_the_server_keep_their_exit_code(served, tmp_path):
 
 
 class HelloOnly:
-    """A server that answers hello as `hello` says (then nothing more); counts the requests it gets."""
+    """A server that answers hello as `hello` says, then drops the connection once a request comes (it counts
+    them)."""
 
     def __init__(self, path: Path, hello: dict) -> None:
         path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -206,31 +201,10 @@ def test_server_killed_mid_request_gives_one_line_and_nonzero(served, tmp_path):
     assert not (tmp_path / "a.wav").exists() and os.listdir(tmp_path) == []
 
 
-class DiesOnSay:
-    """A server that says hello and then drops the connection when asked to speak."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(str(path))
-        self.sock.listen()
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.recv(4096)
-            conn.sendall(encode_message({"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000,
-                                         "backend": "fake", "model": None}))
-            conn.recv(4096)
-            conn.close()
-
-
 def test_server_dying_before_any_audio_falls_back_to_in_process(sock_path, tmp_path):
-    DiesOnSay(Path(sock_path))
+    # says hello, then drops the connection when asked to speak
+    HelloOnly(Path(sock_path), {"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000,
+                                "backend": "fake", "model": None})
     env = {"VOICEAPP_SOCKET": sock_path}
     out = voicectl("say", "Hello there.", "--out", str(tmp_path / "a.wav"), "--backend", "fake", env=env)
     assert out.returncode == 0, out.stderr.decode()

@@ -9,7 +9,8 @@ import soundfile
 
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.factory import EngineConfig, build_synthesizer
-from tests.server.conftest import ThreadServer, same_audio, start_serve, voicectl
+from tests.cli_helpers import voicectl
+from tests.server.conftest import ThreadServer, same_audio, start_serve
 from voiceapp.client import RemoteSynthesizer
 from voiceapp.wavout import write_wav
 
