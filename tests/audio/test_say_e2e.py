@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests import cli_helpers
+
 TEXT = "Real playback must be gapless. A second sentence checks the join!"
 COMMON = ["--backend", "torch", "--voice", "leo", "--seed", "5", "--max-tokens", "60", "--no-server"]
 
 
 def voicectl(args, model, stdin=None):
-    proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", *args, "--model", str(model), *COMMON],
-                          input=stdin, capture_output=True, env=dict(os.environ), timeout=300)
+    proc = cli_helpers.voicectl(*args, "--model", str(model), *COMMON, stdin=stdin)
     assert proc.returncode == 0, proc.stderr.decode()
     return proc
 
