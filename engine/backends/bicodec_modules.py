@@ -201,7 +201,7 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.is_cuda and snake_fused.usable(x, self.alpha):
+        if snake_fused.usable(x, self.alpha):
             return snake_fused.fused_snake(x, self.alpha)
         inv_alpha = (self.alpha + 1e-9).reciprocal()
         if torch.is_grad_enabled():

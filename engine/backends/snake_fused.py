@@ -34,7 +34,9 @@ def _kernel() -> Any:
     return snake_kernel
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
+    """CUDA and the kernel are both there (asked once per process: usable() runs for every eager Snake)."""
     return torch.cuda.is_available() and _kernel() is not None
 
 
