@@ -355,8 +355,8 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
     items = synth.batcher.stats.items - stats0[1]
     schedule = synth.schedule.busy() if n > synth.schedule.busy_streams else synth.schedule
     first_tokens = schedule.first_new + schedule.right_context(0)
-    mine = {r.request_id: decodes.times.pop(r.request_id) for r in records
-            if decodes is not None and r.request_id in decodes.times}  # (popped: the log stays small)
+    mine = {r.request_id: decodes.times[r.request_id] for r in records
+            if decodes is not None and r.request_id in decodes.times}
     return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
                      items / calls if calls else 0.0, mine, right=schedule.right_context(0))
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.config import DECODER_AUTOTUNE
 from engine.errors import VoiceError
 from engine.events import EventSink, Notice, ignore_events
 from engine.pipeline import JoinConfig, Synthesizer
@@ -45,7 +46,7 @@ class EngineConfig:
             raise ValueError(f"unknown backend {self.backend!r}")
         if self.decoder_dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
-        if self.decoder_autotune not in ("batch1", "all", "none"):
+        if self.decoder_autotune not in DECODER_AUTOTUNE:
             raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")
 
 

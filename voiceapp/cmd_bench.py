@@ -12,9 +12,10 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict
-
-from engine.windowing import WindowSchedule
 from pathlib import Path
+
+from engine.config import DECODER_AUTOTUNE
+from engine.windowing import WindowSchedule
 
 
 def add_parser(sub) -> None:
@@ -39,7 +40,7 @@ def add_parser(sub) -> None:
                    help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
     p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
-    p.add_argument("--decoder-autotune", choices=["batch1", "all", "none"], default="all",
+    p.add_argument("--decoder-autotune", choices=DECODER_AUTOTUNE, default="all",
                    help="GPU decoder graphs captured with cuDNN's timed algorithms (default all, as `voicectl "
                         "serve` does; in-process front ends use batch1)")
     p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default: the schedule's, 4)")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--levels: expected comma-separated integers, got {args.levels!r}") from None
     if not levels or min(levels) < 1:
         raise InputError("--levels: need at least one stream count >= 1")
-    _variants(args)  # a bad name fails before minutes of checkpoint writing and model loading
+    variants = _variants(args)  # a bad name fails before minutes of checkpoint writing and model loading
     schedule = WindowSchedule()
     if args.first_new or args.first_right:
         from dataclasses import replace
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
             model = resolve_model_dir(args.model)
             checkpoint = str(model)
-        result = _bench(args, model, checkpoint, levels, schedule, log)
+        result = _bench(args, model, checkpoint, levels, schedule, variants, log)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
+def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict, log) -> dict:
     from engine import bench
 
     result: dict = {"device": bench.device_name(), "checkpoint": checkpoint,
@@ -151,7 +152,7 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, log) -> dict:
                               sequential_export_sentences=args.sequential_export, backend=args.backend,
                               decoder_dtype=args.decoder_dtype, decoder_autotune=args.decoder_autotune,
                               schedule=schedule, threads=args.threads,
-                              variants=_variants(args))
+                              variants=variants)
     log(f"pipeline ({args.tokens} tokens x {args.sentences} sentences per stream)")
     result["pipeline"] = asyncio.run(bench.run_pipeline_bench(opts, log))
     if not args.no_reference:

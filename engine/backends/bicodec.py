@@ -17,6 +17,7 @@ import yaml
 from safetensors import safe_open
 
 from engine.backends.base import DecodeItem
+from engine.config import DECODER_AUTOTUNE
 from engine.backends.bicodec_modules import BiCodecModel, fold_weight_norm, mel_spectrogram, weight_normed_keys
 from engine.errors import InputError, ModelFormatError
 from engine.seams import seam_error_db
@@ -180,7 +181,7 @@ class BiCodecDecoder:
         pick differently in another process, so a resumed export could differ in the last bits)."""
         if deterministic:
             torch.backends.cudnn.deterministic = True
-        if autotune not in ("batch1", "all", "none"):
+        if autotune not in DECODER_AUTOTUNE:
             raise ValueError(f"unknown decoder autotune policy {autotune!r}")
         self.autotune = "none" if deterministic else autotune
         """Captured graphs that get cuDNN's timed algorithms: batch1 | all | none (see _pick_algorithms)."""
