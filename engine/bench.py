@@ -674,6 +674,15 @@ def write_voice(folder: Path, name: str = "bench") -> str:
     return name
 
 
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """Another configuration of the same engine, measured after the main levels."""
+
+    schedule: WindowSchedule = field(default_factory=WindowSchedule)
+    lane: bool = True
+    """False: every stream on vLLM (the graph lane's A/B on one machine, one process)."""
+
+
 @dataclass
 class BenchOptions:
     model: Path
@@ -697,8 +706,8 @@ class BenchOptions:
     """As `voicectl serve` (the many-streams configuration this measures); see EngineConfig.decoder_autotune."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     threads: int | None = None
-    variants: dict[str, tuple[WindowSchedule, Sequence[int]]] = field(default_factory=dict)
-    """Other window schedules to measure, each at its own stream counts, on the same engine."""
+    variants: dict[str, tuple[Variant, Sequence[int]]] = field(default_factory=dict)
+    """Other configurations to measure, each at its own stream counts, on the same engine."""
 
 
 async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -757,6 +766,10 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
                 result["export_sequential"] = seq
                 log(f"  export, one request: {seq['audio_s']:.0f} s audio in {seq['wall_s']:.1f} s "
                     f"= {seq['xrt']:.1f}x real time")
+            lane = getattr(inner, "lane", None)
+            if lane is not None:
+                result["lane"] = {"streams": inner.lane_streams, "served": lane.served,
+                                  "capture_s": round(lane.capture_s, 1)}
             result["batcher"] = {"calls": synth.batcher.stats.calls, "items": synth.batcher.stats.items,
                                  "max_batch": synth.batcher.stats.max_batch,
                                  "mean_batch": round(synth.batcher.stats.mean_batch, 2)}
@@ -780,20 +793,25 @@ def _describe(level: LevelResult) -> str:
             + (f", first underrun before chunk {level.first_underrun_chunks}" if level.underruns else ""))
 
 
-async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: WindowSchedule, levels: Sequence[int],
+async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Variant, levels: Sequence[int],
                            opts: BenchOptions, *, text: str, voice: str, log: Callable[[str], None], name: str,
                            decodes: DecodeLog | None = None) -> dict[str, Any]:
-    """TTFA etc. with another window schedule on the same engine (graphs captured for its shapes first); the
-    original schedule is restored afterwards."""
+    """TTFA etc. with another window schedule (graphs captured for its shapes first) or with the graph lane off,
+    on the same engine; the original settings are restored afterwards."""
     from engine.batching import lengths_for
 
+    schedule = variant.schedule
     saved = (synth.schedule, synth._shape_lengths)  # noqa: SLF001 - benchmark-only swap of the schedule
+    router = gen.inner if hasattr(gen.inner, "lane") else None
+    if router is not None:
+        router.enabled = variant.lane
     try:
         if getattr(synth.decoder, "fixed_shapes", False):
             synth.decoder.warmup(lengths_for(schedule))
             synth._shape_lengths = lengths_for(schedule)  # noqa: SLF001
         synth.schedule = schedule
-        out: dict[str, Any] = {"schedule": {k: getattr(schedule, k) for k in schedule.__slots__}, "levels": []}
+        out: dict[str, Any] = {"schedule": {k: getattr(schedule, k) for k in schedule.__slots__},
+                               "lane": variant.lane, "levels": []}
         for n in levels:
             rounds = opts.rounds_1 if n == 1 else 1
             level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=opts.preroll_s,
@@ -803,6 +821,8 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, schedule: Wind
         return out
     finally:
         synth.schedule, synth._shape_lengths = saved  # noqa: SLF001
+        if router is not None:
+            router.enabled = True
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:

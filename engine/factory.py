@@ -37,6 +37,10 @@ class EngineConfig:
     """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: batch1 (default: the lone
     stream's windows, TTFA; graph capture ~10 s on an H200) | all (`voicectl serve`: ~97 s, and batched decodes
     measured 15-20% faster at 8-32 streams) | none. See BiCodecDecoder.autotune."""
+    graph_lane: bool = True
+    """With vLLM: a lone stream (and the later sentences of its request) runs on an in-process CUDA-graph copy
+    of the LLM (engine.backends.graph_gen), whose step is one graph launch instead of a vLLM engine step;
+    vLLM takes everything else. Never with `deterministic` (routing would change a seed's tokens)."""
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
     in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""
@@ -72,7 +76,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
                         join=config.join, events=events,
-                        eager_lookahead=type(generator).__name__ == "VllmTokenGenerator")
+                        eager_lookahead=type(generator).__name__ in ("VllmTokenGenerator", "LaneRouter"))
     synth.model_info = info  # type: ignore[attr-defined]
     return synth
 
@@ -173,9 +177,16 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     backend = config.backend
     if backend in ("auto", "vllm") and _cuda():
         try:
-            from engine.backends.vllm_gen import VllmTokenGenerator
+            import vllm  # noqa: F401  (no lane without vLLM: the torch generator below is the fallback)
 
-            return VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
+            from engine.backends.vllm_gen import VllmTokenGenerator
+            lane = _build_lane(info, events) if config.graph_lane and not config.deterministic else None
+            gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
+            if lane is None:
+                return gen
+            from engine.backends.graph_gen import LaneRouter
+
+            return LaneRouter(gen, lane)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
                 raise
@@ -184,3 +195,25 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
 
     device = None if config.device == "auto" else config.device
     return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
+
+
+def _build_lane(info, events: EventSink):
+    """The CUDA-graph lane (before vLLM, which sizes its memory around what is left), or None with a notice."""
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.backends.graph_gen import GraphLane
+    from engine.prompt import semantic_allowed_ids
+
+    t0 = time.perf_counter()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
+        lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids))
+    except (RuntimeError, OSError, ValueError) as err:  # out of memory, capture failure, unreadable weights
+        events(Notice(f"graph lane unavailable ({str(err).splitlines()[0]}); every stream runs on vLLM"))
+        return None
+    events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s (CUDA graphs captured in "
+                  f"{lane.capture_s:.1f} s)"))
+    return lane

@@ -38,7 +38,8 @@ KIND_JSON, KIND_AUDIO = b"J", b"A"
 FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
 MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
 
-BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
+BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm",
+                 "LaneRouter": "vllm"}
 """Generator class -> the --backend value that builds it."""
 
 FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceFinished,

@@ -14,6 +14,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.bench import Variant
 from engine.config import DECODER_AUTOTUNE
 from engine.windowing import WindowSchedule
 
@@ -163,14 +164,15 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
     return result
 
 
-VARIANTS = {"first_new2": (WindowSchedule(first_new=2), (1,)),
-            "busy8_24": (WindowSchedule(busy_first_new=8, busy_new=24), (128,)),
-            "busy16_16": (WindowSchedule(busy_first_new=16, busy_new=16), (128,)),
-            "busy24_24": (WindowSchedule(busy_first_new=24, busy_new=24), (128,))}
-"""Other schedules on the same engine: a 2-code first window (2 tokens fewer before first audio, same seams) at
-1 stream, and other busy first windows than the default 16 + 32 at 128 streams (24 + 48 underran on every stream
-in runs 6 and 7)."""
-DEFAULT_VARIANTS = ("first_new2", "busy8_24", "busy16_16")
+VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
+            "no_lane": (Variant(lane=False), (1, 32)),
+            "busy8_24": (Variant(WindowSchedule(busy_first_new=8, busy_new=24)), (128,)),
+            "busy16_16": (Variant(WindowSchedule(busy_first_new=16, busy_new=16)), (128,)),
+            "busy24_24": (Variant(WindowSchedule(busy_first_new=24, busy_new=24)), (128,))}
+"""Other configurations on the same engine: a 2-code first window (2 tokens fewer before first audio, same
+seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams; other busy first windows than
+the default 16 + 32 at 128 streams (24 + 48 underran on every stream in runs 6 and 7)."""
+DEFAULT_VARIANTS = ("first_new2", "no_lane", "busy8_24", "busy16_16")
 """What a plain `voicectl bench` runs (busy24_24 underran on every stream in run 8)."""
 
 

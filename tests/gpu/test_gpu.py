@@ -277,3 +277,43 @@ def test_decoder_warmup_picks_algorithms_per_policy_and_restores_cudnn(gpu_model
         del dec
     with pytest.raises(ValueError):
         BiCodecDecoder(gpu_model / "BiCodec", device="cuda", autotune="fast")
+
+
+# ---- graph lane ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lanes(gpu_info):
+    """The lane as the factory builds it (graphs captured) and one on the same weights that runs eagerly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.backends.graph_gen import GraphLane
+    from engine.prompt import semantic_allowed_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.bfloat16)
+    allowed = semantic_allowed_ids(gpu_info.token_ids)
+    return GraphLane(model, gpu_info.token_ids, allowed), GraphLane(model, gpu_info.token_ids, allowed, capture=False)
+
+
+@pytest.mark.parametrize("opts", [SamplingOptions(temperature=0, max_tokens=300),
+                                  SamplingOptions(max_tokens=300, seed=5)], ids=["greedy", "seeded"])
+async def test_graph_lane_replays_the_eager_steps(lanes, gpu_info, opts):
+    """Captured graphs give the eager loop's tokens (300 tokens cross the 128, 256 and 512 spans), and a seed
+    gives the same tokens twice."""
+    captured, eager = lanes
+    assert captured._graphs and not eager._graphs
+    prompt = _prompt(gpu_info, n_text=40)
+    ours = await _ids(captured, prompt, opts, "g")
+    assert len(ours) == 300 and all(gpu_info.token_ids.semantic_index(t) is not None for t in ours)
+    assert ours == await _ids(eager, prompt, opts, "e")
+    assert ours == await _ids(captured, prompt, opts, "g2")
+
+
+async def test_router_gives_the_lane_a_lone_request_and_vllm_the_rest(lanes, vllm_gen, gpu_info):
+    from engine.backends.graph_gen import LaneRouter
+
+    router = LaneRouter(vllm_gen, lanes[0])
+    opts = SamplingOptions(max_tokens=60, seed=1)
+    results = await asyncio.gather(*(_ids(router, _prompt(gpu_info, seed=i), opts, f"req{i}-0") for i in range(4)))
+    assert router.lane_streams == 1 and all(len(r) == 60 for r in results)
+    assert lanes[0].load == 0

@@ -1,0 +1,140 @@
+"""Provides StaticQwen2: Spark's Qwen2 LLM as plain tensor code over a preallocated KV cache, for CUDA graphs.
+
+Every buffer has a fixed address and every shape is fixed per call site (prompt bucket, attention span bucket), so
+a whole prefill or decode step, sampling included, can be captured once as a CUDA graph and replayed with one
+launch (engine.backends.graph_gen). The maths is transformers' Qwen2 (RMSNorm, rotary embeddings with
+rotate-half, grouped-query attention with q/k/v biases, SwiGLU MLP); tests check it against
+`Qwen2ForCausalLM` on a tiny random model. Projections that share an input are concatenated (q/k/v, gate/up) and
+the residual adds ride in the GEMM epilogues (addmm): fewer kernels per layer is what a batch-1 step is made of.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """One decoder layer's tensors, projections pre-transposed for addmm (x @ W.T)."""
+
+    ln1: torch.Tensor
+    qkv_t: torch.Tensor
+    """[H, (heads + 2 kv_heads) * head_dim]: q, k, v projections side by side."""
+    qkv_bias: torch.Tensor
+    o_t: torch.Tensor
+    ln2: torch.Tensor
+    gate_up_t: torch.Tensor
+    """[H, 2 * intermediate]: gate then up."""
+    down_t: torch.Tensor
+
+
+class StaticQwen2:
+    """Qwen2 forward over a static KV cache of `max_len` positions (batch 1)."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int, device: torch.device | str, dtype: torch.dtype,
+                 compile_layers: bool = False) -> None:
+        cfg = model.config
+        self.device, self.dtype, self.max_len = torch.device(device), dtype, max_len
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.group = self.heads // self.kv_heads
+        self.eps = cfg.rms_norm_eps
+        self.hidden = cfg.hidden_size
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device=self.device, dtype=dtype).contiguous()
+
+        body = model.model
+        self.embed = put(body.embed_tokens.weight)
+        self.output = put(model.get_output_embeddings().weight)
+        """Output embedding [V, H] (tied to `embed` in Spark's checkpoint); restricted rows are taken from it."""
+        self.norm = put(body.norm.weight)
+        self.layers = [self._weights(layer, put) for layer in body.layers]
+        shape = (len(self.layers), self.kv_heads, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.cos, self.sin = self._rope_tables(cfg, max_len)
+        self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False) if compile_layers \
+            else self._layer_step
+        """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
+        into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
+
+    @staticmethod
+    def _weights(layer: torch.nn.Module, put) -> LayerWeights:
+        a, m = layer.self_attn, layer.mlp
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+        return LayerWeights(ln1=put(layer.input_layernorm.weight), qkv_t=put(qkv.t()), qkv_bias=put(bias),
+                            o_t=put(a.o_proj.weight.t()), ln2=put(layer.post_attention_layernorm.weight),
+                            gate_up_t=put(gate_up.t()), down_t=put(m.down_proj.weight.t()))
+
+    def _rope_tables(self, cfg, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos [max_len, D] and sin with rotate-half's sign folded in ([-sin, +sin] halves), in the model dtype
+        (transformers computes them in fp32 and casts to the activations' dtype too)."""
+        d = self.head_dim
+        theta = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {})["rope_theta"]
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        cos, sin = freqs.cos(), freqs.sin()
+        cos = torch.cat([cos, cos], dim=-1)
+        signed_sin = torch.cat([-sin, sin], dim=-1)
+        return (cos.to(device=self.device, dtype=self.dtype), signed_sin.to(device=self.device, dtype=self.dtype))
+
+    # ---- one forward pass ------------------------------------------------------------------------------------
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+        """Hidden states [T, H] (after the final norm) for `ids` [T] at `positions` [T]; writes their keys and
+        values into the cache at those positions and attends over cache positions < `span` (a key at position p
+        is seen by a query at q >= p only). Positions past the real sequence may hold stale keys: they are masked
+        until overwritten, so padded prefills and over-long spans are safe."""
+        x = self.embed.index_select(0, ids)
+        cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        keys = torch.arange(span, device=ids.device)
+        allowed = keys[None, :] <= positions[:, None]  # [T, span]
+        bias = torch.zeros(allowed.shape, device=ids.device, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
+        bias = bias.repeat(self.group, 1)  # [G*T, span], rows g-major like the queries below
+        for index, w in enumerate(self.layers):
+            x = self._layer(x, w, self.k_cache[index], self.v_cache[index], positions, cos, sin, bias, span)
+        return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+    def _layer_step(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                    span: int) -> torch.Tensor:
+        """One decoder layer: attention (writing this layer's cache, [kv, max_len, D] each) then the MLP."""
+        return self._mlp(self._attention(x, w, k_cache, v_cache, positions, cos, sin, bias, span), w)
+
+    def _attention(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                   span: int) -> torch.Tensor:
+        t, d, kvh = x.shape[0], self.head_dim, self.kv_heads
+        h = F.rms_norm(x, (self.hidden,), w.ln1, self.eps)
+        qkv = torch.addmm(w.qkv_bias, h, w.qkv_t)  # [T, (heads + 2 kv) * D]
+        rotated = (self.heads + kvh) * d
+        qk = qkv[:, :rotated].view(t, self.heads + kvh, d)
+        # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]
+        qk = torch.addcmul(qk * cos[:, None], torch.roll(qk, d // 2, dims=-1), sin[:, None])
+        q, k = qk[:, :self.heads], qk[:, self.heads:]
+        v = qkv[:, rotated:].view(t, kvh, d)
+        k_cache.index_copy_(1, positions, k.transpose(0, 1))
+        v_cache.index_copy_(1, positions, v.transpose(0, 1))
+        keys, values = k_cache[:, :span], v_cache[:, :span]  # [kv, span, D]
+        # grouped queries: the G query heads of one kv head become G*T rows against that head's keys
+        q = q.reshape(t, kvh, self.group, d).permute(1, 2, 0, 3).reshape(kvh, self.group * t, d)
+        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=d ** -0.5)  # [kv, G*T, span]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+        out = torch.bmm(probs, values)  # [kv, G*T, D]
+        out = out.view(kvh, self.group, t, d).permute(2, 0, 1, 3).reshape(t, self.heads * d)
+        return torch.addmm(x, out, w.o_t)
+
+    def _mlp(self, x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+        h = F.rms_norm(x, (self.hidden,), w.ln2, self.eps)
+        gate, up = torch.mm(h, w.gate_up_t).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, w.down_t)
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Output-embedding rows [A, H] for vocabulary ids [A]: logits over those ids only."""
+        return self.output.index_select(0, ids)

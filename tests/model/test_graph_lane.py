@@ -1,0 +1,170 @@
+"""The graph lane's model and sampler on a tiny random Qwen2 (CPU, eager: the same code the GPU captures).
+
+StaticQwen2 == transformers' Qwen2 (logits, padded prefill, cached decode); the lane's greedy stream == the torch
+generator's; seeded sampling is reproducible and draws from the top-k/top-p distribution; stops, limits, abort,
+and the router's choice between the lane and the other generator.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from engine.backends.graph_gen import CANDIDATES, GraphLane, LaneRouter, bucket, gumbel, pick, request_group
+from engine.backends.qwen2_static import StaticQwen2
+from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
+from engine.config import SamplingOptions
+from engine.fakes import ScriptedGenerator
+from engine.prompt import Prompt, semantic_allowed_ids
+from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
+
+IDS = TokenIds()
+SEMANTIC_ONLY = tuple(range(IDS.semantic_base, IDS.semantic_base + SEMANTIC_CODEBOOK))
+PROMPT = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 9906, 11, 1879, 13,
+                 IDS.structural["end_content"], IDS.structural["start_semantic_token"]), SEMANTIC_ONLY)
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=166000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True, initializer_range=0.2)
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def lane(model):
+    return GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256)
+
+
+async def collect(gen, prompt: Prompt, opts: SamplingOptions, rid: str = "r") -> list[int]:
+    return [t async for delta in gen.stream(prompt, opts, rid) for t in delta]
+
+
+def test_static_model_matches_transformers(model) -> None:
+    static = StaticQwen2(model, 64, "cpu", torch.float32)
+    seq = torch.tensor(PROMPT.ids + (IDS.semantic_base + 5, IDS.semantic_base + 77, IDS.semantic_base + 3))
+    n = len(PROMPT.ids)
+    with torch.inference_mode():
+        ref = model(seq[None]).logits[0]
+        padded = torch.cat([seq[:n], torch.zeros(16 - n, dtype=torch.long)])  # prefill padded to a bucket
+        ours = [static.forward(padded, torch.arange(16), 16)[:n] @ static.output.T]
+        for i in range(n, len(seq)):  # decode steps overwrite the padding's stale cache entries
+            ours.append(static.forward(seq[i:i + 1], torch.tensor([i]), 32) @ static.output.T)
+    torch.testing.assert_close(torch.cat(ours), ref, atol=1e-4, rtol=1e-4)
+
+
+async def test_greedy_stream_equals_the_torch_generator(model, lane) -> None:
+    opts = SamplingOptions(temperature=0, max_tokens=40)
+    ref_gen = TorchTokenGenerator(model, IDS, device="cpu")
+    try:
+        ref = await collect(ref_gen, PROMPT, opts)
+    finally:
+        await ref_gen.close()
+    ours = await collect(lane, PROMPT, opts)
+    assert ours == ref and len(ours) == 40 and len(set(ours)) > 1
+
+
+async def test_spans_and_prefill_buckets_are_crossed(model) -> None:
+    """A prompt padded into a larger bucket and a stream that crosses two span buckets still match."""
+    small = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=1024)
+    opts = SamplingOptions(temperature=0, max_tokens=300)  # 8 + 300 positions: spans 128, 256, 512
+    ref_gen = TorchTokenGenerator(model, IDS, device="cpu")
+    try:
+        ref = await collect(ref_gen, PROMPT, opts)
+    finally:
+        await ref_gen.close()
+    assert await collect(small, PROMPT, opts) == ref
+    await small.close()
+
+
+async def test_seeded_sampling_is_reproducible(lane) -> None:
+    a = await collect(lane, PROMPT, SamplingOptions(max_tokens=30, seed=7))
+    b = await collect(lane, PROMPT, SamplingOptions(max_tokens=30, seed=7))
+    c = await collect(lane, PROMPT, SamplingOptions(max_tokens=30, seed=8))
+    assert a == b and a != c
+    assert all(IDS.semantic_index(t) is not None for t in a)
+
+
+def test_pick_draws_from_the_top_k_top_p_distribution() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(500) * 2
+    temperature, top_k, top_p = 0.8, 50, 0.7
+    values, ids = top_k_top_p(logits / temperature, top_k, top_p)  # the torch generator's candidates
+    expected = dict(zip(ids.tolist(), torch.softmax(values, -1).tolist()))
+    draws = 20000
+    noise = gumbel(draws, CANDIDATES, 3, torch.device("cpu"))
+    args = (torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))
+    counts = Counter(int(pick(logits, *args, noise[i])) for i in range(draws))
+    assert set(counts) <= set(expected)  # nothing outside top-k/top-p, ever
+    for token, p in expected.items():
+        sigma = math.sqrt(p * (1 - p) / draws)
+        assert abs(counts[token] / draws - p) < 5 * sigma + 1e-3, (token, counts[token] / draws, p)
+
+
+def test_pick_with_no_noise_is_greedy() -> None:
+    logits = torch.randn(300)
+    args = (torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1.0]))
+    assert int(pick(logits, *args, torch.zeros(CANDIDATES))) == int(torch.argmax(logits))
+
+
+async def test_stops_at_a_stop_id_and_at_max_tokens(lane) -> None:
+    stop = min(IDS.stop_ids)
+    only_stop = Prompt(PROMPT.ids, (stop,))  # padding rows of the head are -inf: the stop is the only choice
+    assert await collect(lane, only_stop, SamplingOptions(max_tokens=50, seed=0)) == [stop]
+    assert len(await collect(lane, PROMPT, SamplingOptions(max_tokens=7, seed=1))) == 7
+    # the head is switched back to the semantic ids for the next request
+    assert all(IDS.semantic_index(t) is not None for t in await collect(lane, PROMPT, SamplingOptions(max_tokens=9)))
+
+
+async def test_supports_only_what_the_graphs_hold(lane) -> None:
+    assert lane.supports(PROMPT, SamplingOptions(max_tokens=100))
+    assert not lane.supports(Prompt(PROMPT.ids, None), SamplingOptions())  # needs an allowed set
+    assert not lane.supports(PROMPT, SamplingOptions(top_k=0))  # all-vocabulary sampling
+    assert not lane.supports(PROMPT, SamplingOptions(top_k=CANDIDATES + 1))
+    assert lane.supports(PROMPT, SamplingOptions(temperature=0, top_k=0, max_tokens=100))  # greedy ignores top-k
+    assert not lane.supports(PROMPT, SamplingOptions(max_tokens=256))  # prompt + tokens over max_len
+    assert not lane.supports(Prompt(tuple(range(600)), SEMANTIC_ONLY), SamplingOptions(max_tokens=10))
+    with pytest.raises(ValueError):
+        await collect(lane, PROMPT, SamplingOptions(top_k=0, max_tokens=100))
+
+
+async def test_leaving_the_stream_aborts_the_job(lane) -> None:
+    got = []
+    async for delta in lane.stream(PROMPT, SamplingOptions(max_tokens=200, seed=2), "early"):
+        got += delta
+        break
+    for _ in range(200):
+        if lane.load == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lane.load == 0 and len(got) < 200
+
+
+def test_bucket_and_request_group() -> None:
+    assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
+    assert request_group("abc-3") == "abc" and request_group("a-b-12") == "a-b"
+    assert request_group("warm") == "warm" and request_group("x-y") == "x-y"
+
+
+async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane)
+    opts = SamplingOptions(max_tokens=20, seed=0)
+    first = router.stream(PROMPT, opts, "req-0")
+    got = [await first.__anext__()]
+    assert router.lane_streams == 1 and lane.load == 1
+    # a later sentence of the same request queues on the lane; another request goes elsewhere
+    assert router._use_lane(PROMPT, opts, "req") and not router._use_lane(PROMPT, opts, "other")
+    router.enabled = False
+    assert not router._use_lane(PROMPT, opts, "req")
+    router.enabled = True
+    async for delta in first:
+        got.append(delta)
+    assert sum(map(len, got)) == 20
+    assert len(await collect(router, Prompt(PROMPT.ids, None), opts, "x-0")) > 0  # no allowed set: elsewhere
+    assert router.lane_streams == 1
