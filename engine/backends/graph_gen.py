@@ -1,8 +1,7 @@
 """Provides GraphLane (one stream at a time, each step one CUDA-graph launch) and LaneRouter (lane or vLLM).
 
-Why: at one stream vLLM's step costs ~1.45 ms for this 0.5B model (measured, docs/benchmarks.md), almost all of
-it scheduling and inter-process hand-off, not GPU work; first audio needs ~20 steps. The lane runs the LLM in
-this process (engine.backends.qwen2_static) with everything for a step (forward, logits over the allowed ids
+Why: at one stream vLLM took 42-57 ms to its 20th token (first audio needs ~20) at 1.45 ms per greedy step and
+1.74 with top-k/top-p (docs/benchmarks.md). The lane runs the LLM in this process (engine.backends.qwen2_static) with everything for a step (forward, logits over the allowed ids
 only, top-k/top-p sampling) captured once per shape as a CUDA graph, so a step is one launch and the GPU never
 waits for Python. The host launches a few steps ahead and reads tokens back in small bursts.
 
@@ -42,9 +41,9 @@ BURST = 2
 """Steps per read-back: tokens reach the caller at most BURST - 1 steps late (~1 ms); a read costs ~20 us."""
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
-OTHERS_LIMIT = 8
-"""The lane takes a new stream only while vLLM runs fewer than this many: beyond, vLLM batches them anyway and a
-second process on the GPU would only slice its time."""
+OTHERS_LIMIT = 1
+"""The lane takes a new stream only while vLLM runs fewer than this many (1: only when vLLM is idle). Two
+processes on one GPU take turns rather than overlap, so a busy lane slows vLLM's batch and the other way round."""
 
 
 def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) -> torch.Tensor:

@@ -57,8 +57,11 @@ class StaticQwen2:
         self.k_cache = torch.zeros(shape, device=self.device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=self.device, dtype=dtype)
         self.cos, self.sin = self._rope_tables(cfg, max_len)
-        self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False) if compile_layers \
-            else self._layer_step
+        self._layer = self._layer_step
+        if compile_layers:
+            # one compile per prompt bucket and per span (11 shapes), above dynamo's default limit of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False)
         """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
         into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
 

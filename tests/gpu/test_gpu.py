@@ -292,7 +292,8 @@ def lanes(gpu_info):
 
     model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.bfloat16)
     allowed = semantic_allowed_ids(gpu_info.token_ids)
-    return GraphLane(model, gpu_info.token_ids, allowed), GraphLane(model, gpu_info.token_ids, allowed, capture=False)
+    return (GraphLane(model, gpu_info.token_ids, allowed, compile_layers=True),
+            GraphLane(model, gpu_info.token_ids, allowed, compile_layers=True, capture=False))
 
 
 @pytest.mark.parametrize("opts", [SamplingOptions(temperature=0, max_tokens=300),
