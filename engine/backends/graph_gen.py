@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
 import torch
@@ -42,8 +42,9 @@ BURST = 2
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 OTHERS_LIMIT = 1
-"""The lane takes a new stream only while vLLM runs fewer than this many (1: only when vLLM is idle). Two
-processes on one GPU take turns rather than overlap, so a busy lane slows vLLM's batch and the other way round."""
+"""The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
+HANDOFF_AT = 2
+"""A lane stream moves to vLLM once vLLM runs this many: a crowd has arrived and joins one batch there."""
 
 
 def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) -> torch.Tensor:
@@ -331,35 +332,52 @@ class GraphLane:
 
 
 class LaneRouter:
-    """TokenGenerator: the graph lane for a lone stream (and the later sentences of the request it serves),
-    vLLM for everything else. Same sampling distribution on both; the random streams differ, so a seed is
-    reproducible only on the same path (deterministic engines have no lane)."""
+    """TokenGenerator: the graph lane for a lone stream (and the later sentences of its request), vLLM for
+    everything else. When vLLM gets busy while the lane runs, the lane's stream moves to vLLM (its prompt plus the
+    tokens so far, the rest of its budget): two processes on one GPU take turns rather than overlap, so a lane
+    running beside a batch slowed it (TTFA p95 at 32 streams 161 vs 139 ms, docs/benchmarks.md). Same sampling
+    distribution on both; the random streams differ, so a seed is reproducible only on the same path
+    (deterministic engines have no lane)."""
 
-    def __init__(self, primary: Any, lane: GraphLane, others_limit: int = OTHERS_LIMIT) -> None:
+    def __init__(self, primary: Any, lane: GraphLane, others_limit: int = OTHERS_LIMIT,
+                 handoff_at: int = HANDOFF_AT) -> None:
         self.primary, self.lane = primary, lane
-        self.others_limit = others_limit
+        self.others_limit, self.handoff_at = others_limit, handoff_at
         self.enabled = True
         """False sends everything to vLLM (the bench's A/B on one engine)."""
         self.primary_live = 0
         self.lane_streams = 0
+        self.handoffs = 0
 
     def __getattr__(self, name: str) -> Any:  # start_s, warmup_s, max_num_seqs ... are vLLM's
         return getattr(self.primary, name)
 
     def _use_lane(self, prompt: Prompt, opts: SamplingOptions, group: str) -> bool:
-        if not (self.enabled and self.lane.supports(prompt, opts)):
+        if not (self.enabled and self.lane.supports(prompt, opts)) or self.primary_live >= self.others_limit:
             return False
-        if self.lane.load == 0:
-            return self.primary_live < self.others_limit
-        return self.lane.groups() == {group}  # a later sentence of the request the lane serves: queue behind it
+        # idle, or a later sentence of the request the lane serves (it queues behind the earlier ones)
+        return self.lane.load == 0 or self.lane.groups() == {group}
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
-        group = request_group(request_id)
-        if self._use_lane(prompt, opts, group):
+        if self._use_lane(prompt, opts, request_id_group := request_group(request_id)):
             self.lane_streams += 1
-            async for delta in self.lane.stream(prompt, opts, request_id, group):
-                yield delta
-            return
+            done: list[int] = []
+            lane = self.lane.stream(prompt, opts, request_id, request_id_group)
+            try:
+                async for delta in lane:
+                    done += delta
+                    yield delta
+                    if self.primary_live >= self.handoff_at:
+                        break
+                else:
+                    return
+            finally:
+                await lane.aclose()
+            if done[-1] in self.lane.token_ids.stop_ids or len(done) >= opts.max_tokens:
+                return
+            self.handoffs += 1
+            prompt = replace(prompt, ids=tuple(prompt.ids) + tuple(done))
+            opts = replace(opts, max_tokens=opts.max_tokens - len(done))
         self.primary_live += 1
         try:
             async for delta in self.primary.stream(prompt, opts, request_id):

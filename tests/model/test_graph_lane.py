@@ -168,3 +168,24 @@ async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
     assert sum(map(len, got)) == 20
     assert len(await collect(router, Prompt(PROMPT.ids, None), opts, "x-0")) > 0  # no allowed set: elsewhere
     assert router.lane_streams == 1
+
+
+async def test_router_hands_a_lane_stream_to_the_other_generator_when_it_gets_busy(lane) -> None:
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane)
+    opts = SamplingOptions(max_tokens=60, seed=0)
+    stream = router.stream(PROMPT, opts, "solo-0")
+    got = list(await stream.__anext__())
+    assert router.lane_streams == 1 and not other.started
+    router.primary_live = 5  # as if a crowd had arrived on the other generator
+    async for delta in stream:
+        got += delta
+    assert router.handoffs == 1 and other.started == ["solo-0"]
+    assert len(got) == 60  # the rest of the budget, no token lost or repeated
+    assert all(IDS.semantic_index(t) is not None for t in got)
+    router.primary_live = 0
+    for _ in range(200):
+        if lane.load == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lane.load == 0  # the lane's job ended when the stream moved
