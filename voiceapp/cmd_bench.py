@@ -166,11 +166,13 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
 
 VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
             "no_lane": (Variant(lane=False), (1, 32)),
+            "lane_again": (Variant(), (1, 32)),
             "busy8_24": (Variant(WindowSchedule(busy_first_new=8, busy_new=24)), (128,)),
             "busy16_16": (Variant(WindowSchedule(busy_first_new=16, busy_new=16)), (128,)),
             "busy24_24": (Variant(WindowSchedule(busy_first_new=24, busy_new=24)), (128,))}
 """Other configurations on the same engine: a 2-code first window (2 tokens fewer before first audio, same
-seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams; other busy first windows than
+seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams, and the default again after
+it (lane_again: whether a difference is the lane's or the order of runs in one process); other busy first windows than
 the default 16 + 32 at 128 streams (24 + 48 underran on every stream in runs 6 and 7)."""
 DEFAULT_VARIANTS = ("first_new2", "no_lane", "busy8_24", "busy16_16")
 """What a plain `voicectl bench` runs (busy24_24 underran on every stream in run 8)."""
