@@ -177,9 +177,14 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     backend = config.backend
     if backend in ("auto", "vllm") and _cuda():
         try:
-            import vllm  # noqa: F401  (no lane without vLLM: the torch generator below is the fallback)
+            import importlib.util
 
             from engine.backends.vllm_gen import VllmTokenGenerator
+
+            # no lane without vLLM (the torch generator below is the fallback); find_spec, not import: importing
+            # vllm configures its logging, to stdout, before VllmTokenGenerator has pointed it at stderr
+            if importlib.util.find_spec("vllm") is None:
+                raise ImportError("vllm is not installed")
             lane = _build_lane(info, events) if config.graph_lane and not config.deterministic else None
             gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
@@ -207,7 +212,10 @@ def _build_lane(info, events: EventSink):
     from engine.backends.graph_gen import GraphLane
     from engine.prompt import semantic_allowed_ids
 
+    from transformers.utils import logging as hf_logging
+
     t0 = time.perf_counter()
+    hf_logging.disable_progress_bar()  # the engine never prints; the notices below report progress
     try:
         model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
         allowed = semantic_allowed_ids(info.token_ids)
