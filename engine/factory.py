@@ -191,7 +191,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
                 return gen
             from engine.backends.graph_gen import LaneRouter
 
-            return LaneRouter(gen, lane)
+            return LaneRouter(gen, lane, events=events)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
                 raise

@@ -27,6 +27,7 @@ import torch
 from engine.backends.qwen2_static import StaticQwen2
 from engine.config import SamplingOptions
 from engine.errors import GenerationError
+from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
 
 CANDIDATES = 64
@@ -340,8 +341,8 @@ class LaneRouter:
     (deterministic engines have no lane)."""
 
     def __init__(self, primary: Any, lane: GraphLane, others_limit: int = OTHERS_LIMIT,
-                 handoff_at: int = HANDOFF_AT) -> None:
-        self.primary, self.lane = primary, lane
+                 handoff_at: int = HANDOFF_AT, events: EventSink = ignore_events) -> None:
+        self.primary, self.lane, self.events = primary, lane, events
         self.others_limit, self.handoff_at = others_limit, handoff_at
         self.enabled = True
         """False sends everything to vLLM (the bench's A/B on one engine)."""
@@ -371,9 +372,12 @@ class LaneRouter:
                         break
                 else:
                     return
+            except GenerationError as err:  # out of GPU memory, a failed replay: vLLM carries on, the lane stops
+                self.enabled = False
+                self.events(Notice(f"graph lane stopped ({err}); every stream runs on vLLM now"))
             finally:
                 await lane.aclose()
-            if done[-1] in self.lane.token_ids.stop_ids or len(done) >= opts.max_tokens:
+            if done and (done[-1] in self.lane.token_ids.stop_ids or len(done) >= opts.max_tokens):
                 return
             self.handoffs += 1
             prompt = replace(prompt, ids=tuple(prompt.ids) + tuple(done))

@@ -189,3 +189,22 @@ async def test_router_hands_a_lane_stream_to_the_other_generator_when_it_gets_bu
             break
         await asyncio.sleep(0.01)
     assert lane.load == 0  # the lane's job ended when the stream moved
+
+
+async def test_a_failing_lane_hands_its_stream_over_and_stops_taking_new_ones(lane, monkeypatch) -> None:
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    notices = []
+    router = LaneRouter(other, lane, events=notices.append)
+    calls = []
+
+    def broken(size: int) -> None:
+        calls.append(size)
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(lane, "_decode", broken)  # the prefill works, the first decode step fails
+    got = await collect(router, PROMPT, SamplingOptions(max_tokens=30, seed=0), "r-0")
+    assert calls and len(got) == 30 and router.handoffs == 1 and not router.enabled
+    assert other.started == ["r-0"] and "graph lane stopped" in notices[0].message
+    assert "out of GPU memory" in notices[0].message
+    await collect(router, PROMPT, SamplingOptions(max_tokens=5, seed=0), "s-0")
+    assert router.lane_streams == 1 and other.started == ["r-0", "s-0"]
