@@ -174,7 +174,10 @@ def probe_decoder(decoder, length: int, repeats: int = 3) -> float:
 
 
 def _build_generator(info, config: EngineConfig, events: EventSink):
+    """vLLM (with the graph lane in front) on a GPU; else the torch generator (with the lane in front on a GPU)."""
     backend = config.backend
+    want_lane = config.graph_lane and not config.deterministic
+    lane = None
     if backend in ("auto", "vllm") and _cuda():
         try:
             import importlib.util
@@ -185,7 +188,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             # vllm configures its logging, to stdout, before VllmTokenGenerator has pointed it at stderr
             if importlib.util.find_spec("vllm") is None:
                 raise ImportError("vllm is not installed")
-            lane = _build_lane(info, events) if config.graph_lane and not config.deterministic else None
+            lane = _build_lane(info, events) if want_lane else None
             gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
                 return gen
@@ -199,7 +202,17 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     from engine.backends.torch_gen import TorchTokenGenerator
 
     device = None if config.device == "auto" else config.device
-    return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
+    gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
+    if gen.device.type != "cuda" or not want_lane:
+        return gen
+    lane = lane or _build_lane(info, events)
+    if lane is None:
+        return gen
+    from engine.backends.graph_gen import LaneRouter
+
+    # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.2): the lane takes every
+    # stream it can, and a stream never moves to the slower generator
+    return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None)
 
 
 def _build_lane(info, events: EventSink):
@@ -214,6 +227,11 @@ def _build_lane(info, events: EventSink):
 
     from transformers.utils import logging as hf_logging
 
+    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
+
+    if torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
+        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer)"))
+        return None
     t0 = time.perf_counter()
     hf_logging.disable_progress_bar()  # the engine never prints; the notices below report progress
     try:

@@ -340,10 +340,12 @@ class LaneRouter:
     distribution on both; the random streams differ, so a seed is reproducible only on the same path
     (deterministic engines have no lane)."""
 
-    def __init__(self, primary: Any, lane: GraphLane, others_limit: int = OTHERS_LIMIT,
-                 handoff_at: int = HANDOFF_AT, events: EventSink = ignore_events) -> None:
+    def __init__(self, primary: Any, lane: GraphLane, others_limit: int | None = OTHERS_LIMIT,
+                 handoff_at: int | None = HANDOFF_AT, events: EventSink = ignore_events) -> None:
         self.primary, self.lane, self.events = primary, lane, events
         self.others_limit, self.handoff_at = others_limit, handoff_at
+        """None: the lane takes a stream whatever the primary runs / never hands a stream over (a primary slower
+        than the lane, like the eager torch generator)."""
         self.enabled = True
         """False sends everything to vLLM (the bench's A/B on one engine)."""
         self.primary_live = 0
@@ -354,7 +356,9 @@ class LaneRouter:
         return getattr(self.primary, name)
 
     def _use_lane(self, prompt: Prompt, opts: SamplingOptions, group: str) -> bool:
-        if not (self.enabled and self.lane.supports(prompt, opts)) or self.primary_live >= self.others_limit:
+        if not (self.enabled and self.lane.supports(prompt, opts)):
+            return False
+        if self.others_limit is not None and self.primary_live >= self.others_limit:
             return False
         # idle, or a later sentence of the request the lane serves (it queues behind the earlier ones)
         return self.lane.load == 0 or self.lane.groups() == {group}
@@ -368,7 +372,7 @@ class LaneRouter:
                 async for delta in lane:
                     done += delta
                     yield delta
-                    if self.primary_live >= self.handoff_at:
+                    if self.handoff_at is not None and self.primary_live >= self.handoff_at:
                         break
                 else:
                     return

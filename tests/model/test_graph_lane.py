@@ -208,3 +208,11 @@ async def test_a_failing_lane_hands_its_stream_over_and_stops_taking_new_ones(la
     assert "out of GPU memory" in notices[0].message
     await collect(router, PROMPT, SamplingOptions(max_tokens=5, seed=0), "s-0")
     assert router.lane_streams == 1 and other.started == ["r-0", "s-0"]
+
+
+async def test_router_in_front_of_a_slower_generator_never_hands_over(lane) -> None:
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane, others_limit=None, handoff_at=None)
+    router.primary_live = 5  # busy: the lane still takes the stream, and keeps it
+    got = await collect(router, PROMPT, SamplingOptions(max_tokens=40, seed=0), "t-0")
+    assert len(got) == 40 and router.lane_streams == 1 and router.handoffs == 0 and not other.started
