@@ -49,8 +49,10 @@ class StaticQwen2:
 
         body = model.model
         self.embed = put(body.embed_tokens.weight)
-        self.output = put(model.get_output_embeddings().weight)
-        """Output embedding [V, H] (tied to `embed` in Spark's checkpoint); restricted rows are taken from it."""
+        output = model.get_output_embeddings().weight
+        self.output = self.embed if output is body.embed_tokens.weight else put(output)
+        """Output embedding [V, H] (the same tensor as `embed` when tied, as in Spark's checkpoint: one 300 MB
+        copy, not two); restricted rows are taken from it."""
         self.norm = put(body.norm.weight)
         self.layers = [self._weights(layer, put) for layer in body.layers]
         shape = (len(self.layers), self.kv_heads, max_len, self.head_dim)

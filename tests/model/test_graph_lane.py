@@ -56,6 +56,7 @@ def test_static_model_matches_transformers(model) -> None:
         for i in range(n, len(seq)):  # decode steps overwrite the padding's stale cache entries
             ours.append(static.forward(seq[i:i + 1], torch.tensor([i]), 32) @ static.output.T)
     torch.testing.assert_close(torch.cat(ours), ref, atol=1e-4, rtol=1e-4)
+    assert static.output is static.embed  # tied embeddings: one copy on the device, not two
 
 
 async def test_greedy_stream_equals_the_torch_generator(model, lane) -> None:
