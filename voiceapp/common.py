@@ -19,8 +19,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
     g.add_argument("--threads", type=int, help="CPU threads for torch")
     g.add_argument("--no-graph-lane", action="store_true",
-                   help="with vLLM, run a lone stream on vLLM too (no in-process CUDA-graph copy of the LLM: "
-                        "~1 GB less GPU memory and ~25 s less start-up, about twice the time to first audio)")
+                   help="on a GPU, run a lone stream on vLLM (or the torch generator) too: no in-process "
+                        "CUDA-graph copy of the LLM (about 1 GB less GPU memory, 20-27 s less start-up, about "
+                        "twice the time to first audio)")
 
 
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
