@@ -803,6 +803,7 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
     schedule = variant.schedule
     saved = (synth.schedule, synth._shape_lengths)  # noqa: SLF001 - benchmark-only swap of the schedule
     router = gen.inner if hasattr(gen.inner, "lane") else None
+    lane_was = router.enabled if router is not None else None
     if router is not None:
         router.enabled = variant.lane
     try:
@@ -822,7 +823,7 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
     finally:
         synth.schedule, synth._shape_lengths = saved  # noqa: SLF001
         if router is not None:
-            router.enabled = True
+            router.enabled = lane_was
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:

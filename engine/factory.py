@@ -205,7 +205,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
     if gen.device.type != "cuda" or not want_lane:
         return gen
-    lane = lane or _build_lane(info, events)
+    lane = lane or _build_lane(info, events, gen.device)
     if lane is None:
         return gen
     from engine.backends.graph_gen import LaneRouter
@@ -215,36 +215,63 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None)
 
 
-def _build_lane(info, events: EventSink):
-    """The CUDA-graph lane (before vLLM, which sizes its memory around what is left), or None with a notice."""
+def _build_lane(info, events: EventSink, device=None):
+    """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
+    which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
     import time
 
     import torch
+
+    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
+
+    device = torch.device(device or "cuda")
+    if torch.cuda.get_device_capability(device) < MIN_COMPUTE_CAPABILITY:
+        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer)"))
+        return None
+    t0 = time.perf_counter()
+    try:
+        lane = _new_lane(info, device, compile_layers=True)
+    except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
+        failure = _one_line(err)
+        lane = None
+    if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
+        _free_gpu_memory()
+        try:
+            lane = _new_lane(info, device, compile_layers=False)
+            events(Notice(f"graph lane without torch.compile ({failure})"))
+        except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
+            _free_gpu_memory()
+            events(Notice(f"graph lane unavailable ({_one_line(err)}); every stream runs on the other generator"))
+            return None
+    events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s (CUDA graphs captured in "
+                  f"{lane.capture_s:.1f} s)"))
+    return lane
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _new_lane(info, device, compile_layers: bool):
+    import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from engine.backends.graph_gen import GraphLane
     from engine.prompt import semantic_allowed_ids
 
-    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # the engine never prints; the notices report progress
+    model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
+    # compiled layers: 1.21 vs 1.39 ms per token on an H200 (docs/benchmarks.md), ~12 s more start-up
+    return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device,
+                     compile_layers=compile_layers)
 
-    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
 
-    if torch.cuda.get_device_capability() < MIN_COMPUTE_CAPABILITY:
-        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer)"))
-        return None
-    t0 = time.perf_counter()
-    hf_logging.disable_progress_bar()  # the engine never prints; the notices below report progress
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
-        allowed = semantic_allowed_ids(info.token_ids)
-        try:  # compiled layers: 1.21 vs 1.39 ms per token on an H200 (docs/benchmarks.md), ~12 s more start-up
-            lane = GraphLane(model, info.token_ids, allowed, compile_layers=True)
-        except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: the uncompiled graphs still work
-            events(Notice(f"graph lane without torch.compile ({type(err).__name__})"))
-            lane = GraphLane(model, info.token_ids, allowed)
-    except (RuntimeError, OSError, ValueError) as err:  # out of memory, capture failure, unreadable weights
-        events(Notice(f"graph lane unavailable ({str(err).splitlines()[0]}); every stream runs on vLLM"))
-        return None
-    events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s (CUDA graphs captured in "
-                  f"{lane.capture_s:.1f} s)"))
-    return lane
+def _free_gpu_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()

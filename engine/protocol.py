@@ -38,8 +38,7 @@ KIND_JSON, KIND_AUDIO = b"J", b"A"
 FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
 MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
 
-BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm",
-                 "LaneRouter": "vllm"}
+BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
 """Generator class -> the --backend value that builds it."""
 
 FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceFinished,
@@ -126,7 +125,8 @@ def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
 
 def describe_engine(synth: Any) -> dict[str, Any]:
     """What identifies a Synthesizer's output: backend name and checkpoint (path, hash; None for the fake)."""
-    name = type(synth.generator).__name__
+    gen = synth.generator
+    name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
     info = getattr(synth, "model_info", None)
     return {"backend": BACKEND_NAMES.get(name, name),
             "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None}

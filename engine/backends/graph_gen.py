@@ -1,9 +1,10 @@
 """Provides GraphLane (one stream at a time, each step one CUDA-graph launch) and LaneRouter (lane or vLLM).
 
 Why: at one stream vLLM took 42-57 ms to its 20th token (first audio needs ~20) at 1.45 ms per greedy step and
-1.74 with top-k/top-p (docs/benchmarks.md). The lane runs the LLM in this process (engine.backends.qwen2_static) with everything for a step (forward, logits over the allowed ids
-only, top-k/top-p sampling) captured once per shape as a CUDA graph, so a step is one launch and the GPU never
-waits for Python. The host launches a few steps ahead and reads tokens back in small bursts.
+1.74 with top-k/top-p (docs/benchmarks.md). The lane runs the LLM in this process (engine.backends.qwen2_static)
+with everything for a step (forward, logits over the allowed ids only, top-k/top-p sampling) captured once per
+shape as a CUDA graph, so a step is one launch and the GPU never waits for Python (1.21 ms per token, 20th token at
+26 ms on an H200). The host launches a few steps ahead and reads tokens back in small bursts.
 
 Sampling is Gumbel-max over the top-k candidates: argmax(logits / T + G) with G = -log(E), E ~ Exp(1), is an
 exact draw from softmax(logits / T) restricted to the candidates top-k and top-p keep; the noise comes from the
@@ -56,7 +57,8 @@ def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) 
     else:
         gen.manual_seed(seed)
     expo = torch.empty((steps, candidates), device=device).exponential_(generator=gen)
-    return -torch.log(expo)
+    # the CPU kernel can return 0 (the CUDA one does not): +inf noise would then beat a masked -inf candidate
+    return -torch.log(expo.clamp_min_(torch.finfo(expo.dtype).tiny))
 
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -214,7 +216,13 @@ class GraphLane:
         return (bool(prompt.ids) and len(prompt.ids) <= self.prefills[-1]
                 and len(prompt.ids) + opts.max_tokens <= self.max_len
                 and allowed is not None and 0 < len(allowed) <= self.allowed.numel()
-                and (opts.temperature == 0 or 0 < opts.top_k <= CANDIDATES))
+                and (opts.temperature == 0 or 0 < opts.top_k <= CANDIDATES)
+                # an id outside the vocabulary would fault inside a graph replay, and a device-side fault ends
+                # every CUDA call of this process (the decoder's too): such a request goes elsewhere
+                and self._in_vocab(prompt.ids) and self._in_vocab(allowed))
+
+    def _in_vocab(self, ids: Any) -> bool:
+        return 0 <= min(ids) and max(ids) < self.model.vocab_size
 
     def _start(self, job: _Job) -> None:
         ids, opts = job.ids, job.opts
@@ -307,7 +315,11 @@ class GraphLane:
         job = _Job(tuple(prompt.ids), opts, tuple(prompt.allowed_ids or ()), deliver, request_id,
                    group or request_id)
         self._jobs.append(job)
-        self._executor.submit(self.run, job)
+        try:
+            self._executor.submit(self.run, job)
+        except RuntimeError as err:  # closed
+            self._jobs.remove(job)
+            raise GenerationError("the graph lane is closed") from err
         try:
             while True:
                 kind, (payload, finished) = await queue.get()
@@ -347,7 +359,9 @@ class LaneRouter:
         """None: the lane takes a stream whatever the primary runs / never hands a stream over (a primary slower
         than the lane, like the eager torch generator)."""
         self.enabled = True
-        """False sends everything to vLLM (the bench's A/B on one engine)."""
+        """False sends everything to the primary (the bench's A/B on one engine)."""
+        self.failed = False
+        """The lane failed once (out of memory, a failed replay): it takes no more streams."""
         self.primary_live = 0
         self.lane_streams = 0
         self.handoffs = 0
@@ -356,7 +370,7 @@ class LaneRouter:
         return getattr(self.primary, name)
 
     def _use_lane(self, prompt: Prompt, opts: SamplingOptions, group: str) -> bool:
-        if not (self.enabled and self.lane.supports(prompt, opts)):
+        if not (self.enabled and not self.failed and self.lane.supports(prompt, opts)):
             return False
         if self.others_limit is not None and self.primary_live >= self.others_limit:
             return False
@@ -376,9 +390,10 @@ class LaneRouter:
                         break
                 else:
                     return
-            except GenerationError as err:  # out of GPU memory, a failed replay: vLLM carries on, the lane stops
-                self.enabled = False
-                self.events(Notice(f"graph lane stopped ({err}); every stream runs on vLLM now"))
+            except GenerationError as err:  # out of GPU memory, a failed replay: the primary carries on
+                self.failed = True
+                self.events(Notice(f"graph lane stopped ({err}); every stream runs on "
+                                   f"{type(self.primary).__name__} now"))
             finally:
                 await lane.aclose()
             if done and (done[-1] in self.lane.token_ids.stop_ids or len(done) >= opts.max_tokens):

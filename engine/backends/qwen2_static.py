@@ -15,6 +15,16 @@ import torch
 import torch.nn.functional as F
 
 
+def _check_supported(cfg) -> None:
+    """ValueError for Qwen2 variants this forward does not implement (Spark's checkpoint uses none of them)."""
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if kind != "default":
+        raise ValueError(f"the graph lane implements plain rotary embeddings, not {kind!r}")
+    if getattr(cfg, "use_sliding_window", False):
+        raise ValueError("the graph lane does not implement sliding-window attention")
+
+
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     """One decoder layer's tensors, projections pre-transposed for addmm (x @ W.T)."""
@@ -36,6 +46,7 @@ class StaticQwen2:
     def __init__(self, model: torch.nn.Module, max_len: int, device: torch.device | str, dtype: torch.dtype,
                  compile_layers: bool = False) -> None:
         cfg = model.config
+        _check_supported(cfg)
         self.device, self.dtype, self.max_len = torch.device(device), dtype, max_len
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
@@ -53,6 +64,7 @@ class StaticQwen2:
         self.output = self.embed if output is body.embed_tokens.weight else put(output)
         """Output embedding [V, H] (the same tensor as `embed` when tied, as in Spark's checkpoint: one 300 MB
         copy, not two); restricted rows are taken from it."""
+        self.vocab_size = self.embed.shape[0]
         self.norm = put(body.norm.weight)
         self.layers = [self._weights(layer, put) for layer in body.layers]
         shape = (len(self.layers), self.kv_heads, max_len, self.head_dim)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.backends.graph_gen import CANDIDATES, GraphLane, LaneRouter, bucket, gumbel, pick, request_group
+from engine.backends.graph_gen import (CANDIDATES, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
+                                       request_group)
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
 from engine.config import SamplingOptions
@@ -156,19 +157,29 @@ async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
     other = ScriptedGenerator(IDS, delay_s=0.001)
     router = LaneRouter(other, lane)
     opts = SamplingOptions(max_tokens=20, seed=0)
-    first = router.stream(PROMPT, opts, "req-0")
-    got = [await first.__anext__()]
-    assert router.lane_streams == 1 and lane.load == 1
-    # a later sentence of the same request queues on the lane; another request goes elsewhere
-    assert router._use_lane(PROMPT, opts, "req") and not router._use_lane(PROMPT, opts, "other")
-    router.enabled = False
-    assert not router._use_lane(PROMPT, opts, "req")
-    router.enabled = True
-    async for delta in first:
-        got.append(delta)
-    assert sum(map(len, got)) == 20
+    assert await collect(router, PROMPT, opts, "req-0") and router.lane_streams == 1 and not other.started
+    # while the lane serves "req": a later sentence of it queues there, another request goes elsewhere
+    busy = _Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, "req-0", "req")
+    lane._jobs.append(busy)
+    try:
+        assert router._use_lane(PROMPT, opts, "req") and not router._use_lane(PROMPT, opts, "other")
+        router.primary_live = 1  # and nothing new goes to the lane while the other generator is busy
+        assert not router._use_lane(PROMPT, opts, "req")
+        router.primary_live = 0
+        router.enabled = False
+        assert not router._use_lane(PROMPT, opts, "req")
+    finally:
+        lane._jobs.remove(busy)
+        router.enabled = True
     assert len(await collect(router, Prompt(PROMPT.ids, None), opts, "x-0")) > 0  # no allowed set: elsewhere
-    assert router.lane_streams == 1
+    assert router.lane_streams == 1 and other.started == ["x-0"]
+
+
+def test_lane_refuses_ids_outside_the_vocabulary(lane) -> None:
+    opts = SamplingOptions(max_tokens=10)
+    assert not lane.supports(Prompt(PROMPT.ids + (166000,), SEMANTIC_ONLY), opts)
+    assert not lane.supports(Prompt(PROMPT.ids, SEMANTIC_ONLY + (170000,)), opts)
+    assert not lane.supports(Prompt((-1,) + PROMPT.ids, SEMANTIC_ONLY), opts)
 
 
 async def test_router_hands_a_lane_stream_to_the_other_generator_when_it_gets_busy(lane) -> None:
@@ -204,7 +215,7 @@ async def test_a_failing_lane_hands_its_stream_over_and_stops_taking_new_ones(la
 
     monkeypatch.setattr(lane, "_decode", broken)  # the prefill works, the first decode step fails
     got = await collect(router, PROMPT, SamplingOptions(max_tokens=30, seed=0), "r-0")
-    assert calls and len(got) == 30 and router.handoffs == 1 and not router.enabled
+    assert calls and len(got) == 30 and router.handoffs == 1 and router.failed and router.enabled
     assert other.started == ["r-0"] and "graph lane stopped" in notices[0].message
     assert "out of GPU memory" in notices[0].message
     await collect(router, PROMPT, SamplingOptions(max_tokens=5, seed=0), "s-0")
