@@ -1,0 +1,86 @@
+"""Where the graph lane's decode step goes (GPU): kernel time vs the gaps between kernels, and the top kernels.
+
+    python scripts/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
+
+Replays the captured decode graph `--steps` times (wall per step from CUDA events), then runs the same step
+eagerly under torch.profiler (same kernels, launched one by one) and sums the kernel durations per step. If the
+kernel sum is close to the graph's step time, the kernels themselves are the cost (count x minimum duration, or
+slow batch-1 GEMVs); if it is far below, launch gaps are. Prints the kernels by total time with their counts.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoModelForCausalLM
+
+from engine.backends.graph_gen import GraphLane
+from engine.model import load_model_info
+from engine.prompt import semantic_allowed_ids
+
+
+def graph_step_ms(lane: GraphLane, span: int, steps: int) -> float:
+    graph = lane._graphs[("decode", span)]  # noqa: SLF001 - a measurement script
+    with torch.cuda.stream(lane.cuda_stream):
+        lane.position.fill_(span // 2)
+        for _ in range(5):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            lane.position.fill_(span // 2)  # stay inside the span
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def eager_kernels(lane: GraphLane, span: int, steps: int) -> tuple[float, list[dict]]:
+    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
+        for _ in range(3):
+            lane.position.fill_(span // 2)
+            lane._decode(span)  # noqa: SLF001
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                lane.position.fill_(span // 2)
+                lane._decode(span)  # noqa: SLF001
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            totals[ev.name].append(ev.device_time_total)
+    rows = sorted(({"kernel": name[:90], "per_step": round(len(t) / steps, 2), "us_per_step": round(sum(t) / steps, 1)}
+                   for name, t in totals.items()), key=lambda r: -r["us_per_step"])
+    return sum(r["us_per_step"] for r in rows) / 1e3, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--span", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    info = load_model_info(args.model)
+    model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
+    lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), compile_layers=not args.no_compile)
+    graph_ms = graph_step_ms(lane, args.span, args.steps)
+    kernel_ms, rows = eager_kernels(lane, args.span, args.steps)
+    out = {"device": torch.cuda.get_device_name(), "compiled": not args.no_compile, "span": args.span,
+           "graph_step_ms": round(graph_ms, 3), "kernel_sum_ms_per_step": round(kernel_ms, 3),
+           "kernels_per_step": round(sum(r["per_step"] for r in rows), 1), "top": rows[:25]}
+    print(json.dumps({k: v for k, v in out.items() if k != "top"}))
+    for r in rows[:25]:
+        print(f"{r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
