@@ -132,6 +132,15 @@ def describe_engine(synth: Any) -> dict[str, Any]:
             "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None}
 
 
+def lane_status(generator: Any) -> dict[str, Any]:
+    """The graph lane's counters for `voicectl status` ({} when the engine has no lane)."""
+    lane = getattr(generator, "lane", None) if hasattr(generator, "primary") else None
+    if lane is None:
+        return {}
+    return {"lane": {"on": bool(generator.enabled and not generator.failed), "streams": generator.lane_streams,
+                     "handed_over": generator.handoffs, "failed": bool(generator.failed)}}
+
+
 # ---- decoding ---------------------------------------------------------------------------------------------
 
 def parse_header(header: bytes) -> tuple[bytes, int]:

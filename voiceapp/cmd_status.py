@@ -34,6 +34,11 @@ def describe(status: dict) -> list[str]:
     if gpu:
         lines.append(f"GPU memory: {gpu['used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB used "
                      f"({gpu['device']}; {gpu['allocated_bytes'] / 2**30:.2f} GiB allocated by the server)")
+    lane = status.get("lane")
+    if lane:
+        state = "failed, off" if lane["failed"] else "on" if lane["on"] else "off"
+        lines.append(f"graph lane: {state}; {lane['streams']} streams started there, {lane['handed_over']} moved "
+                     f"to {status['backend']} when other streams arrived")
     lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "
                  f"cancelled, {status['failed']} failed; {status['clients']} clients connected")
     for s in status["streams"]:

@@ -24,7 +24,7 @@ from engine.errors import InputError, VoiceError
 from engine.events import Event, FirstAudio, Notice
 from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
-from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio,
+from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
                              encode_message, error_message, event_message, read_frame)
 from voiceapp.client import peer_credentials
 
@@ -287,7 +287,7 @@ class EngineServer:
                     "text_pending": live.text.chars if live.text else 0} for live in self._live.values()]
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
-                "gpu": gpu_memory(), **self.counts}
+                "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
 
     def _route(self, event: Event) -> None:
         """Engine events -> the client whose request they belong to (Notices go to the log)."""

@@ -228,3 +228,24 @@ async def test_router_in_front_of_a_slower_generator_never_hands_over(lane) -> N
     router.primary_live = 5  # busy: the lane still takes the stream, and keeps it
     got = await collect(router, PROMPT, SamplingOptions(max_tokens=40, seed=0), "t-0")
     assert len(got) == 40 and router.lane_streams == 1 and router.handoffs == 0 and not other.started
+
+
+def test_status_reports_the_lane(lane) -> None:
+    from engine.protocol import describe_engine, lane_status
+    from voiceapp.cmd_status import describe
+
+    router = LaneRouter(ScriptedGenerator(IDS), lane)
+    router.lane_streams, router.handoffs = 3, 1
+    assert lane_status(router) == {"lane": {"on": True, "streams": 3, "handed_over": 1, "failed": False}}
+    assert lane_status(router.primary) == {} and lane_status(lane) == {}
+
+    class Synth:
+        generator = router
+
+    assert describe_engine(Synth())["backend"] == "fake"  # named after the generator behind the lane
+    router.failed = True
+    status = {"pid": 1, "uptime_s": 5, "socket": "s", "model": None, "backend": "vllm", "sample_rate": 16000,
+              "gpu": None, "streams": [], "served": 4, "cancelled": 0, "failed": 0, "clients": 0,
+              **lane_status(router)}
+    assert "graph lane: failed, off; 3 streams started there, 1 moved to vllm when other streams arrived" \
+        in describe(status)

@@ -283,6 +283,7 @@ async def test_status_lists_live_streams(fake_server):
     (stream,) = status["streams"]
     assert stream["voice"] == "mia" and stream["chars"] == len(LONG_TEXT) and stream["client_pid"] == os.getpid()
     assert stream["ttfa_ms"] is not None and stream["audio_s"] > 0
+    assert "lane" not in status  # the fake engine has no graph lane
 
 
 # ---- one server per socket; stale sockets; other users -------------------------------------------------------
