@@ -113,7 +113,6 @@ class GraphLane:
             self._buffers(len(allowed))
         self.allowed_now: tuple[int, ...] = ()
         self._set_allowed(allowed)
-        self.default_allowed = tuple(allowed)
         self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.capture_s = self._capture_all() if self.capture else 0.0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-lane")
