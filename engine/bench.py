@@ -864,15 +864,24 @@ def _r(x: Any, digits: int = 1) -> Any:
 
 
 def format_table(result: dict[str, Any]) -> str:
+    """The pipeline levels as a Markdown table, then each variant's levels (labelled), then the lane's counters."""
     lines = ["| streams | TTFA p50 (ms) | TTFA p95 (ms) | onset p50 (ms) | steady RTF p50 | steady RTF max | RTF max "
              "| underruns (streams) | fixed-delay underruns (streams) | LLM tok/s/stream | TTFT p50 (ms) | "
              "decode batch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for lv in result["pipeline"]["levels"]:
-        lines.append(f"| {lv['streams']} | {lv['ttfa_ms_p50']:.0f} | {lv['ttfa_ms_p95']:.0f} | "
+    pipeline = result["pipeline"]
+    rows = [(str(lv["streams"]), lv) for lv in pipeline["levels"]]
+    rows += [(f"{lv['streams']} ({name})", lv) for name, variant in (pipeline.get("variants") or {}).items()
+             for lv in variant["levels"]]
+    for label, lv in rows:
+        lines.append(f"| {label} | {lv['ttfa_ms_p50']:.0f} | {lv['ttfa_ms_p95']:.0f} | "
                      f"{lv.get('onset_ms_p50', math.nan):.0f} | "
                      f"{lv['steady_rtf_p50']:.3f} | {lv['steady_rtf_max']:.3f} | {lv['rtf_max']:.3f} | "
                      f"{lv['underruns']} ({lv['streams_with_underruns']}) | "
                      f"{lv.get('underruns_fixed_delay', 0)} ({lv.get('streams_with_underruns_fixed_delay', 0)}) | "
                      f"{lv['llm_tok_s_per_stream_p50']:.0f} | {lv['ttft_ms_p50']:.0f} | {lv['decode_batch_mean']:.1f} |")
+    lane = pipeline.get("lane")
+    if lane:
+        lines.append(f"\ngraph lane: {lane['streams']} streams started there, graphs captured in "
+                     f"{lane['capture_s']} s")
     return "\n".join(lines)
