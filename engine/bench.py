@@ -324,7 +324,8 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
         underruns=sum(p.underruns for p in played), streams_with_underruns=sum(1 for p in played if p.underruns),
         silence_s=sum(p.silence_s for p in played), audio_s=sum(r.audio_s(sample_rate) for r in records),
         wall_s=wall_s, onset_ms_p50=percentile(onset, 50), onset_ms_p95=percentile(onset, 95),
-        underruns_fixed_delay=sum(u for u, _ in fixed), streams_with_underruns_fixed_delay=sum(1 for u, _ in fixed if u),
+        underruns_fixed_delay=sum(u for u, _ in fixed),
+        streams_with_underruns_fixed_delay=sum(1 for u, _ in fixed if u),
         llm_tok_s_per_stream_p50=percentile(rates, 50) if rates else math.nan,
         ttft_ms_p50=percentile(ttft, 50) if ttft else math.nan,
         first_window_tokens_ms_p50=percentile([x for x in need if not math.isnan(x)], 50) if need else math.nan,
@@ -879,7 +880,8 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{lv['steady_rtf_p50']:.3f} | {lv['steady_rtf_max']:.3f} | {lv['rtf_max']:.3f} | "
                      f"{lv['underruns']} ({lv['streams_with_underruns']}) | "
                      f"{lv.get('underruns_fixed_delay', 0)} ({lv.get('streams_with_underruns_fixed_delay', 0)}) | "
-                     f"{lv['llm_tok_s_per_stream_p50']:.0f} | {lv['ttft_ms_p50']:.0f} | {lv['decode_batch_mean']:.1f} |")
+                     f"{lv['llm_tok_s_per_stream_p50']:.0f} | {lv['ttft_ms_p50']:.0f} | "
+                     f"{lv['decode_batch_mean']:.1f} |")
     lane = pipeline.get("lane")
     if lane:
         lines.append(f"\ngraph lane: {lane['streams']} streams started there, graphs captured in "
