@@ -3,6 +3,7 @@
     python -m scripts.torch_gen_speed                      # full size, 2 threads, 60-token prompt, 200 tokens
     python -m scripts.torch_gen_speed --tiny --threads 2
     python -m scripts.torch_gen_speed --device cuda --dtype bf16
+    python -m scripts.torch_gen_speed --transformers-forward   # the CPU without the static forward
 
 Random weights: the numbers measure the loop and the device, not speech. Sampling is restricted to semantic ids
 with no stop id (format (c) minus the stops), so every run produces exactly --tokens tokens.
@@ -59,15 +60,20 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--device", default=None, help="default: cuda, else mps, else cpu")
     ap.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, else fp32")
+    ap.add_argument("--transformers-forward", action="store_true",
+                    help="step through transformers' forward, not the static one (the default on the CPU)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     model = build_model(args.tiny)
     ids = TokenIds()
-    gen = TorchTokenGenerator(model, ids, device=args.device, dtype=DTYPES.get(args.dtype), threads=args.threads)
+    static = not args.transformers_forward and (args.device or "cpu") == "cpu"
+    gen = TorchTokenGenerator(model, ids, device=args.device, dtype=DTYPES.get(args.dtype), threads=args.threads,
+                              static=static)
     prompt = build_prompt(ids, args.prompt_tokens)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {'tiny' if args.tiny else 'full'} {n_params / 1e6:.0f}M params, {gen.device} {gen.model.dtype}, "
+          f"{'static' if gen.static is not None else 'transformers'} forward, "
           f"{torch.get_num_threads()} threads, built in {time.perf_counter() - t0:.1f}s")
     try:
         rate = await measure_throughput(gen, prompt, args.tokens)

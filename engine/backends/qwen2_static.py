@@ -15,6 +15,15 @@ import torch
 import torch.nn.functional as F
 
 
+def supported(cfg) -> bool:
+    """Whether StaticQwen2 implements this transformers config (Qwen2, plain rotary, no sliding window)."""
+    try:
+        _check_supported(cfg)
+    except ValueError:
+        return False
+    return getattr(cfg, "model_type", None) == "qwen2"
+
+
 def _check_supported(cfg) -> None:
     """ValueError for Qwen2 variants this forward does not implement (Spark's checkpoint uses none of them)."""
     rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
@@ -44,7 +53,10 @@ class StaticQwen2:
     """Qwen2 forward over a static KV cache of `max_len` positions (batch 1)."""
 
     def __init__(self, model: torch.nn.Module, max_len: int, device: torch.device | str, dtype: torch.dtype,
-                 compile_layers: bool = False) -> None:
+                 compile_layers: bool = False, own_cache: bool = True, release: bool = False) -> None:
+        """`max_len`: positions covered (rotary tables, and the cache when `own_cache`; without it every forward
+        gets a cache from `new_cache`). `release`: free each transformers layer's weights once converted, so a
+        CPU holds one copy of the model, not two (the model cannot run by itself afterwards)."""
         cfg = model.config
         _check_supported(cfg)
         self.device, self.dtype, self.max_len = torch.device(device), dtype, max_len
@@ -66,10 +78,13 @@ class StaticQwen2:
         copy, not two); restricted rows are taken from it."""
         self.vocab_size = self.embed.shape[0]
         self.norm = put(body.norm.weight)
-        self.layers = [self._weights(layer, put) for layer in body.layers]
-        shape = (len(self.layers), self.kv_heads, max_len, self.head_dim)
-        self.k_cache = torch.zeros(shape, device=self.device, dtype=dtype)
-        self.v_cache = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.layers = []
+        for layer in body.layers:
+            self.layers.append(self._weights(layer, put))
+            if release:
+                for param in layer.parameters():
+                    param.data = torch.empty(0, dtype=param.dtype)
+        self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
         self.cos, self.sin = self._rope_tables(cfg, max_len)
         self._layer = self._layer_step
         if compile_layers:
@@ -89,6 +104,12 @@ class StaticQwen2:
                             o_t=put(a.o_proj.weight.t()), ln2=put(layer.post_attention_layernorm.weight),
                             gate_up_t=put(gate_up.t()), down_t=put(m.down_proj.weight.t()))
 
+    def new_cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed keys and values for `length` positions: [layers, kv_heads, length, head_dim] each."""
+        shape = (len(self.layers), self.kv_heads, length, self.head_dim)
+        return (torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.zeros(shape, device=self.device, dtype=self.dtype))
+
     def _rope_tables(self, cfg, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos [max_len, D] and sin with rotate-half's sign folded in ([-sin, +sin] halves), in the model dtype
         (transformers computes them in fp32 and casts to the activations' dtype too)."""
@@ -103,11 +124,14 @@ class StaticQwen2:
 
     # ---- one forward pass ------------------------------------------------------------------------------------
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int,
+                cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Hidden states [T, H] (after the final norm) for `ids` [T] at `positions` [T]; writes their keys and
-        values into the cache at those positions and attends over cache positions < `span` (a key at position p
-        is seen by a query at q >= p only). Positions past the real sequence may hold stale keys: they are masked
-        until overwritten, so padded prefills and over-long spans are safe."""
+        values into the cache (`cache`, else this model's own) at those positions and attends over cache
+        positions < `span` (a key at position p is seen by a query at q >= p only). Positions past the real
+        sequence may hold stale keys: they are masked until overwritten, so padded prefills and over-long spans
+        are safe."""
+        k_cache, v_cache = cache if cache is not None else (self.k_cache, self.v_cache)
         x = self.embed.index_select(0, ids)
         cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
         keys = torch.arange(span, device=ids.device)
@@ -115,7 +139,7 @@ class StaticQwen2:
         bias = torch.zeros(allowed.shape, device=ids.device, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
         bias = bias.repeat(self.group, 1)  # [G*T, span], rows g-major like the queries below
         for index, w in enumerate(self.layers):
-            x = self._layer(x, w, self.k_cache[index], self.v_cache[index], positions, cos, sin, bias, span)
+            x = self._layer(x, w, k_cache[index], v_cache[index], positions, cos, sin, bias, span)
         return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
 
     def _layer_step(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -249,3 +249,14 @@ def test_status_reports_the_lane(lane) -> None:
               **lane_status(router)}
     assert "graph lane: failed, off; 3 streams started there, 1 moved to vllm when other streams arrived" \
         in describe(status)
+
+
+def test_static_model_refuses_what_it_does_not_implement(model) -> None:
+    from engine.backends.qwen2_static import supported
+
+    assert supported(model.config)
+    scaled = Qwen2Config(**{**model.config.to_dict(), "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    windowed = Qwen2Config(**{**model.config.to_dict(), "use_sliding_window": True})
+    assert not supported(scaled) and not supported(windowed)
+    with pytest.raises(ValueError, match="rotary"):
+        StaticQwen2(Qwen2ForCausalLM(scaled), 16, "cpu", torch.float32)

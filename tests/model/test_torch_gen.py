@@ -305,3 +305,34 @@ async def test_restricted_head_samples_like_a_masked_full_vocabulary(gen: TorchT
             if want[-1] in gen.token_ids.stop_ids:
                 break
     assert got == want and all(t in allowed for t in got)
+
+
+# ---- the static forward (engine.backends.qwen2_static), the default for checkpoints loaded on the CPU -------
+
+async def test_static_forward_gives_the_transformers_loop_tokens(model: Qwen2ForCausalLM) -> None:
+    """Greedy over 300 tokens (the request's cache grows past its first 8 + 256 positions) and seeded sampling,
+    alone and interleaved: the same tokens as the transformers forward."""
+    hf, static = TorchTokenGenerator(model, IDS, device="cpu"), TorchTokenGenerator(model, IDS, static=True)
+    prompt = Prompt(PROMPT.ids, SEMANTIC_ONLY)
+    try:
+        assert hf.static is None and static.static is not None
+        greedy = SamplingOptions(temperature=0, max_tokens=300)
+        assert await collect(static, prompt, greedy) == await collect(hf, prompt, greedy)
+        seeded = [SamplingOptions(max_tokens=40, seed=s) for s in (3, 4)]
+        ref = [await collect(hf, prompt, o, f"r{i}") for i, o in enumerate(seeded)]
+        assert await asyncio.gather(*(collect(static, prompt, o, f"s{i}") for i, o in enumerate(seeded))) == ref
+    finally:
+        await hf.close()
+        await static.close()
+
+
+async def test_a_checkpoint_loaded_on_the_cpu_is_held_once(tmp_path, model: Qwen2ForCausalLM) -> None:
+    model.save_pretrained(tmp_path)
+    g = TorchTokenGenerator(str(tmp_path), IDS, threads=2)
+    try:
+        assert g.static is not None
+        assert all(p.numel() == 0 for p in g.model.model.layers.parameters())  # converted, then released
+        assert len(await collect(g, PROMPT, SamplingOptions(max_tokens=12, seed=0))) == 12
+    finally:
+        await g.close()
+    assert TorchTokenGenerator(model, IDS, device="cpu").static is None  # a caller's model is left as it is
