@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import numpy as np
 
 from engine.backends.base import DecodeItem
-from engine.config import SamplingOptions, SynthesisRequest
+from engine.config import SamplingOptions, SynthesisRequest, request_of, sentence_id
 from engine.crossfade import Crossfader
 from engine.prompt import Prompt
 from engine.seams import seam_error_db
@@ -258,9 +258,10 @@ async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: st
 
     await asyncio.gather(*(one(i) for i in range(n)))
     ids = {f"{label}{n}-{i}" for i in range(n)}
-    times = [t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids]
-    firsts = {rid[:-2]: t for rid, t in gen.times.items() if rid.rsplit("-", 1)[0] in ids and rid.endswith("-0")}
-    for rid in [rid for rid in gen.times if rid.rsplit("-", 1)[0] in ids]:
+    mine = [rid for rid in gen.times if request_of(rid) in ids]
+    times = [gen.times[rid] for rid in mine]
+    firsts = {request_of(rid): gen.times[rid] for rid in mine if rid == sentence_id(request_of(rid), 0)}
+    for rid in mine:
         del gen.times[rid]
     return records, times, firsts
 

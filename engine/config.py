@@ -48,3 +48,14 @@ class SynthesisRequest:
     """Sampling knobs for every sentence of this request."""
     request_id: str = field(default_factory=lambda: uuid4().hex)
     """Unique id carried by every event and chunk of this request."""
+
+
+def sentence_id(request_id: str, index: int) -> str:
+    """The token generator's request id for sentence `index` of a synthesis request."""
+    return f"{request_id}-{index}"
+
+
+def request_of(generator_id: str) -> str:
+    """The synthesis request a sentence's generator id belongs to (itself when it is not a sentence id)."""
+    head, sep, tail = generator_id.rpartition("-")
+    return head if sep and tail.isdigit() else generator_id

@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.backends.base import AudioSink, CodecDecoder, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for, widen_left
-from engine.config import SamplingOptions, SynthesisRequest
+from engine.config import SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import Crossfader, fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
@@ -252,7 +252,7 @@ class Synthesizer:
         prompt = build_globals_prompt(text, globals_, self.token_ids, self.encode)
         opts = replace(req.options, seed=sentence_seed(req.options.seed, index),
                        max_tokens=min(req.options.max_tokens, sentence_token_cap(text)))
-        return _TokenFeed(self.generator, prompt, opts, f"{req.request_id}-{index}")
+        return _TokenFeed(self.generator, prompt, opts, sentence_id(req.request_id, index))
 
     async def _sentence(self, req: SynthesisRequest, index: int, feed: _TokenFeed, globals_: tuple[int, ...],
                         progress: _Progress, start_next: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:

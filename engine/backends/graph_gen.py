@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from engine.backends.qwen2_static import StaticQwen2
-from engine.config import SamplingOptions
+from engine.config import SamplingOptions, request_of
 from engine.errors import GenerationError
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
@@ -377,7 +377,7 @@ class LaneRouter:
         return self.lane.load == 0 or self.lane.groups() == {group}
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
-        if self._use_lane(prompt, opts, request_id_group := request_group(request_id)):
+        if self._use_lane(prompt, opts, request_id_group := request_of(request_id)):
             self.lane_streams += 1
             done: list[int] = []
             lane = self.lane.stream(prompt, opts, request_id, request_id_group)
@@ -414,12 +414,6 @@ class LaneRouter:
     async def close(self) -> None:
         await self.lane.close()
         await self.primary.close()
-
-
-def request_group(request_id: str) -> str:
-    """The synthesis request a sentence's generator id belongs to (the pipeline names them '<request>-<index>')."""
-    head, sep, tail = request_id.rpartition("-")
-    return head if sep and tail.isdigit() else request_id
 
 
 def _lane_error(err: BaseException) -> BaseException:

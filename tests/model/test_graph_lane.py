@@ -14,11 +14,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.backends.graph_gen import (CANDIDATES, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
-                                       request_group)
+from engine.backends.graph_gen import CANDIDATES, GraphLane, LaneRouter, _Job, bucket, gumbel, pick
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
-from engine.config import SamplingOptions
+from engine.config import SamplingOptions, request_of, sentence_id
 from engine.fakes import ScriptedGenerator
 from engine.prompt import Prompt, semantic_allowed_ids
 from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
@@ -147,10 +146,11 @@ async def test_leaving_the_stream_aborts_the_job(lane) -> None:
     assert lane.load == 0 and len(got) < 200
 
 
-def test_bucket_and_request_group() -> None:
+def test_bucket_and_request_of() -> None:
     assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
-    assert request_group("abc-3") == "abc" and request_group("a-b-12") == "a-b"
-    assert request_group("warm") == "warm" and request_group("x-y") == "x-y"
+    assert request_of("abc-3") == "abc" and request_of("a-b-12") == "a-b"
+    assert request_of("warm") == "warm" and request_of("x-y") == "x-y"
+    assert request_of(sentence_id("r0s8-3", 12)) == "r0s8-3"  # the bench's request ids end in digits too
 
 
 async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
