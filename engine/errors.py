@@ -63,3 +63,9 @@ class Cancelled(VoiceError):
 
     exit_code = 130
     title = "cancelled"
+
+
+def one_line(err: BaseException) -> str:
+    """`Type: first line of the message` (just `Type` when the message is empty), for one-line notices."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

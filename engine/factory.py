@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import DECODER_AUTOTUNE
-from engine.errors import VoiceError
+from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, ignore_events
 from engine.pipeline import JoinConfig, Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
@@ -76,7 +76,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
                         join=config.join, events=events,
-                        eager_lookahead=type(generator).__name__ in ("VllmTokenGenerator", "LaneRouter"))
+                        eager_lookahead=getattr(generator, "concurrent_streams", False))
     synth.model_info = info  # type: ignore[attr-defined]
     return synth
 
@@ -232,7 +232,7 @@ def _build_lane(info, events: EventSink, device=None):
     try:
         lane = _new_lane(info, device, compile_layers=True)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
-        failure = _one_line(err)
+        failure = one_line(err)
         lane = None
     if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
         _free_gpu_memory()
@@ -241,16 +241,11 @@ def _build_lane(info, events: EventSink, device=None):
             events(Notice(f"graph lane without torch.compile ({failure})"))
         except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
             _free_gpu_memory()
-            events(Notice(f"graph lane unavailable ({_one_line(err)}); every stream runs on the other generator"))
+            events(Notice(f"graph lane unavailable ({one_line(err)}); every stream runs on the other generator"))
             return None
     events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s (CUDA graphs captured in "
                   f"{lane.capture_s:.1f} s)"))
     return lane
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def _new_lane(info, device, compile_layers: bool):

@@ -134,8 +134,7 @@ def describe_engine(synth: Any) -> dict[str, Any]:
 
 def lane_status(generator: Any) -> dict[str, Any]:
     """The graph lane's counters for `voicectl status` ({} when the engine has no lane)."""
-    lane = getattr(generator, "lane", None) if hasattr(generator, "primary") else None
-    if lane is None:
+    if getattr(generator, "lane", None) is None:
         return {}
     return {"lane": {"on": bool(generator.enabled and not generator.failed), "streams": generator.lane_streams,
                      "handed_over": generator.handoffs, "failed": bool(generator.failed)}}

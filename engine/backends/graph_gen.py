@@ -16,6 +16,7 @@ Without CUDA the same code runs eagerly (the CPU tests use that); the router onl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -156,7 +157,7 @@ class GraphLane:
         self.allowed_now = allowed
 
     def _on_stream(self):
-        return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else _nothing()
+        return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext()
 
     # ---- the captured steps ----------------------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class GraphLane:
         n, limit = len(job.ids), job.opts.max_tokens
         self._start(job)
         pending: deque[tuple[Any, int, int]] = deque([self._read_back(0, 1)])
-        launched = read = 1
+        launched = 1
         while pending:
             while launched < limit and len(pending) <= AHEAD:
                 stop = min(limit, launched + BURST)
@@ -269,14 +270,13 @@ class GraphLane:
             if event is not None:
                 event.synchronize()
             tokens = self.host[start:stop].tolist()
-            read = stop
             for i, t in enumerate(tokens):
                 if t in self._stop_ids:
                     job.deliver("tokens", tokens[:i + 1], True)
                     return
             if job.aborted.is_set():
                 return
-            job.deliver("tokens", tokens, read >= limit)
+            job.deliver("tokens", tokens, stop >= limit)
 
     def _read_back(self, start: int, stop: int) -> tuple[Any, int, int]:
         """Queue a copy of out[start:stop] to the host; (event to wait on, start, stop)."""
@@ -347,7 +347,8 @@ class LaneRouter:
     """TokenGenerator: the graph lane for a lone stream (and the later sentences of its request), vLLM for
     everything else. When vLLM gets busy while the lane runs, the lane's stream moves to vLLM (its prompt plus the
     tokens so far, the rest of its budget): two processes on one GPU take turns rather than overlap, so a lane
-    running beside a batch slowed it (TTFA p95 at 32 streams 161 vs 139 ms, docs/benchmarks.md). Same sampling
+    running beside a batch competes with it (a lane that kept its stream measured TTFA p95 at 32 streams 161 vs
+    139 ms in run 11, though the order of runs moves p95 by as much: docs/benchmarks.md). Same sampling
     distribution on both; the random streams differ, so a seed is reproducible only on the same path
     (deterministic engines have no lane)."""
 
@@ -364,6 +365,9 @@ class LaneRouter:
         self.primary_live = 0
         self.lane_streams = 0
         self.handoffs = 0
+
+    concurrent_streams = True
+    """Many streams at once (the lane queues a request's later sentences, the primary takes the rest)."""
 
     def __getattr__(self, name: str) -> Any:  # start_s, warmup_s, max_num_seqs ... are vLLM's
         return getattr(self.primary, name)
@@ -422,11 +426,3 @@ def _lane_error(err: BaseException) -> BaseException:
     if "out of memory" in str(err).lower():
         return GenerationError("out of GPU memory while generating tokens (graph lane)")
     return GenerationError(f"graph lane failed: {type(err).__name__}: {err}")
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None

@@ -24,7 +24,7 @@ from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, AsyncIterator, Sequence
 
 from engine.config import SamplingOptions
-from engine.errors import GenerationError
+from engine.errors import GenerationError, one_line
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt, semantic_allowed_ids
 
@@ -124,6 +124,8 @@ class _Channel:
 class VllmTokenGenerator:
     """TokenGenerator over vLLM's AsyncLLM (bf16, CUDA graphs, continuous batching)."""
 
+    concurrent_streams = True
+    """Runs many streams at once in one batch: the pipeline may start a request's next sentence early."""
     batch_invariant = False
     own_top_k_top_p = False
     _top_k_top_p_loaded = False
@@ -159,13 +161,13 @@ class VllmTokenGenerator:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.info = info
         self.batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT") == "1"
-        """Batch-invariant mode (`batch_invariant`, from EngineConfig.deterministic, or set in the environment). vLLM's own top-k/top-p is not batch invariant even
-        then (it sorts on the GPU below 8 requests and runs a Triton kernel from 8 up: measured on an H200, 0 of 8
-        seeded requests kept their tokens when 16 others joined, against 8 of 8 with temperature only), so in this
-        mode top-k/top-p go to engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That
-        processor is loaded only in this mode (or with `own_top_k_top_p`): in the one bench run with it loaded
-        (unused) vLLM stepped ~17% slower than in the run before (cause not isolated: docs/benchmarks.md, runs 4
-        and 5)."""
+        """Batch-invariant mode (`batch_invariant`, from EngineConfig.deterministic, or set in the environment). vLLM's
+        own top-k/top-p is not batch invariant even then (it sorts on the GPU below 8 requests and runs a Triton
+        kernel from 8 up: measured on an H200, 0 of 8 seeded requests kept their tokens when 16 others joined,
+        against 8 of 8 with temperature only), so in this mode top-k/top-p go to
+        engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That processor is loaded only in
+        this mode (or with `own_top_k_top_p`): in the one bench run with it loaded (unused) vLLM stepped ~17% slower
+        than in the run before (cause not isolated: docs/benchmarks.md, runs 4 and 5)."""
         # batch-invariant mode always needs our processor (vLLM's sampler would break determinism)
         self._top_k_top_p_loaded = self.batch_invariant or bool(own_top_k_top_p)
         self.own_top_k_top_p = self._top_k_top_p_loaded
@@ -396,7 +398,7 @@ def _start_error(err: BaseException) -> BaseException:
     GenerationError line (out of memory gets a hint)."""
     if isinstance(err, (ImportError, GenerationError)):
         return err
-    text = f"{type(err).__name__}: {err}".strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = one_line(err)
     if "memory" in text.lower():
         return GenerationError(f"vLLM could not start: out of GPU memory ({text})")
     return GenerationError(f"vLLM could not start ({text})")
