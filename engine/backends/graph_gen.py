@@ -373,12 +373,13 @@ class LaneRouter:
         return getattr(self.primary, name)
 
     def _use_lane(self, prompt: Prompt, opts: SamplingOptions, group: str) -> bool:
-        if not (self.enabled and not self.failed and self.lane.supports(prompt, opts)):
+        if not self.enabled or self.failed:
             return False
         if self.others_limit is not None and self.primary_live >= self.others_limit:
             return False
-        # idle, or a later sentence of the request the lane serves (it queues behind the earlier ones)
-        return self.lane.load == 0 or self.lane.groups() == {group}
+        # idle, or a later sentence of the request the lane serves (it queues behind the earlier ones); the shape
+        # and vocabulary check (it scans the ~8k allowed ids) last, so a busy engine does not pay it per stream
+        return (self.lane.load == 0 or self.lane.groups() == {group}) and self.lane.supports(prompt, opts)
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
         if self._use_lane(prompt, opts, request_id_group := request_of(request_id)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import Counter
 
 import pytest
@@ -134,7 +135,16 @@ async def test_supports_only_what_the_graphs_hold(lane) -> None:
         await collect(lane, PROMPT, SamplingOptions(top_k=0, max_tokens=100))
 
 
-async def test_leaving_the_stream_aborts_the_job(lane) -> None:
+async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
+    steps = []
+    decode = lane._decode
+
+    def slow_decode(span: int) -> None:  # 200 steps would take over a second: an abort must cut them short
+        steps.append(span)
+        time.sleep(0.005)
+        decode(span)
+
+    monkeypatch.setattr(lane, "_decode", slow_decode)
     got = []
     async for delta in lane.stream(PROMPT, SamplingOptions(max_tokens=200, seed=2), "early"):
         got += delta
@@ -144,6 +154,7 @@ async def test_leaving_the_stream_aborts_the_job(lane) -> None:
             break
         await asyncio.sleep(0.01)
     assert lane.load == 0 and len(got) < 200
+    assert len(steps) < 50  # the job stopped within a few bursts of the consumer leaving, not after 199 steps
 
 
 def test_bucket_and_request_of() -> None:
