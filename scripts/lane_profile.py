@@ -2,6 +2,8 @@
 
     python scripts/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
 
+Also times a forward over 1, 2, 4 and 8 rows with their logits, each as one graph: what a batched step would cost.
+
 Replays the captured decode graph `--steps` times (wall per step from CUDA events), then runs the same step
 eagerly under torch.profiler (same kernels, launched one by one) and sums the kernel durations per step. If the
 kernel sum is close to the graph's step time, the kernels themselves are the cost (count x minimum duration, or
@@ -58,6 +60,32 @@ def eager_kernels(lane: GraphLane, span: int, steps: int) -> tuple[float, list[d
     return sum(r["us_per_step"] for r in rows) / 1e3, rows
 
 
+def rows_step_ms(lane: GraphLane, span: int, rows: int, steps: int) -> float:
+    """Step time of a forward over `rows` query rows plus logits for each, as one captured graph: what a batch of
+    `rows` decode steps would cost in GEMMs and launches (attention here is one sequence's, a close stand-in)."""
+    model, dev = lane.model, lane.device
+    ids = torch.zeros(rows, dtype=torch.long, device=dev)
+    positions = torch.arange(span // 2, span // 2 + rows, device=dev)
+    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
+        def step() -> torch.Tensor:
+            hidden = model.forward(ids, positions, span)
+            return torch.mm(hidden, lane.head.t())
+        for _ in range(3):
+            step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=lane.cuda_stream):
+            step()
+        for _ in range(5):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -71,8 +99,9 @@ def main() -> None:
     lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), compile_layers=not args.no_compile)
     graph_ms = graph_step_ms(lane, args.span, args.steps)
     kernel_ms, rows = eager_kernels(lane, args.span, args.steps)
+    by_rows = {n: round(rows_step_ms(lane, args.span, n, args.steps), 3) for n in (1, 2, 4, 8)}
     out = {"device": torch.cuda.get_device_name(), "compiled": not args.no_compile, "span": args.span,
-           "graph_step_ms": round(graph_ms, 3), "kernel_sum_ms_per_step": round(kernel_ms, 3),
+           "rows_step_ms": by_rows, "graph_step_ms": round(graph_ms, 3), "kernel_sum_ms_per_step": round(kernel_ms, 3),
            "kernels_per_step": round(sum(r["per_step"] for r in rows), 1), "top": rows[:25]}
     print(json.dumps({k: v for k, v in out.items() if k != "top"}))
     for r in rows[:25]:
