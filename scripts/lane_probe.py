@@ -2,8 +2,9 @@
 
     python scripts/lane_probe.py MODEL_DIR [--compile] [--json OUT]
 
-One request at a time, 300 tokens each, semantic ids only (no stop), 5 repeats after 2 untimed; with --compile
-also the variant whose decoder layers go through torch.compile, on the same weights.
+One request at a time, 300 tokens each, semantic ids only (no stop), 5 repeats after 2 untimed; then 1, 2, 4, 8
+and 16 requests started together (the lane steps up to 8 as rows of one batch). With --compile also the variant
+whose decoder layers go through torch.compile, on the same weights.
 """
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ async def one(lane: GraphLane, prompt: Prompt, seed: int) -> dict[str, float]:
             "ms_per_token": (marks[TOKENS] - marks[1]) * 1e3 / (TOKENS - 1)}
 
 
+async def side_by_side(lane: GraphLane, prompt: Prompt, n: int) -> dict[str, float]:
+    """n streams started together: per-stream ms per token and first-token time (median), all streams' tokens/s."""
+    t0 = time.perf_counter()
+    runs = await asyncio.gather(*(one(lane, prompt, 100 + k) for k in range(n)))
+    wall = time.perf_counter() - t0
+    return {"ms_per_token": round(statistics.median(r["ms_per_token"] for r in runs), 3),
+            "first_ms": round(statistics.median(r["first_ms"] for r in runs), 2),
+            "tokens_per_s": round(n * TOKENS / wall)}
+
+
 async def greedy(lane: GraphLane, prompt: Prompt) -> list[int]:
     opts = SamplingOptions(temperature=0, max_tokens=TOKENS)
     return [t async for delta in lane.stream(prompt, opts, "greedy") for t in delta]
@@ -77,6 +88,8 @@ def main() -> None:
         case = {"build_s": round(build, 1), "capture_s": round(lane.capture_s, 1)}
         for n_text in (20, 100):
             case[f"prompt_{n_text + 38}"] = asyncio.run(measure(lane, prompt_for(info.token_ids, n_text)))
+        case["together"] = {n: asyncio.run(side_by_side(lane, prompt_for(info.token_ids, 20), n))
+                            for n in (1, 2, 4, 8, 16)}
         tokens[name] = asyncio.run(greedy(lane, prompt_for(info.token_ids, 40)))
         out["cases"][name] = case
         print(name, case, flush=True)

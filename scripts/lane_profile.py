@@ -2,9 +2,9 @@
 
     python scripts/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
 
-Also times a forward over 1, 2, 4 and 8 rows with their logits, each as one graph: what a batched step would cost.
+Also times the decode graph of every row count (1, 2, 4, 8 streams stepped at once).
 
-Replays the captured decode graph `--steps` times (wall per step from CUDA events), then runs the same step
+Replays the captured one-row decode graph `--steps` times (wall per step from CUDA events), then runs the same step
 eagerly under torch.profiler (same kernels, launched one by one) and sums the kernel durations per step. If the
 kernel sum is close to the graph's step time, the kernels themselves are the cost (count x minimum duration, or
 slow batch-1 GEMVs); if it is far below, launch gaps are. Prints the kernels by total time with their counts.
@@ -24,32 +24,32 @@ from engine.model import load_model_info
 from engine.prompt import semantic_allowed_ids
 
 
-def graph_step_ms(lane: GraphLane, span: int, steps: int) -> float:
-    graph = lane._graphs[("decode", span)]  # noqa: SLF001 - a measurement script
+def graph_step_ms(lane: GraphLane, rows: int, span: int, steps: int) -> float:
+    graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
     with torch.cuda.stream(lane.cuda_stream):
-        lane.position.fill_(span // 2)
+        lane.positions.fill_(span // 2)
         for _ in range(5):
             graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(steps):
-            lane.position.fill_(span // 2)  # stay inside the span
+            lane.positions.fill_(span // 2)  # stay inside the span
             graph.replay()
         end.record()
     end.synchronize()
     return start.elapsed_time(end) / steps
 
 
-def eager_kernels(lane: GraphLane, span: int, steps: int) -> tuple[float, list[dict]]:
+def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[float, list[dict]]:
     with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
         for _ in range(3):
-            lane.position.fill_(span // 2)
-            lane._decode(span)  # noqa: SLF001
+            lane.positions.fill_(span // 2)
+            lane._decode(rows, span)  # noqa: SLF001
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                lane.position.fill_(span // 2)
-                lane._decode(span)  # noqa: SLF001
+                lane.positions.fill_(span // 2)
+                lane._decode(rows, span)  # noqa: SLF001
             torch.cuda.synchronize()
     totals: dict[str, list[float]] = collections.defaultdict(list)
     for ev in prof.events():
@@ -58,32 +58,6 @@ def eager_kernels(lane: GraphLane, span: int, steps: int) -> tuple[float, list[d
     rows = sorted(({"kernel": name[:90], "per_step": round(len(t) / steps, 2), "us_per_step": round(sum(t) / steps, 1)}
                    for name, t in totals.items()), key=lambda r: -r["us_per_step"])
     return sum(r["us_per_step"] for r in rows) / 1e3, rows
-
-
-def rows_step_ms(lane: GraphLane, span: int, rows: int, steps: int) -> float:
-    """Step time of a forward over `rows` query rows plus logits for each, as one captured graph: what a batch of
-    `rows` decode steps would cost in GEMMs and launches (attention here is one sequence's, a close stand-in)."""
-    model, dev = lane.model, lane.device
-    ids = torch.zeros(rows, dtype=torch.long, device=dev)
-    positions = torch.arange(span // 2, span // 2 + rows, device=dev)
-    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
-        def step() -> torch.Tensor:
-            hidden = model.forward(ids, positions, span)
-            return torch.mm(hidden, lane.head.t())
-        for _ in range(3):
-            step()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=lane.cuda_stream):
-            step()
-        for _ in range(5):
-            graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps
 
 
 def main() -> None:
@@ -97,15 +71,19 @@ def main() -> None:
     info = load_model_info(args.model)
     model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
     lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), compile_layers=not args.no_compile)
-    graph_ms = graph_step_ms(lane, args.span, args.steps)
-    kernel_ms, rows = eager_kernels(lane, args.span, args.steps)
-    by_rows = {n: round(rows_step_ms(lane, args.span, n, args.steps), 3) for n in (1, 2, 4, 8)}
+    by_rows = {n: round(graph_step_ms(lane, n, args.span, args.steps), 3) for n in lane.row_buckets}
+    graph_ms = by_rows[1]
+    kernel_ms, rows = eager_kernels(lane, 1, args.span, args.steps)
+    kernel_ms_8, rows_8 = eager_kernels(lane, lane.rows, args.span, args.steps)
     out = {"device": torch.cuda.get_device_name(), "compiled": not args.no_compile, "span": args.span,
            "rows_step_ms": by_rows, "graph_step_ms": round(graph_ms, 3), "kernel_sum_ms_per_step": round(kernel_ms, 3),
-           "kernels_per_step": round(sum(r["per_step"] for r in rows), 1), "top": rows[:25]}
-    print(json.dumps({k: v for k, v in out.items() if k != "top"}))
-    for r in rows[:25]:
-        print(f"{r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
+           "kernels_per_step": round(sum(r["per_step"] for r in rows), 1), "top": rows[:25],
+           f"kernel_sum_ms_per_step_{lane.rows}_rows": round(kernel_ms_8, 3), f"top_{lane.rows}_rows": rows_8[:25]}
+    print(json.dumps({k: v for k, v in out.items() if not k.startswith("top")}))
+    for name, listing in (("1 row", rows), (f"{lane.rows} rows", rows_8)):
+        print(name)
+        for r in listing[:16]:
+            print(f"{r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--synthetic", choices=["tiny", "full"],
                      help="build a random-weight checkpoint of this size in a temporary folder and bench it")
-    src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: $VOICEAPP_MODEL, then the HF cache)")
+    src.add_argument("--model", metavar="DIR",
+                     help="checkpoint directory (default: $VOICEAPP_MODEL, then the HF cache)")
     p.add_argument("--json", metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--tokens", type=int, default=250, help="semantic tokens per sentence, fixed (default 250 = 5 s)")
     p.add_argument("--sentences", type=int, default=2, help="sentences per stream (default 2)")

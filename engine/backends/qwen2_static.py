@@ -86,11 +86,12 @@ class StaticQwen2:
                     param.data = torch.empty(0, dtype=param.dtype)
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
         self.cos, self.sin = self._rope_tables(cfg, max_len)
-        self._layer = self._layer_step
+        self._layer, self._row_layer = self._layer_step, self._row_layer_step
         if compile_layers:
-            # one compile per prompt bucket and per span (11 shapes), above dynamo's default limit of 8
+            # one compile per prompt bucket and per (rows, span) shape (~30), above dynamo's default limit of 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False)
+            self._row_layer = torch.compile(self._row_layer_step, fullgraph=True, dynamic=False)
         """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
         into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
 
@@ -142,15 +143,60 @@ class StaticQwen2:
             x = self._layer(x, w, k_cache[index], v_cache[index], positions, cos, sin, bias, span)
         return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
 
+    def forward_rows(self, ids: torch.Tensor, positions: torch.Tensor, span: int,
+                     cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One decode step of B independent sequences: hidden states [B, H] (after the final norm). Row r feeds
+        ids[r] at positions[r] of sequence r, writes its key and value into cache[0][:, r] / cache[1][:, r]
+        ([layers, B, kv, length, D] each, from `new_rows_cache` sliced to B) and attends over that sequence's
+        positions <= positions[r] (all below `span`). A batch-1 step reads every weight once; B rows read them
+        once too, so B sequences cost about what one does (docs/benchmarks.md)."""
+        k_all, v_all = cache
+        b = ids.shape[0]
+        x = self.embed.index_select(0, ids)
+        cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        keys = torch.arange(span, device=ids.device)
+        bias = torch.zeros((b, span), device=ids.device, dtype=self.dtype)
+        bias = bias.masked_fill_(keys[None, :] > positions[:, None], float("-inf"))
+        bias = bias[:, None, None, :].expand(b, self.kv_heads, self.group, span).reshape(-1, self.group, span)
+        # where each row's new key goes: cache[row, head, positions[row]] (indices broadcast to [B, kv])
+        where = (torch.arange(b, device=ids.device)[:, None], torch.arange(self.kv_heads, device=ids.device)[None, :],
+                 positions[:, None])
+        for index, w in enumerate(self.layers):
+            x = self._row_layer(x, w, k_all[index], v_all[index], where, cos, sin, bias, span)
+        return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+    def new_rows_cache(self, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed keys and values for `rows` sequences of `length` positions: [layers, rows, kv, length, D]."""
+        shape = (len(self.layers), rows, self.kv_heads, length, self.head_dim)
+        return (torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    def _row_layer_step(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        where: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                        span: int) -> torch.Tensor:
+        """One decoder layer for B sequences of one token each (caches [B, kv, length, D])."""
+        b, d, kvh = x.shape[0], self.head_dim, self.kv_heads
+        q, k, v = self._project(x, w, cos, sin)
+        k_cache.index_put_(where, k)
+        v_cache.index_put_(where, v)
+        # [B, kv, span, D] views whose first two dims merge: one batched matmul over every (row, kv head)
+        keys = k_cache[:, :, :span].view(b * kvh, span, d)
+        values = v_cache[:, :, :span].view(b * kvh, span, d)
+        q = q.reshape(b * kvh, self.group, d)  # query head h reads kv head h // G
+        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=d ** -0.5)  # [B*kv, G, span]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+        out = torch.bmm(probs, values).view(b, self.heads * d)
+        return self._mlp(torch.addmm(x, out, w.o_t), w)
+
     def _layer_step(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
                     span: int) -> torch.Tensor:
         """One decoder layer: attention (writing this layer's cache, [kv, max_len, D] each) then the MLP."""
         return self._mlp(self._attention(x, w, k_cache, v_cache, positions, cos, sin, bias, span), w)
 
-    def _attention(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-                   span: int) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries [T, heads, D] and keys [T, kv, D], and values [T, kv, D], for rows x [T, H]."""
         t, d, kvh = x.shape[0], self.head_dim, self.kv_heads
         h = F.rms_norm(x, (self.hidden,), w.ln1, self.eps)
         qkv = torch.addmm(w.qkv_bias, h, w.qkv_t)  # [T, (heads + 2 kv) * D]
@@ -158,8 +204,13 @@ class StaticQwen2:
         qk = qkv[:, :rotated].view(t, self.heads + kvh, d)
         # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]
         qk = torch.addcmul(qk * cos[:, None], torch.roll(qk, d // 2, dims=-1), sin[:, None])
-        q, k = qk[:, :self.heads], qk[:, self.heads:]
-        v = qkv[:, rotated:].view(t, kvh, d)
+        return qk[:, :self.heads], qk[:, self.heads:], qkv[:, rotated:].view(t, kvh, d)
+
+    def _attention(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                   span: int) -> torch.Tensor:
+        t, d, kvh = x.shape[0], self.head_dim, self.kv_heads
+        q, k, v = self._project(x, w, cos, sin)
         k_cache.index_copy_(1, positions, k.transpose(0, 1))
         v_cache.index_copy_(1, positions, v.transpose(0, 1))
         keys, values = k_cache[:, :span], v_cache[:, :span]  # [kv, span, D]

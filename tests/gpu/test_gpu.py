@@ -138,8 +138,8 @@ def test_gpu_decoder_matches_cpu_fp32(gpu_model):
     from engine.backends.bicodec import BiCodecDecoder
 
     rng = np.random.default_rng(7)
-    items = [DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, 48)), tuple(int(g) for g in rng.integers(0, 4096, 32)),
-                        8, 40) for _ in range(5)]
+    items = [DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, 48)),
+                        tuple(int(g) for g in rng.integers(0, 4096, 32)), 8, 40) for _ in range(5)]
     cpu = BiCodecDecoder(gpu_model / "BiCodec").decode(items)
     for dtype in (torch.float32, torch.bfloat16):
         dec = BiCodecDecoder(gpu_model / "BiCodec", device="cuda", dtype=dtype)
@@ -310,11 +310,30 @@ async def test_graph_lane_replays_the_eager_steps(lanes, gpu_info, opts):
     assert ours == await _ids(captured, prompt, opts, "g2")
 
 
-async def test_router_gives_the_lane_a_lone_request_and_vllm_the_rest(lanes, vllm_gen, gpu_info):
+async def test_router_fills_the_lanes_rows_then_vllm_takes_the_rest(lanes, vllm_gen, gpu_info):
+    """Ten requests at once: the lane's rows take the first eight while vLLM is idle, vLLM the other two (and
+    then the lane's streams, once vLLM runs two). Every stream gets its whole budget of allowed ids."""
     from engine.backends.graph_gen import LaneRouter
 
-    router = LaneRouter(vllm_gen, lanes[0])
+    lane = lanes[0]
+    router = LaneRouter(vllm_gen, lane)
     opts = SamplingOptions(max_tokens=60, seed=1)
-    results = await asyncio.gather(*(_ids(router, _prompt(gpu_info, seed=i), opts, f"req{i}-0") for i in range(4)))
-    assert router.lane_streams == 1 and all(len(r) == 60 for r in results)
-    assert lanes[0].load == 0
+    results = await asyncio.gather(*(_ids(router, _prompt(gpu_info, seed=i), opts, f"req{i}-0") for i in range(10)))
+    assert router.lane_streams == lane.rows and all(len(r) == 60 for r in results)
+    assert all(gpu_info.token_ids.semantic_index(t) is not None for r in results for t in r)
+    assert lane.load == 0 and not any(lane._in_rows)
+
+
+async def test_graph_lane_rows_side_by_side(lanes, gpu_info):
+    """Five greedy streams at once on the captured lane (row graphs 1-8, rows freed and refilled) against each
+    alone: the same length, allowed ids only, and mostly the same tokens (a batch's rows may round differently
+    in bf16, which can flip a near tie)."""
+    captured = lanes[0]
+    opts = SamplingOptions(temperature=0, max_tokens=200)
+    prompts = [_prompt(gpu_info, n_text=20 + 10 * i, seed=i) for i in range(5)]
+    alone = [await _ids(captured, p, opts, f"alone{i}") for i, p in enumerate(prompts)]
+    together = await asyncio.gather(*(_ids(captured, p, opts, f"both{i}") for i, p in enumerate(prompts)))
+    assert all(len(t) == 200 for t in together)
+    assert all(gpu_info.token_ids.semantic_index(t) is not None for r in together for t in r)
+    same_prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), 200) for x, y in zip(alone, together)]
+    assert min(same_prefix) >= 20, same_prefix

@@ -101,7 +101,7 @@ def test_pick_draws_from_the_top_k_top_p_distribution() -> None:
     draws = 20000
     noise = gumbel(draws, CANDIDATES, 3, torch.device("cpu"))
     args = (torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))
-    counts = Counter(int(pick(logits, *args, noise[i])) for i in range(draws))
+    counts = Counter(int(pick(logits[None], *args, noise[i][None])) for i in range(draws))
     assert set(counts) <= set(expected)  # nothing outside top-k/top-p, ever
     for token, p in expected.items():
         sigma = math.sqrt(p * (1 - p) / draws)
@@ -111,7 +111,7 @@ def test_pick_draws_from_the_top_k_top_p_distribution() -> None:
 def test_pick_with_no_noise_is_greedy() -> None:
     logits = torch.randn(300)
     args = (torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1.0]))
-    assert int(pick(logits, *args, torch.zeros(CANDIDATES))) == int(torch.argmax(logits))
+    assert int(pick(logits[None], *args, torch.zeros(1, CANDIDATES))) == int(torch.argmax(logits))
 
 
 async def test_stops_at_a_stop_id_and_at_max_tokens(lane) -> None:
@@ -139,10 +139,10 @@ async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
     steps = []
     decode = lane._decode
 
-    def slow_decode(span: int) -> None:  # 200 steps would take over a second: an abort must cut them short
+    def slow_decode(rows: int, span: int) -> None:  # 200 steps take over a second: an abort must cut them short
         steps.append(span)
         time.sleep(0.005)
-        decode(span)
+        decode(rows, span)
 
     monkeypatch.setattr(lane, "_decode", slow_decode)
     got = []
@@ -157,6 +157,55 @@ async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
     assert len(steps) < 50  # the job stopped within a few bursts of the consumer leaving, not after 199 steps
 
 
+async def test_streams_side_by_side_get_what_each_gets_alone(model) -> None:
+    """Five requests on a lane of two rows: they share steps (rows at different positions and spans, rows freed
+    and refilled mid-run) and each gets exactly its lone tokens, greedy and seeded."""
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=512,
+                     rows=2)
+    prompts = [Prompt(PROMPT.ids[:2] + (9906 + 7 * i,) * (1 + 3 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
+               for i in range(5)]
+    opts = [SamplingOptions(temperature=0, max_tokens=40 + 60 * i) if i % 2 else
+            SamplingOptions(max_tokens=150 - 20 * i, seed=i) for i in range(5)]
+    alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
+    steps = []
+    decode = lane._decode
+
+    def counted(rows: int, span: int) -> None:
+        steps.append(rows)
+        decode(rows, span)
+
+    lane._decode = counted
+    together = await asyncio.gather(*(collect(lane, p, o, f"t{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
+    assert together == alone and [len(t) for t in alone] == [o.max_tokens for o in opts]
+    assert max(steps) == 2 and len(steps) < sum(len(t) for t in alone) - 5  # rows really shared steps
+    assert lane.load == 0 and lane._in_rows == [None, None]
+    await lane.close()
+
+
+async def test_a_row_that_stops_or_leaves_frees_its_row_for_the_others(lane) -> None:
+    stop = min(IDS.stop_ids)
+    only_stop = Prompt(PROMPT.ids, (stop,))  # another allowed set: it waits until the rows are empty
+    opts = SamplingOptions(max_tokens=60, seed=3)
+    alone = await collect(lane, PROMPT, opts, "alone")
+
+    async def leave_early() -> list[int]:
+        got = []
+        async for delta in lane.stream(PROMPT, SamplingOptions(max_tokens=200, seed=4), "leaver"):
+            got += delta
+            if len(got) >= 5:
+                break
+        return got
+
+    results = await asyncio.gather(collect(lane, PROMPT, opts, "a"), leave_early(),
+                                   collect(lane, only_stop, opts, "s"), collect(lane, PROMPT, opts, "b"))
+    assert results[0] == alone and results[3] == alone and results[2] == [stop] and 5 <= len(results[1]) < 200
+    for _ in range(200):
+        if lane.load == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lane.load == 0 and not any(lane._in_rows)
+
+
 def test_bucket_and_request_of() -> None:
     assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
     assert request_of("abc-3") == "abc" and request_of("a-b-12") == "a-b"
@@ -169,18 +218,20 @@ async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
     router = LaneRouter(other, lane)
     opts = SamplingOptions(max_tokens=20, seed=0)
     assert await collect(router, PROMPT, opts, "req-0") and router.lane_streams == 1 and not other.started
-    # while the lane serves "req": a later sentence of it queues there, another request goes elsewhere
-    busy = _Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, "req-0", "req")
-    lane._jobs.append(busy)
+    # while the lane's rows are full with "req": a later sentence of it waits there, another request goes elsewhere
+    busy = [_Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, f"req-{i}", "req") for i in range(lane.rows)]
+    lane._jobs.extend(busy)
     try:
         assert router._use_lane(PROMPT, opts, "req") and not router._use_lane(PROMPT, opts, "other")
+        lane._jobs.pop()  # a free row: a new request takes it
+        assert router._use_lane(PROMPT, opts, "other")
         router.primary_live = 1  # and nothing new goes to the lane while the other generator is busy
         assert not router._use_lane(PROMPT, opts, "req")
         router.primary_live = 0
         router.enabled = False
         assert not router._use_lane(PROMPT, opts, "req")
     finally:
-        lane._jobs.remove(busy)
+        lane._jobs.clear()
         router.enabled = True
     assert len(await collect(router, Prompt(PROMPT.ids, None), opts, "x-0")) > 0  # no allowed set: elsewhere
     assert router.lane_streams == 1 and other.started == ["x-0"]
@@ -220,8 +271,8 @@ async def test_a_failing_lane_hands_its_stream_over_and_stops_taking_new_ones(la
     router = LaneRouter(other, lane, events=notices.append)
     calls = []
 
-    def broken(size: int) -> None:
-        calls.append(size)
+    def broken(rows: int, span: int) -> None:
+        calls.append(span)
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(lane, "_decode", broken)  # the prefill works, the first decode step fails
