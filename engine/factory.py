@@ -192,8 +192,10 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
                 return gen
-            from engine.backends.graph_gen import LaneRouter
+            from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
 
+            if lane.rows >= CROWD_ROWS:  # the lane serves a crowd itself; vLLM takes what does not fit
+                return LaneRouter(gen, lane, others_limit=None, handoff_at=None, events=events)
             return LaneRouter(gen, lane, events=events)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
@@ -210,9 +212,9 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
         return gen
     from engine.backends.graph_gen import LaneRouter
 
-    # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.2): the lane takes every
-    # stream it can, and a stream never moves to the slower generator
-    return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None)
+    # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.1): the lane takes every
+    # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
+    return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
 
 
 def _build_lane(info, events: EventSink, device=None):
@@ -243,8 +245,8 @@ def _build_lane(info, events: EventSink, device=None):
             _free_gpu_memory()
             events(Notice(f"graph lane unavailable ({one_line(err)}); every stream runs on the other generator"))
             return None
-    events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s (CUDA graphs captured in "
-                  f"{lane.capture_s:.1f} s)"))
+    events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s ({lane.rows} rows, CUDA graphs "
+                  f"captured in {lane.capture_s:.1f} s)"))
     return lane
 
 
@@ -253,13 +255,14 @@ def _new_lane(info, device, compile_layers: bool):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from engine.backends.graph_gen import GraphLane
+    from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
     from engine.prompt import semantic_allowed_ids
 
     hf_logging.disable_progress_bar()  # the engine never prints; the notices report progress
     model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
+    rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config))
     # compiled layers: 1.21 vs 1.39 ms per token on an H200 (docs/benchmarks.md), ~12 s more start-up
-    return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device,
+    return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
                      compile_layers=compile_layers)
 
 

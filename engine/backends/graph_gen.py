@@ -43,19 +43,30 @@ SPAN_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 sentences do not pay for the longest one."""
 BURST = 2
 """Steps per read-back: tokens reach the caller at most BURST - 1 steps late (~1 ms); a read costs ~20 us."""
+CROWD_BURST = 8
+"""Steps per read-back while more than 8 rows run: each read hands every stream its tokens through the event
+loop, so a crowd gets fewer, larger deliveries (its first window needs ~20 tokens either way)."""
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 ROWS = 8
-"""Streams the lane steps at once. A step over 8 rows took 1.04 ms against 1.03 for one on an H200
-(scripts/lane_profile.py): the weights are read once either way."""
-ROW_BUCKETS = (1, 2, 4, 8)
+"""Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). Steps over 1, 2, 4
+and 8 rows took 1.07, 1.03, 1.06 and 1.10 ms on an H200 (scripts/lane_profile.py): the weights are read once
+whatever the rows."""
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
+ADMIT = 8
+"""Prompts prefilled (one graph launch each, ~2 ms) between two bursts: a crowd arriving at once gets rows in
+groups, and the streams already running keep their pace meanwhile."""
+ROW_MEMORY_SHARE = 0.10
+"""Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 RING = 256
-"""Launches whose tokens the ring keeps: far more than are ever in flight ((AHEAD + 1) * BURST plus prefills)."""
+"""Launches whose tokens the ring keeps: more than are ever in flight ((AHEAD + 1) * (CROWD_BURST + ADMIT))."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
-"""A lane stream moves to vLLM once vLLM runs this many: a crowd has arrived and joins one batch there."""
+"""A small lane's stream moves to vLLM once vLLM runs this many: a crowd has arrived and joins one batch there."""
+CROWD_ROWS = 32
+"""A lane of this many rows or more keeps its streams and takes new ones while it has rows (see LaneRouter)."""
 
 
 def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) -> torch.Tensor:
@@ -88,6 +99,18 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, t
 def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
     """The smallest size >= n (None when n exceeds them all)."""
     return next((s for s in sizes if s >= n), None)
+
+
+def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -> int:
+    """One row's KV cache: keys and values of every layer over `max_len` positions."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * dtype_bytes
+
+
+def rows_for(gpu_bytes: int, row_bytes: int) -> int:
+    """The largest row bucket whose KV cache fits ROW_MEMORY_SHARE of a GPU of `gpu_bytes` (at least 1)."""
+    fits = [rows for rows in ROW_BUCKETS if rows * row_bytes <= ROW_MEMORY_SHARE * gpu_bytes]
+    return fits[-1] if fits else 1
 
 
 @dataclass(slots=True, eq=False)
@@ -323,16 +346,20 @@ class GraphLane:
             self._fail(err)
 
     def _admit(self, unread: list) -> bool:
-        """Prefill waiting jobs into free rows (all rows share one allowed set: a job with another waits)."""
-        admitted = False
-        while self._waiting and None in self._in_rows:
-            job = self._waiting[0]
+        """Prefill up to ADMIT waiting jobs into free rows: a request with no row yet before the later sentences
+        of one that has (its first sound comes first), else in arrival order. All rows share one allowed set: a
+        job with another waits until the rows are empty."""
+        admitted = 0
+        while self._waiting and admitted < ADMIT and None in self._in_rows:
+            running = {job.group for job in self._in_rows if job is not None}
+            index = next((i for i, job in enumerate(self._waiting) if job.group not in running), 0)
+            job = self._waiting[index]
             if job.allowed != self.allowed_now and any(self._in_rows):
                 break
-            self._waiting.popleft()
+            del self._waiting[index]
             self._start(job, self._in_rows.index(None), unread)
-            admitted = True
-        return admitted
+            admitted += 1
+        return admitted > 0
 
     def _start(self, job: _Job, row: int, unread: list) -> None:
         ids, opts = job.ids, job.opts
@@ -356,9 +383,11 @@ class GraphLane:
         self._release_if_done(job)
 
     def _burst(self, unread: list) -> bool:
-        """Launch up to BURST decode steps over the rows that want one; False when none does."""
+        """Launch up to BURST (CROWD_BURST for a crowd) decode steps over the rows that want one; False when none
+        does."""
         launched = False
-        for _ in range(BURST):
+        busy = sum(job is not None for job in self._in_rows)
+        for _ in range(BURST if busy <= 8 else CROWD_BURST):
             jobs = [job for job in self._in_rows if job is not None and job.wants_steps()]
             if not jobs:
                 break
@@ -398,9 +427,9 @@ class GraphLane:
             read.event.synchronize()
         got: dict[_Job, list[int]] = {}
         for launch, entries in zip(range(read.start, read.stop), read.entries):
-            ring_row = self.host[launch % RING]
+            ring_row = self.host[launch % RING].tolist()
             for job, row in entries:
-                got.setdefault(job, []).append(int(ring_row[row]))
+                got.setdefault(job, []).append(ring_row[row])
         for job, tokens in got.items():
             if job.ended or job.aborted.is_set():  # steps launched before it ended: nobody reads them
                 continue
@@ -511,21 +540,29 @@ def _ring_ranges(start: int, stop: int) -> list[tuple[int, int]]:
 
 
 class LaneRouter:
-    """TokenGenerator: the graph lane while vLLM is idle (up to the lane's rows, plus the later sentences of the
-    requests it serves), vLLM for everything else. When vLLM gets busy, the lane's streams move to vLLM (prompt
-    plus the tokens so far, the rest of the budget): two processes on one GPU take turns rather than overlap, so
-    a lane running beside a batch competes with it (a lane that kept its stream measured TTFA p95 at 32 streams
-    161 vs 139 ms in run 11, though the order of runs moves p95 by as much: docs/benchmarks.md). Same sampling
-    distribution on both; the random streams differ, so a seed is reproducible only on the same path and, on the
-    lane, the same company (a batch's rows may round differently from a lone row); deterministic engines have no
-    lane."""
+    """TokenGenerator: the graph lane first; another generator (vLLM, or the torch generator) for the rest.
+
+    - A lane that holds a crowd (`others_limit=None, handoff_at=None`, the factory's choice when the GPU fits
+      CROWD_ROWS rows): every request the lane supports while it serves fewer requests than rows (a request's
+      later sentences wait there for a row); vLLM takes the overflow, and nothing moves. The lane steps its
+      streams in this process, where the decoder's CUDA stream overlaps with it; vLLM runs in a process of its
+      own, and two processes on one GPU take turns rather than overlap.
+    - A small lane (the defaults): the lane while vLLM is idle; once vLLM runs HANDOFF_AT streams, the lane's
+      streams move to vLLM (prompt plus the tokens so far, the rest of the budget) and join its batch.
+
+    Same sampling distribution on every path; the random streams differ, so a seed is reproducible only on the
+    same path and, on the lane, in the same company (a batch's rows may round differently from a lone row);
+    deterministic engines have no lane."""
 
     def __init__(self, primary: Any, lane: GraphLane, others_limit: int | None = OTHERS_LIMIT,
-                 handoff_at: int | None = HANDOFF_AT, events: EventSink = ignore_events) -> None:
+                 handoff_at: int | None = HANDOFF_AT, overflow: bool = True,
+                 events: EventSink = ignore_events) -> None:
         self.primary, self.lane, self.events = primary, lane, events
         self.others_limit, self.handoff_at = others_limit, handoff_at
-        """None: the lane takes a stream whatever the primary runs / never hands a stream over (a primary slower
-        than the lane, like the eager torch generator)."""
+        """None: the lane takes a stream whatever the primary runs / never hands a stream over (a lane that holds
+        a crowd itself, or a primary slower than the lane)."""
+        self.overflow = overflow
+        """Requests beyond the lane's rows go to the primary (False: they wait for a row on the lane)."""
         self.enabled = True
         """False sends everything to the primary (the bench's A/B on one engine)."""
         self.failed = False
@@ -545,10 +582,11 @@ class LaneRouter:
             return False
         if self.others_limit is not None and self.primary_live >= self.others_limit:
             return False
-        # a free row, a later sentence of a request the lane serves (it waits for a row there: its request's
-        # earlier sentences finish first anyway), or a primary slower than the lane; the shape and vocabulary check
-        # (it scans the ~8k allowed ids) last, so a busy engine does not pay it per stream
-        room = self.lane.load < self.lane.rows or group in self.lane.groups() or self.others_limit is None
+        # fewer requests on the lane than rows, a later sentence of a request the lane serves (it waits for a row
+        # there: the lane gives rows to requests without one first), or no overflow; the shape and vocabulary
+        # check (it scans the ~8k allowed ids) last, so a busy engine does not pay it per stream
+        groups = self.lane.groups()
+        room = not self.overflow or group in groups or len(groups) < self.lane.rows
         return room and self.lane.supports(prompt, opts)
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:

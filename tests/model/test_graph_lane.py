@@ -206,6 +206,50 @@ async def test_a_row_that_stops_or_leaves_frees_its_row_for_the_others(lane) -> 
     assert lane.load == 0 and not any(lane._in_rows)
 
 
+async def test_a_request_without_a_row_goes_before_later_sentences(model) -> None:
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
+                     rows=2)
+    firsts: list[str] = []
+
+    async def run(rid: str) -> int:
+        got = []
+        async for delta in lane.stream(PROMPT, SamplingOptions(max_tokens=30, seed=1), rid, request_of(rid)):
+            if not got:
+                firsts.append(rid)
+            got += delta
+        return len(got)
+
+    counts = await asyncio.gather(*(run(rid) for rid in ("a-0", "a-1", "a-2", "b-0")))
+    assert counts == [30] * 4 and firsts.index("b-0") < firsts.index("a-1")  # b arrived last, got a row second
+    await lane.close()
+
+
+async def test_a_crowd_lane_keeps_its_streams_and_overflows_the_rest(model) -> None:
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
+                     rows=2)
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane, others_limit=None, handoff_at=None)
+    opts = SamplingOptions(max_tokens=40, seed=0)
+    got = await asyncio.gather(*(collect(router, PROMPT, opts, f"c{i}-0") for i in range(3)))
+    assert [len(g) for g in got] == [40] * 3 and router.lane_streams == 2 and other.started == ["c2-0"]
+    assert router.handoffs == 0
+    waiting = LaneRouter(other, lane, others_limit=None, handoff_at=None, overflow=False)
+    got = await asyncio.gather(*(collect(waiting, PROMPT, opts, f"w{i}-0") for i in range(3)))
+    assert [len(g) for g in got] == [40] * 3 and waiting.lane_streams == 3  # the third waited for a row
+    await lane.close()
+
+
+def test_rows_fit_a_share_of_the_gpu() -> None:
+    from engine.backends.graph_gen import row_bytes, rows_for
+
+    spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+    assert row_bytes(spark) == 50331648  # 2 x 24 layers x 2 kv heads x 4096 positions x 64 x 2 bytes: 48 MiB
+    gib = 1 << 30
+    assert rows_for(141 * gib, row_bytes(spark)) == 128 and rows_for(80 * gib, row_bytes(spark)) == 128
+    assert rows_for(24 * gib, row_bytes(spark)) == 32 and rows_for(8 * gib, row_bytes(spark)) == 16
+    assert rows_for(gib // 4, row_bytes(spark)) == 1
+
+
 def test_bucket_and_request_of() -> None:
     assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
     assert request_of("abc-3") == "abc" and request_of("a-b-12") == "a-b"
@@ -218,18 +262,21 @@ async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
     router = LaneRouter(other, lane)
     opts = SamplingOptions(max_tokens=20, seed=0)
     assert await collect(router, PROMPT, opts, "req-0") and router.lane_streams == 1 and not other.started
-    # while the lane's rows are full with "req": a later sentence of it waits there, another request goes elsewhere
-    busy = [_Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, f"req-{i}", "req") for i in range(lane.rows)]
+    # while as many requests as rows are on the lane: a later sentence of one waits there, a new request goes
+    # elsewhere
+    busy = [_Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, f"req{i}-0", f"req{i}") for i in range(lane.rows)]
     lane._jobs.extend(busy)
     try:
-        assert router._use_lane(PROMPT, opts, "req") and not router._use_lane(PROMPT, opts, "other")
-        lane._jobs.pop()  # a free row: a new request takes it
+        assert router._use_lane(PROMPT, opts, "req0") and not router._use_lane(PROMPT, opts, "other")
+        lane._jobs.pop()  # room for one more request
         assert router._use_lane(PROMPT, opts, "other")
+        lane._jobs.extend([busy[-1]] * 3)  # its later sentences count as one request
+        assert not router._use_lane(PROMPT, opts, "other") and router._use_lane(PROMPT, opts, "req0")
         router.primary_live = 1  # and nothing new goes to the lane while the other generator is busy
-        assert not router._use_lane(PROMPT, opts, "req")
+        assert not router._use_lane(PROMPT, opts, "req0")
         router.primary_live = 0
         router.enabled = False
-        assert not router._use_lane(PROMPT, opts, "req")
+        assert not router._use_lane(PROMPT, opts, "req0")
     finally:
         lane._jobs.clear()
         router.enabled = True
