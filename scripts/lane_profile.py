@@ -2,7 +2,8 @@
 
     python scripts/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
 
-Also times the decode graph of every row count (1, 2, 4, 8 streams stepped at once).
+Also times the decode graph of every row count (1, 2, 4, 8 streams stepped at once) and the prefill graph of every
+prompt count (1, 2, 4, 8 prompts side by side) at 64 and 128 positions.
 
 Replays the captured one-row decode graph `--steps` times (wall per step from CUDA events), then runs the same step
 eagerly under torch.profiler (same kernels, launched one by one) and sums the kernel durations per step. If the
@@ -40,6 +41,19 @@ def graph_step_ms(lane: GraphLane, rows: int, span: int, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
+def prefill_ms(lane: GraphLane, batch: int, size: int, reps: int = 20) -> float:
+    graph = lane._graphs[("prefill", batch, size)]  # noqa: SLF001 - a measurement script
+    with torch.cuda.stream(lane.cuda_stream):
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[float, list[dict]]:
     with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
         for _ in range(3):
@@ -73,10 +87,13 @@ def main() -> None:
     lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), compile_layers=not args.no_compile)
     by_rows = {n: round(graph_step_ms(lane, n, args.span, args.steps), 3) for n in lane.row_buckets}
     graph_ms = by_rows[1]
+    prefills = {f"{batch}x{size}": round(prefill_ms(lane, batch, size), 3)
+                for size in (64, 128) for batch in lane.prefill_batches}
     kernel_ms, rows = eager_kernels(lane, 1, args.span, args.steps)
     kernel_ms_8, rows_8 = eager_kernels(lane, lane.rows, args.span, args.steps)
     out = {"device": torch.cuda.get_device_name(), "compiled": not args.no_compile, "span": args.span,
-           "rows_step_ms": by_rows, "graph_step_ms": round(graph_ms, 3), "kernel_sum_ms_per_step": round(kernel_ms, 3),
+           "rows_step_ms": by_rows, "prefill_ms": prefills, "graph_step_ms": round(graph_ms, 3),
+           "kernel_sum_ms_per_step": round(kernel_ms, 3),
            "kernels_per_step": round(sum(r["per_step"] for r in rows), 1), "top": rows[:25],
            f"kernel_sum_ms_per_step_{lane.rows}_rows": round(kernel_ms_8, 3), f"top_{lane.rows}_rows": rows_8[:25]}
     print(json.dumps({k: v for k, v in out.items() if not k.startswith("top")}))

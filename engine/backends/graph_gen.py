@@ -57,9 +57,12 @@ whatever the rows."""
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
 ADMIT = 8
-"""Prompts prefilled (one graph launch each, ~2 ms) between two bursts, requests with no row first: a crowd
-arriving at once gets rows in groups, and the first groups' first windows reach the decoder while the later ones
-are prefilled."""
+"""Prompts prefilled between two bursts, requests with no row first: a crowd arriving at once gets rows in groups,
+and the first groups' first windows reach the decoder while the later ones are prefilled."""
+PREFILL_BATCHES = (1, 2, 4, 8)
+"""Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
+reads every weight once however many prompts it holds: one prompt took ~2.5 ms on an H200, so eight of them
+one at a time held the other rows for ~20 ms."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 RING = 512
@@ -167,6 +170,7 @@ class GraphLane:
         self.max_len, self.rows = max_len, rows
         self.spans = tuple(s for s in SPAN_BUCKETS if s < max_len) + (max_len,)
         self.prefills = tuple(p for p in PREFILL_BUCKETS if p <= max_len)
+        self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= min(rows, ADMIT))
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -193,14 +197,15 @@ class GraphLane:
     def _buffers(self, width: int) -> None:
         dev, rows = self.device, self.rows
         long = dict(device=dev, dtype=torch.long)
-        self.prompt = torch.zeros(self.prefills[-1], **long)
-        self.length = torch.ones(1, **long)
-        """Real prompt length (the prefill graph samples after position length - 1)."""
-        self.row = torch.zeros(1, **long)
-        """The row a prefill fills."""
-        self.arange = torch.arange(self.prefills[-1], **long)
-        self.staging = self.model.new_cache(self.prefills[-1])
-        """A prefill's keys and values, copied into its row's cache by the same graph."""
+        most = self.prefill_batches[-1]
+        self.prompts = torch.zeros(most, self.prefills[-1], **long)
+        """A prefill's prompts, right-padded to its bucket."""
+        self.lengths = torch.ones(most, **long)
+        """Their real lengths (the prefill graph samples after position length - 1 of each)."""
+        self.admit_rows = torch.zeros(most, **long)
+        """The row each prompt of a prefill fills."""
+        self.staging = self.model.new_rows_cache(most, self.prefills[-1])
+        """A prefill's keys and values, copied into its rows' caches by the same graph."""
         self.k_rows, self.v_rows = self.model.new_rows_cache(rows, self.max_len)
         self.tokens = torch.zeros(rows, **long)
         """Each row's last token (the next step's input)."""
@@ -246,18 +251,20 @@ class GraphLane:
         self.ring.index_copy_(0, torch.remainder(self.launch, RING), self.tokens.view(1, -1))
         self.launch.add_(1)
 
-    def _prefill(self, size: int) -> None:
-        """Prompt into row `row`: its cache, its first token, its position and step."""
-        hidden = self.model.forward(self.prompt[:size], self.arange[:size], size, cache=self.staging)
-        row = self.row
-        first = pick(self._logits(hidden.index_select(0, self.length - 1)), self.temperature.index_select(0, row),
-                     self.top_k.index_select(0, row), self.top_p.index_select(0, row),
-                     self.noise.index_select(0, row)[:, 0])
-        self.tokens.index_copy_(0, row, self.allowed.index_select(0, first))
-        self.positions.index_copy_(0, row, self.length)
-        self.steps.index_fill_(0, row, 1)
-        for cache, staged in zip((self.k_rows, self.v_rows), self.staging):
-            cache[:, :, :, :size].index_copy_(1, row, staged[:, None, :, :size])
+    def _prefill(self, batch: int, size: int) -> None:
+        """Prompts [0, batch) into their rows (`admit_rows`): each row's cache, first token, position and step."""
+        staging = tuple(staged[:, :batch, :, :size] for staged in self.staging)
+        hidden = self.model.prefill_rows(self.prompts[:batch, :size], staging)
+        rows, lengths = self.admit_rows[:batch], self.lengths[:batch]
+        last = torch.arange(batch, device=self.device) * size + lengths - 1
+        first = pick(self._logits(hidden.index_select(0, last)), self.temperature.index_select(0, rows),
+                     self.top_k.index_select(0, rows), self.top_p.index_select(0, rows),
+                     self.noise[:, 0].index_select(0, rows))
+        self.tokens.index_copy_(0, rows, self.allowed.index_select(0, first))
+        self.positions.index_copy_(0, rows, lengths)
+        self.steps.index_fill_(0, rows, 1)
+        for cache, staged in zip((self.k_rows, self.v_rows), staging):
+            cache[:, :, :, :size].index_copy_(1, rows, staged)
         self._record()
 
     def _decode(self, rows: int, span: int) -> None:
@@ -282,22 +289,24 @@ class GraphLane:
         if graph is not None:
             graph.replay()
         elif kind == "prefill":
-            self._prefill(a)
+            self._prefill(a, b)
         else:
             self._decode(a, b)
         self._launches += 1
 
     @torch.inference_mode()
     def _capture_all(self) -> float:
-        """One graph per prefill bucket and per (rows, span), sharing one memory pool (they never run at once)."""
+        """One graph per (prompts, bucket) prefill and per (rows, span) decode, sharing one memory pool (they
+        never run at once)."""
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        shapes = [("prefill", size, 0) for size in self.prefills]
+        shapes = [("prefill", batch, size) for batch in self.prefill_batches for size in self.prefills]
         shapes += [("decode", rows, span) for rows in self.row_buckets for span in self.spans]
         with self._on_stream():
-            self.length.fill_(1)
+            self.lengths.fill_(1)
+            self.admit_rows.copy_(torch.arange(self.admit_rows.numel(), device=self.device))
             for kind, a, b in shapes:
-                fn = (lambda: self._prefill(a)) if kind == "prefill" else (lambda: self._decode(a, b))
+                fn = (lambda: self._prefill(a, b)) if kind == "prefill" else (lambda: self._decode(a, b))
                 for _ in range(2):  # first calls: cuBLAS handles, compiles, allocator warm-up
                     fn()
                 graph = torch.cuda.CUDAGraph()
@@ -349,28 +358,49 @@ class GraphLane:
             self._fail(err)
 
     def _admit(self, unread: list) -> bool:
-        """Prefill up to ADMIT waiting jobs into free rows: a request with no row yet before the later sentences
-        of one that has (its first sound comes first), else in arrival order. All rows share one allowed set: a
-        job with another waits until the rows are empty."""
-        admitted = 0
-        while self._waiting and admitted < ADMIT and None in self._in_rows:
+        """Give up to ADMIT waiting jobs free rows and prefill them, as few launches as the prefill batches allow:
+        a request with no row yet before the later sentences of one that has (its first sound comes first), else
+        in arrival order. All rows share one allowed set: a job with another waits until the rows are empty."""
+        admitted: list[_Job] = []
+        while self._waiting and len(admitted) < ADMIT and None in self._in_rows:
             running = {job.group for job in self._in_rows if job is not None}
             index = next((i for i, job in enumerate(self._waiting) if job.group not in running), 0)
             job = self._waiting[index]
             if job.allowed != self.allowed_now and any(self._in_rows):
                 break
             del self._waiting[index]
-            self._start(job, self._in_rows.index(None), unread)
-            admitted += 1
-        return admitted > 0
+            self._set_allowed(job.allowed)
+            job.row, job.launched = self._in_rows.index(None), 1
+            self._in_rows[job.row] = job
+            admitted.append(job)
+        # similar lengths share a launch (each is padded to the longest's bucket)
+        admitted.sort(key=lambda job: len(job.ids))
+        any_admitted = bool(admitted)
+        while admitted:
+            batch = max(b for b in self.prefill_batches if b <= len(admitted))
+            self._start(admitted[:batch], unread)
+            del admitted[:batch]
+        return any_admitted
 
-    def _start(self, job: _Job, row: int, unread: list) -> None:
-        ids, opts = job.ids, job.opts
-        self._set_allowed(job.allowed)
+    def _start(self, jobs: list[_Job], unread: list) -> None:
+        """Prefill these jobs (a captured batch size) into their rows."""
+        size = bucket(max(len(job.ids) for job in jobs), self.prefills)
+        prompts = torch.zeros(len(jobs), size, dtype=torch.long)
+        for i, job in enumerate(jobs):
+            prompts[i, :len(job.ids)] = torch.tensor(job.ids, dtype=torch.long)
+            self._sampling(job)
+        self.prompts[:len(jobs), :size].copy_(prompts)
+        self.lengths[:len(jobs)].copy_(torch.tensor([len(job.ids) for job in jobs]))
+        self.admit_rows[:len(jobs)].copy_(torch.tensor([job.row for job in jobs]))
+        self._run("prefill", len(jobs), size)
+        unread.append([(job, job.row) for job in jobs])
+        for job in jobs:
+            self._release_if_done(job)
+
+    def _sampling(self, job: _Job) -> None:
+        """The job's temperature, top-k, top-p and noise into its row."""
+        row, opts = job.row, job.opts
         greedy = opts.temperature == 0
-        self.prompt[:len(ids)].copy_(torch.tensor(ids, dtype=torch.long))
-        self.length.fill_(len(ids))
-        self.row.fill_(row)
         self.temperature[row] = 1.0 if greedy else opts.temperature
         self.top_k[row] = 1 if greedy else opts.top_k
         self.top_p[row] = 1.0 if greedy else opts.top_p
@@ -379,11 +409,6 @@ class GraphLane:
             self.noise[row, :steps].zero_()
         else:
             self.noise[row, :steps].copy_(gumbel(steps, CANDIDATES, opts.seed, self.device))
-        job.row, job.launched = row, 1
-        self._in_rows[row] = job
-        self._run("prefill", bucket(len(ids), self.prefills))
-        unread.append([(job, row)])
-        self._release_if_done(job)
 
     def _burst(self, unread: list) -> bool:
         """Launch a burst of decode steps (CROWD_BURSTS) over the rows that want one; False when none does."""

@@ -87,11 +87,13 @@ class StaticQwen2:
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
         self.cos, self.sin = self._rope_tables(cfg, max_len)
         self._layer, self._row_layer = self._layer_step, self._row_layer_step
+        self._prefill_layer = self._prefill_layer_step
         if compile_layers:
-            # one compile per prompt bucket and per (rows, span) shape (~30), above dynamo's default limit of 8
+            # one compile per shape: (rows, span) ~42, (prompts, bucket) ~20, above dynamo's default limit of 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False)
             self._row_layer = torch.compile(self._row_layer_step, fullgraph=True, dynamic=False)
+            self._prefill_layer = torch.compile(self._prefill_layer_step, fullgraph=True, dynamic=False)
         """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
         into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
 
@@ -164,6 +166,42 @@ class StaticQwen2:
         for index, w in enumerate(self.layers):
             x = self._row_layer(x, w, k_all[index], v_all[index], where, cos, sin, bias, span)
         return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+    def prefill_rows(self, ids: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """P prompts side by side, each right-padded to S positions (ids [P, S], positions 0..S-1): hidden
+        states [P * S, H] (after the final norm; prompt p's position t at row p * S + t). Writes their keys and
+        values into cache[0] / cache[1] ([layers, P, kv, S, D] each). Attention is causal within each prompt,
+        so a padded tail changes nothing before it (its stale keys sit past the real length: masked until
+        overwritten, as in `forward`). One pass reads every weight once for all P prompts: a crowd's prompts
+        cost about what one does."""
+        p, s = ids.shape
+        x = self.embed.index_select(0, ids.reshape(-1))
+        cos, sin = self.cos[:s].repeat(p, 1), self.sin[:s].repeat(p, 1)
+        steps = torch.arange(s, device=ids.device)
+        bias = torch.zeros((s, s), device=ids.device, dtype=self.dtype)
+        bias = bias.masked_fill_(steps[None, :] > steps[:, None], float("-inf")).repeat(self.group, 1)  # [G*S, S]
+        k_all, v_all = cache
+        for index, w in enumerate(self.layers):
+            x = self._prefill_layer(x, w, k_all[index], v_all[index], cos, sin, bias, p)
+        return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+    def _prefill_layer_step(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, p: int) -> torch.Tensor:
+        """One decoder layer for P prompts of S tokens (x [P*S, H]; caches [P, kv, S, D])."""
+        d, kvh, g = self.head_dim, self.kv_heads, self.group
+        s = x.shape[0] // p
+        q, k, v = self._project(x, w, cos, sin)
+        keys = k.view(p, s, kvh, d).transpose(1, 2)  # [P, kv, S, D]
+        values = v.view(p, s, kvh, d).transpose(1, 2)
+        k_cache.copy_(keys)
+        v_cache.copy_(values)
+        # per (prompt, kv head): its G query heads' S rows, g-major like the bias
+        q = q.view(p, s, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(p * kvh, g * s, d)
+        scores = torch.baddbmm(bias, q, keys.reshape(p * kvh, s, d).transpose(1, 2), alpha=d ** -0.5)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+        out = torch.bmm(probs, values.reshape(p * kvh, s, d))  # [P*kv, G*S, D]
+        out = out.view(p, kvh, g, s, d).permute(0, 3, 1, 2, 4).reshape(p * s, self.heads * d)
+        return self._mlp(torch.addmm(x, out, w.o_t), w)
 
     def new_rows_cache(self, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed keys and values for `rows` sequences of `length` positions: [layers, rows, kv, length, D]."""

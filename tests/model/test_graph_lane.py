@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections import Counter
 
@@ -58,6 +59,56 @@ def test_static_model_matches_transformers(model) -> None:
             ours.append(static.forward(seq[i:i + 1], torch.tensor([i]), 32) @ static.output.T)
     torch.testing.assert_close(torch.cat(ours), ref, atol=1e-4, rtol=1e-4)
     assert static.output is static.embed  # tied embeddings: one copy on the device, not two
+
+
+def test_prompts_prefilled_side_by_side_match_each_alone(model) -> None:
+    """prefill_rows over three right-padded prompts of different lengths == each prompt's own forward: hidden
+    states at the real positions, and the keys and values each leaves in its cache."""
+    static = StaticQwen2(model, 64, "cpu", torch.float32)
+    prompts = [PROMPT.ids, PROMPT.ids[:3], PROMPT.ids[:2] + (9906,) * 9 + PROMPT.ids[-2:]]
+    size = 16
+    ids = torch.zeros(len(prompts), size, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    with torch.inference_mode():
+        cache = static.new_rows_cache(len(prompts), size)
+        together = static.prefill_rows(ids, cache).view(len(prompts), size, -1)
+        for i, p in enumerate(prompts):
+            own = static.new_cache(size)
+            alone = static.forward(torch.tensor(p), torch.arange(len(p)), size, cache=own)
+            torch.testing.assert_close(together[i, :len(p)], alone, atol=1e-5, rtol=1e-5)
+            for got, want in zip(cache, own):
+                torch.testing.assert_close(got[:, i, :, :len(p)], want[:, :, :len(p)], atol=1e-5, rtol=1e-5)
+
+
+async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model) -> None:
+    """Seven requests at once on an eight-row lane: prefilled as 4 + 2 + 1 prompts (shortest first), and each
+    gets exactly its lone tokens, greedy and seeded."""
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
+                     rows=8)
+    prompts = [Prompt(PROMPT.ids[:2] + (9906 + 5 * i,) * (1 + 6 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
+               for i in range(7)]  # 5..41 ids: buckets 32 and 64 in one admission
+    opts = [SamplingOptions(temperature=0, max_tokens=30 + 5 * i) if i % 2 else
+            SamplingOptions(max_tokens=40, seed=i) for i in range(7)]
+    alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
+    prefills = []
+    prefill = lane._prefill
+
+    def counted(batch: int, size: int) -> None:
+        prefills.append((batch, size))
+        prefill(batch, size)
+
+    lane._prefill = counted
+    gate = threading.Event()
+    lane._executor.submit(gate.wait)  # the lane's one worker thread starts once all seven are waiting
+    crowd = asyncio.gather(*(collect(lane, p, o, f"t{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
+    while lane.load < 7:
+        await asyncio.sleep(0.001)
+    gate.set()
+    together = await crowd
+    assert together == alone and all(len(t) == o.max_tokens for t, o in zip(alone, opts))
+    assert prefills == [(4, 32), (2, 64), (1, 64)]
+    await lane.close()
 
 
 async def test_greedy_stream_equals_the_torch_generator(model, lane) -> None:
