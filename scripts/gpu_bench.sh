@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Device calls that produced docs/benchmarks.md (vLLM carried by ../shared/tools/device-vllm/prepare.sh):
+# Device calls that produced docs/benchmarks.md (vLLM carried by ../shared/tools/device-vllm/prepare.sh, packed with
+# the reference pipeline's and the GPU tests' packages the image lacks:
+#   bash ../shared/tools/device-vllm/prepare.sh spark-tts-lib einx omegaconf antlr4-python3-runtime frozendict \
+#       soundfile cffi pycparser soxr retrying pytest-asyncio
+# ):
 #   call 1: carry [".devcarry/vllm-core"],  command: cp .devcarry/vllm-core/core.part-aa /tmp/ &&
 #           python3 -m voiceapp.cmd_bench --synthetic full --decoder-only --json $OUT/decoder.json
 #           (decoder fp32/bf16 error, seams, eager vs graph speed: needs no vLLM)
