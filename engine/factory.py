@@ -38,9 +38,10 @@ class EngineConfig:
     stream's windows, TTFA; graph capture ~10 s on an H200) | all (`voicectl serve`: ~97 s, and batched decodes
     measured 15-20% faster at 8-32 streams) | none. See BiCodecDecoder.autotune."""
     graph_lane: bool = True
-    """With vLLM: a lone stream (and the later sentences of its request) runs on an in-process CUDA-graph copy
-    of the LLM (engine.backends.graph_gen), whose step is one graph launch instead of a vLLM engine step;
-    vLLM takes everything else. Never with `deterministic` (routing would change a seed's tokens)."""
+    """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
+    stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
+    takes the streams beyond the lane's rows (a lane of fewer than 32 rows also hands its streams to vLLM once
+    vLLM is busy). Never with `deterministic` (routing would change a seed's tokens)."""
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
     in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""

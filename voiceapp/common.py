@@ -19,9 +19,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
     g.add_argument("--threads", type=int, help="CPU threads for torch")
     g.add_argument("--no-graph-lane", action="store_true",
-                   help="on a GPU, run a lone stream on vLLM (or the torch generator) too: no in-process "
-                        "CUDA-graph copy of the LLM (about 1 GB less GPU memory, 20-27 s less start-up, about "
-                        "twice the time to first audio)")
+                   help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
+                        "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, up to "
+                        "~100 s less start-up, about twice the time to first audio)")
 
 
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
