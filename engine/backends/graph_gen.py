@@ -57,8 +57,11 @@ whatever the rows."""
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
 ADMIT = 8
-"""Prompts prefilled between two bursts, requests with no row first: a crowd arriving at once gets rows in groups,
-and the first groups' first windows reach the decoder while the later ones are prefilled."""
+"""Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
+ADMIT_NEW = 32
+"""Requests with no row yet prefilled between two bursts: each is a listener waiting for first sound, and eight
+prompts cost one launch of ~2.5 ms, so a crowd of 32 gets its rows in ~10 ms instead of over four rounds of
+bursts."""
 PREFILL_BATCHES = (1, 2, 4, 8)
 """Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
 reads every weight once however many prompts it holds: one prompt took ~2.5 ms on an H200, so eight of them
@@ -66,7 +69,8 @@ one at a time held the other rows for ~20 ms."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 RING = 512
-"""Launches whose tokens the ring keeps: more than are ever in flight ((AHEAD + 1) bursts of 8 steps and ADMIT)."""
+"""Launches whose tokens the ring keeps: more than are ever in flight ((AHEAD + 1) bursts of 8 steps and one
+admission's prefills, at most (ADMIT_NEW + ADMIT) / 8 + 3)."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
@@ -170,7 +174,7 @@ class GraphLane:
         self.max_len, self.rows = max_len, rows
         self.spans = tuple(s for s in SPAN_BUCKETS if s < max_len) + (max_len,)
         self.prefills = tuple(p for p in PREFILL_BUCKETS if p <= max_len)
-        self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= min(rows, ADMIT))
+        self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -358,13 +362,21 @@ class GraphLane:
             self._fail(err)
 
     def _admit(self, unread: list) -> bool:
-        """Give up to ADMIT waiting jobs free rows and prefill them, as few launches as the prefill batches allow:
-        a request with no row yet before the later sentences of one that has (its first sound comes first), else
-        in arrival order. All rows share one allowed set: a job with another waits until the rows are empty."""
+        """Give waiting jobs free rows and prefill them, as few launches as the prefill batches allow: requests
+        with no row yet first (up to ADMIT_NEW: their first sound comes first), then later sentences in arrival
+        order while fewer than ADMIT jobs are admitted. All rows share one allowed set: a job with another waits
+        until the rows are empty."""
         admitted: list[_Job] = []
-        while self._waiting and len(admitted) < ADMIT and None in self._in_rows:
+        new = 0
+        while self._waiting and None in self._in_rows:
             running = {job.group for job in self._in_rows if job is not None}
-            index = next((i for i, job in enumerate(self._waiting) if job.group not in running), 0)
+            index = next((i for i, job in enumerate(self._waiting) if job.group not in running), None)
+            if index is not None and new < ADMIT_NEW:
+                new += 1
+            elif len(admitted) < ADMIT:
+                index = 0
+            else:
+                break
             job = self._waiting[index]
             if job.allowed != self.allowed_now and any(self._in_rows):
                 break

@@ -111,6 +111,41 @@ async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model) -> N
     await lane.close()
 
 
+async def test_new_requests_are_admitted_together_before_later_sentences(model) -> None:
+    """Twenty two-sentence requests at once on a 64-row lane: the first admission prefills every first sentence
+    (8 + 8 + 4 prompts) and no second sentence; the second sentences follow, at most ADMIT per admission."""
+    from engine.backends.graph_gen import ADMIT
+
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
+                     rows=64)
+    prefills: list[list[str]] = []
+    start = lane._start
+
+    def recorded(jobs, unread) -> None:
+        prefills.append([job.request_id for job in jobs])
+        start(jobs, unread)
+
+    lane._start = recorded
+    opts = SamplingOptions(max_tokens=12, seed=0)
+    gate = threading.Event()
+    lane._executor.submit(gate.wait)
+    rids = [sentence_id(f"r{i}", k) for i in range(20) for k in range(2)]
+
+    async def sentence(rid: str) -> list[int]:
+        return [t async for delta in lane.stream(PROMPT, opts, rid, request_of(rid)) for t in delta]
+
+    crowd = asyncio.gather(*(sentence(rid) for rid in rids))
+    while lane.load < len(rids):
+        await asyncio.sleep(0.001)
+    gate.set()
+    assert [len(got) for got in await crowd] == [12] * len(rids)
+    first_round = [rid for launch in prefills[:3] for rid in launch]
+    assert [len(launch) for launch in prefills[:3]] == [8, 8, 4]
+    assert sorted(first_round) == sorted(sentence_id(f"r{i}", 0) for i in range(20))
+    assert all(len(launch) <= ADMIT for launch in prefills[3:]) and sum(map(len, prefills)) == len(rids)
+    await lane.close()
+
+
 async def test_greedy_stream_equals_the_torch_generator(model, lane) -> None:
     opts = SamplingOptions(temperature=0, max_tokens=40)
     ref_gen = TorchTokenGenerator(model, IDS, device="cpu")
