@@ -64,8 +64,8 @@ prompts cost one launch of ~2.5 ms, so a crowd of 32 gets its rows in ~10 ms ins
 bursts."""
 PREFILL_BATCHES = (1, 2, 4, 8)
 """Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
-reads every weight once however many prompts it holds: one prompt took ~2.5 ms on an H200, so eight of them
-one at a time held the other rows for ~20 ms."""
+reads every weight once however many prompts it holds: eight prompts of 128 positions took 2.5 ms in one launch
+and 10.4 ms one at a time, time the other rows wait (H200, scripts/lane_profile.py)."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 RING = 512
