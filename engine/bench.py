@@ -732,7 +732,8 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
         synth = build_synthesizer(EngineConfig(model=str(opts.model), backend=opts.backend, schedule=opts.schedule,
                                                voices=VoiceBank([Path(tmp) / "voices"]), cache_dir=str(Path(tmp)),
                                                threads=opts.threads, decoder_dtype=opts.decoder_dtype,
-                                               decoder_autotune=opts.decoder_autotune),
+                                               decoder_autotune=opts.decoder_autotune,
+                                               lane_rows=None),  # a lane sized for crowds, as `voicectl serve`
                                   events=on_event)
         build_s = time.perf_counter() - t0
         inner = synth.generator

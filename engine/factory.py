@@ -37,6 +37,11 @@ class EngineConfig:
     """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: batch1 (default: the lone
     stream's windows, TTFA; graph capture ~10 s on an H200) | all (`voicectl serve`: ~97 s, and batched decodes
     measured 15-20% faster at 8-32 streams) | none. See BiCodecDecoder.autotune."""
+    lane_rows: int | None = 8
+    """Most streams the graph lane steps at once. 8 (default) for the in-process front ends, which serve one
+    listener (a request's sentences side by side): 44 graphs to capture and 0.4 GB of KV cache. None sizes the lane
+    to the GPU for crowds (`voicectl serve`, the bench): 10% of its memory, 128 rows on an H100 or H200, 68 graphs
+    (94-105 s of start-up with a cold Inductor cache) and 6 GB."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
@@ -53,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
         if self.decoder_autotune not in DECODER_AUTOTUNE:
             raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")
+        if self.lane_rows is not None and self.lane_rows < 1:
+            raise ValueError(f"lane_rows must be at least 1, not {self.lane_rows}")
 
 
 GPU_DECODER_DTYPE = "fp32"
@@ -189,7 +196,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             # vllm configures its logging, to stdout, before VllmTokenGenerator has pointed it at stderr
             if importlib.util.find_spec("vllm") is None:
                 raise ImportError("vllm is not installed")
-            lane = _build_lane(info, events) if want_lane else None
+            lane = _build_lane(info, events, rows=config.lane_rows) if want_lane else None
             gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
                 return gen
@@ -208,7 +215,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
     if gen.device.type != "cuda" or not want_lane:
         return gen
-    lane = lane or _build_lane(info, events, gen.device)
+    lane = lane or _build_lane(info, events, gen.device, rows=config.lane_rows)
     if lane is None:
         return gen
     from engine.backends.graph_gen import LaneRouter
@@ -218,7 +225,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
 
 
-def _build_lane(info, events: EventSink, device=None):
+def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
     """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
     which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
     import time
@@ -233,14 +240,14 @@ def _build_lane(info, events: EventSink, device=None):
         return None
     t0 = time.perf_counter()
     try:
-        lane = _new_lane(info, device, compile_layers=True)
+        lane = _new_lane(info, device, rows, compile_layers=True)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
         failure = one_line(err)
         lane = None
     if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
         _free_gpu_memory()
         try:
-            lane = _new_lane(info, device, compile_layers=False)
+            lane = _new_lane(info, device, rows, compile_layers=False)
             events(Notice(f"graph lane without torch.compile ({failure})"))
         except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
             _free_gpu_memory()
@@ -251,7 +258,7 @@ def _build_lane(info, events: EventSink, device=None):
     return lane
 
 
-def _new_lane(info, device, compile_layers: bool):
+def _new_lane(info, device, most_rows: int | None, compile_layers: bool):
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -261,7 +268,7 @@ def _new_lane(info, device, compile_layers: bool):
 
     hf_logging.disable_progress_bar()  # the engine never prints; the notices report progress
     model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
-    rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config))
+    rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
     # compiled layers: 1.21 vs 1.39 ms per token on an H200 (docs/benchmarks.md), ~12 s more start-up
     return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
                      compile_layers=compile_layers)

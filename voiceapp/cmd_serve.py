@@ -25,6 +25,14 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def serve_config(args: argparse.Namespace):
+    """The engine config a server runs. It starts once and then carries many streams: every decoder graph gets
+    timed cuDNN algorithms (~85 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8) and
+    the graph lane as many rows as the GPU holds (128 on an H200: a crowd stays on the lane, vLLM takes the
+    rest)."""
+    return replace(engine_config(args), decoder_autotune="all", lane_rows=None)
+
+
 def run(args: argparse.Namespace) -> int:
     asyncio.run(serve(args))
     return 0
@@ -40,9 +48,7 @@ async def serve(args: argparse.Namespace) -> None:
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
-        # A server starts once and then carries many streams: every decoder graph gets timed cuDNN algorithms
-        # (~85 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8).
-        synth = build_synthesizer(replace(engine_config(args), decoder_autotune="all"))
+        synth = build_synthesizer(serve_config(args))
     except BaseException:
         lock.release()
         raise

@@ -117,9 +117,11 @@ def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * dtype_bytes
 
 
-def rows_for(gpu_bytes: int, row_bytes: int) -> int:
-    """The largest row bucket whose KV cache fits ROW_MEMORY_SHARE of a GPU of `gpu_bytes` (at least 1)."""
-    fits = [rows for rows in ROW_BUCKETS if rows * row_bytes <= ROW_MEMORY_SHARE * gpu_bytes]
+def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None) -> int:
+    """The largest row bucket (at most `most`) whose KV cache fits ROW_MEMORY_SHARE of a GPU of `gpu_bytes`
+    (at least 1)."""
+    fits = [rows for rows in ROW_BUCKETS
+            if rows * row_bytes <= ROW_MEMORY_SHARE * gpu_bytes and (most is None or rows <= most)]
     return fits[-1] if fits else 1
 
 

@@ -334,6 +334,25 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
     assert rows_for(141 * gib, row_bytes(spark)) == 128 and rows_for(80 * gib, row_bytes(spark)) == 128
     assert rows_for(24 * gib, row_bytes(spark)) == 32 and rows_for(8 * gib, row_bytes(spark)) == 16
     assert rows_for(gib // 4, row_bytes(spark)) == 1
+    assert rows_for(141 * gib, row_bytes(spark), most=8) == 8 and rows_for(8 * gib, row_bytes(spark), most=64) == 16
+    assert rows_for(141 * gib, row_bytes(spark), most=6) == 4  # a row bucket: graphs exist for it
+
+
+def test_lane_rows_by_front_end() -> None:
+    """In-process front ends get an 8-row lane (one listener); `voicectl serve` one sized to the GPU."""
+    import argparse
+
+    from engine.factory import EngineConfig
+    from voiceapp.cmd_serve import add_parser, serve_config
+    from voiceapp.common import engine_config
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve"])
+    assert engine_config(args).lane_rows == 8 and EngineConfig().lane_rows == 8
+    assert serve_config(args).lane_rows is None and serve_config(args).decoder_autotune == "all"
+    with pytest.raises(ValueError, match="lane_rows"):
+        EngineConfig(lane_rows=0)
 
 
 def test_bucket_and_request_of() -> None:
