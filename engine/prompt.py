@@ -1,6 +1,7 @@
 """Provides prompt building: text + voice -> token ids for the three Spark-TTS prompt formats. Pure."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -71,8 +72,15 @@ def build_globals_prompt(text: str, global_codes: Sequence[int], ids: TokenIds, 
 
 
 def semantic_allowed_ids(ids: TokenIds) -> tuple[int, ...]:
-    """Sorted semantic ids + stop ids: what a prompt ending in `<|start_semantic_token|>` may generate."""
-    return tuple(sorted({*range(ids.semantic_base, ids.semantic_base + SEMANTIC_CODEBOOK), *ids.stop_ids}))
+    """Sorted semantic ids + stop ids: what a prompt ending in `<|start_semantic_token|>` may generate. The same
+    tuple for every sentence (built once: 0.6 ms each time on a 2-core machine, and generators can recognise it
+    by identity)."""
+    return _semantic_allowed(ids.semantic_base, ids.stop_ids)
+
+
+@functools.lru_cache(maxsize=4)
+def _semantic_allowed(base: int, stops: frozenset[int]) -> tuple[int, ...]:
+    return tuple(sorted({*range(base, base + SEMANTIC_CODEBOOK), *stops}))
 
 
 def _content(text: str, ids: TokenIds, encode: Encode) -> tuple[int, ...]:

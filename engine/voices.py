@@ -82,14 +82,30 @@ class VoiceBank:
 
     def __init__(self, dirs: list[Path] | None = None) -> None:
         self.dirs = dirs if dirs is not None else [BUILTIN_DIR, user_data_dir() / "voices"]
+        self._parsed: dict[Path, tuple[tuple[int, int], Voice]] = {}
+        """Voice files read so far, by path, with the (mtime, size) they had: each request looks its voice up,
+        and parsing every file each time cost ~0.9 ms a request on a 2-core machine."""
 
     def all(self) -> dict[str, Voice]:
+        """Every voice now on disk: files added, changed or removed since the last call count at once."""
         voices: dict[str, Voice] = {}
         for d in self.dirs:
             for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
-                voice = load_voice_file(path)
+                voice = self._load(path)
                 voices[voice.name] = voice
         return voices
+
+    def _load(self, path: Path) -> Voice:
+        try:
+            st = path.stat()
+        except OSError:
+            return load_voice_file(path)  # gone since the listing: its one-line error
+        stamp = (st.st_mtime_ns, st.st_size)
+        known = self._parsed.get(path)
+        if known is None or known[0] != stamp:
+            known = (stamp, load_voice_file(path))
+            self._parsed[path] = known
+        return known[1]
 
     def get(self, name: str) -> Voice:
         name = DEFAULT_VOICE if name in ("", "default") else name

@@ -396,6 +396,20 @@ def test_lane_refuses_ids_outside_the_vocabulary(lane) -> None:
     assert not lane.supports(Prompt((-1,) + PROMPT.ids, SEMANTIC_ONLY), opts)
 
 
+def test_the_allowed_set_every_sentence_shares_is_scanned_once(lane, monkeypatch) -> None:
+    """semantic_allowed_ids gives every sentence the same tuple, and the lane checks its 8,195 ids only once."""
+    allowed = semantic_allowed_ids(IDS)
+    assert semantic_allowed_ids(IDS) is allowed
+    scanned = []
+    check = lane._in_vocab
+    monkeypatch.setattr(lane, "_in_vocab", lambda ids: scanned.append(len(ids)) or check(ids))
+    opts = SamplingOptions(max_tokens=10)
+    assert all(lane.supports(Prompt(PROMPT.ids, allowed), opts) for _ in range(3))
+    assert scanned.count(len(allowed)) <= 1 and scanned.count(len(PROMPT.ids)) == 3
+    bad = allowed[:-1] + (170000,)
+    assert not lane.supports(Prompt(PROMPT.ids, bad), opts) and not lane.supports(Prompt(PROMPT.ids, bad), opts)
+
+
 async def test_router_hands_a_lane_stream_to_the_other_generator_when_it_gets_busy(lane) -> None:
     other = ScriptedGenerator(IDS, delay_s=0.001)
     router = LaneRouter(other, lane)
