@@ -20,8 +20,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, help="CPU threads for torch")
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
-                        "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, up to "
-                        "~100 s less start-up, about twice the time to first audio)")
+                        "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, no graph "
+                        "capture at start-up: 94-105 s for a server's 128-row lane with a cold compile cache; about "
+                        "twice the time to first audio)")
 
 
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
