@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import deque
 from contextlib import aclosing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import AsyncIterable, AsyncIterator, Callable, Sequence
+from typing import AsyncIterable, AsyncIterator, Callable
 
 import numpy as np
 
@@ -366,41 +367,65 @@ class Synthesizer:
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
 
+FEED_CHARS = 4096
+"""A whole text is split and normalized this many characters at a time, as its sentences are needed: first sound
+does not wait for the rest of a long text, and the engine's event loop (every other stream's too) is never held
+for more than one piece. Done whole, one megabyte took 4.2 s (0.3 s splitting, 3.9 s normalizing) on a 2-core
+machine before its first sentence could start."""
+
+
 class _SentenceSource:
-    """Normalized, speakable sentences from a string or from text arriving on an async stream."""
+    """Normalized, speakable sentences from a string and/or from text arriving on an async stream, produced as
+    they are asked for (the splitter gives the same sentences however the text is cut into pieces)."""
 
     def __init__(self, text: str, stream: AsyncIterable[str] | None, max_chars: int) -> None:
         self._splitter = SentenceSplitter(max_chars=max_chars)
-        self._ready: list[str] = []
+        self._raw: deque[str] = deque()
+        """Split sentences not yet normalized."""
+        self._text, self._fed = text, 0
         self._stream = stream.__aiter__() if stream is not None else None
         self._flushed = False
-        self._add(self._splitter.feed(text))
-        if self._stream is None:
-            self._finish()
 
-    def _add(self, raw: Sequence[str]) -> None:
-        for sentence in raw:
-            text = normalize(sentence)
-            if is_speakable(text):
-                self._ready.append(text)
+    def _feed_text(self) -> bool:
+        """Split the next piece of the whole text; False once all of it is fed."""
+        if self._fed >= len(self._text):
+            return False
+        piece = self._text[self._fed:self._fed + FEED_CHARS]
+        self._fed += len(piece)
+        self._raw.extend(self._splitter.feed(piece))
+        return True
 
     def _finish(self) -> None:
         if not self._flushed:
             self._flushed = True
-            self._add(self._splitter.flush())
+            self._raw.extend(self._splitter.flush())
 
     def next_nowait(self) -> str | None:
-        return self._ready.pop(0) if self._ready else None
+        """The next sentence available without waiting for the stream (None: none yet, or the end)."""
+        while True:
+            while not self._raw:
+                if self._feed_text():
+                    continue
+                if self._stream is None and not self._flushed:
+                    self._finish()
+                    continue
+                return None
+            text = normalize(self._raw.popleft())
+            if is_speakable(text):
+                return text
 
     async def next(self) -> str | None:
-        while not self._ready and not self._flushed:
+        """The next sentence, waiting for streamed text if need be (None: the end)."""
+        while True:
+            text = self.next_nowait()
+            if text is not None or self._stream is None or self._flushed:
+                return text
             try:
-                piece = await self._stream.__anext__()  # type: ignore[union-attr]
+                piece = await self._stream.__anext__()
             except StopAsyncIteration:
                 self._finish()
-                break
-            self._add(self._splitter.feed(piece))
-        return self.next_nowait()
+                continue
+            self._raw.extend(self._splitter.feed(piece))
 
     async def close(self) -> None:
         close = getattr(self._stream, "aclose", None)

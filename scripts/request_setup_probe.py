@@ -1,12 +1,17 @@
-"""How long N requests arriving at once take to reach the token generator (host work only: no model runs).
+"""How long N requests arriving at once take to reach the token generator, and how long a long text's first chunk
+takes (host work only: no model runs).
 
-    python scripts/request_setup_probe.py [--streams 1,8,32,128]
+    python scripts/request_setup_probe.py [--streams 1,8,32,128] [--text-kb 10,100,1000]
 
 Builds the tiny synthetic checkpoint with the real tokenizer and a stored voice, puts a recorder in place of the
 token generator (it notes when each sentence's prompt arrives and never answers), starts N two-sentence
 requests at once and prints when their first sentences reached it. Every request's set-up (voice lookup, text
 split and normalisation, tokenisation, prompt) runs on the one event loop before any first sentence reaches the
 generator, so at a crowd this is a floor under time to first token on any GPU.
+
+Long texts: one request of 10 kB to 1 MB on the fake engine (a scripted generator, 2 ms a token, and a tone
+decoder), timed to its first audio chunk: whatever the engine does with the whole text before its first sentence
+shows up as growth with the text's size.
 """
 from __future__ import annotations
 
@@ -60,10 +65,26 @@ async def first_sentences_ms(synth, voice: str, n: int) -> list[float]:
     return sorted((t - t0) * 1e3 for rid, t in recorder.arrivals if rid.endswith("-0"))
 
 
+async def long_texts(sizes_kb: list[int]) -> None:
+    synth = build_synthesizer(EngineConfig(backend="fake"))
+    words = (SENTENCE + " ") * 2
+    for i, kb in enumerate([1] + sizes_kb):  # the first (1 kB) warms up: the fake voice's globals
+        text = (words * (kb * 1000 // len(words) + 1))[:kb * 1000]
+        t0 = time.perf_counter()
+        stream = synth.synthesize(SynthesisRequest(text, request_id=f"long{i}"))
+        await stream.__anext__()
+        took = (time.perf_counter() - t0) * 1e3
+        await stream.aclose()
+        if i:
+            print(f"{kb:5d} kB text: first audio chunk after {took:.0f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", default="1,8,32,128")
+    ap.add_argument("--text-kb", default="10,100,1000")
     args = ap.parse_args()
+    asyncio.run(long_texts([int(s) for s in args.text_kb.split(",")]))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_checkpoint(root / "model", size="tiny", seed=0)
