@@ -46,8 +46,8 @@ BURST = 2
 CROWD_BURSTS = ((8, BURST), (None, 8))
 """Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
 loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way). Bursts of 4 from 9
-rows, with every new request admitted at once, measured TTFA p95 at 32 streams 192 ms against 149 (one run each,
-no_lane 147 and 192 in the same runs: docs/benchmarks.md)."""
+rows, with every new request admitted at once (one prompt per prefill then), measured TTFA p95 at 32 streams
+192 ms against 149 (one run each, no_lane 147 and 192 in the same runs: docs/benchmarks.md)."""
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 ROWS = 8
