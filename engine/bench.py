@@ -79,11 +79,20 @@ class FixedLengthGenerator:
     def __init__(self, inner: Any, tokens: int, stop_ids: frozenset[int]) -> None:
         self.inner, self.tokens, self.stop_ids = inner, tokens, stop_ids
         self.times: dict[str, TokenTimes] = {}
+        self._filtered: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+        """(allowed set, it without stop ids) of the last request: every sentence brings the same set, and
+        filtering 8,195 ids per sentence (~0.5 ms) would load the event loop the streams share, and give the
+        generator a new tuple each time instead of the one it has checked."""
+
+    def _without_stops(self, allowed: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if allowed is None:
+            return None
+        if allowed is not self._filtered[0]:
+            self._filtered = (allowed, tuple(t for t in allowed if t not in self.stop_ids))
+        return self._filtered[1]
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
-        allowed = prompt.allowed_ids
-        if allowed is not None:
-            allowed = tuple(t for t in allowed if t not in self.stop_ids)
+        allowed = self._without_stops(prompt.allowed_ids)
         rec = self.times[request_id] = TokenTimes(time.perf_counter())
         count = 0
         async for delta in self.inner.stream(replace(prompt, allowed_ids=allowed),

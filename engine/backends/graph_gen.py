@@ -234,7 +234,7 @@ class GraphLane:
 
     def _set_allowed(self, allowed: tuple[int, ...]) -> None:
         """Point the head at these vocabulary ids (padding rows get -inf logits); every row shares them."""
-        if allowed == self.allowed_now:
+        if allowed is self.allowed_now or allowed == self.allowed_now:
             return
         width = self.allowed.numel()
         ids = torch.tensor(list(allowed) + [allowed[0]] * (width - len(allowed)), dtype=torch.long)
@@ -391,7 +391,7 @@ class GraphLane:
             else:
                 break
             job = self._waiting[index]
-            if job.allowed != self.allowed_now and any(self._in_rows):
+            if job.allowed is not self.allowed_now and job.allowed != self.allowed_now and any(self._in_rows):
                 break
             del self._waiting[index]
             self._set_allowed(job.allowed)
