@@ -34,8 +34,9 @@ class ScriptedGenerator:
         rng = random.Random(hash((opts.seed, prompt.ids)) if opts.seed is not None else None)
         ids = self.token_ids
         pool: Sequence[int] = prompt.allowed_ids or range(ids.semantic_base, ids.semantic_base + 8192)
-        can_stop = prompt.allowed_ids is None or bool(ids.stop_ids & set(prompt.allowed_ids))
-        pool = [t for t in pool if t not in ids.stop_ids] or list(pool)
+        stops = ids.stop_ids  # a property that builds its set: once, not per id
+        can_stop = prompt.allowed_ids is None or bool(stops & set(prompt.allowed_ids))
+        pool = [t for t in pool if t not in stops] or list(pool)
         for n in range(opts.max_tokens):
             if request_id in self.aborted:
                 return
