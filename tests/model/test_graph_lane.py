@@ -339,7 +339,7 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
 
 
 def test_lane_rows_by_front_end() -> None:
-    """In-process front ends get an 8-row lane (one listener); `voicectl serve` one sized to the GPU."""
+    """In-process front ends get a 2-row lane (one listener); `voicectl serve` one sized to the GPU."""
     import argparse
 
     from engine.factory import EngineConfig
@@ -349,7 +349,7 @@ def test_lane_rows_by_front_end() -> None:
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["serve"])
-    assert engine_config(args).lane_rows == 8 and EngineConfig().lane_rows == 8
+    assert engine_config(args).lane_rows == 2 and EngineConfig().lane_rows == 2
     assert serve_config(args).lane_rows is None and serve_config(args).decoder_autotune == "all"
     with pytest.raises(ValueError, match="lane_rows"):
         EngineConfig(lane_rows=0)
