@@ -425,7 +425,7 @@ class _SentenceSource:
             except StopAsyncIteration:
                 self._finish()
                 continue
-            self._raw.extend(self._splitter.feed(piece))
+            self._text, self._fed = self._text[self._fed:] + piece, 0  # split FEED_CHARS at a time too
 
     async def close(self) -> None:
         close = getattr(self._stream, "aclose", None)

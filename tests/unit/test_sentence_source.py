@@ -49,6 +49,15 @@ def test_a_long_texts_first_sentence_costs_one_piece(monkeypatch) -> None:
     assert source._fed == FEED_CHARS and len(calls) <= 3  # one piece split, the first sentence(s) normalized
 
 
+def test_a_large_streamed_piece_is_split_a_piece_at_a_time(monkeypatch) -> None:
+    fed = []
+    real = SentenceSplitter.feed
+    monkeypatch.setattr(SentenceSplitter, "feed", lambda self, text: fed.append(len(text)) or real(self, text))
+    text = generated_text(20000, seed=3) * 3  # one 60 kB piece, as stdin's reader hands over
+    source = _SentenceSource("", pieces([text]), MAX_CHARS)
+    assert asyncio.run(source.next()) == up_front(text[:FEED_CHARS])[0] and max(fed) <= FEED_CHARS
+
+
 def test_nothing_speakable_ends_at_once() -> None:
     assert asyncio.run(drain(_SentenceSource("... \n \u200b !!", None, MAX_CHARS))) == []
     assert asyncio.run(drain(_SentenceSource("", pieces(["", "  "]), MAX_CHARS))) == []
