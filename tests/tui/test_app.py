@@ -346,3 +346,28 @@ async def test_text_queued_before_a_failed_load_is_marked_failed(make_app, monke
         await pilot.pause()
         assert [msg for sev, msg in app.notes if sev == "error"] == ["--model x: no such directory"]
         assert app.query_one(HistoryTable).get_row("1")[3] == "failed"
+
+
+async def test_metrics_from_engine_events_are_shown_at_the_poll_rate(make_app, sink):
+    """Engine events (every decoded chunk, at generation speed) update an utterance's metrics at once but are
+    shown once per poll: repainting on each kept a slow machine half busy. State changes are shown at once."""
+    from engine.events import ChunkDecoded
+    from voiceapp.tui.messages import UtteranceUpdated
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await say(pilot, "Hello there.")
+        await wait_until(pilot, lambda: entries(app) and entries(app)[0].status is Status.DONE, "the utterance")
+        utt = entries(app)[0]
+        bridge, posted = app.bridge, []
+        real_post = bridge.post_message
+        bridge.post_message = lambda m: (posted.append(m) if isinstance(m, UtteranceUpdated) else None) or real_post(m)
+        before = utt.metrics.audio_s
+        for _ in range(50):
+            bridge._apply(ChunkDecoded(utt.request_id, 0, codes=4, samples=1280, decode_s=0.001))
+        assert utt.metrics.audio_s > before and posted == []  # updated, not yet shown
+        bridge._poll()
+        assert len(posted) == 1 and posted[0].utterance is utt
+        bridge._poll()
+        assert len(posted) == 1  # nothing new: nothing shown

@@ -80,6 +80,8 @@ class Bridge(Widget):
         self._recorder: Recorder | None = None
         self._ui_thread = threading.get_ident()
         self._last_stats: tuple[int, int, int] | None = None
+        self._unshown: dict[int, Utterance] = {}
+        """Utterances whose metrics engine events changed since they were last shown, by number."""
         self._last_state = ""
 
     # ---- life cycle ---------------------------------------------------------------------------------
@@ -292,7 +294,16 @@ class Bridge(Widget):
             self.post_message(Problem(error))
 
     def _changed(self, utt: Utterance) -> None:
+        self._unshown.pop(utt.number, None)
         self.post_message(UtteranceUpdated(utt))
+
+    def _show_metrics(self) -> None:
+        """Show the metrics engine events changed since the last poll. Events come at generation speed (every
+        decoded chunk, faster than playback); repainting the history and the metrics on each one kept a 2-core
+        machine half busy while playing. State changes (queued, playing, done...) are shown at once."""
+        unshown, self._unshown = self._unshown, {}
+        for utt in unshown.values():
+            self.post_message(UtteranceUpdated(utt))
 
     # ---- engine events ------------------------------------------------------------------------------
 
@@ -315,11 +326,12 @@ class Bridge(Widget):
             if self._recorder is not None and utt.status is Status.PLAYING:
                 utt.metrics.blocked_s = self._recorder.blocked_s
             utt.metrics.apply(event)
-            self._changed(utt)
+            self._unshown[utt.number] = utt  # shown at the next poll (POLL_S)
 
     # ---- polling the sink ---------------------------------------------------------------------------
 
     def _poll(self) -> None:
+        self._show_metrics()
         sink = self.sink
         if sink is None:
             return
