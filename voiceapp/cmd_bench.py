@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     result["command"] = " ".join(["voicectl", "bench", *(shlex.quote(a) for a in argv)])
     if "pipeline" in result:
         result["headline"] = bench.headline(result)
+        # the headline's keys also at the top level: what readers of latest.json look up (issue 4's list)
+        result.update({key: value for key, value in result["headline"].items() if key not in result})
         print()
         print(bench.format_table(result))
         print()

@@ -1,0 +1,26 @@
+"""`voicectl bench` end to end on the CPU (tiny synthetic checkpoint, one short level): the JSON carries the
+issue's keys at its top level, with the numbers the table printed."""
+from __future__ import annotations
+
+import json
+import math
+
+from tests.cli_helpers import voicectl
+
+REQUIRED = ("device", "ttfa_ms_p50_1", "ttfa_ms_p95_32", "max_realtime_streams", "export_xrt", "ours_rtf_1",
+            "reference_rtf_1", "reference_ttfa_ms_1")
+
+
+def test_bench_json_has_the_headline_keys_at_the_top(tmp_path) -> None:
+    out = tmp_path / "bench" / "latest.json"
+    proc = voicectl("bench", "--synthetic", "tiny", "--backend", "torch", "--levels", "1", "--rounds-1", "1",
+                    "--no-reference", "--export-sentences", "0", "--sequential-export", "0", "--no-variants",
+                    "--tokens", "20", "--sentences", "1", "--json", str(out), text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert all(key in result for key in REQUIRED), [k for k in REQUIRED if k not in result]
+    assert {key: result[key] for key in REQUIRED} == {key: result["headline"][key] for key in REQUIRED}
+    assert isinstance(result["device"], str) and result["ttfa_ms_p50_1"] > 0 and result["ours_rtf_1"] > 0
+    assert result["max_realtime_streams"] in (0, 1) and result["reference_rtf_1"] is None  # --no-reference
+    assert f"ttfa_ms_p50_1: {result['ttfa_ms_p50_1']}" in proc.stdout
+    assert not any(isinstance(v, float) and math.isnan(v) for v in result.values())
