@@ -234,7 +234,7 @@ class GraphLane:
 
     def _set_allowed(self, allowed: tuple[int, ...]) -> None:
         """Point the head at these vocabulary ids (padding rows get -inf logits); every row shares them."""
-        if allowed is self.allowed_now or allowed == self.allowed_now:
+        if self._is_current(allowed):
             return
         width = self.allowed.numel()
         ids = torch.tensor(list(allowed) + [allowed[0]] * (width - len(allowed)), dtype=torch.long)
@@ -244,6 +244,10 @@ class GraphLane:
             self.head_bias.zero_()
             self.head_bias[len(allowed):] = float("-inf")
         self.allowed_now = allowed
+
+    def _is_current(self, allowed: tuple[int, ...]) -> bool:
+        """Whether the head points at these ids now (identity first: every sentence shares one 8,195-id tuple)."""
+        return allowed is self.allowed_now or allowed == self.allowed_now
 
     def _on_stream(self):
         return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext()
@@ -391,7 +395,7 @@ class GraphLane:
             else:
                 break
             job = self._waiting[index]
-            if job.allowed is not self.allowed_now and job.allowed != self.allowed_now and any(self._in_rows):
+            if not self._is_current(job.allowed) and any(self._in_rows):
                 break
             del self._waiting[index]
             self._set_allowed(job.allowed)

@@ -53,7 +53,6 @@ def memory_fraction(free: int, total: int, reserve: int, want: int) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=8)  # every sentence brings the same 8,195 ids: ~1 ms to merge, once
 def id_runs(ids: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Token ids as sorted, merged half-open runs ((lo, hi), ...) (the semantic set + stop ids is 2-3 runs)."""
     runs: list[list[int]] = []

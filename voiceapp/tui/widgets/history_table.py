@@ -35,9 +35,8 @@ class HistoryTable(DataTable):
             self.add_row(*cells.values(), key=key)
             self.move_cursor(row=self.row_count - 1)
             return
-        row = dict(zip(cells, self.get_row(key)))
         for column, value in cells.items():
-            if row.get(column) != value:  # each update repaints: only what changed
+            if self.get_cell(key, column) != value:  # each update repaints: only what changed
                 self.update_cell(key, column, value)
 
     def remove_entries(self, numbers: list[int]) -> None:

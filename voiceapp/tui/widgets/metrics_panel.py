@@ -33,9 +33,9 @@ class MetricsPanel(Static):
         self._redraw()
 
     def _redraw(self) -> None:
-        # its box is fixed (app.tcss: width 28, height 1fr) and its rows are too: a repaint, not a new layout of the
-        # whole screen, which re-rendered every widget on each 10 Hz buffer update (~half a core on a 2-core
-        # machine while playing)
+        # its box is fixed (app.tcss: width 28, height 1fr) and its rows are too: a repaint, not a layout of the
+        # whole screen (alone this measured within noise; most of the TUI's saving came from the bridge showing
+        # engine-event metrics once per poll)
         self.update(self._table(), layout=False)
 
     def _table(self) -> Table:
