@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable
 
 import torch
 
+from engine.backends import decode_kernels
 from engine.backends.qwen2_static import StaticQwen2
 from engine.config import SamplingOptions, request_of
 from engine.errors import GenerationError
@@ -35,6 +36,10 @@ from engine.prompt import Prompt
 
 CANDIDATES = 64
 """Top-k candidates the graph keeps. Requests with top_k 0 (off) or above this go to vLLM (Spark's default is 50)."""
+TOPK_CHUNKS = 16
+"""The candidates are found in two rounds: top-k of each of this many slices of the logits, then of their union
+(the same values as one top-k). torch.topk over 8,195 logits is one thread block per row: 52 us of a 1.08 ms
+step on an H200 (docs/benchmarks.md, lane profile). The head's width is padded to a multiple of this."""
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 """Prompt lengths are padded up to one of these (one graph each); longer prompts go to vLLM. A sentence prompt
 is ~40 ids plus its text tokens."""
@@ -97,13 +102,26 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, t
     top-k ([B], each <= CANDIDATES) and top-p (keep while the mass of strictly more likely candidates is below
     top_p, so the most likely always stays); `noise` [B, CANDIDATES] is Gumbel noise (zeros: the most likely).
     Fixed shapes, no host sync: it runs inside the captured step."""
-    values, index = torch.topk(logits, CANDIDATES, dim=-1)
+    values, index = top_candidates(logits)
     rank = torch.arange(CANDIDATES, device=logits.device)
     values = (values / temperature[:, None]).masked_fill(rank >= top_k[:, None], float("-inf"))
     probs = torch.softmax(values, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs
     values = values.masked_fill(before >= top_p[:, None], float("-inf"))
     return index.gather(1, torch.argmax(values + noise, dim=-1, keepdim=True)).view(-1)
+
+
+def top_candidates(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(logits, CANDIDATES) for logits [B, A] (values sorted, largest first), in two rounds when A
+    splits into TOPK_CHUNKS slices of at least CANDIDATES each."""
+    b, width = logits.shape
+    size = width // TOPK_CHUNKS
+    if width % TOPK_CHUNKS or size < CANDIDATES:
+        return torch.topk(logits, CANDIDATES, dim=-1)
+    values, index = torch.topk(logits.view(b, TOPK_CHUNKS, size), CANDIDATES, dim=-1)
+    index = index + torch.arange(0, width, size, device=logits.device)[:, None]
+    values, best = torch.topk(values.view(b, -1), CANDIDATES, dim=-1)
+    return values, index.view(b, -1).gather(1, best)
 
 
 def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
@@ -169,7 +187,9 @@ class GraphLane:
     def __init__(self, model: torch.nn.Module, token_ids: Any, allowed: tuple[int, ...], *,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
-                 capture: bool | None = None) -> None:
+                 capture: bool | None = None, fused: bool | None = None) -> None:
+        """`fused`: decode steps of up to decode_kernels.MAX_ROWS rows run the fused kernels (default: on CUDA
+        when Triton is there); more rows, prefills and `fused=False` run StaticQwen2's tensor code."""
         self.device = torch.device(device)
         self.token_ids = token_ids
         self._stop_ids = frozenset(token_ids.stop_ids)
@@ -179,11 +199,13 @@ class GraphLane:
         self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
+        self.fused = (self.device.type == "cuda" and decode_kernels.available()) if fused is None else fused
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         with self._on_stream():
             self.model = StaticQwen2(model, max_len, self.device, dtype, compile_layers=compile_layers,
                                      own_cache=False)
-            self._buffers(len(allowed))
+            self.fused = self.fused and decode_kernels.supports(self.model.head_dim)
+            self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()
         self._set_allowed(allowed)
         self._graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
@@ -230,6 +252,8 @@ class GraphLane:
         self.host = torch.zeros(RING, rows, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.allowed = torch.zeros(width, **long)
         self.head = torch.zeros(width, self.model.hidden, device=dev, dtype=self.model.dtype)
+        self.head_t = torch.zeros(self.model.hidden, width, device=dev, dtype=self.model.dtype) if self.fused else None
+        """The head transposed, for the fused kernels (they read W [K, N])."""
         self.head_bias = torch.zeros(width, device=dev)
 
     def _set_allowed(self, allowed: tuple[int, ...]) -> None:
@@ -241,6 +265,8 @@ class GraphLane:
         with self._on_stream():
             self.allowed.copy_(ids)
             self.head.copy_(self.model.head_rows(self.allowed))
+            if self.head_t is not None:
+                self.head_t.copy_(self.head.t())
             self.head_bias.zero_()
             self.head_bias[len(allowed):] = float("-inf")
         self.allowed_now = allowed
@@ -279,17 +305,24 @@ class GraphLane:
             cache[:, :, :, :size].index_copy_(1, rows, staged)
         self._record()
 
+    def _fuses(self, rows: int) -> bool:
+        return self.fused and rows <= decode_kernels.MAX_ROWS
+
     def _decode(self, rows: int, span: int) -> None:
         """One token for each of rows [0, rows)."""
-        if rows == 1:  # the single-sequence forward: its cache write fuses into the rotary kernel (1.10 vs 1.23 ms)
-            hidden = self.model.forward(self.tokens[:1], self.positions[:1], span,
-                                        cache=(self.k_rows[:, 0], self.v_rows[:, 0]))
+        if self._fuses(rows):  # every row attends over its own length: `span` does not matter
+            x = self.model.forward_fused(self.tokens[:rows], self.positions[:rows],
+                                         (self.k_rows[:, :rows], self.v_rows[:, :rows]))
+            logits = self.model.logits_fused(x, self.head_t, self.head_bias)
+        elif rows == 1:  # the single-sequence forward: its cache write fuses into the rotary kernel (1.10 vs 1.23 ms)
+            logits = self._logits(self.model.forward(self.tokens[:1], self.positions[:1], span,
+                                                     cache=(self.k_rows[:, 0], self.v_rows[:, 0])))
         else:
-            hidden = self.model.forward_rows(self.tokens[:rows], self.positions[:rows], span,
-                                             (self.k_rows[:, :rows], self.v_rows[:, :rows]))
+            logits = self._logits(self.model.forward_rows(self.tokens[:rows], self.positions[:rows], span,
+                                                          (self.k_rows[:, :rows], self.v_rows[:, :rows])))
         steps = self.steps[:rows]
         noise = self.noise[:rows].gather(1, steps.view(rows, 1, 1).expand(rows, 1, CANDIDATES)).view(rows, -1)
-        chosen = pick(self._logits(hidden), self.temperature[:rows], self.top_k[:rows], self.top_p[:rows], noise)
+        chosen = pick(logits, self.temperature[:rows], self.top_k[:rows], self.top_p[:rows], noise)
         self.tokens[:rows].copy_(self.allowed.index_select(0, chosen))
         # a row whose stream has ended keeps stepping until its row is reused: never past the buffers' ends
         steps.add_(1).clamp_max_(self.max_len)
@@ -318,6 +351,9 @@ class GraphLane:
             self.lengths.fill_(1)
             self.admit_rows.copy_(torch.arange(self.admit_rows.numel(), device=self.device))
             for kind, a, b in shapes:
+                if kind == "decode" and self._fuses(a) and b != self.spans[0]:
+                    self._graphs[(kind, a, b)] = self._graphs[(kind, a, self.spans[0])]  # the same step
+                    continue
                 fn = (lambda: self._prefill(a, b)) if kind == "prefill" else (lambda: self._decode(a, b))
                 for _ in range(2):  # first calls: cuBLAS handles, compiles, allocator warm-up
                     fn()

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.backends import decode_kernels
+from engine.backends.decode_kernels import TILINGS
+
 
 def supported(cfg) -> bool:
     """Whether StaticQwen2 implements this transformers config (Qwen2, plain rotary, no sliding window)."""
@@ -264,6 +267,41 @@ class StaticQwen2:
         h = F.rms_norm(x, (self.hidden,), w.ln2, self.eps)
         gate, up = torch.mm(h, w.gate_up_t).chunk(2, dim=-1)
         return torch.addmm(x, F.silu(gate) * up, w.down_t)
+
+    # ---- the fused decode step (engine.backends.decode_kernels) ---------------------------------------------
+
+    def forward_fused(self, ids: torch.Tensor, positions: torch.Tensor,
+                      cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_rows` in six kernels a layer instead of ~18 (engine.backends.decode_kernels around cuBLAS's o
+        and down projections), for up to decode_kernels.MAX_ROWS rows. Returns the last layer's residual stream
+        as two parts [B, H] whose sum is it, *before* the final norm: `logits_fused` adds them inside its first
+        kernel, as every layer does with the one before it. Each row attends over its own positions <=
+        positions[r], so the step needs no span bucket."""
+        dk = decode_kernels
+        k_all, v_all = cache
+        x, pending = self.embed.index_select(0, ids), None
+        for index, w in enumerate(self.layers):
+            k_cache, v_cache = k_all[index], v_all[index]
+            kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"])
+            if pending is None:
+                qkv = dk.matmul(x, w.qkv_t, **kw)
+            else:
+                qkv, x = dk.add_matmul(x, pending, w.qkv_t, **kw)
+            q = dk.rope_store(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads, self.kv_heads,
+                              self.head_dim)
+            attended = torch.mm(dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim), w.o_t)
+            act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
+                                   tiling=TILINGS["gate_up"])
+            pending = torch.mm(act, w.down_t)
+        return x, pending
+
+    def logits_fused(self, stream: tuple[torch.Tensor, torch.Tensor], head_t: torch.Tensor,
+                     bias: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [B, A] = rms_norm(x) @ head_t + bias for the residual stream x from `forward_fused` (two
+        parts) and output rows head_t [H, A] (transposed: the kernel reads W [K, N])."""
+        x, pending = stream
+        return decode_kernels.add_matmul(x, pending, head_t, norm=self.norm, eps=self.eps, bias=bias,
+                                         out_dtype=torch.float32, tiling=TILINGS["head"])[0]
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Output-embedding rows [A, H] for vocabulary ids [A]: logits over those ids only."""

@@ -372,3 +372,29 @@ async def test_graph_lane_fp32_side_by_side_equals_alone(gpu_info):
         assert same_prefix == [150] * 3, same_prefix
     finally:
         await lane.close()
+
+
+async def test_fused_lane_equals_the_tensor_code_lane_fp32(gpu_info):
+    """The fused decode kernels (decode_kernels: rotary and cache write, attention, norm-fused projections) give
+    the tensor code's greedy tokens in fp32, one stream and two side by side, captured as the factory captures."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.backends.graph_gen import GraphLane
+    from engine.prompt import semantic_allowed_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.float32)
+    allowed = semantic_allowed_ids(gpu_info.token_ids)
+    opts = SamplingOptions(temperature=0, max_tokens=150)
+    prompts = [_prompt(gpu_info, n_text=15 + 25 * i, seed=i) for i in range(2)]
+    tokens = {}
+    for fused in (True, False):
+        lane = GraphLane(model, gpu_info.token_ids, allowed, dtype=torch.float32, max_len=512, rows=2, fused=fused)
+        assert lane.fused is fused
+        try:
+            tokens[fused] = await asyncio.gather(*(_ids(lane, p, opts, f"r{i}") for i, p in enumerate(prompts)))
+        finally:
+            await lane.close()
+    same_prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), 150)
+                   for x, y in zip(tokens[True], tokens[False])]
+    assert same_prefix == [150, 150], same_prefix

@@ -16,7 +16,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.backends.graph_gen import CANDIDATES, GraphLane, LaneRouter, _Job, bucket, gumbel, pick
+from engine.backends import decode_kernels
+from engine.backends.graph_gen import (CANDIDATES, TOPK_CHUNKS, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
+                                        top_candidates)
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
 from engine.config import SamplingOptions, request_of, sentence_id
@@ -488,3 +490,66 @@ def test_static_model_refuses_what_it_does_not_implement(model) -> None:
     assert not supported(scaled) and not supported(windowed)
     with pytest.raises(ValueError, match="rotary"):
         StaticQwen2(Qwen2ForCausalLM(scaled), 16, "cpu", torch.float32)
+
+
+# ---- the fused decode kernels (Triton's CPU interpreter here; tests/conftest.py) --------------------------------
+
+needs_triton = pytest.mark.skipif(not decode_kernels.available(), reason="needs Triton (its CPU interpreter)")
+
+
+@pytest.fixture(scope="module")
+def wide_model() -> Qwen2ForCausalLM:
+    """Heads of 16 values: the fused attention's smallest."""
+    torch.manual_seed(1)
+    config = Qwen2Config(vocab_size=166000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=True, initializer_range=0.2)
+    return Qwen2ForCausalLM(config).eval()
+
+
+@needs_triton
+def test_fused_step_equals_the_tensor_code(wide_model) -> None:
+    """forward_fused + logits_fused == forward_rows + the head, for three rows at different positions of their
+    caches (each row attends over its own length; keys and values land where forward_rows puts them)."""
+    static = StaticQwen2(wide_model, 128, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    ids, positions = torch.tensor([9906, 11, 1879]), torch.tensor([0, 37, 100])
+    caches = [static.new_rows_cache(4, 128) for _ in range(2)]
+    for k, v in caches:  # the same earlier keys and values in both
+        k.copy_(torch.randn(k.shape, generator=g) if k is caches[0][0] else caches[0][0])
+        v.copy_(torch.randn(v.shape, generator=g) if v is caches[0][1] else caches[0][1])
+    head = static.head_rows(torch.tensor(SEMANTIC_ONLY[:200]))
+    with torch.inference_mode():
+        want = static.forward_rows(ids, positions, 128, tuple(c[:, :3] for c in caches[0])) @ head.T
+        x = static.forward_fused(ids, positions, tuple(c[:, :3] for c in caches[1]))
+        got = static.logits_fused(x, head.t().contiguous(), torch.zeros(200))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for a, b in zip(*caches):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+async def test_fused_lane_streams_equal_the_plain_lane(wide_model) -> None:
+    """Two streams side by side on a fused lane get the tokens the tensor-code lane gives them (greedy and
+    seeded), through prefill, decode and the two-round top-k."""
+    opts = [SamplingOptions(temperature=0.0, max_tokens=24), SamplingOptions(seed=5, max_tokens=24)]
+    allowed = SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES]  # the smallest head taking two rounds: the interpreter is slow
+    prompts = [Prompt(PROMPT.ids, allowed), Prompt(PROMPT.ids[:3] + (1879,) * 7 + PROMPT.ids[-2:], allowed)]
+    got = {}
+    for fused in (False, True):
+        lane = GraphLane(wide_model, IDS, allowed, device="cpu", dtype=torch.float32, max_len=128, rows=2,
+                         fused=fused)
+        assert lane.fused is fused
+        got[fused] = await asyncio.gather(*(collect(lane, p, o, f"r{i}")
+                                            for i, (p, o) in enumerate(zip(prompts, opts))))
+        await lane.close()
+    assert got[True] == got[False] and all(len(t) == 24 for t in got[True])
+
+
+def test_two_round_top_k_equals_one() -> None:
+    logits = torch.randn(3, TOPK_CHUNKS * 516)
+    logits[1, 5000:] = float("-inf")  # a padded head's tail
+    values, index = top_candidates(logits)
+    want_values, want_index = torch.topk(logits, CANDIDATES, dim=-1)
+    assert torch.equal(values, want_values) and torch.equal(index, want_index)
+    odd = torch.randn(2, 1000)  # not a multiple of the slices: one round
+    assert torch.equal(top_candidates(odd)[1], torch.topk(odd, CANDIDATES, dim=-1)[1])

@@ -1,0 +1,260 @@
+"""The fused decode kernels against the tensor-code step they replace (GPU; no vLLM, no checkpoint needed).
+
+    python scripts/decode_kernels_probe.py [--rows 8] [--json OUT] [--sweep]
+
+On a random Qwen2 of Spark's full shapes, in one process:
+1. the decode step's graph time per row count, tensor-code lane (compiled layers, as the factory builds it) vs
+   fused lane, and each lane's start-up (graph capture and compiles);
+2. their agreement on one step from the same caches (max |logit difference|, rows whose argmax agrees);
+3. the kernel count and kernel time of one fused step (torch.profiler);
+4. top-k over the padded head: one round (torch.topk) vs two (graph_gen.top_candidates);
+5. attention: `attend` per block size / warps / pipelining depth against the tensor code's three kernels, over
+   24 layers' caches;
+6. with --sweep: every projection's time per `matmul` tiling, against cuBLAS, over as many weight copies as a
+   step reads (so the L2 cache does not serve them).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from engine.backends import decode_kernels as dk
+from engine.backends.decode_kernels import TILINGS, Tiling
+from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
+from engine.prompt import semantic_allowed_ids
+from engine.synthetic.llm import llm_config
+from engine.tokens import TokenIds
+
+SPAN = 512
+
+
+def timed(fn, reps: int = 20, calls: int = 1) -> float:
+    """ms per call of `fn` replayed from a CUDA graph (`calls` calls captured in it)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps / calls
+
+
+def step_ms(lane: GraphLane, rows: int, steps: int = 50) -> float:
+    graph = lane._graphs[("decode", rows, SPAN)]  # noqa: SLF001 - a measurement script
+    with torch.cuda.stream(lane.cuda_stream):
+        for _ in range(3):
+            lane.positions.fill_(SPAN // 2)
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            lane.positions.fill_(SPAN // 2)
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
+    """One step of both lanes' models from the same caches, tokens and positions."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.inference_mode():
+        for a, b in ((plain.k_rows, fused.k_rows), (plain.v_rows, fused.v_rows)):
+            a.copy_(torch.randn(a.shape, device="cuda", generator=gen, dtype=torch.float32).to(a.dtype) * 0.5)
+            b.copy_(a)
+        tokens = torch.tensor(plain.allowed_now[:rows], device="cuda")
+        positions = torch.arange(rows, device="cuda") * 37 + 20
+        caches = lambda lane: (lane.k_rows[:, :rows], lane.v_rows[:, :rows])  # noqa: E731
+        want = plain._logits(plain.model.forward_rows(tokens, positions, SPAN, caches(plain)))  # noqa: SLF001
+        got = fused.model.logits_fused(fused.model.forward_fused(tokens, positions, caches(fused)), fused.head_t,
+                                       fused.head_bias)
+        width = len(plain.allowed_now)
+        want, got = want[:, :width], got[:, :width]
+    return {"max_abs_logit_diff": round((want - got).abs().max().item(), 4),
+            "logit_scale": round(want.abs().max().item(), 3),
+            "argmax_agree_rows": int((want.argmax(-1) == got.argmax(-1)).sum()), "rows": rows,
+            "top64_overlap": round(sum(len(set(a.tolist()) & set(b.tolist())) for a, b in
+                                       zip(want.topk(CANDIDATES).indices, got.topk(CANDIDATES).indices)) / rows, 1)}
+
+
+def kernels(lane: GraphLane, rows: int, steps: int = 20) -> dict:
+    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
+        for _ in range(2):
+            lane.positions.fill_(SPAN // 2)
+            lane._decode(rows, SPAN)  # noqa: SLF001
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                lane.positions.fill_(SPAN // 2)
+                lane._decode(rows, SPAN)  # noqa: SLF001
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            totals[ev.name].append(ev.device_time_total)
+    top = sorted(({"kernel": name[:90], "per_step": round(len(t) / steps, 2),
+                   "us_per_step": round(sum(t) / steps, 1)} for name, t in totals.items()),
+                 key=lambda r: -r["us_per_step"])
+    return {"rows": rows, "kernels_per_step": round(sum(r["per_step"] for r in top), 1),
+            "kernel_sum_ms_per_step": round(sum(r["us_per_step"] for r in top) / 1e3, 3), "top": top[:14]}
+
+
+def topk_ms(width: int) -> dict:
+    out = {}
+    for rows in (1, 8):
+        logits = torch.randn(rows, width, device="cuda")
+        out[f"one_round_{rows}"] = round(timed(lambda: torch.topk(logits, CANDIDATES, dim=-1), calls=24) * 1e3, 1)
+        out[f"two_rounds_{rows}"] = round(timed(lambda: top_candidates(logits), calls=24) * 1e3, 1)
+    return {"width": width, "us": out}
+
+
+def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...]) -> dict:
+    """Each projection: cuBLAS (the tensor code's GEMM) and every candidate tiling, per row count (us)."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    d = h // cfg.num_attention_heads
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    shapes = {"qkv": (h, qkv, dict(norm=True, bias=True)), "o": (h, h, dict(residual=True)),
+              "gate_up": (h, 2 * inter, dict(norm=True, swiglu=True)), "down": (inter, h, dict(residual=True)),
+              "head": (h, 8208, dict(norm=True, bias=True, fp32=True))}
+    results: dict = {}
+    for name, (k, n, flags) in shapes.items():
+        copies = max(24, (256 << 20) // (k * n * 2))
+        weights = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        norm = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+        out_n = n // 2 if flags.get("swiglu") else n
+        bias = torch.zeros(out_n, device="cuda", dtype=torch.float32 if flags.get("fp32") else torch.bfloat16)
+        for rows in rows_list:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            res = torch.randn(rows, out_n, device="cuda", dtype=torch.bfloat16)
+            turn = itertools.cycle(weights)
+            calls = len(weights)
+            row: dict = {"cublas": round(timed(lambda: torch.mm(x, next(turn)), calls=calls) * 1e3, 2)}
+            for bn, bk in itertools.product((16, 32, 64, 128), (64, 128, 256)):
+                t = Tiling(block_n=bn, block_k=bk)
+                kw = dict(norm=norm if flags.get("norm") else None, eps=1e-6,
+                          bias=bias if flags.get("bias") else None, residual=res if flags.get("residual") else None,
+                          swiglu=bool(flags.get("swiglu")), out_dtype=torch.float32 if flags.get("fp32") else None,
+                          tiling=t)
+                try:
+                    us = timed(lambda: dk.matmul(x, next(turn), **kw), calls=calls) * 1e3
+                except Exception as err:  # noqa: BLE001 - a tiling the GPU cannot run (shared memory)
+                    row[_key(t)] = f"error: {type(err).__name__}"
+                    continue
+                row[_key(t)] = round(us, 2)
+            best = min((v, key) for key, v in row.items() if key != "cublas" and isinstance(v, float))
+            row["best"] = {"tiling": best[1], "us": best[0]}
+            results.setdefault(name, {})[rows] = row
+            print(name, rows, "cublas", row["cublas"], "best", best, flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return results
+
+
+def _key(t: Tiling) -> str:
+    return f"{t.block_n}/{t.block_k}/{t.warps}/{t.stages}"
+
+
+def attention(cfg: Qwen2Config) -> dict:
+    """us per layer: `attend` per (block, warps, stages) and the tensor code (baddbmm, softmax, bmm over the span
+    bucket), rows at `pos` of 24 layers' caches."""
+    kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    heads, group, layers, length = cfg.num_attention_heads, cfg.num_attention_heads // kv, 24, 1024
+    results = {}
+    for rows, pos in ((1, 250), (1, 900), (8, 250)):
+        k = torch.randn(layers, rows, kv, length, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q = torch.randn(rows, heads * d, device="cuda", dtype=torch.bfloat16)
+        positions = torch.full((rows,), pos, device="cuda")
+        span = next(s for s in (128, 256, 512, 1024) if s > pos)
+        bias = torch.zeros(rows * kv, group, span, device="cuda", dtype=torch.bfloat16)
+        turn = itertools.cycle(range(layers))
+
+        def plain():
+            i = next(turn)
+            keys, values = k[i, :, :, :span].reshape(rows * kv, span, d), v[i, :, :, :span].reshape(rows * kv, span, d)
+            scores = torch.baddbmm(bias, q.view(rows * kv, group, d), keys.transpose(1, 2), alpha=d ** -0.5)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.bmm(probs, values)
+
+        row = {"tensor_code": round(timed(plain, calls=layers) * 1e3, 2)}
+        for block, warps, stages in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3)):
+            def fn(block=block, warps=warps, stages=stages):
+                i = next(turn)
+                return dk.attend(q, k[i], v[i], positions, kv, d, block=block, warps=warps, stages=stages)
+
+            try:
+                row[f"{block}/{warps}/{stages}"] = round(timed(fn, calls=layers) * 1e3, 2)
+            except Exception as err:  # noqa: BLE001 - a shape the GPU cannot run
+                row[f"{block}/{warps}/{stages}"] = f"error: {type(err).__name__}"
+        best = min((val, key) for key, val in row.items() if key != "tensor_code" and isinstance(val, float))
+        row["best"] = {"tiling": best[1], "us": best[0]}
+        print("attention rows", rows, "pos", pos, "tensor code", row["tensor_code"], "best", best,
+              "current", row.get(f"{dk.ATTEND_BLOCK}/4/3"), flush=True)
+        results[f"{rows}x{pos}"] = row
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--json")
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "tilings": {k: _key(v) for k, v in TILINGS.items()}}
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = TokenIds()
+    allowed = semantic_allowed_ids(ids)
+    lanes = {}
+    for name, fused, compiled in (("fused", True, False), ("plain_compiled", False, True)):
+        t0 = time.perf_counter()
+        lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=1024, compile_layers=compiled,
+                                fused=fused)
+        out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
+        out[f"{name}_step_ms"] = {n: round(step_ms(lanes[name], n), 3) for n in lanes[name].row_buckets}
+        print(name, out[f"{name}_start_s"], out[f"{name}_step_ms"], flush=True)
+        save(out, args.json)
+    out["agreement"] = [agreement(lanes["plain_compiled"], lanes["fused"], n) for n in (1, args.rows)]
+    out["fused_kernels"] = [kernels(lanes["fused"], n) for n in (1, args.rows)]
+    out["topk"] = topk_ms(lanes["fused"].allowed.numel())
+    save(out, args.json)
+    out["attention_us"] = attention(cfg)
+    save(out, args.json)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("sweep_us", "fused_kernels", "attention_us")}))
+    for listing in out["fused_kernels"]:
+        print("fused step, rows", listing["rows"], listing["kernels_per_step"], "kernels",
+              listing["kernel_sum_ms_per_step"], "ms")
+        for r in listing["top"]:
+            print(f"{r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
+    if args.sweep:
+        del lanes, model
+        torch.cuda.empty_cache()
+        out["sweep_us"] = sweep(cfg, (1, 8))
+        save(out, args.json)
+
+
+def save(out: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The fused decode kernels (engine.backends.decode_kernels) against plain tensor code, under Triton's CPU
+interpreter: the indexing, masking and epilogues a GPU runs, checked on CI's machine (GPU speed: tests/gpu)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.backends import decode_kernels as dk
+from engine.backends.decode_kernels import Tiling
+
+pytestmark = pytest.mark.skipif(not dk.available(), reason="needs Triton (its CPU interpreter: tests/conftest.py)")
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol * max(1.0, want.float().abs().max().item()), err
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen2RMSNorm: normalise in fp32, round, then scale."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_matmul_bias(rows, dtype):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    w = (torch.randn(96, 200, generator=g) / 10).to(dtype)
+    norm, bias = (1 + torch.randn(96, generator=g) / 5).to(dtype), torch.randn(200, generator=g).to(dtype)
+    got = dk.matmul(x, w, norm=norm, eps=1e-6, bias=bias, tiling=Tiling(block_n=64, block_k=32))
+    want = (_rms(x, norm, 1e-6).float() @ w.float() + bias.float()).to(dtype)
+    _close(got, want, 1e-5 if dtype == torch.float32 else 2e-2)  # bf16: an ulp or two
+
+
+@pytest.mark.parametrize("block_k", [32, 256])
+def test_matmul_residual(block_k):
+    g = torch.Generator().manual_seed(block_k)
+    x, w = torch.randn(5, 300, generator=g), torch.randn(300, 72, generator=g) / 10
+    res = torch.randn(5, 72, generator=g)
+    got = dk.matmul(x, w, residual=res, tiling=Tiling(block_n=32, block_k=block_k))
+    _close(got, x @ w + res, 1e-5)
+
+
+def test_matmul_swiglu_and_fp32_output():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(64, 2 * 80, generator=g) / 8).to(torch.bfloat16)
+    norm = torch.ones(64, dtype=torch.bfloat16)
+    gate, up = (_rms(x, norm, 1e-6) @ w).chunk(2, dim=-1)
+    _close(dk.matmul(x, w, norm=norm, eps=1e-6, swiglu=True, tiling=Tiling(block_n=32, block_k=32)),
+           F.silu(gate) * up, 4e-2)
+    logits = dk.matmul(x, w, out_dtype=torch.float32, tiling=Tiling(block_n=32, block_k=32))
+    _close(logits, x.float() @ w.float(), 1e-5)
+
+
+def _rope(x, cos, sin):
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
+
+
+def test_rope_store_writes_rows_at_their_positions():
+    heads, kv, d, rows, length = 4, 2, 16, 3, 40
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
+    positions = torch.tensor([0, 17, 39])
+    k_all = torch.zeros(2, 5, kv, length, d)  # layers, rows, kv, L, D: layer 1 of a bigger cache
+    v_all = torch.zeros_like(k_all)
+    q = dk.rope_store(qkv, cos, sin, positions, k_all[1], v_all[1], heads, kv, d)
+    parts = qkv.view(rows, heads + 2 * kv, d)
+    c, s = cos[positions][:, None], sin[positions][:, None]
+    _close(q, _rope(parts[:, :heads], c, s).reshape(rows, -1), 1e-6)
+    for r, p in enumerate(positions.tolist()):
+        _close(k_all[1, r, :, p], _rope(parts[r, heads:heads + kv], c[r], s[r]), 1e-6)
+        _close(v_all[1, r, :, p], parts[r, heads + kv:], 0)
+    written = (k_all != 0).any(-1)
+    assert written.sum() == rows * kv and not written[0].any() and not written[1, 3:].any()
+
+
+@pytest.mark.parametrize("group", [1, 7])
+def test_attend_sees_each_row_up_to_its_position(group):
+    kv, d, length = 2, 16, 150
+    heads = kv * group
+    g = torch.Generator().manual_seed(group)
+    positions = torch.tensor([0, 63, 64, 149])
+    rows = positions.numel()
+    q = torch.randn(rows, heads * d, generator=g)
+    k_cache, v_cache = torch.randn(rows, kv, length, d, generator=g), torch.randn(rows, kv, length, d, generator=g)
+    got = dk.attend(q, k_cache, v_cache, positions, kv, d, block=32)
+    for r, p in enumerate(positions.tolist()):
+        qr = q[r].view(heads, d)
+        keys = k_cache[r].repeat_interleave(group, 0)[:, :p + 1]  # [heads, p+1, D]
+        values = v_cache[r].repeat_interleave(group, 0)[:, :p + 1]
+        probs = torch.softmax((keys @ qr[:, :, None]).squeeze(-1) * d ** -0.5, dim=-1)
+        _close(got[r].view(heads, d), (probs[:, None] @ values).squeeze(1), 1e-5)
+
+
+def test_add_matmul_takes_the_residual_add_first_and_returns_the_sum():
+    """x + add, normalised, projected; the sum comes back whole however many column blocks the output has."""
+    g = torch.Generator().manual_seed(11)
+    x, add = torch.randn(3, 96, generator=g), torch.randn(3, 96, generator=g)
+    w, norm, bias = torch.randn(96, 100, generator=g) / 10, 1 + torch.randn(96, generator=g) / 5, torch.randn(100)
+    out, total = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, bias=bias, tiling=Tiling(block_n=32, block_k=64))
+    _close(total, x + add, 1e-6)
+    _close(out, _rms(x + add, norm, 1e-6) @ w + bias, 1e-5)
