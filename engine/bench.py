@@ -662,7 +662,7 @@ def reference_pipeline(model_dir: Path, tokens: int, globals_: Sequence[int], te
     return {"tokens": tokens, "audio_s": audio_s, "wall_s": wall, "ttfa_ms": wall * 1e3, "rtf": wall / audio_s,
             "generate_s": statistics.median(gen_s), "llm_tok_s": tokens / statistics.median(gen_s),
             "load_s": load_s, "llm_dtype": str(next(tts.model.parameters()).dtype).replace("torch.", ""),
-            "runs": runs}
+            "runs": runs, "rtf_runs": [round(w / audio_s, 4) for w in walls]}
 
 
 # ---- the whole benchmark -----------------------------------------------------------------------------------------

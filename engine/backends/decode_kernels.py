@@ -99,6 +99,7 @@ def _launch(x, add, w, norm, eps, bias, residual, swiglu, out_dtype, tiling) -> 
     m, k = x.shape
     n = w.shape[1] // 2 if swiglu else w.shape[1]
     x = x.contiguous()
+    tiling = _for_width(tiling, w.element_size())
     out = torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
     total = torch.empty_like(x) if add is not None else x
     _kernels().matmul_kernel[(-(-n // tiling.block_n), -(-m // MAX_ROWS))](
@@ -108,6 +109,12 @@ def _launch(x, add, w, norm, eps, bias, residual, swiglu, out_dtype, tiling) -> 
         HAS_RES=residual is not None, SWIGLU=swiglu, UPCAST=interpreting(), BLOCK_M=MAX_ROWS,
         BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k, num_warps=tiling.warps, num_stages=tiling.stages)
     return out, total
+
+
+def _for_width(tiling: Tiling, size: int) -> Tiling:
+    """The tiling for weights of `size` bytes: the tables are for bf16; fp32 (tests) takes half the K run and two
+    stages, or gate/up's tiles would need 346 kB of shared memory (an H200 has 227 kB)."""
+    return tiling if size <= 2 else Tiling(tiling.block_n, tiling.block_k // 2, tiling.warps, min(tiling.stages, 2))
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -133,6 +140,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     row's cache positions <= positions[row]."""
     m, width = q.shape
     group = width // head_dim // kv_heads
+    if q.element_size() > 2:  # fp32 (tests): half the positions per iteration, for shared memory (_for_width)
+        block, stages = block // 2, min(stages, 2)
     out = torch.empty_like(q)
     _kernels().attend_kernel[(m, kv_heads)](
         q, k_cache, v_cache, positions, out, head_dim ** -0.5, k_cache.stride(0), k_cache.stride(1), G=group,
