@@ -1,6 +1,7 @@
 """The fused decode kernels against the tensor-code step they replace (GPU; no vLLM, no checkpoint needed).
 
-    python scripts/decode_kernels_probe.py [--rows 8] [--json OUT] [--sweep]
+    python scripts/decode_kernels_probe.py [--rows 8] [--max-len 1024] [--fuse-rows 16] [--json OUT] [--sweep]
+                                           [--warps-sweep] [--no-attention]
 
 On a random Qwen2 of Spark's full shapes, in one process:
 1. the decode step's graph time per row count, tensor-code lane (compiled layers, as the factory builds it) vs
@@ -11,7 +12,8 @@ On a random Qwen2 of Spark's full shapes, in one process:
 5. attention: `attend` per block size / warps / pipelining depth against the tensor code's three kernels, over
    24 layers' caches;
 6. with --sweep: every projection's time per `matmul` tiling, against cuBLAS, over as many weight copies as a
-   step reads (so the L2 cache does not serve them).
+   step reads (so the L2 cache does not serve them); with --warps-sweep: warps and pipelining depth of the
+   committed tilings.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
 
-SPAN = 512
+SPAN = 256
 
 
 def timed(fn, reps: int = 20, calls: int = 1) -> float:
@@ -77,7 +79,7 @@ def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
             a.copy_(torch.randn(a.shape, device="cuda", generator=gen, dtype=torch.float32).to(a.dtype) * 0.5)
             b.copy_(a)
         tokens = torch.tensor(plain.allowed_now[:rows], device="cuda")
-        positions = torch.arange(rows, device="cuda") * 37 + 20
+        positions = torch.arange(rows, device="cuda") * 29 + 20  # below SPAN for 8 rows
         caches = lambda lane: (lane.k_rows[:, :rows], lane.v_rows[:, :rows])  # noqa: E731
         want = plain._logits(plain.model.forward_rows(tokens, positions, SPAN, caches(plain)))  # noqa: SLF001
         got = fused.model.logits_fused(fused.model.forward_fused(tokens, positions, caches(fused)), fused.head_t,
@@ -122,7 +124,7 @@ def topk_ms(width: int) -> dict:
     return {"width": width, "us": out}
 
 
-def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...]) -> dict:
+def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = None) -> dict:
     """Each projection: cuBLAS (the tensor code's GEMM) and every candidate tiling, per row count (us)."""
     h, inter = cfg.hidden_size, cfg.intermediate_size
     d = h // cfg.num_attention_heads
@@ -132,6 +134,8 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...]) -> dict:
               "head": (h, 8208, dict(norm=True, bias=True, fp32=True))}
     results: dict = {}
     for name, (k, n, flags) in shapes.items():
+        if tilings is not None and name not in tilings:
+            continue
         copies = max(24, (256 << 20) // (k * n * 2))
         weights = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         norm = torch.ones(k, device="cuda", dtype=torch.bfloat16)
@@ -143,8 +147,10 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...]) -> dict:
             turn = itertools.cycle(weights)
             calls = len(weights)
             row: dict = {"cublas": round(timed(lambda: torch.mm(x, next(turn)), calls=calls) * 1e3, 2)}
-            for bn, bk in itertools.product((16, 32, 64, 128), (64, 128, 256)):
-                t = Tiling(block_n=bn, block_k=bk)
+            candidates = (tilings[name] if tilings is not None else
+                          [Tiling(block_n=bn, block_k=bk) for bn, bk in itertools.product((16, 32, 64, 128),
+                                                                                         (64, 128, 256))])
+            for t in candidates:
                 kw = dict(norm=norm if flags.get("norm") else None, eps=1e-6,
                           bias=bias if flags.get("bias") else None, residual=res if flags.get("residual") else None,
                           swiglu=bool(flags.get("swiglu")), out_dtype=torch.float32 if flags.get("fp32") else None,
@@ -213,6 +219,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--json")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--warps-sweep", action="store_true")
+    ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--fuse-rows", type=int, default=16)
     args = ap.parse_args()
     cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -225,18 +235,24 @@ def main() -> None:
     lanes = {}
     for name, fused, compiled in (("fused", True, False), ("plain_compiled", False, True)):
         t0 = time.perf_counter()
-        lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=1024, compile_layers=compiled,
-                                fused=fused)
+        lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, compile_layers=compiled,
+                                fused=fused, fuse_rows=args.fuse_rows)
         out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
         out[f"{name}_step_ms"] = {n: round(step_ms(lanes[name], n), 3) for n in lanes[name].row_buckets}
         print(name, out[f"{name}_start_s"], out[f"{name}_step_ms"], flush=True)
         save(out, args.json)
-    out["agreement"] = [agreement(lanes["plain_compiled"], lanes["fused"], n) for n in (1, args.rows)]
-    out["fused_kernels"] = [kernels(lanes["fused"], n) for n in (1, args.rows)]
+    out["agreement"] = [agreement(lanes["plain_compiled"], lanes["fused"], n) for n in (1, min(args.rows, 8))]
+    out["fused_kernels"] = [kernels(lanes["fused"], n) for n in (1, min(args.rows, 8))]
     out["topk"] = topk_ms(lanes["fused"].allowed.numel())
     save(out, args.json)
-    out["attention_us"] = attention(cfg)
-    save(out, args.json)
+    if args.warps_sweep:
+        variants = {name: [Tiling(t.block_n, t.block_k, warps, stages) for warps in (4, 8) for stages in (2, 3, 4, 5)]
+                    for name, t in TILINGS.items()}
+        out["warps_sweep_us"] = sweep(cfg, (1, 32), variants)
+        save(out, args.json)
+    if not args.no_attention:
+        out["attention_us"] = attention(cfg)
+        save(out, args.json)
     print(json.dumps({k: v for k, v in out.items() if k not in ("sweep_us", "fused_kernels", "attention_us")}))
     for listing in out["fused_kernels"]:
         print("fused step, rows", listing["rows"], listing["kernels_per_step"], "kernels",

@@ -61,6 +61,11 @@ and 8 rows took 1.07, 1.03, 1.06 and 1.10 ms on an H200 (scripts/lane_profile.py
 whatever the rows."""
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
+FUSE_ROWS = 16
+"""Decode steps of up to this many rows run the fused kernels (engine.backends.decode_kernels). Measured in one
+process on an H200 (scripts/decode_kernels_probe.py, ms per step, fused vs compiled tensor code): 0.91 vs 1.19 at
+1 row, 0.99 vs 1.23 at 16, 1.26 vs 1.28 at 32, 1.58 vs 1.39 at 64, 2.34 vs 1.67 at 128. The fused projections'
+programs cover 16 rows each and read the weights again for every 16 rows; cuBLAS's batched GEMMs read them once."""
 ADMIT = 8
 """Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
 ADMIT_NEW = 32
@@ -187,9 +192,9 @@ class GraphLane:
     def __init__(self, model: torch.nn.Module, token_ids: Any, allowed: tuple[int, ...], *,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
-                 capture: bool | None = None, fused: bool | None = None) -> None:
-        """`fused`: decode steps of up to decode_kernels.MAX_ROWS rows run the fused kernels (default: on CUDA
-        when Triton is there); more rows, prefills and `fused=False` run StaticQwen2's tensor code."""
+                 capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS) -> None:
+        """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
+        there); more rows, prefills and `fused=False` run StaticQwen2's tensor code."""
         self.device = torch.device(device)
         self.token_ids = token_ids
         self._stop_ids = frozenset(token_ids.stop_ids)
@@ -200,6 +205,7 @@ class GraphLane:
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.fused = (self.device.type == "cuda" and decode_kernels.available()) if fused is None else fused
+        self.fuse_rows = fuse_rows
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         with self._on_stream():
             self.model = StaticQwen2(model, max_len, self.device, dtype, compile_layers=compile_layers,
@@ -306,7 +312,7 @@ class GraphLane:
         self._record()
 
     def _fuses(self, rows: int) -> bool:
-        return self.fused and rows <= decode_kernels.MAX_ROWS
+        return self.fused and rows <= self.fuse_rows
 
     def _decode(self, rows: int, span: int) -> None:
         """One token for each of rows [0, rows)."""
