@@ -18,13 +18,11 @@ On a random Qwen2 of Spark's full shapes, in one process:
 from __future__ import annotations
 
 import argparse
-import collections
 import itertools
 import json
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.backends import decode_kernels as dk
@@ -33,6 +31,7 @@ from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
+from lane_profile import eager_kernels  # scripts/ is on sys.path when a script runs
 
 SPAN = 256
 
@@ -94,25 +93,9 @@ def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
 
 
 def kernels(lane: GraphLane, rows: int, steps: int = 20) -> dict:
-    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
-        for _ in range(2):
-            lane.positions.fill_(SPAN // 2)
-            lane._decode(rows, SPAN)  # noqa: SLF001
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                lane.positions.fill_(SPAN // 2)
-                lane._decode(rows, SPAN)  # noqa: SLF001
-            torch.cuda.synchronize()
-    totals: dict[str, list[float]] = collections.defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            totals[ev.name].append(ev.device_time_total)
-    top = sorted(({"kernel": name[:90], "per_step": round(len(t) / steps, 2),
-                   "us_per_step": round(sum(t) / steps, 1)} for name, t in totals.items()),
-                 key=lambda r: -r["us_per_step"])
+    kernel_ms, top = eager_kernels(lane, rows, SPAN, steps)
     return {"rows": rows, "kernels_per_step": round(sum(r["per_step"] for r in top), 1),
-            "kernel_sum_ms_per_step": round(sum(r["us_per_step"] for r in top) / 1e3, 3), "top": top[:14]}
+            "kernel_sum_ms_per_step": round(kernel_ms, 3), "top": top[:14]}
 
 
 def topk_ms(width: int) -> dict:

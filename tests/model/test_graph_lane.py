@@ -32,12 +32,18 @@ PROMPT = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 99
                  IDS.structural["end_content"], IDS.structural["start_semantic_token"]), SEMANTIC_ONLY)
 
 
+def _qwen(seed: int, hidden: int, intermediate: int) -> Qwen2ForCausalLM:
+    """A random 2-layer Qwen2 with Spark's vocabulary, 4 query heads and 2 kv heads."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=166000, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=intermediate, tie_word_embeddings=True,
+                         initializer_range=0.2)
+    return Qwen2ForCausalLM(config).eval()
+
+
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=166000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True, initializer_range=0.2)
-    return Qwen2ForCausalLM(config).eval()
+    return _qwen(0, 32, 64)
 
 
 @pytest.fixture(scope="module")
@@ -500,10 +506,7 @@ needs_triton = pytest.mark.skipif(not decode_kernels.available(), reason="needs 
 @pytest.fixture(scope="module")
 def wide_model() -> Qwen2ForCausalLM:
     """Heads of 16 values: the fused attention's smallest."""
-    torch.manual_seed(1)
-    config = Qwen2Config(vocab_size=166000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=True, initializer_range=0.2)
-    return Qwen2ForCausalLM(config).eval()
+    return _qwen(1, 64, 96)
 
 
 @needs_triton
