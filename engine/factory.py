@@ -241,15 +241,15 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
         return None
     t0 = time.perf_counter()
     try:
-        lane = _new_lane(info, device, rows, compile_layers=True)
+        lane = _new_lane(info, device, rows, compiled=True)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
         failure = one_line(err)
         lane = None
     if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
         _free_gpu_memory()
         try:
-            lane = _new_lane(info, device, rows, compile_layers=False)
-            events(Notice(f"graph lane without torch.compile ({failure})"))
+            lane = _new_lane(info, device, rows, compiled=False)
+            events(Notice(f"graph lane without torch.compile or fused kernels ({failure})"))
         except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
             _free_gpu_memory()
             events(Notice(f"graph lane unavailable ({one_line(err)}); every stream runs on the other generator"))
@@ -259,7 +259,9 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
     return lane
 
 
-def _new_lane(info, device, most_rows: int | None, compile_layers: bool):
+def _new_lane(info, device, most_rows: int | None, compiled: bool):
+    """`compiled`: Inductor-compiled layers and the fused Triton decode kernels (where Triton is there); without
+    it, the plain tensor code in CUDA graphs, which needs neither compiler."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -270,9 +272,10 @@ def _new_lane(info, device, most_rows: int | None, compile_layers: bool):
     hf_logging.disable_progress_bar()  # the engine never prints; the notices report progress
     model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
-    # compiled layers: 1.21 vs 1.39 ms per token on an H200 (docs/benchmarks.md), ~12 s more start-up
+    # compiled layers: 1.21 vs 1.39 ms per token on an H200; fused decode kernels for up to 16 rows: 0.91-0.99 ms
+    # (docs/benchmarks.md, run 21)
     return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
-                     compile_layers=compile_layers)
+                     compile_layers=compiled, fused=None if compiled else False)
 
 
 def _free_gpu_memory() -> None:

@@ -9,12 +9,14 @@ arithmetic. So:
   for three, and no copy-back of the cache);
 - `attend`: grouped-query attention over each row's own length (online softmax, one pass: one kernel for three,
   and no span bucket to pad to);
-- `matmul`: rms_norm (prologue), a projection, then bias, residual add or SwiGLU (epilogue). Measured against
-  cuBLAS on the H200 it wins only where it saves kernels (norm + gate/up + SwiGLU, norm + head); the plain
-  projections stay with cuBLAS (docs/benchmarks.md, fused decode kernels).
+- `matmul` / `add_matmul`: a residual add and rms_norm (prologue), a projection, then bias, residual add or
+  SwiGLU (epilogue). Measured against cuBLAS on the H200 it wins only where it saves kernels (norm + q/k/v,
+  norm + gate/up + SwiGLU, norm + head); the o and down projections stay with cuBLAS (docs/benchmarks.md, fused
+  decode kernels).
 
-Used on CUDA for up to MAX_ROWS rows and by the unit tests under Triton's CPU interpreter. Triton ships with
-PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its plain tensor code.
+Used on CUDA for decode steps of up to graph_gen.FUSE_ROWS rows, and by the unit tests under Triton's CPU
+interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
+plain tensor code.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from types import ModuleType
 import torch
 
 MAX_ROWS = 16
-"""Rows one `matmul` program covers (tl.dot's smallest tile); the lane's fused step serves up to this many."""
+"""Rows one `matmul` program covers (tl.dot's smallest tile); more rows take more programs, each reading the
+weights again."""
 ATTEND_BLOCK, ATTEND_WARPS, ATTEND_STAGES = 256, 4, 2
 """Cache positions per attention iteration, warps, pipelining depth: the fastest of 24 (H200, one layer of one row
 at position 250: 3.5 us against 4.4 for 64 positions and 11.7 for the tensor code's three kernels; at position

@@ -556,3 +556,29 @@ def test_two_round_top_k_equals_one() -> None:
     assert torch.equal(values, want_values) and torch.equal(index, want_index)
     odd = torch.randn(2, 1000)  # not a multiple of the slices: one round
     assert torch.equal(top_candidates(odd)[1], torch.topk(odd, CANDIDATES, dim=-1)[1])
+
+
+def test_a_lane_that_fails_to_build_compiled_is_rebuilt_plain(monkeypatch) -> None:
+    """Inductor or Triton trouble while building the compiled, fused lane: one notice, and a second build with
+    neither (factory._build_lane; the GPU parts are stood in for)."""
+    from types import SimpleNamespace
+
+    from engine import factory
+
+    builds = []
+
+    def new_lane(info, device, rows, compiled):
+        builds.append(compiled)
+        if compiled:
+            raise RuntimeError("out of resource: shared memory\nmore detail")
+        return SimpleNamespace(rows=2, capture_s=0.5)
+
+    monkeypatch.setattr(factory, "_new_lane", new_lane)
+    monkeypatch.setattr(factory, "_free_gpu_memory", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    notices = []
+    lane = factory._build_lane(None, notices.append, device="cpu", rows=2)
+    assert builds == [True, False] and lane.rows == 2
+    said = [n.message for n in notices]
+    assert said[0] == "graph lane without torch.compile or fused kernels (RuntimeError: out of resource: shared memory)"
+    assert said[1].startswith("graph lane ready in")
