@@ -137,7 +137,8 @@ def lane_status(generator: Any) -> dict[str, Any]:
     if getattr(generator, "lane", None) is None:
         return {}
     return {"lane": {"on": bool(generator.enabled and not generator.failed), "streams": generator.lane_streams,
-                     "handed_over": generator.handoffs, "failed": bool(generator.failed)}}
+                     "handed_over": generator.handoffs, "failed": bool(generator.failed),
+                     "fused": bool(getattr(generator.lane, "fused", False))}}
 
 
 # ---- decoding ---------------------------------------------------------------------------------------------

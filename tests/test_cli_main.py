@@ -19,3 +19,15 @@ def test_bare_voicectl_flags_route_to_the_tui():
     finally:
         cli.build_parser = original
     assert seen == {"command": "tui", "backend": "fake"}
+
+
+def test_doctor_notes_a_missing_triton_without_failing(monkeypatch):
+    import importlib.util
+
+    from voiceapp import cmd_doctor
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    check = cmd_doctor.check_triton()
+    assert not check.ok and not check.critical and "fused decode kernels" in check.detail
+    assert check.fix == "pip install triton"

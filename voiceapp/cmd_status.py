@@ -37,6 +37,8 @@ def describe(status: dict) -> list[str]:
     lane = status.get("lane")
     if lane:
         state = "failed, off" if lane["failed"] else "on" if lane["on"] else "off"
+        if lane.get("fused") and not lane["failed"]:
+            state += " (fused decode kernels)"
         lines.append(f"graph lane: {state}; {lane['streams']} streams started there, {lane['handed_over']} moved "
                      f"to {status['backend']} when other streams arrived")
     lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "

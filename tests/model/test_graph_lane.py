@@ -472,7 +472,8 @@ def test_status_reports_the_lane(lane) -> None:
 
     router = LaneRouter(ScriptedGenerator(IDS), lane)
     router.lane_streams, router.handoffs = 3, 1
-    assert lane_status(router) == {"lane": {"on": True, "streams": 3, "handed_over": 1, "failed": False}}
+    assert lane_status(router) == {"lane": {"on": True, "streams": 3, "handed_over": 1, "failed": False,
+                                            "fused": False}}  # a CPU lane: the tensor code
     assert lane_status(router.primary) == {} and lane_status(lane) == {}
 
     class Synth:
@@ -485,6 +486,8 @@ def test_status_reports_the_lane(lane) -> None:
               **lane_status(router)}
     assert "graph lane: failed, off; 3 streams started there, 1 moved to vllm when other streams arrived" \
         in describe(status)
+    status["lane"].update(failed=False, on=True, fused=True)
+    assert "graph lane: on (fused decode kernels); 3 streams started there" in "\n".join(describe(status))
 
 
 def test_static_model_refuses_what_it_does_not_implement(model) -> None:
