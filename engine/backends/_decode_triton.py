@@ -4,10 +4,11 @@ importing the engine never imports Triton).
 Every kernel serves a decode step of a few rows (M <= 16 streams, one token each): the work is reading weights
 once, so each kernel does one layer step's worth of it with the small elementwise work around it folded in.
 `UPCAST` (set under TRITON_INTERPRET, the CPU interpreter the unit tests use) makes tl.dot take fp32 tiles: the
-interpreter's bf16 dot is wrong, and bf16 values are exact in fp32 so the result is the same. For the same reason
-(the interpreter's bf16 arithmetic is wrong too) every product is taken in fp32 and rounded where the eager
-code rounds. Every dot asks for IEEE precision: bf16 tiles are exact either way, and an fp32 model (tests) must
-not be rounded to TF32.
+interpreter's bf16 dot and bf16 arithmetic are wrong (its fp32 -> bf16 conversion truncates instead of rounding
+to nearest), and bf16 values are exact in fp32 so the result is the same. Every product is taken in fp32 and
+rounded where the eager code rounds. Because of that truncation the CPU tests check the kernels' indexing and
+masking exactly in fp32 and only roughly in bf16; bf16 rounding is checked on the GPU (tests/gpu). Every dot asks
+for IEEE precision: bf16 tiles are exact either way, and an fp32 model (tests) must not be rounded to TF32.
 """
 import triton
 import triton.language as tl

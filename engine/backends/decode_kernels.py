@@ -101,6 +101,7 @@ def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw) -> tup
 def _launch(x, add, w, norm, eps, bias, residual, swiglu, out_dtype, tiling) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     n = w.shape[1] // 2 if swiglu else w.shape[1]
+    _need_unit_stride(w, norm, bias)
     x = x.contiguous()
     tiling = _for_width(tiling, w.element_size())
     out = torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
@@ -112,6 +113,14 @@ def _launch(x, add, w, norm, eps, bias, residual, swiglu, out_dtype, tiling) -> 
         HAS_RES=residual is not None, SWIGLU=swiglu, UPCAST=interpreting(), BLOCK_M=MAX_ROWS,
         BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k, num_warps=tiling.warps, num_stages=tiling.stages)
     return out, total
+
+
+def _need_unit_stride(*tensors: torch.Tensor | None) -> None:
+    """The kernels step through a weight's columns, a vector or a table's rows one element at a time: a strided
+    view would be read as garbage, so it is refused (host-side, before any launch or capture)."""
+    for t in tensors:
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"decode kernels need contiguous tensors, got strides {t.stride()} for {tuple(t.shape)}")
 
 
 def _for_width(tiling: Tiling, size: int) -> Tiling:
@@ -129,6 +138,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
     m = qkv.shape[0]
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or k_cache.stride(-2) != head_dim:
         raise ValueError("keys and values need the same layout, positions of D contiguous values")
+    _need_unit_stride(qkv, cos, sin, positions)
     q = torch.empty((m, heads * head_dim), device=qkv.device, dtype=qkv.dtype)
     _kernels().rope_store_kernel[(m, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, qkv.stride(0), k_cache.stride(0), k_cache.stride(1),
@@ -143,6 +153,9 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     row's cache positions <= positions[row]."""
     m, width = q.shape
     group = width // head_dim // kv_heads
+    _need_unit_stride(q, positions)
+    if k_cache.stride(-1) != 1 or k_cache.stride(-2) != head_dim or k_cache.stride() != v_cache.stride():
+        raise ValueError("keys and values need the same layout, positions of D contiguous values")
     if q.element_size() > 2:  # fp32 (tests): half the positions per iteration, for shared memory (_for_width)
         block, stages = block // 2, min(stages, 2)
     out = torch.empty_like(q)

@@ -204,6 +204,8 @@ class GraphLane:
         self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
+        if fused and not decode_kernels.available():
+            raise ValueError("fused decode kernels need Triton and a CUDA GPU (or Triton's CPU interpreter)")
         self.fused = (self.device.type == "cuda" and decode_kernels.available()) if fused is None else fused
         self.fuse_rows = fuse_rows
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None

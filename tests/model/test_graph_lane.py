@@ -585,3 +585,11 @@ def test_a_lane_that_fails_to_build_compiled_is_rebuilt_plain(monkeypatch) -> No
     said = [n.message for n in notices]
     assert said[0] == "graph lane without torch.compile or fused kernels (RuntimeError: out of resource: shared memory)"
     assert said[1].startswith("graph lane ready in")
+
+
+def test_fused_lane_without_triton_is_refused_clearly(wide_model, monkeypatch) -> None:
+    monkeypatch.setattr(decode_kernels, "available", lambda: False)
+    with pytest.raises(ValueError, match="Triton"):
+        GraphLane(wide_model, IDS, SEMANTIC_ONLY, device="cpu", dtype=torch.float32, max_len=128, rows=2, fused=True)
+    lane = GraphLane(wide_model, IDS, SEMANTIC_ONLY, device="cpu", dtype=torch.float32, max_len=128, rows=2)
+    assert not lane.fused  # the default quietly keeps the tensor code

@@ -104,3 +104,14 @@ def test_add_matmul_takes_the_residual_add_first_and_returns_the_sum():
     out, total = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, bias=bias, tiling=Tiling(block_n=32, block_k=64))
     _close(total, x + add, 1e-6)
     _close(out, _rms(x + add, norm, 1e-6) @ w + bias, 1e-5)
+
+
+def test_strided_views_are_refused_not_misread():
+    """The kernels step through rows one element at a time: a transposed view would be read as garbage."""
+    x, w = torch.randn(2, 32), torch.randn(48, 32)
+    with pytest.raises(ValueError, match="contiguous"):
+        dk.matmul(x, w.t())
+    cache = torch.zeros(2, 2, 8, 16)
+    with pytest.raises(ValueError, match="contiguous"):
+        dk.rope_store(torch.randn(2, 128), torch.ones(8, 16), torch.zeros(8, 16), torch.tensor([0, 1, 2, 3])[::2],
+                      cache, cache.clone(), 4, 2, 16)
