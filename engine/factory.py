@@ -40,9 +40,10 @@ class EngineConfig:
     lane_rows: int | None = 2
     """Most streams the graph lane steps at once. 2 (default) for the in-process front ends, which serve one
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
-    another request meanwhile waits for a row or goes to vLLM. 22 graphs to capture and 0.1 GB of KV cache.
-    None sizes the lane to the GPU for crowds (`voicectl serve`, the bench): 10% of its memory, 128 rows on an
-    H100 or H200, 68 graphs (94-105 s of start-up with a cold Inductor cache) and 6 GB."""
+    another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
+    fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
+    (`voicectl serve`, the bench): 10% of its memory, 128 rows on an H100 or H200, 43 graphs (46 s of start-up in
+    run 21, docs/benchmarks.md) and 6 GB."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM

@@ -31,7 +31,7 @@ from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
-from lane_profile import eager_kernels  # scripts/ is on sys.path when a script runs
+from lane_profile import eager_kernels, graph_step_ms, replay_ms  # scripts/ is on sys.path when a script runs
 
 SPAN = 256
 
@@ -44,30 +44,7 @@ def timed(fn, reps: int = 20, calls: int = 1) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps / calls
-
-
-def step_ms(lane: GraphLane, rows: int, steps: int = 50) -> float:
-    graph = lane._graphs[("decode", rows, SPAN)]  # noqa: SLF001 - a measurement script
-    with torch.cuda.stream(lane.cuda_stream):
-        for _ in range(3):
-            lane.positions.fill_(SPAN // 2)
-            graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            lane.positions.fill_(SPAN // 2)
-            graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps
+    return replay_ms(graph, reps) / calls
 
 
 def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
@@ -221,7 +198,7 @@ def main() -> None:
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, compile_layers=compiled,
                                 fused=fused, fuse_rows=args.fuse_rows)
         out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
-        out[f"{name}_step_ms"] = {n: round(step_ms(lanes[name], n), 3) for n in lanes[name].row_buckets}
+        out[f"{name}_step_ms"] = {n: round(graph_step_ms(lanes[name], n, SPAN, 50), 3) for n in lanes[name].row_buckets}
         print(name, out[f"{name}_start_s"], out[f"{name}_step_ms"], flush=True)
         save(out, args.json)
     out["agreement"] = [agreement(lanes["plain_compiled"], lanes["fused"], n) for n in (1, min(args.rows, 8))]

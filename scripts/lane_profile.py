@@ -41,17 +41,21 @@ def graph_step_ms(lane: GraphLane, rows: int, span: int, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def prefill_ms(lane: GraphLane, batch: int, size: int, reps: int = 20) -> float:
-    graph = lane._graphs[("prefill", batch, size)]  # noqa: SLF001 - a measurement script
-    with torch.cuda.stream(lane.cuda_stream):
+def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
+    """ms per replay of `graph` on the current stream (one untimed replay first)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
         graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
+    end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def prefill_ms(lane: GraphLane, batch: int, size: int, reps: int = 20) -> float:
+    with torch.cuda.stream(lane.cuda_stream):
+        return replay_ms(lane._graphs[("prefill", batch, size)], reps)  # noqa: SLF001 - a measurement script
 
 
 def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[float, list[dict]]:

@@ -24,6 +24,7 @@ import functools
 import os
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -88,17 +89,20 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
            out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (contiguous): + bias [N], + residual [M, N], or
     with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output [M, N] in `out_dtype` (default x's)."""
-    return _launch(x, None, w, norm, eps, bias, residual, swiglu, out_dtype, tiling)[0]
+    return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
+                   tiling=tiling)[0]
 
 
-def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`matmul` of x + add (a residual add taken into the same kernel), and x + add itself (the residual stream
-    from here on). Keywords as `matmul`'s."""
-    return _launch(x, add, w, kw.get("norm"), kw.get("eps", 0.0), kw.get("bias"), kw.get("residual"),
-                   kw.get("swiglu", False), kw.get("out_dtype"), kw.get("tiling", DEFAULT_TILING))
+    from here on). Keywords as `matmul`'s (an unknown one is a TypeError)."""
+    return _launch(x, add, w, **kw)
 
 
-def _launch(x, add, w, norm, eps, bias, residual, swiglu, out_dtype, tiling) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm: torch.Tensor | None = None,
+            eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+            swiglu: bool = False, out_dtype: torch.dtype | None = None,
+            tiling: Tiling = DEFAULT_TILING) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     n = w.shape[1] // 2 if swiglu else w.shape[1]
     _need_unit_stride(w, norm, bias)

@@ -206,13 +206,13 @@ class GraphLane:
         self.capture = self.device.type == "cuda" if capture is None else capture
         if fused and not decode_kernels.available():
             raise ValueError("fused decode kernels need Triton and a CUDA GPU (or Triton's CPU interpreter)")
-        self.fused = (self.device.type == "cuda" and decode_kernels.available()) if fused is None else fused
         self.fuse_rows = fuse_rows
         self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         with self._on_stream():
             self.model = StaticQwen2(model, max_len, self.device, dtype, compile_layers=compile_layers,
                                      own_cache=False)
-            self.fused = self.fused and decode_kernels.supports(self.model.head_dim)
+            wanted = self.device.type == "cuda" and decode_kernels.available() if fused is None else fused
+            self.fused = wanted and decode_kernels.supports(self.model.head_dim)
             self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()
         self._set_allowed(allowed)
@@ -349,8 +349,8 @@ class GraphLane:
 
     @torch.inference_mode()
     def _capture_all(self) -> float:
-        """One graph per (prompts, bucket) prefill and per (rows, span) decode, sharing one memory pool (they
-        never run at once)."""
+        """One graph per (prompts, bucket) prefill and per (rows, span) decode (a fused decode: one per rows, the
+        same graph for every span), sharing one memory pool (they never run at once)."""
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         shapes = [("prefill", batch, size) for batch in self.prefill_batches for size in self.prefills]
