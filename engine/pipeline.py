@@ -259,12 +259,14 @@ class Synthesizer:
                         progress: _Progress, start_next: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
         """One sentence's audio. `start_next` starts the next sentence's generation: once this one's is done,
         or (eager_lookahead, for batching backends) already at its first audio, so that a stream keeps one
-        request in the generator until it has sound, and the next one is ready long before it is needed.
+        request in the generator until it has sound, and the next one is ready long before it is needed; for a
+        lone request (`WindowSchedule.solo_streams`) at once, side by side with this one.
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
         its next windows (128 streams on the H200 all underran, docs/benchmarks.md run 4)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
+        early = self.eager_lookahead and self.active_requests <= self.schedule.solo_streams
         planner, fader = WindowPlanner(self.schedule.busy() if busy else self.schedule), Crossfader()
         codes: list[int] = []
         done, first_chunk = False, True
@@ -273,7 +275,8 @@ class Synthesizer:
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
-                if start_next is not None and (done or (self.eager_lookahead and not busy and not first_chunk)):
+                at_first_audio = self.eager_lookahead and not busy and not first_chunk
+                if start_next is not None and (done or early or at_first_audio):
                     start_next()
                     start_next = None
                 window = planner.next_window(len(codes), done)

@@ -48,6 +48,11 @@ class WindowSchedule:
     stream generates slower and decode batches queue. Small first windows underran on the H200 at 128
     streams, while 8 + 24 did not when both sentences of a stream started at once (docs/benchmarks.md, run
     1); with this switch and one sentence at a time, 128 streams still underran (run 4)."""
+    solo_streams: int = 1
+    """Up to this many concurrent requests (one listener), a request's next sentence starts with the current one
+    instead of at its first audio (with eager lookahead: batching backends). The two rows step side by side at
+    nearly one row's cost (the graph lane: 0.76 vs 0.79 ms a step, H200) and their prompts share a prefill, so
+    a two-sentence request finishes ~25 steps sooner without delaying its first audio."""
     busy_first_new: int = 16
     """`busy()`'s first window. Under load the player cannot start before it holds its 200 ms pre-roll (10
     codes) anyway, so a smaller first window only costs decoder throughput; what matters is that each window

@@ -26,7 +26,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.backends import decode_kernels as dk
-from engine.backends.decode_kernels import TILINGS, Tiling
+from engine.backends.decode_kernels import TILINGS, FusedPlan, Tiling
 from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
@@ -84,8 +84,9 @@ def topk_ms(width: int) -> dict:
     return {"width": width, "us": out}
 
 
-def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = None) -> dict:
-    """Each projection: cuBLAS (the tensor code's GEMM) and every candidate tiling, per row count (us)."""
+def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = None, k_major: bool = False) -> dict:
+    """Each projection: cuBLAS (the tensor code's GEMM) and every candidate tiling, per row count (us). k_major:
+    our kernels read [N, K] weights (FusedPlan.k_major); o and down also split K 1, 2 and 4 ways."""
     h, inter = cfg.hidden_size, cfg.intermediate_size
     d = h // cfg.num_attention_heads
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
@@ -98,6 +99,7 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
             continue
         copies = max(24, (256 << 20) // (k * n * 2))
         weights = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ours = [w.t().contiguous().t() for w in weights] if k_major else weights
         norm = torch.ones(k, device="cuda", dtype=torch.bfloat16)
         out_n = n // 2 if flags.get("swiglu") else n
         bias = torch.zeros(out_n, device="cuda", dtype=torch.float32 if flags.get("fp32") else torch.bfloat16)
@@ -107,20 +109,24 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
             turn = itertools.cycle(weights)
             calls = len(weights)
             row: dict = {"cublas": round(timed(lambda: torch.mm(x, next(turn)), calls=calls) * 1e3, 2)}
+            turn = itertools.cycle(ours)
             candidates = (tilings[name] if tilings is not None else
                           [Tiling(block_n=bn, block_k=bk) for bn, bk in itertools.product((16, 32, 64, 128),
                                                                                          (64, 128, 256))])
-            for t in candidates:
+            splits = (1, 2, 4) if k_major and name in ("o", "down") else (1,)
+            for t, split in itertools.product(candidates, splits):
                 kw = dict(norm=norm if flags.get("norm") else None, eps=1e-6,
                           bias=bias if flags.get("bias") else None, residual=res if flags.get("residual") else None,
                           swiglu=bool(flags.get("swiglu")), out_dtype=torch.float32 if flags.get("fp32") else None,
                           tiling=t)
+                if split > 1:
+                    kw.update(residual=None, split_k=split)
                 try:
                     us = timed(lambda: dk.matmul(x, next(turn), **kw), calls=calls) * 1e3
                 except Exception as err:  # noqa: BLE001 - a tiling the GPU cannot run (shared memory)
-                    row[_key(t)] = f"error: {type(err).__name__}"
+                    row[_key(t, split)] = f"error: {type(err).__name__}"
                     continue
-                row[_key(t)] = round(us, 2)
+                row[_key(t, split)] = round(us, 2)
             best = min((v, key) for key, v in row.items() if key != "cublas" and isinstance(v, float))
             row["best"] = {"tiling": best[1], "us": best[0]}
             results.setdefault(name, {})[rows] = row
@@ -130,8 +136,8 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
     return results
 
 
-def _key(t: Tiling) -> str:
-    return f"{t.block_n}/{t.block_k}/{t.warps}/{t.stages}"
+def _key(t: Tiling, split: int = 1) -> str:
+    return f"{t.block_n}/{t.block_k}/{t.warps}/{t.stages}" + (f" split {split}" if split > 1 else "")
 
 
 def attention(cfg: Qwen2Config) -> dict:
@@ -174,6 +180,55 @@ def attention(cfg: Qwen2Config) -> dict:
     return results
 
 
+_FAST = dict(pdl=True, k_major=True)
+PLANS = {
+    "base": FusedPlan(),
+    "pdl_k_major_o1": FusedPlan(**_FAST, o_split=1),
+    "o1_down8": FusedPlan(**_FAST, o_split=1, down_split=8),
+    "o4_down8": FusedPlan(**_FAST, o_split=4, down_split=8),
+    "o4_down4": FusedPlan(**_FAST, o_split=4, down_split=4),
+    "o4_down8_chunk128": FusedPlan(**_FAST, o_split=4, down_split=8, attend_chunk=128),
+    "o4_down8_chunk256": FusedPlan(**_FAST, o_split=4, down_split=8, attend_chunk=256),
+    "o1_down8_chunk128": FusedPlan(**_FAST, o_split=1, down_split=8, attend_chunk=128),
+}
+"""Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
+
+
+def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], positions: tuple[int, ...] = (128, 300, 600, 900)) -> dict:
+    """us per fused step (model only: forward_fused + logits_fused, no sampling) of every plan, per rows and
+    position, and each plan's logits against the base plan's from the same caches (8 rows at position 300)."""
+    model, results, base = lane.model, {}, None
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    with torch.inference_mode():
+        for cache in (lane.k_rows, lane.v_rows):
+            cache.copy_(torch.randn(cache.shape, device="cuda", generator=gen, dtype=torch.float32).to(cache.dtype))
+
+    def step(plan, rows, pos):
+        tokens = torch.tensor(lane.allowed_now[:rows], device="cuda")
+        at = torch.full((rows,), pos, device="cuda")
+        caches = (lane.k_rows[:, :rows], lane.v_rows[:, :rows])
+        return lambda: model.logits_fused(model.forward_fused(tokens, at, caches, plan), lane.head_for(plan),
+                                          lane.head_bias, plan)
+
+    for name, plan in PLANS.items():
+        row: dict = {}
+        try:
+            with torch.inference_mode():
+                for rows in rows_list:
+                    for pos in positions:
+                        row[f"{rows}@{pos}"] = round(timed(step(plan, rows, pos), reps=50) * 1e3, 1)
+                logits = step(plan, min(8, max(rows_list)), 300)()[:, :len(lane.allowed_now)]
+                if base is None:
+                    base = logits
+                row["max_abs_diff_vs_base"] = round((logits - base).abs().max().item(), 4)
+                row["argmax_agree_vs_base"] = int((logits.argmax(-1) == base.argmax(-1)).sum())
+        except Exception as err:  # noqa: BLE001 - a variant this GPU or Triton cannot run
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+        results[name] = row
+        print("plan", name, row, flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=8)
@@ -183,6 +238,9 @@ def main() -> None:
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--fuse-rows", type=int, default=16)
+    ap.add_argument("--plans", action="store_true",
+                    help="only: time every FusedPlan variant, then a lane of the fastest (step, kernels)")
+    ap.add_argument("--k-major-sweep", action="store_true", help="with --plans: then --sweep's tilings, k_major")
     args = ap.parse_args()
     cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -192,6 +250,8 @@ def main() -> None:
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = TokenIds()
     allowed = semantic_allowed_ids(ids)
+    if args.plans:
+        return probe_plans(model, ids, allowed, args, out)
     lanes = {}
     for name, fused, compiled in (("fused", True, False), ("plain_compiled", False, True)):
         t0 = time.perf_counter()
@@ -223,6 +283,41 @@ def main() -> None:
         del lanes, model
         torch.cuda.empty_cache()
         out["sweep_us"] = sweep(cfg, (1, 8))
+        save(out, args.json)
+
+
+def probe_plans(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict) -> None:
+    lane = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True, fuse_rows=args.fuse_rows,
+                     plan=FusedPlan())
+    out["pdl_supported"] = dk.pdl_supported()
+    out["plans_us"] = plan_steps(lane, tuple(n for n in (1, 2, 4, 8, 16) if n <= args.rows))
+    save(out, args.json)
+    at = ("1@128", "1@300", "2@128", "2@300")  # a listener's sentences: one or two rows, positions ~100-350
+    timed_ok = {k: sum(v[a] for a in at) for k, v in out["plans_us"].items() if all(a in v for a in at)}
+    best = min(timed_ok, key=timed_ok.get)
+    out["best_plan"] = best
+    del lane
+    torch.cuda.empty_cache()
+    for name in dict.fromkeys(("base", best)):
+        t0 = time.perf_counter()
+        lane = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
+                         fuse_rows=args.fuse_rows, plan=PLANS[name])
+        out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
+        out[f"lane_{name}_step_ms"] = {n: round(graph_step_ms(lane, n, SPAN, 50), 3) for n in lane.row_buckets}
+        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, min(args.rows, 8))]
+        print("lane", name, out[f"lane_{name}_start_s"], out[f"lane_{name}_step_ms"], flush=True)
+        for listing in out[f"lane_{name}_kernels"]:
+            print(" rows", listing["rows"], listing["kernels_per_step"], "kernels", listing["kernel_sum_ms_per_step"])
+            for r in listing["top"]:
+                print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
+        save(out, args.json)
+        del lane
+        torch.cuda.empty_cache()
+    if args.k_major_sweep:
+        cfg = model.config
+        del model
+        torch.cuda.empty_cache()
+        out["k_major_sweep_us"] = sweep(cfg, (1, 8), k_major=True)
         save(out, args.json)
 
 

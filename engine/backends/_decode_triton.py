@@ -15,52 +15,51 @@ import triton.language as tl
 
 
 @triton.jit
-def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, norm_ptr, bias_ptr, res_ptr, M, N, K, stride_w, eps,
-                  HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                  SWIGLU: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, norm_ptr, bias_ptr, res_ptr, M, N,
+                  K: tl.constexpr, K_SPLIT, stride_wk, stride_wn, eps, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr,
+                  UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
-    out, res: N apart)."""
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    out, res: N apart); w is read through its strides (one of them 1: [K, N] row-major, or the transposed view
+    of an [N, K] weight, whose programs then each read whole rows of K contiguous values).
+
+    With SPLIT_K > 1 (no norm or SwiGLU), program (n, m, s) reduces rows [s * K_SPLIT, (s + 1) * K_SPLIT) of w
+    into fp32 partials part [SPLIT_K, M, N] and counts itself in count[m, n]; the last of a block's programs to
+    finish sums the block's partials in split order (so the result does not depend on which was last), runs the
+    epilogue and sets the count back to 0 for the next kernel.
+
+    PDL (programmatic dependent launch): the program may be launched while the previous kernel still runs; it
+    waits for it (gdc_wait) before it reads or writes anything, so only its launch overlaps."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = rm < M, rn < N
-    if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2)
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & (rk[None, :] < K), K, HAS_ADD).to(tl.float32)
-            sq += tl.sum(xk * xk, axis=1)
-        rstd = 1.0 / tl.sqrt(sq / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if SWIGLU:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], K, HAS_ADD)
-        if HAS_ADD:
-            if pid_n == 0:
-                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], xk, mask=m_ok[:, None] & k_ok[None, :])
-        if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
-            scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0)
-            xn = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype).to(tl.float32)
-            xk = (xn * scale.to(tl.float32)[None, :]).to(xk.dtype)
-        wk = tl.load(w_ptr + rk[:, None] * stride_w + rn[None, :], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if UPCAST:
-            acc += tl.dot(xk.to(tl.float32), wk.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(xk, wk, input_precision="ieee")
-        if SWIGLU:
-            wu = tl.load(w_ptr + rk[:, None] * stride_w + (rn + N)[None, :], mask=k_ok[:, None] & n_ok[None, :],
-                         other=0.0)
-            if UPCAST:
-                acc_up += tl.dot(xk.to(tl.float32), wu.to(tl.float32), input_precision="ieee")
-            else:
-                acc_up += tl.dot(xk, wu, input_precision="ieee")
+    k_lo = pid_k * K_SPLIT
+    acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
+                           tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD, HAS_NORM,
+                           SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = m_ok[:, None] & n_ok[None, :]
+    at = rm[:, None] * N + rn[None, :]
+    if SPLIT_K > 1:
+        tl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, SPLIT_K):  # .cg: past L1, which may hold an older call's partials
+                total += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
+            _finish(total, total, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, False, HAS_BIAS, HAS_RES)
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    else:
+        _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU, HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """The epilogue: SwiGLU, bias, residual, then out[at] in out's dtype."""
     if SWIGLU:  # the projections round to the model dtype before the activation, as the eager MLP's do
         gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
         up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -68,8 +67,56 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, norm_ptr, bias_ptr, r
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
-        acc += tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo, k_hi,
+             stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
+             PAIRED: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 rms_norm(x (+ add))[rm] @ w[k_lo:k_hi, rn] and, if PAIRED, @ w[k_lo:k_hi, rn + pair] too (else the
+    second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
+        # its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xs = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & (rk[None, :] < K), K, HAS_ADD).to(tl.float32)
+            sq += tl.sum(xs * xs, axis=1)
+        rstd = 1.0 / tl.sqrt(sq / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_hi
+        xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], K, HAS_ADD)
+        if HAS_ADD:
+            if writes_sum:
+                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], xk, mask=m_ok[:, None] & k_ok[None, :])
+        if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
+            scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0)
+            xn = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype).to(tl.float32)
+            xk = (xn * scale.to(tl.float32)[None, :]).to(xk.dtype)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        w1 = tl.load(w_ptr + rk[:, None] * stride_wk + rn[None, :] * stride_wn, mask=w_mask, other=0.0)
+        acc += _dot(xk, w1, UPCAST)
+        if PAIRED:
+            w2 = tl.load(w_ptr + rk[:, None] * stride_wk + (rn + pair)[None, :] * stride_wn, mask=w_mask, other=0.0)
+            acc2 += _dot(xk, w2, UPCAST)
+    return acc, acc2
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b in fp32 (IEEE: an fp32 model is not rounded to TF32)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -84,11 +131,14 @@ def _rows(x_ptr, add_ptr, rm, rk, mask, K, HAS_ADD: tl.constexpr):
 
 @triton.jit
 def rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, stride_qkv, stride_row, stride_head,
-                      HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
+                      HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
     """One program per (row, head of q/k/v): rotates a query or key head at the row's position and writes it (the
     queries to q [M, HEADS * D], keys and values into the row's cache at that position, [rows, KV, L, D] with the
     given row and head strides). `sin` carries rotate-half's sign, as StaticQwen2's tables do."""
     row, head = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pos = tl.load(pos_ptr + row)
     d = tl.arange(0, D)
     src = qkv_ptr + row * stride_qkv + head * D
@@ -108,40 +158,106 @@ def rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, s
 
 @triton.jit
 def attend_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, scale, stride_row, stride_head, G: tl.constexpr,
-                  BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
+                  PDL: tl.constexpr):
     """One program per (row, kv head): its G query heads attend over the row's cache positions <= its position
     (online softmax in fp32, BLOCK_S positions at a time; the loop stops at the row's own length, not a bucket)."""
     row, kvh = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pos = tl.load(pos_ptr + row)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, D)
-    heads = kvh * G + g
-    q = tl.load(q_ptr + row * (G * D) * tl.num_programs(1) + heads[:, None] * D + d[None, :], mask=g[:, None] < G,
-                other=0.0)
-    top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
-    base = row * stride_row + kvh * stride_head
-    for s0 in range(0, pos + 1, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        seen = s <= pos
-        keys = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-        if UPCAST:
-            scores = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")
+    q, at, live = _queries(q_ptr, row, kvh, G, BLOCK_G, D)
+    top, total, acc = _attend_span(q, k_ptr, v_ptr, row * stride_row + kvh * stride_head, 0, pos + 1, scale, D,
+                                   BLOCK_S, UPCAST)
+    tl.store(out_ptr + at, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_ptr, count_ptr, scale, stride_row, stride_head,
+                        G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+                        SPLITS: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """`attend_kernel` with a row's positions cut into chunks of CHUNK, one program each (flash-decoding): a long
+    row is read by many SMs at once instead of one. Each program leaves its softmax state (running max, total,
+    weighted values) in part [rows, kv, SPLITS, BLOCK_G, D + 2] and counts itself in count[row, kv]; the last of
+    a (row, kv head)'s programs to finish merges them in chunk order (so the result does not depend on which was
+    last) and sets its count back to 0 for the next call. Programs past the row's length return at once."""
+    row, kvh, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pos = tl.load(pos_ptr + row)
+    chunks = pos // CHUNK + 1
+    if chunk < chunks:
+        q, at, live = _queries(q_ptr, row, kvh, G, BLOCK_G, D)
+        lo = chunk * CHUNK
+        top, total, acc = _attend_span(q, k_ptr, v_ptr, row * stride_row + kvh * stride_head, lo,
+                                       tl.minimum(lo + CHUNK, pos + 1), scale, D, CHUNK, UPCAST)
+        if chunks == 1:  # a row shorter than a chunk: attend_kernel's work, nothing to merge
+            tl.store(out_ptr + at, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live)
         else:
-            scores = tl.dot(q, tl.trans(keys), input_precision="ieee")
-        scores = tl.where(seen[None, :], scores * scale, float("-inf"))
+            _leave_or_merge(part_ptr, count_ptr, out_ptr, at, live, top, total, acc, row, kvh, chunk, chunks,
+                            BLOCK_G, D, SPLITS)
+
+
+@triton.jit
+def _leave_or_merge(part_ptr, count_ptr, out_ptr, at, live, top, total, acc, row, kvh, chunk, chunks,
+                    BLOCK_G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """`attend_split_kernel`'s hand-over: this chunk's softmax state into part, then, in the last chunk to finish,
+    the merge of all of the row's chunks in chunk order into out."""
+    g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
+    slot = part_ptr + ((row * tl.num_programs(1) + kvh) * SPLITS) * BLOCK_G * (D + 2)
+    mine = slot + chunk * BLOCK_G * (D + 2) + g * (D + 2)
+    tl.store(mine[:, None] + d[None, :], acc)
+    tl.store(mine + D, top)
+    tl.store(mine + D + 1, total)
+    counter = count_ptr + row * tl.num_programs(1) + kvh
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == chunks - 1:  # the last one: merge
+        top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
+        for c in range(0, chunks):  # .cg: past L1, which may hold an older call's states
+            theirs = slot + c * BLOCK_G * (D + 2) + g * (D + 2)
+            their_top = tl.load(theirs + D, cache_modifier=".cg")
+            new_top = tl.maximum(top, their_top)
+            fade, their_fade = tl.exp(top - new_top), tl.exp(their_top - new_top)
+            total = total * fade + tl.load(theirs + D + 1, cache_modifier=".cg") * their_fade
+            values = tl.load(theirs[:, None] + d[None, :], cache_modifier=".cg")
+            acc = acc * fade[:, None] + values * their_fade[:, None]
+            top = new_top
+        tl.store(out_ptr + at, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live)
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _queries(q_ptr, row, kvh, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
+    """The G query heads of kv head `kvh` in row `row` of q [rows, kv * G * D] (padded to BLOCK_G with zeros),
+    their offsets (the output has q's layout) and which of the BLOCK_G are real."""
+    g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
+    at = row * (G * D) * tl.num_programs(1) + (kvh * G + g)[:, None] * D + d[None, :]
+    live = g[:, None] < G
+    return tl.load(q_ptr + at, mask=live, other=0.0), at, live
+
+
+@triton.jit
+def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of q [BLOCK_G, D] over cache positions [lo, hi) (keys and values at base + position * D):
+    the running max, the total of exp(score - max) and the exp-weighted values [BLOCK_G, D], all fp32. The
+    weights are rounded to the values' dtype before their product, as the eager attention's probabilities are."""
+    d = tl.arange(0, D)
+    top = tl.full([q.shape[0]], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([q.shape[0]], dtype=tl.float32)
+    acc = tl.zeros([q.shape[0], D], dtype=tl.float32)
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        seen = s < hi
+        keys = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
+        scores = tl.where(seen[None, :], _dot(q, tl.trans(keys), UPCAST) * scale, float("-inf"))
         new_top = tl.maximum(top, tl.max(scores, axis=1))
         p = tl.exp(scores - new_top[:, None])
         fade = tl.exp(top - new_top)
         total = total * fade + tl.sum(p, axis=1)
         values = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-        if UPCAST:
-            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype).to(tl.float32), values.to(tl.float32),
-                                               input_precision="ieee")
-        else:
-            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values, input_precision="ieee")
+        acc = acc * fade[:, None] + _dot(p.to(values.dtype), values, UPCAST)
         top = new_top
-    out = acc / total[:, None]
-    tl.store(out_ptr + row * (G * D) * tl.num_programs(1) + heads[:, None] * D + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=g[:, None] < G)
+    return top, total, acc

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -50,7 +50,9 @@ class Tiling:
 
 DEFAULT_TILING = Tiling()
 TILINGS = {"qkv": Tiling(block_n=16, block_k=256), "gate_up": Tiling(block_n=64, block_k=256),
-           "head": Tiling(block_n=64, block_k=256)}
+           "head": Tiling(block_n=64, block_k=256),
+           "o": Tiling(block_n=16, block_k=256), "o_split": Tiling(block_n=32, block_k=128),
+           "down": Tiling(block_n=16, block_k=256), "down_split": Tiling(block_n=32, block_k=256)}
 """The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
 projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
 norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
@@ -84,13 +86,60 @@ def supports(head_dim: int) -> bool:
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
+@dataclass(frozen=True, slots=True)
+class FusedPlan:
+    """Which variant of the fused decode step runs (each measured against the others in one process by
+    `scripts/decode_kernels_probe.py --plans`; docs/benchmarks.md, run 22)."""
+
+    pdl: bool = False
+    """Programmatic dependent launch between our kernels (sm90+): each is launched while the one before it runs,
+    and waits for it on the GPU."""
+    k_major: bool = False
+    """Our projections read weights stored [N, K] (each program's output columns are whole rows of K contiguous
+    values) rather than [K, N] (rows of BLOCK_N values, N apart)."""
+    attend_chunk: int = 0
+    """Cache positions per attention program (0: one program per row and kv head), merged by the last
+    (`attend`)."""
+    o_split: int = 0
+    """The o projection: 0 for cuBLAS, n >= 1 for `matmul` with K split n ways (summed by each output block's
+    last program: no reduce kernel)."""
+    down_split: int = 0
+    """The down projection, likewise."""
+
+
+PLAN = FusedPlan(pdl=True, k_major=True, attend_chunk=256, o_split=4, down_split=8)
+"""The variant the graph lane runs where it can (`plan_for`): the fastest of eight in one process (H200, run 22;
+model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without the splits; at position
+900: 755 against 971, where the 256-position attention chunks count). Costs a second, [N, K] copy of the
+layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
+
+
+def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
+    """`plan` less what this GPU cannot run: programmatic dependent launch needs sm90+."""
+    return plan if pdl_supported() else replace(plan, pdl=False)
+
+
+def pdl_supported() -> bool:
+    """Programmatic dependent launch is there: a Hopper-or-later GPU (not the interpreter) and a Triton with grid
+    dependency control."""
+    if interpreting() or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return False
+    import triton.language.extra.cuda as tl_cuda
+
+    return hasattr(tl_cuda, "gdc_wait")
+
+
 def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
-           out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING) -> torch.Tensor:
-    """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (contiguous): + bias [N], + residual [M, N], or
-    with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output [M, N] in `out_dtype` (default x's)."""
+           out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
+           counts: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
+    weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
+    [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
+    BLOCK_Ks, each its own program; the last program of each output block sums them, counting in `counts`
+    (int32 zeros, one per output block, left zero)."""
     return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
-                   tiling=tiling)[0]
+                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,22 +150,49 @@ def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -
 
 def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm: torch.Tensor | None = None,
             eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            swiglu: bool = False, out_dtype: torch.dtype | None = None,
-            tiling: Tiling = DEFAULT_TILING) -> tuple[torch.Tensor, torch.Tensor]:
+            swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
+            split_k: int = 1, counts: torch.Tensor | None = None,
+            pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     n = w.shape[1] // 2 if swiglu else w.shape[1]
-    _need_unit_stride(w, norm, bias)
+    _need_unit_stride(norm, bias)
+    _need_weight_layout(w)
     x = x.contiguous()
     tiling = _for_width(tiling, w.element_size())
+    k_split, splits = _split(k, split_k, tiling.block_k)
+    grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)
+    if splits > 1:
+        if add is not None or norm is not None or swiglu:
+            raise ValueError("a split-K matmul takes no residual add, norm or SwiGLU")
+        if counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]:
+            raise ValueError(f"a split-K matmul needs int32 counts for {grid[0] * grid[1]} output blocks")
+    part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
     out = torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
     total = torch.empty_like(x) if add is not None else x
-    _kernels().matmul_kernel[(-(-n // tiling.block_n), -(-m // MAX_ROWS))](
-        x, add.contiguous() if add is not None else x, total, w, out, norm if norm is not None else x,
-        bias if bias is not None else x, residual.contiguous() if residual is not None else x, m, n, k, w.stride(0),
-        eps, HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, SWIGLU=swiglu, UPCAST=interpreting(), BLOCK_M=MAX_ROWS,
-        BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k, num_warps=tiling.warps, num_stages=tiling.stages)
+    _kernels().matmul_kernel[grid](
+        x, add.contiguous() if add is not None else x, total, w, out, part, counts if splits > 1 else x,
+        norm if norm is not None else x, bias if bias is not None else x,
+        residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
+        HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        SWIGLU=swiglu, SPLIT_K=splits, **_common(tiling, pdl))
     return out, total
+
+
+def _split(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """Rows of w per split (whole BLOCK_K runs) and the number of splits that makes."""
+    runs = -(-k // block_k)
+    per = -(-runs // max(1, split_k)) * block_k
+    return per, -(-k // per)
+
+
+def _common(tiling: Tiling, pdl: bool) -> dict[str, Any]:
+    """The launch keywords every projection kernel shares."""
+    return dict(UPCAST=interpreting(), PDL=pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+                num_warps=tiling.warps, num_stages=tiling.stages, **_pdl_launch(pdl))
+
+
+def _pdl_launch(pdl: bool) -> dict[str, Any]:
+    return {"launch_pdl": True} if pdl else {}
 
 
 def _need_unit_stride(*tensors: torch.Tensor | None) -> None:
@@ -127,6 +203,18 @@ def _need_unit_stride(*tensors: torch.Tensor | None) -> None:
             raise ValueError(f"decode kernels need contiguous tensors, got strides {t.stride()} for {tuple(t.shape)}")
 
 
+def _need_weight_layout(w: torch.Tensor) -> None:
+    """A weight [K, N] is read row-major or as the transposed view of an [N, K] weight; any other view is refused."""
+    if w.dim() != 2 or 1 not in w.stride() or w.stride(0) * w.stride(1) not in (w.shape[0], w.shape[1]):
+        raise ValueError(f"decode kernels need a contiguous weight or its transpose, got strides {w.stride()} for "
+                         f"{tuple(w.shape)}")
+
+
+def _need_cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> None:
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or k_cache.stride(-2) != head_dim:
+        raise ValueError("keys and values need the same layout, positions of D contiguous values")
+
+
 def _for_width(tiling: Tiling, size: int) -> Tiling:
     """The tiling for weights of `size` bytes: the tables are for bf16; fp32 (tests) takes half the K run and two
     stages, or gate/up's tiles would need 346 kB of shared memory (an H200 has 227 kB)."""
@@ -134,37 +222,47 @@ def _for_width(tiling: Tiling, size: int) -> Tiling:
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-               k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int,
-               head_dim: int) -> torch.Tensor:
+               k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int, *,
+               pdl: bool = False) -> torch.Tensor:
     """Rotated queries [M, heads * D] from projections qkv [M, (heads + 2 kv) * D] (contiguous); each row's
     rotated key and its value go into k_cache / v_cache [rows >= M, kv, L, D] at positions[row]. `cos` and `sin`
     are [L, D] tables (sin with rotate-half's sign folded in)."""
     m = qkv.shape[0]
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or k_cache.stride(-2) != head_dim:
-        raise ValueError("keys and values need the same layout, positions of D contiguous values")
+    _need_cache_layout(k_cache, v_cache, head_dim)
     _need_unit_stride(qkv, cos, sin, positions)
     q = torch.empty((m, heads * head_dim), device=qkv.device, dtype=qkv.dtype)
     _kernels().rope_store_kernel[(m, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, qkv.stride(0), k_cache.stride(0), k_cache.stride(1),
-        HEADS=heads, KV=kv_heads, D=head_dim, num_warps=1)
+        HEADS=heads, KV=kv_heads, D=head_dim, PDL=pdl, num_warps=1, **_pdl_launch(pdl))
     return q
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, kv_heads: int,
-           head_dim: int, block: int = ATTEND_BLOCK, warps: int = ATTEND_WARPS,
-           stages: int = ATTEND_STAGES) -> torch.Tensor:
+           head_dim: int, block: int = ATTEND_BLOCK, warps: int = ATTEND_WARPS, stages: int = ATTEND_STAGES, *,
+           pdl: bool = False, chunk: int = 0, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output [M, heads * D] for queries q [M, heads * D] (query head h reads kv head h // G) over each
-    row's cache positions <= positions[row]."""
+    row's cache positions <= positions[row]. chunk > 0: a program per `chunk` positions, merged by the last to
+    finish (`attend_split_kernel`), which needs `counts`, int32 zeros [>= M * kv_heads] that it leaves zero."""
     m, width = q.shape
     group = width // head_dim // kv_heads
     _need_unit_stride(q, positions)
-    if k_cache.stride(-1) != 1 or k_cache.stride(-2) != head_dim or k_cache.stride() != v_cache.stride():
-        raise ValueError("keys and values need the same layout, positions of D contiguous values")
+    _need_cache_layout(k_cache, v_cache, head_dim)
     if q.element_size() > 2:  # fp32 (tests): half the positions per iteration, for shared memory (_for_width)
         block, stages = block // 2, min(stages, 2)
     out = torch.empty_like(q)
+    block_g = max(16, 1 << (group - 1).bit_length())
+    if chunk:
+        if counts is None or counts.dtype != torch.int32 or counts.numel() < m * kv_heads:
+            raise ValueError(f"split attention needs int32 counts for {m * kv_heads} (row, kv head) pairs")
+        splits = -(-k_cache.shape[-2] // chunk)
+        part = torch.empty((m, kv_heads, splits, block_g, head_dim + 2), device=q.device, dtype=torch.float32)
+        _kernels().attend_split_kernel[(m, kv_heads, splits)](
+            q, k_cache, v_cache, positions, out, part, counts, head_dim ** -0.5, k_cache.stride(0),
+            k_cache.stride(1), G=group, BLOCK_G=block_g, D=head_dim, CHUNK=chunk, SPLITS=splits,
+            UPCAST=interpreting(), PDL=pdl, num_warps=warps, num_stages=stages, **_pdl_launch(pdl))
+        return out
     _kernels().attend_kernel[(m, kv_heads)](
         q, k_cache, v_cache, positions, out, head_dim ** -0.5, k_cache.stride(0), k_cache.stride(1), G=group,
-        BLOCK_G=max(16, 1 << (group - 1).bit_length()), D=head_dim, BLOCK_S=block, UPCAST=interpreting(),
-        num_warps=warps, num_stages=stages)
+        BLOCK_G=block_g, D=head_dim, BLOCK_S=block, UPCAST=interpreting(), PDL=pdl,
+        num_warps=warps, num_stages=stages, **_pdl_launch(pdl))
     return out

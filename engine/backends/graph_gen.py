@@ -192,9 +192,11 @@ class GraphLane:
     def __init__(self, model: torch.nn.Module, token_ids: Any, allowed: tuple[int, ...], *,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
-                 capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS) -> None:
+                 capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
+                 plan: decode_kernels.FusedPlan | None = None) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
-        there); more rows, prefills and `fused=False` run StaticQwen2's tensor code."""
+        there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
+        fused step (default decode_kernels.PLAN, less what this GPU cannot run)."""
         self.device = torch.device(device)
         self.token_ids = token_ids
         self._stop_ids = frozenset(token_ids.stop_ids)
@@ -213,6 +215,7 @@ class GraphLane:
                                      own_cache=False)
             wanted = self.device.type == "cuda" and decode_kernels.available() if fused is None else fused
             self.fused = wanted and decode_kernels.supports(self.model.head_dim)
+            self.plan = plan if plan is not None else decode_kernels.plan_for()
             self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()
         self._set_allowed(allowed)
@@ -260,8 +263,9 @@ class GraphLane:
         self.host = torch.zeros(RING, rows, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.allowed = torch.zeros(width, **long)
         self.head = torch.zeros(width, self.model.hidden, device=dev, dtype=self.model.dtype)
-        self.head_t = torch.zeros(self.model.hidden, width, device=dev, dtype=self.model.dtype) if self.fused else None
-        """The head transposed, for the fused kernels (they read W [K, N])."""
+        self.head_t = (torch.zeros(self.model.hidden, width, device=dev, dtype=self.model.dtype)
+                       if self.fused and not self.plan.k_major else None)
+        """The head transposed, for fused kernels reading W [K, N] row-major."""
         self.head_bias = torch.zeros(width, device=dev)
 
     def _set_allowed(self, allowed: tuple[int, ...]) -> None:
@@ -313,6 +317,10 @@ class GraphLane:
             cache[:, :, :, :size].index_copy_(1, rows, staged)
         self._record()
 
+    def head_for(self, plan: decode_kernels.FusedPlan) -> torch.Tensor:
+        """The head [H, A] as the fused kernels of `plan` read it."""
+        return self.head.t() if plan.k_major else self.head_t
+
     def _fuses(self, rows: int) -> bool:
         return self.fused and rows <= self.fuse_rows
 
@@ -320,8 +328,8 @@ class GraphLane:
         """One token for each of rows [0, rows)."""
         if self._fuses(rows):  # every row attends over its own length: `span` does not matter
             x = self.model.forward_fused(self.tokens[:rows], self.positions[:rows],
-                                         (self.k_rows[:, :rows], self.v_rows[:, :rows]))
-            logits = self.model.logits_fused(x, self.head_t, self.head_bias)
+                                         (self.k_rows[:, :rows], self.v_rows[:, :rows]), self.plan)
+            logits = self.model.logits_fused(x, self.head_for(self.plan), self.head_bias, self.plan)
         elif rows == 1:  # the single-sequence forward: its cache write fuses into the rotary kernel (1.10 vs 1.23 ms)
             logits = self._logits(self.model.forward(self.tokens[:1], self.positions[:1], span,
                                                      cache=(self.k_rows[:, 0], self.v_rows[:, 0])))

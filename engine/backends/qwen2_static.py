@@ -9,13 +9,13 @@ the residual adds ride in the GEMM epilogues (addmm): fewer kernels per layer is
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from engine.backends import decode_kernels
-from engine.backends.decode_kernels import TILINGS
+from engine.backends.decode_kernels import TILINGS, FusedPlan
 
 
 def supported(cfg) -> bool:
@@ -50,6 +50,10 @@ class LayerWeights:
     gate_up_t: torch.Tensor
     """[H, 2 * intermediate]: gate then up."""
     down_t: torch.Tensor
+
+
+COUNTS = 4096
+"""`StaticQwen2.counts`: enough for 16 rows x 256 kv heads, or 4096 output blocks of a split-K projection."""
 
 
 class StaticQwen2:
@@ -88,6 +92,11 @@ class StaticQwen2:
                 for param in layer.parameters():
                     param.data = torch.empty(0, dtype=param.dtype)
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
+        self.counts = torch.zeros(COUNTS, device=self.device, dtype=torch.int32)
+        """Counters of the fused kernels whose last program merges the others' work (split attention, reduced
+        split-K): each kernel leaves them zero, and the step's kernels run one after another, so they share."""
+        self._k_major: dict[tuple[bool, bool], list[LayerWeights]] = {}
+        """`_fused_weights`' copies, per (o, down) in our kernels."""
         self.cos, self.sin = self._rope_tables(cfg, max_len)
         self._layer, self._row_layer = self._layer_step, self._row_layer_step
         self._prefill_layer = self._prefill_layer_step
@@ -270,38 +279,65 @@ class StaticQwen2:
 
     # ---- the fused decode step (engine.backends.decode_kernels) ---------------------------------------------
 
-    def forward_fused(self, ids: torch.Tensor, positions: torch.Tensor,
-                      cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward_rows` in six kernels a layer instead of ~18 (engine.backends.decode_kernels around cuBLAS's o
-        and down projections), for up to decode_kernels.MAX_ROWS rows. Returns the last layer's residual stream
-        as two parts [B, H] whose sum is it, *before* the final norm: `logits_fused` adds them inside its first
-        kernel, as every layer does with the one before it. Each row attends over its own positions <=
-        positions[r], so the step needs no span bucket."""
+    def forward_fused(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
+                      plan: FusedPlan = FusedPlan()) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_rows` in six kernels a layer instead of ~18 (engine.backends.decode_kernels; `plan` says which
+        variant), for up to decode_kernels.MAX_ROWS rows. Returns the last layer's residual stream as two parts
+        [B, H] whose sum is it, *before* the final norm: `logits_fused` adds them inside its first kernel, as
+        every layer does with the one before it. Each row attends over its own positions <= positions[r], so the
+        step needs no span bucket."""
         dk = decode_kernels
         k_all, v_all = cache
+        launch = dict(pdl=plan.pdl)
         x, pending = self.embed.index_select(0, ids), None
-        for index, w in enumerate(self.layers):
+        for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
-            kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"])
+            kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"], **launch)
             if pending is None:
                 qkv = dk.matmul(x, w.qkv_t, **kw)
             else:
                 qkv, x = dk.add_matmul(x, pending, w.qkv_t, **kw)
             q = dk.rope_store(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads, self.kv_heads,
-                              self.head_dim)
-            attended = torch.mm(dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim), w.o_t)
+                              self.head_dim, pdl=plan.pdl)
+            attention = dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim, pdl=plan.pdl,
+                                  chunk=plan.attend_chunk, counts=self.counts)
+            attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan)
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
-                                   tiling=TILINGS["gate_up"])
-            pending = torch.mm(act, w.down_t)
+                                   tiling=TILINGS["gate_up"], **launch)
+            pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan)
         return x, pending
 
+    def _fused_weights(self, plan: FusedPlan) -> list[LayerWeights]:
+        """The layers as `plan` reads them: with k_major, the projections our kernels run are [N, K] copies (made
+        on first use: another 0.7 GB for Spark's LLM), seen as [K, N]; cuBLAS's stay row-major [K, N]."""
+        if not plan.k_major:
+            return self.layers
+        key = (plan.o_split > 0, plan.down_split > 0)
+        if key not in self._k_major:
+            def flip(t: torch.Tensor) -> torch.Tensor:
+                return t.t().contiguous().t()
+
+            self._k_major[key] = [replace(w, qkv_t=flip(w.qkv_t), gate_up_t=flip(w.gate_up_t),
+                                          o_t=flip(w.o_t) if key[0] else w.o_t,
+                                          down_t=flip(w.down_t) if key[1] else w.down_t) for w in self.layers]
+        return self._k_major[key]
+
+    def _fused_projection(self, x: torch.Tensor, w_t: torch.Tensor, split: int, name: str,
+                          plan: FusedPlan) -> torch.Tensor:
+        """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways."""
+        if not split:
+            return torch.mm(x, w_t)
+        return decode_kernels.matmul(x, w_t, tiling=TILINGS[name if split == 1 else f"{name}_split"], split_k=split,
+                                     pdl=plan.pdl, counts=self.counts)
+
     def logits_fused(self, stream: tuple[torch.Tensor, torch.Tensor], head_t: torch.Tensor,
-                     bias: torch.Tensor) -> torch.Tensor:
+                     bias: torch.Tensor, plan: FusedPlan = FusedPlan()) -> torch.Tensor:
         """fp32 logits [B, A] = rms_norm(x) @ head_t + bias for the residual stream x from `forward_fused` (two
-        parts) and output rows head_t [H, A] (transposed: the kernel reads W [K, N])."""
+        parts) and output rows head_t [H, A] (the kernel reads W [K, N]: row-major, or the transposed view of the
+        [A, H] rows, which suits a k_major plan)."""
         x, pending = stream
         return decode_kernels.add_matmul(x, pending, head_t, norm=self.norm, eps=self.eps, bias=bias,
-                                         out_dtype=torch.float32, tiling=TILINGS["head"])[0]
+                                         out_dtype=torch.float32, tiling=TILINGS["head"], pdl=plan.pdl)[0]
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Output-embedding rows [A, H] for vocabulary ids [A]: logits over those ids only."""

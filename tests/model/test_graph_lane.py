@@ -17,6 +17,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.backends import decode_kernels
+from engine.backends.decode_kernels import FusedPlan
 from engine.backends.graph_gen import (CANDIDATES, TOPK_CHUNKS, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
                                         top_candidates)
 from engine.backends.qwen2_static import StaticQwen2
@@ -512,11 +513,20 @@ def wide_model() -> Qwen2ForCausalLM:
     return _qwen(1, 64, 96)
 
 
+@pytest.fixture(scope="module")
+def wider_model() -> Qwen2ForCausalLM:
+    """A down projection of 600 rows: several split-K runs."""
+    return _qwen(2, 128, 600)
+
+
 @needs_triton
-def test_fused_step_equals_the_tensor_code(wide_model) -> None:
+@pytest.mark.parametrize("plan", [FusedPlan(), FusedPlan(o_split=1, down_split=1),
+                                  FusedPlan(k_major=True, o_split=2, down_split=3, attend_chunk=32)], ids=repr)
+def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> None:
     """forward_fused + logits_fused == forward_rows + the head, for three rows at different positions of their
-    caches (each row attends over its own length; keys and values land where forward_rows puts them)."""
-    static = StaticQwen2(wide_model, 128, "cpu", torch.float32)
+    caches (each row attends over its own length; keys and values land where forward_rows puts them), whichever
+    variant of the step runs."""
+    static = StaticQwen2(wider_model if plan != FusedPlan() else wide_model, 128, "cpu", torch.float32)
     g = torch.Generator().manual_seed(0)
     ids, positions = torch.tensor([9906, 11, 1879]), torch.tensor([0, 37, 100])
     caches = [static.new_rows_cache(4, 128) for _ in range(2)]
@@ -526,8 +536,8 @@ def test_fused_step_equals_the_tensor_code(wide_model) -> None:
     head = static.head_rows(torch.tensor(SEMANTIC_ONLY[:200]))
     with torch.inference_mode():
         want = static.forward_rows(ids, positions, 128, tuple(c[:, :3] for c in caches[0])) @ head.T
-        x = static.forward_fused(ids, positions, tuple(c[:, :3] for c in caches[1]))
-        got = static.logits_fused(x, head.t().contiguous(), torch.zeros(200))
+        x = static.forward_fused(ids, positions, tuple(c[:, :3] for c in caches[1]), plan)
+        got = static.logits_fused(x, head.t() if plan.k_major else head.t().contiguous(), torch.zeros(200), plan)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for a, b in zip(*caches):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -166,14 +166,22 @@ class RecordingGenerator(ScriptedGenerator):
             yield delta
 
 
-@pytest.mark.parametrize("eager", [False, True])
-async def test_next_sentence_starts_at_first_audio_or_when_generation_ends(eager):
+@pytest.mark.parametrize("eager, solo", [(False, 1), (True, 0), (True, 1)])
+async def test_next_sentence_starts_at_once_at_first_audio_or_when_generation_ends(eager, solo):
+    """Batching backends (eager) start a lone request's next sentence with it (solo_streams), others' at the
+    current one's first audio; other backends when the current one's generation ends."""
+    from engine.windowing import WindowSchedule
+
     gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=eager)
-    req = SynthesisRequest("One sentence here. Another one there.", options=SamplingOptions(seed=1))
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=eager,
+                        schedule=WindowSchedule(solo_streams=solo))
+    req = SynthesisRequest("One sentence here. Another one there. And a third one.", options=SamplingOptions(seed=1))
     await synth.render(req)
-    steps_before_second = gen.started_at_step[f"{req.request_id}-1"] - gen.started_at_step[f"{req.request_id}-0"]
-    if eager:  # first audio needs first_new + right codes: well before the first sentence's 121 tokens
+    started = [gen.started_at_step[f"{req.request_id}-{i}"] for i in range(3)]
+    steps_before_second = started[1] - started[0]
+    if eager and solo:  # at once: before the first sentence has a token; the third waits for the first's end
+        assert steps_before_second == 0 and started[2] - started[0] >= 121
+    elif eager:  # first audio needs first_new + right codes: well before the first sentence's 121 tokens
         assert synth.schedule.first_new + synth.schedule.right <= steps_before_second < 60
     else:
         assert steps_before_second == 121  # 120 codes + the stop token

@@ -107,11 +107,74 @@ def test_add_matmul_takes_the_residual_add_first_and_returns_the_sum():
 
 
 def test_strided_views_are_refused_not_misread():
-    """The kernels step through rows one element at a time: a transposed view would be read as garbage."""
-    x, w = torch.randn(2, 32), torch.randn(48, 32)
+    """The kernels read a weight row-major or as the transpose of a row-major one; any other view (here every
+    other column) would be read as garbage, so it is refused, as are strided vectors."""
+    x, w = torch.randn(2, 32), torch.randn(32, 96)
     with pytest.raises(ValueError, match="contiguous"):
-        dk.matmul(x, w.t())
+        dk.matmul(x, w[:, ::2])
+    with pytest.raises(ValueError, match="contiguous"):
+        dk.matmul(x, w.t().contiguous()[::2].t())
     cache = torch.zeros(2, 2, 8, 16)
     with pytest.raises(ValueError, match="contiguous"):
         dk.rope_store(torch.randn(2, 128), torch.ones(8, 16), torch.zeros(8, 16), torch.tensor([0, 1, 2, 3])[::2],
                       cache, cache.clone(), 4, 2, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_k_major_weights_give_the_same_products(dtype):
+    """A weight stored [N, K] and passed as its [K, N] transpose (FusedPlan.k_major) is read through its strides:
+    the same results as the row-major copy, for a plain, a SwiGLU and a split-K projection."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(3, 96, generator=g).to(dtype)
+    w = (torch.randn(96, 160, generator=g) / 10).to(dtype)
+    flipped = w.t().contiguous().t()
+    assert flipped.stride() == (1, 96) and torch.equal(flipped, w)
+    norm = torch.ones(96, dtype=dtype)
+    tiling = Tiling(block_n=16, block_k=64)
+    counts = torch.zeros(16, dtype=torch.int32)
+    for kw in (dict(norm=norm, eps=1e-6), dict(norm=norm, eps=1e-6, swiglu=True), dict(split_k=2, counts=counts)):
+        torch.testing.assert_close(dk.matmul(x, flipped, tiling=tiling, **kw), dk.matmul(x, w, tiling=tiling, **kw),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 7])
+def test_split_attention_merges_its_chunks_into_the_same_output(group):
+    """Positions cut into chunks of 32 (one program each, merged by the last to finish) give what one pass over
+    them gives: rows ending inside, at and just past a chunk's edge, and at position 0. The counters it uses are
+    zero again afterwards, so a second call (the next layer's) gets the same."""
+    kv, d, length = 2, 16, 150
+    g = torch.Generator().manual_seed(30 + group)
+    positions = torch.tensor([0, 31, 32, 149])
+    rows = positions.numel()
+    q = torch.randn(rows, kv * group * d, generator=g)
+    k_cache, v_cache = torch.randn(rows, kv, length, d, generator=g), torch.randn(rows, kv, length, d, generator=g)
+    want = dk.attend(q, k_cache, v_cache, positions, kv, d, block=32)
+    counts = torch.zeros(rows * kv + 3, dtype=torch.int32)
+    for _ in range(2):
+        got = dk.attend(q, k_cache, v_cache, positions, kv, d, block=32, chunk=32, counts=counts)
+        _close(got, want, 1e-5)
+        assert not counts.any()
+    with pytest.raises(ValueError, match="counts"):
+        dk.attend(q, k_cache, v_cache, positions, kv, d, chunk=32, counts=counts[:3])
+
+
+def test_split_k_sums_its_partials_in_place():
+    """K cut into runs of whole BLOCK_Ks, one program each (300 rows in runs of 32, fp32 halving the tiling's 64:
+    4 splits of 3 runs); the last program of each output block sums them in split order and runs the epilogue:
+    the product, in x's dtype, with the counters back at zero for the next kernel."""
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(3, 300, generator=g), torch.randn(300, 40, generator=g) / 10
+    res = torch.randn(3, 40, generator=g)
+    counts = torch.zeros(8, dtype=torch.int32)
+    tiling = Tiling(block_n=16, block_k=64)
+    assert dk._split(300, 4, 32) == (96, 4)  # noqa: SLF001
+    for _ in range(2):
+        got = dk.matmul(x, w, split_k=4, counts=counts, residual=res, tiling=tiling)
+        assert got.shape == (3, 40) and got.dtype == x.dtype and not counts.any()
+        _close(got, x @ w + res, 1e-5)
+    with pytest.raises(ValueError, match="counts"):
+        dk.matmul(x, w, split_k=4, counts=counts[:2], tiling=tiling)
+    with pytest.raises(ValueError, match="counts"):
+        dk.matmul(x, w, split_k=4, tiling=tiling)
+    with pytest.raises(ValueError, match="SwiGLU"):
+        dk.matmul(x, w, split_k=4, counts=counts, swiglu=True, tiling=tiling)
