@@ -63,9 +63,10 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
 FUSE_ROWS = 16
 """Decode steps of up to this many rows run the fused kernels (engine.backends.decode_kernels). Measured in one
-process on an H200 (scripts/decode_kernels_probe.py, ms per step, fused vs compiled tensor code): 0.91 vs 1.19 at
-1 row, 0.99 vs 1.23 at 16, 1.26 vs 1.28 at 32, 1.58 vs 1.39 at 64, 2.34 vs 1.67 at 128. The fused projections'
-programs cover 16 rows each and read the weights again for every 16 rows; cuBLAS's batched GEMMs read them once."""
+process on an H200 (scripts/decode_kernels_probe.py, ms per step, run 21's fused step vs compiled tensor code):
+0.91 vs 1.19 at 1 row, 0.99 vs 1.23 at 16, 1.26 vs 1.28 at 32, 1.58 vs 1.39 at 64, 2.34 vs 1.67 at 128 (run 22's
+plan: 0.77 at 1 row, 0.85 at 16). The fused projections' programs cover 16 rows each and read the weights again
+for every 16 rows; cuBLAS's batched GEMMs read them once."""
 ADMIT = 8
 """Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
 ADMIT_NEW = 32
