@@ -1,0 +1,105 @@
+"""The fused decode kernels compile for a Hopper GPU (sm90), on a machine without one.
+
+Triton's CPU interpreter (test_decode_kernels.py) runs the kernels as Python, so it misses what only the compiler
+rejects: a loop-carried variable changing type, grid dependency control (PDL) calls, atomics' memory semantics.
+This compiles each kernel with the constants the graph lane launches it with (decode_kernels.PLAN on Spark's
+0.5B shapes) through ptxas, which Triton's wheel ships, and checks it fits an H100/H200's shared memory.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+SHARED_MEMORY = 227 * 1024
+"""Shared memory one block may use on sm90 (H100, H200)."""
+HIDDEN, INTER, HEADS, KV, D, LENGTH = 896, 4864, 14, 2, 64, 1024
+"""Spark's LLM (Qwen2 0.5B) and the lane's longest cache."""
+
+
+def _cases() -> dict[str, tuple]:
+    """Each kernel as the graph lane launches it: (function name, pointer types, constants, warps, stages)."""
+    from engine.backends.decode_kernels import ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, TILINGS
+
+    matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
+                                      "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
+
+    def projection(name: str, k: int, split: int = 1, **flags) -> tuple:
+        tiling = TILINGS[name if split == 1 else f"{name}_split"]
+        constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
+                         SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
+                         BLOCK_K=tiling.block_k)
+        constants.update(flags)
+        pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
+        return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
+
+    attention = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "pos_ptr": "*i64", "scale": "fp32",
+                 "part_ptr": "*fp32", "count_ptr": "*i32"}
+    heads = dict(G=HEADS // KV, BLOCK_G=16, D=D, UPCAST=False, PDL=PLAN.pdl)
+    chunk = PLAN.attend_chunk or 256
+    rope = {**{n: "*bf16" for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr")}, "pos_ptr": "*i64"}
+    return {
+        "qkv": projection("qkv", HIDDEN, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
+        "o": projection("o", HIDDEN, PLAN.o_split),
+        "gate_up": projection("gate_up", HIDDEN, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
+        "down": projection("down", INTER, PLAN.down_split),
+        "head": projection("head", HIDDEN, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
+        "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
+        "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk)),
+                         ATTEND_WARPS, ATTEND_STAGES),
+        "rope_store": ("rope_store_kernel", rope, dict(HEADS=HEADS, KV=KV, D=D, PDL=PLAN.pdl), 1, 1),
+    }
+
+
+def _compile_all() -> dict[str, object]:
+    """Shared memory per kernel, or the compiler's error (run without TRITON_INTERPRET: see the test)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.backends import _decode_triton as kernels
+
+    results: dict[str, object] = {}
+    for name, (fn_name, pointers, constants, warps, stages) in _cases().items():
+        fn = getattr(kernels, fn_name)
+        names = fn.arg_names
+        signature = {n: "constexpr" if n in constants else pointers.get(n, "i32") for n in names}
+        source = ASTSource(fn=fn, signature=signature,
+                           constexprs={(names.index(n),): v for n, v in constants.items()})
+        try:
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": warps, "num_stages": stages})
+            results[name] = compiled.metadata.shared
+        except Exception as err:  # noqa: BLE001 - reported, and the test fails on it
+            cause = err
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            results[name] = f"{type(cause).__name__}: {str(cause)[-400:]}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, object]:
+    """The kernels compiled in a child process: the tests' conftest runs Triton as its CPU interpreter, whose
+    kernels cannot be compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, __file__], cwd=root, env=dict(env, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_store"])
+def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
+    shared = compiled[name]
+    assert isinstance(shared, int), shared
+    assert shared <= SHARED_MEMORY
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile_all()))
