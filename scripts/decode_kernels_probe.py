@@ -181,6 +181,7 @@ def attention(cfg: Qwen2Config) -> dict:
 
 
 _FAST = dict(pdl=True, k_major=True)
+_RUN22 = dict(_FAST, o_split=4, down_split=8, attend_chunk=256)
 PLANS = {
     "base": FusedPlan(),
     "pdl_k_major_o1": FusedPlan(**_FAST, o_split=1),
@@ -188,13 +189,15 @@ PLANS = {
     "o4_down8": FusedPlan(**_FAST, o_split=4, down_split=8),
     "o4_down4": FusedPlan(**_FAST, o_split=4, down_split=4),
     "o4_down8_chunk128": FusedPlan(**_FAST, o_split=4, down_split=8, attend_chunk=128),
-    "o4_down8_chunk256": FusedPlan(**_FAST, o_split=4, down_split=8, attend_chunk=256),
+    "o4_down8_chunk256": FusedPlan(**_RUN22),
     "o1_down8_chunk128": FusedPlan(**_FAST, o_split=1, down_split=8, attend_chunk=128),
+    "o4_down8_chunk256_rope_attend": FusedPlan(**_RUN22, rope_in_attention=True),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
 
-def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], positions: tuple[int, ...] = (128, 300, 600, 900)) -> dict:
+def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], plans: dict[str, FusedPlan],
+               positions: tuple[int, ...] = (128, 300, 600, 900)) -> dict:
     """us per fused step (model only: forward_fused + logits_fused, no sampling) of every plan, per rows and
     position, and each plan's logits against the base plan's from the same caches (8 rows at position 300)."""
     model, results, base = lane.model, {}, None
@@ -210,7 +213,7 @@ def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], positions: tuple[int
         return lambda: model.logits_fused(model.forward_fused(tokens, at, caches, plan), lane.head_for(plan),
                                           lane.head_bias, plan)
 
-    for name, plan in PLANS.items():
+    for name, plan in plans.items():
         row: dict = {}
         try:
             with torch.inference_mode():
@@ -241,6 +244,7 @@ def main() -> None:
     ap.add_argument("--plans", action="store_true",
                     help="only: time every FusedPlan variant, then a lane of the fastest (step, kernels)")
     ap.add_argument("--k-major-sweep", action="store_true", help="with --plans: then --sweep's tilings, k_major")
+    ap.add_argument("--only", metavar="NAMES", help="with --plans: only these plans (comma-separated)")
     args = ap.parse_args()
     cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -290,7 +294,8 @@ def probe_plans(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
     lane = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True, fuse_rows=args.fuse_rows,
                      plan=FusedPlan())
     out["pdl_supported"] = dk.pdl_supported()
-    out["plans_us"] = plan_steps(lane, tuple(n for n in (1, 2, 4, 8, 16) if n <= args.rows))
+    plans = {k: v for k, v in PLANS.items() if not args.only or k in args.only.split(",")}
+    out["plans_us"] = plan_steps(lane, tuple(n for n in (1, 2, 4, 8, 16) if n <= args.rows), plans)
     save(out, args.json)
     at = ("1@128", "1@300", "2@128", "2@300")  # a listener's sentences: one or two rows, positions ~100-350
     timed_ok = {k: sum(v[a] for a in at) for k, v in out["plans_us"].items() if all(a in v for a in at)}

@@ -157,31 +157,38 @@ def rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, s
 
 
 @triton.jit
-def attend_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, scale, stride_row, stride_head, G: tl.constexpr,
-                  BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
-                  PDL: tl.constexpr):
+def attend_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, cos_ptr, sin_ptr, scale, stride_q, stride_row, stride_head,
+                  G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                  ROPE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """One program per (row, kv head): its G query heads attend over the row's cache positions <= its position
-    (online softmax in fp32, BLOCK_S positions at a time; the loop stops at the row's own length, not a bucket)."""
+    (online softmax in fp32, BLOCK_S positions at a time; the loop stops at the row's own length, not a bucket).
+    Rows of q are stride_q apart. With ROPE, q_ptr is the q/k/v projection itself: the program rotates its
+    queries, and its key (rotated) and value go into the cache at the row's position first (rope_store_kernel's
+    work, one kernel fewer a layer)."""
     row, kvh = tl.program_id(0), tl.program_id(1)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pos = tl.load(pos_ptr + row)
-    q, at, live = _queries(q_ptr, row, kvh, G, BLOCK_G, D)
-    top, total, acc = _attend_span(q, k_ptr, v_ptr, row * stride_row + kvh * stride_head, 0, pos + 1, scale, D,
-                                   BLOCK_S, UPCAST)
+    base = row * stride_row + kvh * stride_head
+    q, at, live = _queries(q_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G, BLOCK_G, D, ROPE)
+    if ROPE:
+        _store_new_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, base, G, D)
+    top, total, acc = _attend_span(q, k_ptr, v_ptr, base, 0, pos + 1, scale, D, BLOCK_S, UPCAST)
     tl.store(out_ptr + at, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live)
 
 
 @triton.jit
-def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_ptr, count_ptr, scale, stride_row, stride_head,
-                        G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
-                        SPLITS: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, cos_ptr, sin_ptr, part_ptr, count_ptr, scale, stride_q,
+                        stride_row, stride_head, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+                        CHUNK: tl.constexpr, SPLITS: tl.constexpr, ROPE: tl.constexpr, UPCAST: tl.constexpr,
+                        PDL: tl.constexpr):
     """`attend_kernel` with a row's positions cut into chunks of CHUNK, one program each (flash-decoding): a long
     row is read by many SMs at once instead of one. Each program leaves its softmax state (running max, total,
     weighted values) in part [rows, kv, SPLITS, BLOCK_G, D + 2] and counts itself in count[row, kv]; the last of
     a (row, kv head)'s programs to finish merges them in chunk order (so the result does not depend on which was
-    last) and sets its count back to 0 for the next call. Programs past the row's length return at once."""
+    last) and sets its count back to 0 for the next call. Programs past the row's length return at once. With
+    ROPE, the program of the chunk holding the row's position writes its new key and value (`attend_kernel`)."""
     row, kvh, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -189,7 +196,11 @@ def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_ptr, count_p
     pos = tl.load(pos_ptr + row)
     chunks = pos // CHUNK + 1
     if chunk < chunks:
-        q, at, live = _queries(q_ptr, row, kvh, G, BLOCK_G, D)
+        q, at, live = _queries(q_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G, BLOCK_G, D, ROPE)
+        if ROPE:
+            if chunk == chunks - 1:
+                _store_new_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos,
+                              row * stride_row + kvh * stride_head, G, D)
         lo = chunk * CHUNK
         top, total, acc = _attend_span(q, k_ptr, v_ptr, row * stride_row + kvh * stride_head, lo,
                                        tl.minimum(lo + CHUNK, pos + 1), scale, D, CHUNK, UPCAST)
@@ -230,13 +241,43 @@ def _leave_or_merge(part_ptr, count_ptr, out_ptr, at, live, top, total, acc, row
 
 
 @triton.jit
-def _queries(q_ptr, row, kvh, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
-    """The G query heads of kv head `kvh` in row `row` of q [rows, kv * G * D] (padded to BLOCK_G with zeros),
-    their offsets (the output has q's layout) and which of the BLOCK_G are real."""
+def _queries(q_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G: tl.constexpr, BLOCK_G: tl.constexpr,
+             D: tl.constexpr, ROPE: tl.constexpr):
+    """The G query heads of kv head `kvh` in row `row` of q (rows stride_q apart; padded to BLOCK_G with zeros),
+    rotated at `pos` with ROPE; their offsets in the output [rows, kv * G * D], and which of the BLOCK_G are real."""
     g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
-    at = row * (G * D) * tl.num_programs(1) + (kvh * G + g)[:, None] * D + d[None, :]
+    heads = (kvh * G + g)[:, None] * D
     live = g[:, None] < G
-    return tl.load(q_ptr + at, mask=live, other=0.0), at, live
+    q = tl.load(q_ptr + row * stride_q + heads + d[None, :], mask=live, other=0.0)
+    if ROPE:
+        rolled = tl.load(q_ptr + row * stride_q + heads + ((d + D // 2) % D)[None, :], mask=live, other=0.0)
+        q = _rotate(q, rolled, cos_ptr, sin_ptr, pos, D)
+    return q, row * (G * D) * tl.num_programs(1) + heads + d[None, :], live
+
+
+@triton.jit
+def _rotate(x, rolled, cos_ptr, sin_ptr, pos, D: tl.constexpr):
+    """x * cos + rolled * sin at `pos` (sin carries rotate-half's sign), in fp32, rounded to x's dtype: as
+    rope_store_kernel does."""
+    d = tl.arange(0, D)
+    cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
+    return (x.to(tl.float32) * cos + rolled.to(tl.float32) * sin).to(x.dtype)
+
+
+@triton.jit
+def _store_new_kv(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, base, G: tl.constexpr,
+                  D: tl.constexpr):
+    """The row's new key (rotated) and value for kv head `kvh`, from its q/k/v projection into the cache at `pos`;
+    then a barrier, so the program's own loads of the cache see them."""
+    d = tl.arange(0, D)
+    heads = G * tl.num_programs(1)
+    src = qkv_ptr + row * stride_q
+    key = _rotate(tl.load(src + (heads + kvh) * D + d), tl.load(src + (heads + kvh) * D + (d + D // 2) % D),
+                  cos_ptr, sin_ptr, pos, D)
+    tl.store(k_ptr + base + pos * D + d, key)
+    tl.store(v_ptr + base + pos * D + d, tl.load(src + (heads + tl.num_programs(1) + kvh) * D + d))
+    tl.debug_barrier()
 
 
 @triton.jit

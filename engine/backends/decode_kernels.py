@@ -97,6 +97,8 @@ class FusedPlan:
     k_major: bool = False
     """Our projections read weights stored [N, K] (each program's output columns are whole rows of K contiguous
     values) rather than [K, N] (rows of BLOCK_N values, N apart)."""
+    rope_in_attention: bool = False
+    """The rotary embedding and the cache write in the attention kernel (`rope_attend`: no `rope_store`)."""
     attend_chunk: int = 0
     """Cache positions per attention program (0: one program per row and kv head), merged by the last
     (`attend`)."""
@@ -107,7 +109,7 @@ class FusedPlan:
     """The down projection, likewise."""
 
 
-PLAN = FusedPlan(pdl=True, k_major=True, attend_chunk=256, o_split=4, down_split=8)
+PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of eight in one process (H200, run 22;
 model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without the splits; at position
 900: 755 against 971, where the 256-position attention chunks count). Costs a second, [N, K] copy of the
@@ -243,24 +245,50 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     """Attention output [M, heads * D] for queries q [M, heads * D] (query head h reads kv head h // G) over each
     row's cache positions <= positions[row]. chunk > 0: a program per `chunk` positions, merged by the last to
     finish (`attend_split_kernel`), which needs `counts`, int32 zeros [>= M * kv_heads] that it leaves zero."""
-    m, width = q.shape
-    group = width // head_dim // kv_heads
-    _need_unit_stride(q, positions)
+    _need_unit_stride(q)
+    return _attend(q, q.shape[1] // head_dim, None, None, k_cache, v_cache, positions, kv_heads, head_dim, block,
+                   warps, stages, pdl, chunk, counts)
+
+
+def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int, *,
+                pdl: bool = False, chunk: int = 0, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """`rope_store` then `attend` in one kernel: from the q/k/v projection qkv [M, (heads + 2 kv) * D], each
+    program rotates its queries and, for the row's position, writes its key (rotated) and value into the cache
+    before it reads it. Returns the attention output [M, heads * D]."""
+    _need_unit_stride(qkv, cos, sin)
+    return _attend(qkv, heads, cos, sin, k_cache, v_cache, positions, kv_heads, head_dim, ATTEND_BLOCK,
+                   ATTEND_WARPS, ATTEND_STAGES, pdl, chunk, counts)
+
+
+def _attend(q: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Tensor | None, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, positions: torch.Tensor, kv_heads: int, head_dim: int, block: int, warps: int,
+            stages: int, pdl: bool, chunk: int, counts: torch.Tensor | None) -> torch.Tensor:
+    m = q.shape[0]
+    group = heads // kv_heads
+    _need_unit_stride(positions)
     _need_cache_layout(k_cache, v_cache, head_dim)
     if q.element_size() > 2:  # fp32 (tests): half the positions per iteration, for shared memory (_for_width)
         block, stages = block // 2, min(stages, 2)
-    out = torch.empty_like(q)
+    out = torch.empty((m, heads * head_dim), device=q.device, dtype=q.dtype)
     block_g = max(16, 1 << (group - 1).bit_length())
+    rope = cos is not None
+    tables = (cos, sin) if rope else (q, q)
+    common = dict(G=group, BLOCK_G=block_g, D=head_dim, ROPE=rope, UPCAST=interpreting(), PDL=pdl, num_warps=warps,
+                  num_stages=stages, **_pdl_launch(pdl))
+    strides = (head_dim ** -0.5, q.stride(0), k_cache.stride(0), k_cache.stride(1))
     if chunk:
         if counts is None or counts.dtype != torch.int32 or counts.numel() < m * kv_heads:
             raise ValueError(f"split attention needs int32 counts for {m * kv_heads} (row, kv head) pairs")
         splits = -(-k_cache.shape[-2] // chunk)
         part = torch.empty((m, kv_heads, splits, block_g, head_dim + 2), device=q.device, dtype=torch.float32)
         _kernels().attend_split_kernel[(m, kv_heads, splits)](
-            q, k_cache, v_cache, positions, out, part, counts, head_dim ** -0.5, k_cache.stride(0),
-            k_cache.stride(1), G=group, BLOCK_G=block_g, D=head_dim, CHUNK=chunk, SPLITS=splits,
-            UPCAST=interpreting(), PDL=pdl, num_warps=warps, num_stages=stages, **_pdl_launch(pdl))
-        return out
+            q, k_cache, v_cache, positions, out, *tables, part, counts, *strides, CHUNK=chunk, SPLITS=splits,
+            **common)
+    else:
+        _kernels().attend_kernel[(m, kv_heads)](q, k_cache, v_cache, positions, out, *tables, *strides,
+                                                BLOCK_S=block, **common)
+    return out
     _kernels().attend_kernel[(m, kv_heads)](
         q, k_cache, v_cache, positions, out, head_dim ** -0.5, k_cache.stride(0), k_cache.stride(1), G=group,
         BLOCK_G=block_g, D=head_dim, BLOCK_S=block, UPCAST=interpreting(), PDL=pdl,

@@ -297,10 +297,15 @@ class StaticQwen2:
                 qkv = dk.matmul(x, w.qkv_t, **kw)
             else:
                 qkv, x = dk.add_matmul(x, pending, w.qkv_t, **kw)
-            q = dk.rope_store(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads, self.kv_heads,
-                              self.head_dim, pdl=plan.pdl)
-            attention = dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim, pdl=plan.pdl,
-                                  chunk=plan.attend_chunk, counts=self.counts)
+            if plan.rope_in_attention:
+                attention = dk.rope_attend(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads,
+                                           self.kv_heads, self.head_dim, pdl=plan.pdl, chunk=plan.attend_chunk,
+                                           counts=self.counts)
+            else:
+                q = dk.rope_store(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads, self.kv_heads,
+                                  self.head_dim, pdl=plan.pdl)
+                attention = dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim, pdl=plan.pdl,
+                                      chunk=plan.attend_chunk, counts=self.counts)
             attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan)
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
                                    tiling=TILINGS["gate_up"], **launch)

@@ -178,3 +178,25 @@ def test_split_k_sums_its_partials_in_place():
         dk.matmul(x, w, split_k=4, tiling=tiling)
     with pytest.raises(ValueError, match="SwiGLU"):
         dk.matmul(x, w, split_k=4, counts=counts, swiglu=True, tiling=tiling)
+
+
+@pytest.mark.parametrize("chunk", [0, 32])
+def test_rope_attend_is_rope_store_then_attend(chunk):
+    """One kernel rotating the queries and writing each row's new key and value before reading the cache: the
+    same output and the same cache as `rope_store` followed by `attend` (one pass, or in chunks)."""
+    heads, kv, d, length = 4, 2, 16, 100
+    g = torch.Generator().manual_seed(40 + chunk)
+    positions = torch.tensor([0, 31, 32, 99])
+    rows = positions.numel()
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
+    caches = [tuple(torch.randn(rows, kv, length, d, generator=torch.Generator().manual_seed(1)) for _ in range(2))
+              for _ in range(2)]
+    counts = torch.zeros(rows * kv, dtype=torch.int32)
+    q = dk.rope_store(qkv, cos, sin, positions, *caches[0], heads, kv, d)
+    want = dk.attend(q, *caches[0], positions, kv, d, block=32, chunk=chunk, counts=counts)
+    got = dk.rope_attend(qkv, cos, sin, positions, *caches[1], heads, kv, d, chunk=chunk, counts=counts)
+    _close(got, want, 1e-5)
+    for a, b in zip(*caches):
+        _close(b, a, 0)
+    assert not counts.any()

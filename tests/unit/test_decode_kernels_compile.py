@@ -37,9 +37,10 @@ def _cases() -> dict[str, tuple]:
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
         return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
 
-    attention = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "pos_ptr": "*i64", "scale": "fp32",
+    attention = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "cos_ptr", "sin_ptr")},
+                 "pos_ptr": "*i64", "scale": "fp32",
                  "part_ptr": "*fp32", "count_ptr": "*i32"}
-    heads = dict(G=HEADS // KV, BLOCK_G=16, D=D, UPCAST=False, PDL=PLAN.pdl)
+    heads = dict(G=HEADS // KV, BLOCK_G=16, D=D, UPCAST=False, PDL=PLAN.pdl, ROPE=PLAN.rope_in_attention)
     chunk = PLAN.attend_chunk or 256
     rope = {**{n: "*bf16" for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr")}, "pos_ptr": "*i64"}
     return {
@@ -51,6 +52,9 @@ def _cases() -> dict[str, tuple]:
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk)),
                          ATTEND_WARPS, ATTEND_STAGES),
+        "rope_attend": ("attend_split_kernel", attention, dict(heads, ROPE=True, CHUNK=chunk,
+                                                               SPLITS=-(-LENGTH // chunk)), ATTEND_WARPS,
+                        ATTEND_STAGES),
         "rope_store": ("rope_store_kernel", rope, dict(HEADS=HEADS, KV=KV, D=D, PDL=PLAN.pdl), 1, 1),
     }
 
@@ -94,7 +98,8 @@ def compiled() -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_store"])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_attend",
+                                  "rope_store"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     shared = compiled[name]
     assert isinstance(shared, int), shared
