@@ -5,14 +5,16 @@ would take ~0.2 ms at the memory's speed (docs/benchmarks.md, lane profile). A s
 its kernels' count and each one's floor (~4 us for any GEMM reading from memory, cuBLAS's included), not of
 arithmetic. So:
 
-- `rope_store`: rotary embedding of queries and keys, keys and values written into the rows' cache (one kernel
-  for three, and no copy-back of the cache);
-- `attend`: grouped-query attention over each row's own length (online softmax, one pass: one kernel for three,
-  and no span bucket to pad to);
-- `matmul` / `add_matmul`: a residual add and rms_norm (prologue), a projection, then bias, residual add or
-  SwiGLU (epilogue). Measured against cuBLAS on the H200 it wins only where it saves kernels (norm + q/k/v,
-  norm + gate/up + SwiGLU, norm + head); the o and down projections stay with cuBLAS (docs/benchmarks.md, fused
-  decode kernels).
+- `rope_attend`: rotary embedding of queries and keys, the new keys and values written into the rows' cache, and
+  grouped-query attention over each row's own length (online softmax: no span bucket to pad to), optionally in
+  chunks of positions merged by the last program; `rope_store` + `attend` do it in two kernels;
+- `matmul` / `add_matmul`: a residual add and rms_norm (prologue), a projection reading [K, N] or [N, K] weights,
+  then bias, residual add or SwiGLU (epilogue); K optionally split over programs, the last of each output block
+  summing the splits (no reduce kernel);
+- on sm90+, each kernel is launched while the one before it runs (programmatic dependent launch).
+
+`FusedPlan` picks among these; `PLAN` is the fastest measured (docs/benchmarks.md, run 22: 0.77 ms a step at one
+row on an H200, against 0.91 for run 21's step and 1.19 for the compiled tensor code).
 
 Used on CUDA for decode steps of up to graph_gen.FUSE_ROWS rows, and by the unit tests under Triton's CPU
 interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
@@ -110,10 +112,11 @@ class FusedPlan:
 
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8)
-"""The variant the graph lane runs where it can (`plan_for`): the fastest of eight in one process (H200, run 22;
-model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without the splits; at position
-900: 755 against 971, where the 256-position attention chunks count). Costs a second, [N, K] copy of the
-layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
+"""The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
+docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
+the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
+embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). Costs a second, [N, K] copy of
+the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
