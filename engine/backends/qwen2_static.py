@@ -281,11 +281,11 @@ class StaticQwen2:
 
     def forward_fused(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                       plan: FusedPlan = FusedPlan()) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward_rows` in six kernels a layer instead of ~18 (engine.backends.decode_kernels; `plan` says which
-        variant), for up to decode_kernels.MAX_ROWS rows. Returns the last layer's residual stream as two parts
-        [B, H] whose sum is it, *before* the final norm: `logits_fused` adds them inside its first kernel, as
-        every layer does with the one before it. Each row attends over its own positions <= positions[r], so the
-        step needs no span bucket."""
+        """`forward_rows` in five or six kernels a layer instead of ~18 (engine.backends.decode_kernels; `plan`
+        says which variant), for up to decode_kernels.MAX_ROWS rows. Returns the last layer's residual stream as
+        two parts [B, H] whose sum is it, *before* the final norm: `logits_fused` adds them inside its first
+        kernel, as every layer does with the one before it. Each row attends over its own positions <=
+        positions[r], so the step needs no span bucket."""
         dk = decode_kernels
         k_all, v_all = cache
         launch = dict(pdl=plan.pdl)
