@@ -109,6 +109,58 @@ class _Progress:
     first_audio: bool = False
 
 
+@dataclass
+class _SentenceStats:
+    """What a sentence's rendering found, for its SentenceFinished event."""
+
+    tokens: int = 0
+    hit_limit: bool = False
+
+
+class _AheadRender:
+    """A sentence's audio rendered in the background before its turn (a lone request's next sentence), so its
+    windows decode while their tokens arrive, batched with the current sentence's, instead of one after another
+    once the current sentence has played out: a two-sentence request on the H200 spent ~20 ms after its last
+    token decoding the second sentence's six windows in a row (run 22). The pieces wait in memory (10 s of
+    audio is 640 kB)."""
+
+    def __init__(self, pieces: AsyncIterator[tuple[np.ndarray, bool]], stats: _SentenceStats) -> None:
+        self.stats = stats
+        self.queue: asyncio.Queue[tuple[np.ndarray, bool] | BaseException | None] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(pieces))
+
+    async def _run(self, pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> None:
+        try:
+            async with aclosing(pieces) as it:  # type: ignore[type-var]
+                async for piece in it:
+                    self.queue.put_nowait(piece)
+            self.queue.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # raised in the consumer's context when it reaches this sentence
+            self.queue.put_nowait(err)
+
+    async def parts(self) -> AsyncIterator[tuple[np.ndarray, bool]]:
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
 class Synthesizer:
     """Streams speech for requests. One instance per loaded model; safe for concurrent requests."""
 
@@ -216,38 +268,59 @@ class Synthesizer:
     async def _chunks(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None,
                       globals_: tuple[int, ...], progress: _Progress) -> AsyncIterator[AudioChunk]:
         sentences = _SentenceSource(req.text, text_stream, self.join.max_sentence_chars)
-        feeds: list[tuple[int, _TokenFeed]] = []
+        feeds: list[tuple[int, _TokenFeed, _AheadRender | None]] = []
         index = 0
+
+        def lookahead() -> None:
+            """Start the next sentence's generation (and, for a lone request, its audio) if its text is here."""
+            nonlocal index
+            text = sentences.next_nowait()
+            if text is None:
+                return
+            feed = self._start(req, text, index, globals_)
+            ahead = None
+            if self._alone():
+                stats = _SentenceStats()
+                ahead = _AheadRender(self._render(req, index, feed, stats, globals_, progress, None), stats)
+            feeds.append((index, feed, ahead))
+            index += 1
+
         try:
             while True:
                 if not feeds:
                     text = await sentences.next()
                     if text is None:
                         break
-                    feeds.append((index, self._start(req, text, index, globals_)))
+                    feeds.append((index, self._start(req, text, index, globals_), None))
                     index += 1
-                i, feed = feeds.pop(0)
+                i, feed, ahead = feeds.pop(0)
                 if i > 0:
                     yield self._pause_chunk(req, i, progress)
-
-                def lookahead() -> None:
-                    nonlocal index
-                    text = sentences.next_nowait()
-                    if text is not None:
-                        feeds.append((index, self._start(req, text, index, globals_)))
-                        index += 1
-
-                sentence = self._sentence(req, i, feed, globals_, progress,
-                                          start_next=lookahead if not feeds else None)
-                async with aclosing(sentence) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
+                if ahead is None:
+                    stats = _SentenceStats()
+                    parts = self._render(req, i, feed, stats, globals_, progress,
+                                         start_next=lookahead if not feeds else None)
+                else:
+                    if not feeds:
+                        lookahead()  # its audio is (being) rendered already: the next one may start now
+                    stats, parts = ahead.stats, ahead.parts()
+                async with aclosing(parts) as pieces:
+                    async for samples, final in pieces:
+                        yield self._emit(req, i, samples, final, progress)
+                self.events(SentenceFinished(req.request_id, i, tokens=stats.tokens, hit_limit=stats.hit_limit))
             if index == 0:
                 raise InputError("nothing to say: the text has no speakable words")
         finally:
-            for _, feed in feeds:
+            for _, feed, ahead in feeds:
+                if ahead is not None:
+                    await ahead.stop()
                 await feed.stop()
             await sentences.close()
+
+    def _alone(self) -> bool:
+        """A lone listener on a batching backend (`WindowSchedule.solo_streams`): its next sentence generates
+        and decodes side by side with the current one."""
+        return self.eager_lookahead and self.active_requests <= self.schedule.solo_streams
 
     def _start(self, req: SynthesisRequest, text: str, index: int, globals_: tuple[int, ...]) -> _TokenFeed:
         prompt = build_globals_prompt(text, globals_, self.token_ids, self.encode)
@@ -255,18 +328,20 @@ class Synthesizer:
                        max_tokens=min(req.options.max_tokens, sentence_token_cap(text)))
         return _TokenFeed(self.generator, prompt, opts, sentence_id(req.request_id, index))
 
-    async def _sentence(self, req: SynthesisRequest, index: int, feed: _TokenFeed, globals_: tuple[int, ...],
-                        progress: _Progress, start_next: Callable[[], None] | None) -> AsyncIterator[AudioChunk]:
-        """One sentence's audio. `start_next` starts the next sentence's generation: once this one's is done,
-        or (eager_lookahead, for batching backends) already at its first audio, so that a stream keeps one
-        request in the generator until it has sound, and the next one is ready long before it is needed; for a
-        lone request (`WindowSchedule.solo_streams`) at once, side by side with this one.
+    async def _render(self, req: SynthesisRequest, index: int, feed: _TokenFeed, stats: _SentenceStats,
+                      globals_: tuple[int, ...], progress: _Progress,
+                      start_next: Callable[[], None] | None) -> AsyncIterator[tuple[np.ndarray, bool]]:
+        """One sentence's audio, (samples, final) per decoded window. `start_next` starts the next sentence's
+        generation: once this one's is done, or (eager_lookahead, for batching backends) already at its first
+        audio, so that a stream keeps one request in the generator until it has sound, and the next one is
+        ready long before it is needed; for a lone request (`WindowSchedule.solo_streams`) at once, side by
+        side with this one (and its audio is rendered ahead too: `_AheadRender`).
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
         its next windows (128 streams on the H200 all underran, docs/benchmarks.md run 4)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
-        early = self.eager_lookahead and self.active_requests <= self.schedule.solo_streams
+        early = self._alone()
         planner, fader = WindowPlanner(self.schedule.busy() if busy else self.schedule), Crossfader()
         codes: list[int] = []
         done, first_chunk = False, True
@@ -290,11 +365,10 @@ class Synthesizer:
                 out = fader.push(pcm, window.head * spc, window.tail * spc)
                 out = fade_edges(out, fade if first_chunk else 0, fade if window.final else 0)
                 first_chunk = False
-                yield self._emit(req, index, out, window.final, progress)
+                yield out, window.final
         finally:
             await feed.stop()
-        self.events(SentenceFinished(req.request_id, index, tokens=parser.semantic_count,
-                                     hit_limit=not parser.done))
+        stats.tokens, stats.hit_limit = parser.semantic_count, not parser.done
 
     def _take_queued(self, feed: _TokenFeed, parser: TokenParser, codes: list[int], progress: _Progress,
                      done: bool, request_id: str) -> bool:

@@ -234,3 +234,66 @@ async def test_a_sentence_that_never_stops_is_cut_at_its_length_cap():
     synth2, _ = make(tokens=100_000, events=capped)
     await synth2.render(SynthesisRequest("Short one.", options=SamplingOptions(seed=1, max_tokens=40)))
     assert [e.tokens for e in capped if isinstance(e, SentenceFinished)] == [40]  # --max-tokens still wins
+
+
+def lone(tokens=120, delay=0.001, events=None, generator=None):
+    """A lone request on a batching backend: its next sentence generates and decodes alongside (solo_streams)."""
+    from engine.windowing import WindowSchedule
+
+    gen = generator or ScriptedGenerator(IDS, tokens_per_sentence=tokens, delay_s=delay)
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+                        schedule=WindowSchedule(solo_streams=1),
+                        events=(events.append if events is not None else (lambda e: None)))
+    return synth, gen
+
+
+async def test_a_lone_requests_next_sentence_is_decoded_before_its_turn_and_sounds_the_same():
+    events = []
+    synth, _ = lone(events=events)
+    text = "One sentence here. Another one there. And a third one."
+    req = SynthesisRequest(text, options=SamplingOptions(seed=4))
+    chunks = [c async for c in synth.synthesize(req)]
+    order = [(type(e).__name__, e.sentence_index) for e in events if isinstance(e, (ChunkDecoded, SentenceFinished))]
+    # the second sentence's windows were decoded while the first was still being delivered
+    assert order.index(("ChunkDecoded", 1)) < order.index(("SentenceFinished", 0))
+    finished = [e for e in events if isinstance(e, SentenceFinished)]
+    assert [e.sentence_index for e in finished] == [0, 1, 2] and [e.tokens for e in finished] == [120] * 3
+    assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
+    assert [c.sentence_index for c in chunks] == sorted(c.sentence_index for c in chunks)
+    plain, _ = make(tokens=120)  # no lookahead at all: every sentence decoded in its turn
+    want = await plain.render(req)
+    assert np.array_equal(np.concatenate([c.samples for c in chunks]), want)
+
+
+class FailsOnSecond(ScriptedGenerator):
+    async def stream(self, prompt, opts, request_id):
+        async for delta in super().stream(prompt, opts, request_id):
+            if request_id.endswith("-1") and self.steps > 30:
+                raise RuntimeError("device lost")
+            yield delta
+
+
+async def test_a_failure_in_the_sentence_rendered_ahead_comes_after_the_audio_before_it():
+    synth, _ = lone(generator=FailsOnSecond(IDS, tokens_per_sentence=120, delay_s=0.001))
+    req = SynthesisRequest("First one is fine. Second one breaks.", options=SamplingOptions(seed=4))
+    got = []
+    with pytest.raises(Exception, match="device lost"):
+        async for chunk in synth.synthesize(req):
+            got.append(chunk)
+    first = [c for c in got if c.sentence_index == 0]
+    assert sum(len(c.samples) for c in first) == 120 * 320 and first[-1].sentence_end
+    assert all(c.sentence_index == 0 or c.pause for c in got)
+
+
+async def test_leaving_a_lone_request_early_stops_both_sentences():
+    synth, gen = lone(tokens=3000, delay=0.002)
+    req = SynthesisRequest("A long first sentence. A long second one.", options=SamplingOptions(seed=2))
+    stream = synth.synthesize(req)
+    async for _ in stream:
+        break
+    await stream.aclose()
+    steps = gen.steps
+    await asyncio.sleep(0.05)
+    assert gen.steps == steps, "generation kept running after the stream was closed"
+    assert {f"{req.request_id}-0", f"{req.request_id}-1"} <= gen.aborted
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
