@@ -192,6 +192,7 @@ PLANS = {
     "o4_down8_chunk256": FusedPlan(**_RUN22),
     "o1_down8_chunk128": FusedPlan(**_FAST, o_split=1, down_split=8, attend_chunk=128),
     "o4_down8_chunk256_rope_attend": FusedPlan(**_RUN22, rope_in_attention=True),
+    "rope_attend_one_sample": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -245,6 +246,9 @@ def main() -> None:
                     help="only: time every FusedPlan variant, then a lane of the fastest (step, kernels)")
     ap.add_argument("--k-major-sweep", action="store_true", help="with --plans: then --sweep's tilings, k_major")
     ap.add_argument("--only", metavar="NAMES", help="with --plans: only these plans (comma-separated)")
+    ap.add_argument("--lanes", metavar="NAMES",
+                    help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
+                         "and the sampling kernel's draws against the tensor code's")
     args = ap.parse_args()
     cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -256,6 +260,8 @@ def main() -> None:
     allowed = semantic_allowed_ids(ids)
     if args.plans:
         return probe_plans(model, ids, allowed, args, out)
+    if args.lanes:
+        return probe_lanes(model, ids, allowed, args, out)
     lanes = {}
     for name, fused, compiled in (("fused", True, False), ("plain_compiled", False, True)):
         t0 = time.perf_counter()
@@ -324,6 +330,60 @@ def probe_plans(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
         torch.cuda.empty_cache()
         out["k_major_sweep_us"] = sweep(cfg, (1, 8), k_major=True)
         save(out, args.json)
+
+
+def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict) -> None:
+    """Lanes of the named plans side by side: each step time is the median of rounds taken in turns, so that a
+    drifting clock or a neighbour's load falls on every plan alike."""
+    lanes = {}
+    for name in args.lanes.split(","):
+        t0 = time.perf_counter()
+        lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
+                                fuse_rows=args.fuse_rows, plan=PLANS[name])
+        out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
+    rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
+    for _ in range(7):
+        for name, lane in lanes.items():
+            for n in lane.row_buckets:
+                rounds[name].setdefault(n, []).append(graph_step_ms(lane, n, SPAN, 50))
+    for name, lane in lanes.items():
+        out[f"lane_{name}_step_ms"] = {n: round(sorted(t)[len(t) // 2], 4) for n, t in rounds[name].items()}
+        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, 2)]
+        print("lane", name, out[f"lane_{name}_start_s"], out[f"lane_{name}_step_ms"], flush=True)
+        for listing in out[f"lane_{name}_kernels"]:
+            print(" rows", listing["rows"], listing["kernels_per_step"], "kernels", listing["kernel_sum_ms_per_step"])
+            for r in listing["top"][:8]:
+                print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
+        save(out, args.json)
+    out["sample_vs_pick"] = sample_agreement(next(iter(lanes.values())).allowed.numel())
+    print("sample vs pick", out["sample_vs_pick"], flush=True)
+    save(out, args.json)
+
+
+def sample_agreement(width: int, rows: int = 16, trials: int = 64) -> dict:
+    """decode_kernels.sample's draws against graph_gen.pick's on the GPU, same logits and noise (random logits
+    of a trained model's spread, temperature 0.8, top-k 50, top-p 0.95, fresh noise each trial)."""
+    from engine.backends.graph_gen import pick
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    same = total = 0
+    for _ in range(trials):
+        logits = torch.randn(rows, width, device="cuda", generator=g) * 4
+        noise = -torch.log(torch.empty(rows, 2, CANDIDATES, device="cuda").exponential_(generator=g))
+        state = dk.StepState(temperature=torch.full((rows,), 0.8, device="cuda"),
+                             top_k=torch.full((rows,), 50, device="cuda", dtype=torch.long),
+                             top_p=torch.full((rows,), 0.95, device="cuda"), noise=noise,
+                             allowed=torch.arange(width, device="cuda"),
+                             tokens=torch.zeros(rows, device="cuda", dtype=torch.long),
+                             steps=torch.zeros(rows, device="cuda", dtype=torch.long),
+                             positions=torch.zeros(rows, device="cuda", dtype=torch.long),
+                             ring=torch.zeros(4, rows, device="cuda", dtype=torch.long),
+                             launch=torch.zeros(1, device="cuda", dtype=torch.long), max_len=1)
+        want = pick(logits, state.temperature, state.top_k, state.top_p, noise[:, 0])
+        dk.sample(logits, state, CANDIDATES, torch.zeros(rows + 1, device="cuda", dtype=torch.int32))
+        same += int((state.tokens == want).sum())
+        total += rows
+    return {"same": same, "of": total}
 
 
 def save(out: dict, path: str | None) -> None:

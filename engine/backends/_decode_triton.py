@@ -302,3 +302,85 @@ def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S:
         acc = acc * fade[:, None] + _dot(p.to(values.dtype), values, UPCAST)
         top = new_top
     return top, total, acc
+
+
+@triton.jit
+def sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr,
+                  pos_ptr, ring_ptr, launch_ptr, keys_ptr, count_ptr, width, noise_row, noise_step, max_len, ring,
+                  ring_stride, CHUNKS: tl.constexpr, SLICE: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr):
+    """A decode step's sampling in one kernel (graph_gen.pick's draw, then the step's bookkeeping). Program
+    (c, row) sorts slice c of the row's fp32 logits [rows, width] (SLICE >= width / CHUNKS) and keeps its top
+    CANDIDATES in keys [rows, CHUNKS, CANDIDATES]; the last of the row's programs to finish (count[row]) sorts
+    their union, so it holds the row's top CANDIDATES largest first (graph_gen.top_candidates), and draws by
+    Gumbel-max: argmax(value / temperature + noise[row, step]) over the ranks that top-k and top-p keep. It writes
+    allowed[pick] as the row's next token, into ring[launch % ring, row] too, moves the row's step and position
+    on (clamped to the buffers) and sets its count back to 0; the last row to finish (count[rows], rows being the
+    grid's) moves the launch counter on.
+
+    A logit and its index travel as one int64 key, so one sort orders both: the float's bits made order-preserving
+    as an int32 (negative floats' magnitude bits flipped) above, 2^31 - 1 - index below (equal logits: the
+    lower index first)."""
+    c, row = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    at = tl.arange(0, SLICE)
+    index = c * (width // CHUNKS) + at
+    live = (at < width // CHUNKS) & (index < width)
+    values = tl.load(logits_ptr + row * width + index, mask=live, other=float("-inf"))
+    best = _top(_keys(values, index), SLICE, CANDIDATES)
+    rank = tl.arange(0, CANDIDATES)
+    tl.store(keys_ptr + (row * CHUNKS + c) * CANDIDATES + rank, best)
+    if tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1:
+        _draw(temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr, pos_ptr, ring_ptr,
+              launch_ptr, keys_ptr, count_ptr, row, noise_row, noise_step, max_len, ring, ring_stride, CHUNKS,
+              CANDIDATES)
+
+
+@triton.jit
+def _draw(temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr, pos_ptr, ring_ptr,
+          launch_ptr, keys_ptr, count_ptr, row, noise_row, noise_step, max_len, ring, ring_stride,
+          CHUNKS: tl.constexpr, CANDIDATES: tl.constexpr):
+    """`sample_kernel`'s last program of a row: the draw among the row's top candidates and the bookkeeping."""
+    union = tl.arange(0, CHUNKS * CANDIDATES)
+    keys = tl.load(keys_ptr + row * CHUNKS * CANDIDATES + union, cache_modifier=".cg")  # .cg: past L1
+    best = _top(keys, CHUNKS * CANDIDATES, CANDIDATES)
+    ordered = (best >> 32).to(tl.int32)
+    values = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    index = 0x7FFFFFFF - (best & 0x7FFFFFFF)
+    rank = tl.arange(0, CANDIDATES)
+    values = values / tl.load(temp_ptr + row)
+    values = tl.where(rank < tl.load(top_k_ptr + row), values, float("-inf"))
+    probs = tl.exp(values - tl.max(values, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    before = tl.cumsum(probs, axis=0) - probs
+    values = tl.where(before < tl.load(top_p_ptr + row), values, float("-inf"))
+    step = tl.load(steps_ptr + row)
+    noise = tl.load(noise_ptr + row * noise_row + step * noise_step + rank)
+    chosen = tl.argmax(values + noise, axis=0)
+    token = tl.load(allowed_ptr + tl.sum(tl.where(rank == chosen, index, 0), axis=0))
+    tl.store(tokens_ptr + row, token)
+    tl.store(steps_ptr + row, tl.minimum(step + 1, max_len))
+    tl.store(pos_ptr + row, tl.minimum(tl.load(pos_ptr + row) + 1, max_len - 1))
+    launch = tl.load(launch_ptr)
+    tl.store(ring_ptr + (launch % ring) * ring_stride + row, token)
+    tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")
+    rows = tl.num_programs(1)
+    if tl.atomic_add(count_ptr + rows, 1, sem="acq_rel", scope="gpu") == rows - 1:
+        tl.store(launch_ptr, launch + 1)
+        tl.atomic_xchg(count_ptr + rows, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _keys(values, index):
+    """int64 sort keys of fp32 values and their int32 indices (sample_kernel)."""
+    bits = values.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+
+
+@triton.jit
+def _top(keys, N: tl.constexpr, K: tl.constexpr):
+    """The K largest of N keys, largest first (a sort, then its first row of K)."""
+    ranked = tl.reshape(tl.sort(keys, descending=True), [N // K, K])
+    first = tl.arange(0, N // K)[:, None] == 0
+    return tl.sum(tl.where(first, ranked, 0), axis=0)

@@ -109,9 +109,12 @@ class FusedPlan:
     last program: no reduce kernel)."""
     down_split: int = 0
     """The down projection, likewise."""
+    one_sample: bool = False
+    """The lane's sampling and bookkeeping after the head in one kernel (`sample`) instead of ~20 small ones."""
 
 
-PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8)
+PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
+                 one_sample=True)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
@@ -292,8 +295,62 @@ def _attend(q: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Te
         _kernels().attend_kernel[(m, kv_heads)](q, k_cache, v_cache, positions, out, *tables, *strides,
                                                 BLOCK_S=block, **common)
     return out
-    _kernels().attend_kernel[(m, kv_heads)](
-        q, k_cache, v_cache, positions, out, head_dim ** -0.5, k_cache.stride(0), k_cache.stride(1), G=group,
-        BLOCK_G=block_g, D=head_dim, BLOCK_S=block, UPCAST=interpreting(), PDL=pdl,
-        num_warps=warps, num_stages=stages, **_pdl_launch(pdl))
-    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """The graph lane's per-row sampling and bookkeeping buffers that `sample` reads and moves on."""
+
+    temperature: torch.Tensor
+    """[rows] fp32."""
+    top_k: torch.Tensor
+    """[rows] int64, each <= the candidates."""
+    top_p: torch.Tensor
+    """[rows] fp32."""
+    noise: torch.Tensor
+    """[rows, steps + 1, candidates] fp32 Gumbel noise, read at each row's step."""
+    allowed: torch.Tensor
+    """[width] int64: the vocabulary id of each logit column."""
+    tokens: torch.Tensor
+    """[rows] int64: each row's next input (written)."""
+    steps: torch.Tensor
+    """[rows] int64: tokens sampled per row (moved on, at most max_len)."""
+    positions: torch.Tensor
+    """[rows] int64: each row's position (moved on, at most max_len - 1)."""
+    ring: torch.Tensor
+    """[RING, rows] int64: every launch's tokens, ring[launch % RING]."""
+    launch: torch.Tensor
+    """[1] int64: launches so far (moved on)."""
+    max_len: int
+
+
+SAMPLE_CHUNKS = 16
+"""Slices of a row's logits sorted side by side by `sample`'s programs (the last merges their top candidates)."""
+
+
+def can_sample(width: int, candidates: int) -> bool:
+    """Whether `sample` takes logits this wide: SAMPLE_CHUNKS slices of at least `candidates` (a power of two)."""
+    return width % SAMPLE_CHUNKS == 0 and width // SAMPLE_CHUNKS >= candidates and candidates & (candidates - 1) == 0
+
+
+def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torch.Tensor, *,
+           pdl: bool = False) -> None:
+    """graph_gen.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
+    (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
+    moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels (~50 us of
+    a 0.77 ms step on an H200, docs/benchmarks.md)."""
+    rows, width = logits.shape
+    _need_unit_stride(logits, state.allowed, state.tokens, state.steps, state.positions, state.ring)
+    if not can_sample(width, candidates):
+        raise ValueError(f"sample needs a width of {SAMPLE_CHUNKS} slices of at least {candidates} logits "
+                         f"(a power of two), got {width}")
+    if counts.dtype != torch.int32 or counts.numel() < rows + 1:
+        raise ValueError(f"sample needs int32 counts for {rows + 1} counters")
+    noise = state.noise
+    keys = torch.empty((rows, SAMPLE_CHUNKS, candidates), device=logits.device, dtype=torch.int64)
+    _kernels().sample_kernel[(SAMPLE_CHUNKS, rows)](
+        logits, state.temperature, state.top_k, state.top_p, noise, state.allowed, state.tokens, state.steps,
+        state.positions, state.ring, state.launch, keys, counts, width, noise.stride(0), noise.stride(1),
+        state.max_len, state.ring.shape[0], state.ring.stride(0), CHUNKS=SAMPLE_CHUNKS,
+        SLICE=max(candidates, 1 << (width // SAMPLE_CHUNKS - 1).bit_length()), CANDIDATES=candidates, PDL=pdl,
+        num_warps=4, **_pdl_launch(pdl))

@@ -82,6 +82,8 @@ ROW_MEMORY_SHARE = 0.10
 RING = 512
 """Launches whose tokens the ring keeps: more than are ever in flight ((AHEAD + 1) bursts of 8 steps and one
 admission's prefills, at most (ADMIT_NEW + ADMIT) / 8 + 3)."""
+LANE_STREAM_PRIORITY = -1
+"""CUDA stream priority of the lane (lower is higher; torch's streams default to 0, as the decoder's does)."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
@@ -210,7 +212,10 @@ class GraphLane:
         if fused and not decode_kernels.available():
             raise ValueError("fused decode kernels need Triton and a CUDA GPU (or Triton's CPU interpreter)")
         self.fuse_rows = fuse_rows
-        self.cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # High priority: the decoder's windows (its own stream, default priority) run beside the steps, and a step's
+        # small kernels should get the SMs first as they free up; a graph replays at its stream's priority.
+        self.cuda_stream = (torch.cuda.Stream(self.device, priority=LANE_STREAM_PRIORITY)
+                            if self.device.type == "cuda" else None)
         with self._on_stream():
             self.model = StaticQwen2(model, max_len, self.device, dtype, compile_layers=compile_layers,
                                      own_cache=False)
@@ -268,6 +273,10 @@ class GraphLane:
                        if self.fused and not self.plan.k_major else None)
         """The head transposed, for fused kernels reading W [K, N] row-major."""
         self.head_bias = torch.zeros(width, device=dev)
+        self.step_state = decode_kernels.StepState(self.temperature, self.top_k, self.top_p, self.noise, self.allowed,
+                                                   self.tokens, self.steps, self.positions, self.ring, self.launch,
+                                                   self.max_len)
+        """The buffers a fused step's `decode_kernels.sample` reads and moves on."""
 
     def _set_allowed(self, allowed: tuple[int, ...]) -> None:
         """Point the head at these vocabulary ids (padding rows get -inf logits); every row shares them."""
@@ -331,6 +340,10 @@ class GraphLane:
             x = self.model.forward_fused(self.tokens[:rows], self.positions[:rows],
                                          (self.k_rows[:, :rows], self.v_rows[:, :rows]), self.plan)
             logits = self.model.logits_fused(x, self.head_for(self.plan), self.head_bias, self.plan)
+            # the draw, tokens, steps, positions and ring row in one kernel
+            if self.plan.one_sample and decode_kernels.can_sample(logits.shape[1], CANDIDATES):
+                decode_kernels.sample(logits, self.step_state, CANDIDATES, self.model.counts, pdl=self.plan.pdl)
+                return
         elif rows == 1:  # the single-sequence forward: its cache write fuses into the rotary kernel (1.10 vs 1.23 ms)
             logits = self._logits(self.model.forward(self.tokens[:1], self.positions[:1], span,
                                                      cache=(self.k_rows[:, 0], self.v_rows[:, 0])))

@@ -200,3 +200,51 @@ def test_rope_attend_is_rope_store_then_attend(chunk):
     for a, b in zip(*caches):
         _close(b, a, 0)
     assert not counts.any()
+
+
+def _step_state(rows, width, candidates, max_len=40, ring_rows=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lane_rows = ring_rows or rows
+    noise = -torch.log(torch.empty(lane_rows, max_len + 1, candidates).exponential_(generator=gen))
+    noise[0] = 0.0  # row 0 greedy-style: no noise
+    return dk.StepState(
+        temperature=torch.tensor([1.0, 0.7, 1.3, 1.0, 0.9][:rows] + [1.0] * (lane_rows - min(rows, 5))),
+        top_k=torch.tensor([1, 64, 50, 5, 64][:rows] + [64] * (lane_rows - min(rows, 5))),
+        top_p=torch.tensor([1.0, 1.0, 0.95, 1.0, 0.3][:rows] + [1.0] * (lane_rows - min(rows, 5))),
+        noise=noise, allowed=torch.randperm(100_000, generator=gen)[:width],
+        tokens=torch.zeros(lane_rows, dtype=torch.long),
+        steps=torch.tensor([3, 0, max_len, 7, 12][:rows] + [1] * (lane_rows - min(rows, 5))),
+        positions=torch.tensor([10, 39, 5, 20, 0][:rows] + [2] * (lane_rows - min(rows, 5))),
+        ring=torch.full((8, lane_rows), -1, dtype=torch.long), launch=torch.tensor([13]), max_len=max_len)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_sample_draws_what_pick_draws_and_moves_the_step_on(rows):
+    from engine.backends.graph_gen import CANDIDATES, pick
+
+    width = 16 * 80  # slices of 80: padded to 128 inside
+    gen = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, width, generator=gen) * 3
+    logits[:, -7:] = float("-inf")  # the head's padding columns
+    logits[0, 5] = logits[0, 900] = logits[0].max() + 1  # a tie for first place: the lower index wins
+    state = _step_state(rows, width, CANDIDATES, ring_rows=8)
+    before = {f: getattr(state, f).clone() for f in ("steps", "positions")}
+    noise = state.noise[:rows].gather(1, before["steps"][:rows].view(rows, 1, 1).expand(rows, 1, CANDIDATES))
+    want = pick(logits, state.temperature[:rows], state.top_k[:rows], state.top_p[:rows], noise.view(rows, -1))
+    counts = torch.zeros(64, dtype=torch.int32)
+    dk.sample(logits, state, CANDIDATES, counts)
+    assert state.tokens[:rows].tolist() == state.allowed[want].tolist()
+    assert state.tokens[0] == state.allowed[5]
+    assert state.ring[13 % 8, :rows].tolist() == state.tokens[:rows].tolist()
+    assert (state.ring[13 % 8, rows:] == -1).all() and state.launch.item() == 14
+    assert state.steps[:rows].tolist() == (before["steps"][:rows] + 1).clamp_max(state.max_len).tolist()
+    assert state.positions[:rows].tolist() == (before["positions"][:rows] + 1).clamp_max(state.max_len - 1).tolist()
+    assert (state.tokens[rows:] == 0).all() and not counts.any()
+
+
+def test_sample_refuses_widths_it_cannot_slice():
+    state = _step_state(1, 16 * 80, 64)
+    with pytest.raises(ValueError, match="slices"):
+        dk.sample(torch.zeros(1, 1000), state, 64, torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="counts"):
+        dk.sample(torch.zeros(1, 16 * 80), state, 64, torch.zeros(1, dtype=torch.int32))

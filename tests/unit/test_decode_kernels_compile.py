@@ -23,7 +23,7 @@ HIDDEN, INTER, HEADS, KV, D, LENGTH = 896, 4864, 14, 2, 64, 1024
 
 def _cases() -> dict[str, tuple]:
     """Each kernel as the graph lane launches it: (function name, pointer types, constants, warps, stages)."""
-    from engine.backends.decode_kernels import ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, TILINGS
+    from engine.backends.decode_kernels import ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, SAMPLE_CHUNKS, TILINGS
 
     matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
                                       "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
@@ -42,6 +42,9 @@ def _cases() -> dict[str, tuple]:
                  "part_ptr": "*fp32", "count_ptr": "*i32"}
     heads = dict(G=HEADS // KV, BLOCK_G=16, D=D, UPCAST=False, PDL=PLAN.pdl, ROPE=PLAN.rope_in_attention)
     chunk = PLAN.attend_chunk or 256
+    sample = {**{n: "*fp32" for n in ("logits_ptr", "temp_ptr", "top_p_ptr", "noise_ptr")},
+              **{n: "*i64" for n in ("top_k_ptr", "allowed_ptr", "tokens_ptr", "steps_ptr", "pos_ptr", "ring_ptr",
+                                     "launch_ptr", "keys_ptr")}, "count_ptr": "*i32"}
     rope = {**{n: "*bf16" for n in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr")}, "pos_ptr": "*i64"}
     return {
         "qkv": projection("qkv", HIDDEN, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
@@ -56,6 +59,7 @@ def _cases() -> dict[str, tuple]:
                                                                SPLITS=-(-LENGTH // chunk)), ATTEND_WARPS,
                         ATTEND_STAGES),
         "rope_store": ("rope_store_kernel", rope, dict(HEADS=HEADS, KV=KV, D=D, PDL=PLAN.pdl), 1, 1),
+        "sample": ("sample_kernel", sample, dict(CHUNKS=SAMPLE_CHUNKS, SLICE=1024, CANDIDATES=64, PDL=PLAN.pdl), 4, 1),
     }
 
 
@@ -99,7 +103,7 @@ def compiled() -> dict[str, object]:
 
 
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_attend",
-                                  "rope_store"])
+                                  "rope_store", "sample"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     shared = compiled[name]
     assert isinstance(shared, int), shared
