@@ -169,8 +169,8 @@ def standard_lengths(first_new: int, new: int, growth: float, max_new: int, left
 
 def lengths_for(schedule) -> tuple[int, ...]:
     """`standard_lengths` of an engine.windowing.WindowSchedule and of its busy variant (which the pipeline
-    switches to under load, exactly when batching and CUDA graphs matter most)."""
-    variants = [schedule] + ([schedule.busy()] if hasattr(schedule, "busy") else [])
+    switches to under load, exactly when batching and CUDA graphs matter most) and its ahead variant."""
+    variants = [schedule] + ([schedule.busy(), schedule.ahead()] if hasattr(schedule, "busy") else [])
     return tuple(sorted({n for s in variants
                          for n in standard_lengths(s.first_new, s.new, s.growth, s.max_new, s.left, s.right,
                                                    s.first_right)}))

@@ -281,7 +281,8 @@ class Synthesizer:
             ahead = None
             if self._alone():
                 stats = _SentenceStats()
-                ahead = _AheadRender(self._render(req, index, feed, stats, globals_, progress, None), stats)
+                ahead = _AheadRender(self._render(req, index, feed, stats, globals_, progress, None, ahead=True),
+                                     stats)
             feeds.append((index, feed, ahead))
             index += 1
 
@@ -330,19 +331,21 @@ class Synthesizer:
 
     async def _render(self, req: SynthesisRequest, index: int, feed: _TokenFeed, stats: _SentenceStats,
                       globals_: tuple[int, ...], progress: _Progress,
-                      start_next: Callable[[], None] | None) -> AsyncIterator[tuple[np.ndarray, bool]]:
+                      start_next: Callable[[], None] | None,
+                      ahead: bool = False) -> AsyncIterator[tuple[np.ndarray, bool]]:
         """One sentence's audio, (samples, final) per decoded window. `start_next` starts the next sentence's
         generation: once this one's is done, or (eager_lookahead, for batching backends) already at its first
         audio, so that a stream keeps one request in the generator until it has sound, and the next one is
         ready long before it is needed; for a lone request (`WindowSchedule.solo_streams`) at once, side by
-        side with this one (and its audio is rendered ahead too: `_AheadRender`).
+        side with this one (and its audio is rendered ahead too: `_AheadRender`, with `ahead`'s schedule).
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
         its next windows (128 streams on the H200 all underran, docs/benchmarks.md run 4)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
         early = self._alone()
-        planner, fader = WindowPlanner(self.schedule.busy() if busy else self.schedule), Crossfader()
+        schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule
+        planner, fader = WindowPlanner(schedule), Crossfader()
         codes: list[int] = []
         done, first_chunk = False, True
         spc = self.decoder.samples_per_code

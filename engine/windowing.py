@@ -93,6 +93,17 @@ class WindowSchedule:
         return replace(self, first_new=max(self.first_new, self.busy_first_new), new=max(self.new, self.busy_new),
                        max_new=max(self.max_new, self.busy_new))
 
+    def ahead(self) -> "WindowSchedule":
+        """The schedule of a sentence decoded ahead of its turn (a lone request's next sentence, side by side
+        with the current one): its audio is needed only once the current sentence has played, so it skips the
+        small windows first sound needs and starts at this schedule's third window (+ `left` new codes in the
+        first, which has no left context). With the defaults its first window comes at 56 codes, not with the
+        current sentence's first (20): decoded together, that one took 5.2 ms instead of 3.4 and first audio came
+        2 ms later (H200, run 23). Every window keeps a length of this schedule's (the decoder's graphs)."""
+        later = self.new_codes(2)
+        return replace(self, first_new=max(self.first_new, later + self.left), new=max(self.new, later),
+                       max_new=max(self.max_new, later), first_right=None)
+
     def new_codes(self, window_index: int) -> int:
         """New codes emitted by window number `window_index` (0-based)."""
         if window_index == 0:

@@ -51,6 +51,17 @@ def test_first_window_is_small_and_later_windows_grow():
     assert available == 18                                            # first audio after first_new + right codes
 
 
+def test_a_sentence_decoded_ahead_starts_with_a_later_windows_length():
+    from engine.batching import lengths_for
+
+    s = WindowSchedule()
+    windows = plan_all(s.ahead(), 1000)
+    assert windows[0][1] == 2 * s.new + s.left + s.right > s.first_new + s.right  # after the current one's first
+    lengths = lengths_for(s)
+    assert all(w.stop - w.start in lengths for w, _ in windows[:-1])  # each one the decoder has a graph for
+    assert WindowSchedule(first_new=64).ahead().first_new == 64  # never smaller than the schedule's own
+
+
 def test_no_codes_means_no_window():
     assert WindowPlanner(WindowSchedule()).next_window(0, True) is None
 
