@@ -19,9 +19,11 @@ Pure apart from the functions that load models (torch, spark_tts_lib and vLLM ar
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -240,6 +242,14 @@ class LevelResult:
     """Window index of the first sentence -> [p50, p95] ms from decode submitted to audio back."""
     first_underrun_chunks: dict[int, int] = field(default_factory=dict)
     """Chunk index -> streams whose first underrun (our player) came before that chunk arrived."""
+    lane_busy_ms: float = math.nan
+    """The graph lane's GPU time in this level (GraphLane.busy_ms; nan without a lane on CUDA)."""
+    lane_idle_ms: float = math.nan
+    """The lane's stream empty between its launches while it had streams (GraphLane.idle_ms): host-bound time."""
+    gc_full_collections: int = 0
+    """Full (generation 2) runs of the cyclic garbage collector during the level: every thread stops for each."""
+    gc_pause_ms_max: float = 0.0
+    """The longest collector run of any generation during the level."""
 
     @property
     def realtime(self) -> bool:
@@ -346,9 +356,39 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
         first_underrun_chunks=dict(sorted(late.items())))
 
 
+class GcPauses:
+    """gc.callbacks entry: how long each collector run took, by generation (ms)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.ms[info["generation"]].append((time.perf_counter() - self._t0) * 1000)
+
+
 async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
                         preroll_s: float = 0.2, decodes: DecodeLog | None = None) -> LevelResult:
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        level = await _measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=preroll_s,
+                                     decodes=decodes)
+    finally:
+        gc.callbacks.remove(pauses)
+    level.gc_full_collections = len(pauses.ms[2])
+    level.gc_pause_ms_max = max((t for ts in pauses.ms.values() for t in ts), default=0.0)
+    return level
+
+
+async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int,
+                         preroll_s: float, decodes: DecodeLog | None) -> LevelResult:
     stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
+    lane = getattr(getattr(gen, "inner", None), "lane", None)
+    lane0 = (lane.busy_ms, lane.idle_ms) if lane is not None else None
     if decodes is not None:
         decodes.times.clear()  # what unmeasured requests (warm-up, export) left behind
     records: list[StreamRecord] = []
@@ -368,8 +408,11 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
     first_tokens = schedule.first_new + schedule.right_context(0)
     mine = {r.request_id: decodes.times[r.request_id] for r in records
             if decodes is not None and r.request_id in decodes.times}
-    return summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
-                     items / calls if calls else 0.0, mine, right=schedule.right_context(0))
+    level = summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
+                      items / calls if calls else 0.0, mine, right=schedule.right_context(0))
+    if lane0 is not None and lane.busy_ms > lane0[0]:
+        level.lane_busy_ms, level.lane_idle_ms = lane.busy_ms - lane0[0], lane.idle_ms - lane0[1]
+    return level
 
 
 async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:
@@ -692,6 +735,11 @@ class Variant:
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     lane: bool = True
     """False: every stream on vLLM (the graph lane's A/B on one machine, one process)."""
+    switch_s: float | None = None
+    """The interpreter's thread switch interval meanwhile (sys.setswitchinterval; default 5 ms): how long the lane's
+    worker may wait for the GIL after each launch while the event loop runs Python."""
+    burst: int | None = None
+    """Decode steps per read-back while the lane runs up to 8 streams (GraphLane.bursts; default BURST = 2)."""
 
 
 @dataclass
@@ -802,6 +850,9 @@ def _describe(level: LevelResult) -> str:
             f"({level.streams_with_underruns} streams; fixed-delay player {level.underruns_fixed_delay}), "
             f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f}, "
             f"decode ms by window {level.decode_ms_by_window}"
+            + (f", lane GPU busy {level.lane_busy_ms:.0f} ms idle {level.lane_idle_ms:.0f} ms"
+               if not math.isnan(level.lane_busy_ms) else "")
+            + f", GC: {level.gc_full_collections} full, longest {level.gc_pause_ms_max:.0f} ms"
             + (f", first underrun before chunk {level.first_underrun_chunks}" if level.underruns else ""))
 
 
@@ -816,15 +867,22 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
     saved = (synth.schedule, synth._shape_lengths)  # noqa: SLF001 - benchmark-only swap of the schedule
     router = gen.inner if hasattr(gen.inner, "lane") else None
     lane_was = router.enabled if router is not None else None
+    bursts_were = router.lane.bursts if router is not None else None
+    switch_was = sys.getswitchinterval()
     if router is not None:
         router.enabled = variant.lane
+        if variant.burst is not None:
+            router.lane.bursts = tuple((most, n if most is None else variant.burst) for most, n in bursts_were)
+    if variant.switch_s is not None:
+        sys.setswitchinterval(variant.switch_s)
     try:
         if getattr(synth.decoder, "fixed_shapes", False):
             synth.decoder.warmup(lengths_for(schedule))
             synth._shape_lengths = lengths_for(schedule)  # noqa: SLF001
         synth.schedule = schedule
         out: dict[str, Any] = {"schedule": {k: getattr(schedule, k) for k in schedule.__slots__},
-                               "lane": variant.lane, "levels": []}
+                               "lane": variant.lane, "switch_s": sys.getswitchinterval(),
+                               "burst": variant.burst, "levels": []}
         for n in levels:
             rounds = opts.rounds_1 if n == 1 else 1
             level = await measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=opts.preroll_s,
@@ -834,8 +892,9 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
         return out
     finally:
         synth.schedule, synth._shape_lengths = saved  # noqa: SLF001
+        sys.setswitchinterval(switch_was)
         if router is not None:
-            router.enabled = lane_was
+            router.enabled, router.lane.bursts = lane_was, bursts_were
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:

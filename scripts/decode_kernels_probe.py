@@ -193,6 +193,7 @@ PLANS = {
     "o1_down8_chunk128": FusedPlan(**_FAST, o_split=1, down_split=8, attend_chunk=128),
     "o4_down8_chunk256_rope_attend": FusedPlan(**_RUN22, rope_in_attention=True),
     "rope_attend_one_sample": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True),
+    "one_sample_topk": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True, sample_topk=True),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -355,14 +356,17 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
             for r in listing["top"][:8]:
                 print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
         save(out, args.json)
-    out["sample_vs_pick"] = sample_agreement(next(iter(lanes.values())).allowed.numel())
-    print("sample vs pick", out["sample_vs_pick"], flush=True)
+    width = next(iter(lanes.values())).allowed.numel()
+    for topk in (False, True):
+        out[f"sample_vs_pick{'_topk' if topk else ''}"] = found = sample_agreement(width, topk=topk)
+        print("sample vs pick", found, flush=True)
     save(out, args.json)
 
 
-def sample_agreement(width: int, rows: int = 16, trials: int = 64) -> dict:
+def sample_agreement(width: int, rows: int = 16, trials: int = 64, topk: bool = False) -> dict:
     """decode_kernels.sample's draws against graph_gen.pick's on the GPU, same logits and noise (random logits
-    of a trained model's spread, temperature 0.8, top-k 50, top-p 0.95, fresh noise each trial)."""
+    of a trained model's spread, temperature 0.8, top-k 50, top-p 0.95, fresh noise each trial); then the
+    kernel's time alone at 1, 2 and 16 rows (us)."""
     from engine.backends.graph_gen import pick
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -380,10 +384,13 @@ def sample_agreement(width: int, rows: int = 16, trials: int = 64) -> dict:
                              ring=torch.zeros(4, rows, device="cuda", dtype=torch.long),
                              launch=torch.zeros(1, device="cuda", dtype=torch.long), max_len=1)
         want = pick(logits, state.temperature, state.top_k, state.top_p, noise[:, 0])
-        dk.sample(logits, state, CANDIDATES, torch.zeros(rows + 1, device="cuda", dtype=torch.int32))
+        counts = torch.zeros(rows + 1, device="cuda", dtype=torch.int32)
+        dk.sample(logits, state, CANDIDATES, counts, topk=topk)
         same += int((state.tokens == want).sum())
         total += rows
-    return {"same": same, "of": total}
+    us = {n: round(1000 * timed(lambda n=n: dk.sample(logits[:n], state, CANDIDATES, counts, topk=topk), 20, 10), 1)
+          for n in (1, 2, 16)}
+    return {"same": same, "of": total, "topk": topk and dk.has_topk(), "kernel_us": us}
 
 
 def save(out: dict, path: str | None) -> None:

@@ -177,11 +177,15 @@ VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
             "lane_again": (Variant(), (1, 32)),
             "busy8_24": (Variant(WindowSchedule(busy_first_new=8, busy_new=24)), (128,)),
             "busy16_16": (Variant(WindowSchedule(busy_first_new=16, busy_new=16)), (128,)),
-            "busy24_24": (Variant(WindowSchedule(busy_first_new=24, busy_new=24)), (128,))}
+            "busy24_24": (Variant(WindowSchedule(busy_first_new=24, busy_new=24)), (128,)),
+            "switch200us": (Variant(switch_s=0.0002), (1, 8, 32, 128)),
+            "burst4": (Variant(burst=4), (1, 8))}
 """Other configurations on the same engine: a 2-code first window (2 tokens fewer before first audio, same
 seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams, and the default again after
 it (lane_again: whether a difference is the lane's or the order of runs in one process); other busy first windows than
-the default 16 + 32 at 128 streams (24 + 48 underran on every stream in runs 6 and 7)."""
+the default 16 + 32 at 128 streams (24 + 48 underran on every stream in runs 6 and 7); the interpreter switching
+threads every 0.2 ms instead of 5 (the lane's worker waits less for the GIL after each launch); bursts of 4 decode
+steps per read-back instead of 2 while the lane runs up to 8 streams."""
 DEFAULT_VARIANTS = ("first_new2", "no_lane", "busy8_24", "busy16_16")
 """What a plain `voicectl bench` runs (busy24_24 underran on every stream in run 8)."""
 

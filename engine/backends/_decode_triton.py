@@ -307,7 +307,8 @@ def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S:
 @triton.jit
 def sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr,
                   pos_ptr, ring_ptr, launch_ptr, keys_ptr, count_ptr, width, noise_row, noise_step, max_len, ring,
-                  ring_stride, CHUNKS: tl.constexpr, SLICE: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr):
+                  ring_stride, CHUNKS: tl.constexpr, SLICE: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr,
+                  TOPK: tl.constexpr):
     """A decode step's sampling in one kernel (graph_gen.pick's draw, then the step's bookkeeping). Program
     (c, row) sorts slice c of the row's fp32 logits [rows, width] (SLICE >= width / CHUNKS) and keeps its top
     CANDIDATES in keys [rows, CHUNKS, CANDIDATES]; the last of the row's programs to finish (count[row]) sorts
@@ -319,7 +320,8 @@ def sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed
 
     A logit and its index travel as one int64 key, so one sort orders both: the float's bits made order-preserving
     as an int32 (negative floats' magnitude bits flipped) above, 2^31 - 1 - index below (equal logits: the
-    lower index first)."""
+    lower index first). TOPK: each selection is Triton's bitonic top-k (sorted runs of CANDIDATES keys, then
+    halving merges) instead of a full sort; same keys out, since no two keys are equal."""
     c, row = tl.program_id(0), tl.program_id(1)
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -327,23 +329,23 @@ def sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed
     index = c * (width // CHUNKS) + at
     live = (at < width // CHUNKS) & (index < width)
     values = tl.load(logits_ptr + row * width + index, mask=live, other=float("-inf"))
-    best = _top(_keys(values, index), SLICE, CANDIDATES)
+    best = _top(_keys(values, index), SLICE, CANDIDATES, TOPK)
     rank = tl.arange(0, CANDIDATES)
     tl.store(keys_ptr + (row * CHUNKS + c) * CANDIDATES + rank, best)
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1:
         _draw(temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr, pos_ptr, ring_ptr,
               launch_ptr, keys_ptr, count_ptr, row, noise_row, noise_step, max_len, ring, ring_stride, CHUNKS,
-              CANDIDATES)
+              CANDIDATES, TOPK)
 
 
 @triton.jit
 def _draw(temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, tokens_ptr, steps_ptr, pos_ptr, ring_ptr,
           launch_ptr, keys_ptr, count_ptr, row, noise_row, noise_step, max_len, ring, ring_stride,
-          CHUNKS: tl.constexpr, CANDIDATES: tl.constexpr):
+          CHUNKS: tl.constexpr, CANDIDATES: tl.constexpr, TOPK: tl.constexpr):
     """`sample_kernel`'s last program of a row: the draw among the row's top candidates and the bookkeeping."""
     union = tl.arange(0, CHUNKS * CANDIDATES)
     keys = tl.load(keys_ptr + row * CHUNKS * CANDIDATES + union, cache_modifier=".cg")  # .cg: past L1
-    best = _top(keys, CHUNKS * CANDIDATES, CANDIDATES)
+    best = _top(keys, CHUNKS * CANDIDATES, CANDIDATES, TOPK)
     ordered = (best >> 32).to(tl.int32)
     values = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
     index = 0x7FFFFFFF - (best & 0x7FFFFFFF)
@@ -379,8 +381,10 @@ def _keys(values, index):
 
 
 @triton.jit
-def _top(keys, N: tl.constexpr, K: tl.constexpr):
-    """The K largest of N keys, largest first (a sort, then its first row of K)."""
+def _top(keys, N: tl.constexpr, K: tl.constexpr, TOPK: tl.constexpr):
+    """The K largest of N keys, largest first: Triton's top-k (TOPK), else a sort and its first row of K."""
+    if TOPK:
+        return tl.topk(keys, K)
     ranked = tl.reshape(tl.sort(keys, descending=True), [N // K, K])
     first = tl.arange(0, N // K)[:, None] == 0
     return tl.sum(tl.where(first, ranked, 0), axis=0)

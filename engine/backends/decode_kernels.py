@@ -111,10 +111,12 @@ class FusedPlan:
     """The down projection, likewise."""
     one_sample: bool = False
     """The lane's sampling and bookkeeping after the head in one kernel (`sample`) instead of ~20 small ones."""
+    sample_topk: bool = False
+    """`sample` selects with Triton's bitonic top-k instead of full sorts (where this Triton has `tl.topk`)."""
 
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
-                 one_sample=True)
+                 one_sample=True, sample_topk=True)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
@@ -328,17 +330,25 @@ SAMPLE_CHUNKS = 16
 """Slices of a row's logits sorted side by side by `sample`'s programs (the last merges their top candidates)."""
 
 
+def has_topk() -> bool:
+    """This Triton has the bitonic `tl.topk` (3.4 and later)."""
+    import triton.language as tl
+
+    return hasattr(tl, "topk")
+
+
 def can_sample(width: int, candidates: int) -> bool:
     """Whether `sample` takes logits this wide: SAMPLE_CHUNKS slices of at least `candidates` (a power of two)."""
     return width % SAMPLE_CHUNKS == 0 and width // SAMPLE_CHUNKS >= candidates and candidates & (candidates - 1) == 0
 
 
 def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torch.Tensor, *,
-           pdl: bool = False) -> None:
+           pdl: bool = False, topk: bool = False) -> None:
     """graph_gen.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
     (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
     moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels (~50 us of
-    a 0.77 ms step on an H200, docs/benchmarks.md)."""
+    a 0.77 ms step on an H200, docs/benchmarks.md). `topk`: select with `tl.topk` (ignored where Triton lacks
+    it); the same keys come out."""
     rows, width = logits.shape
     _need_unit_stride(logits, state.allowed, state.tokens, state.steps, state.positions, state.ring)
     if not can_sample(width, candidates):
@@ -353,4 +363,4 @@ def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torc
         state.positions, state.ring, state.launch, keys, counts, width, noise.stride(0), noise.stride(1),
         state.max_len, state.ring.shape[0], state.ring.stride(0), CHUNKS=SAMPLE_CHUNKS,
         SLICE=max(candidates, 1 << (width // SAMPLE_CHUNKS - 1).bit_length()), CANDIDATES=candidates, PDL=pdl,
-        num_warps=4, **_pdl_launch(pdl))
+        TOPK=topk and has_topk(), num_warps=4, **_pdl_launch(pdl))

@@ -184,6 +184,8 @@ class _Read:
     stop: int
     entries: list[list[tuple[_Job, int]]]
     """Per launch: the jobs it stepped, with their row."""
+    began: Any = None
+    """A timing event recorded before the first of these launches (`event` is after the last), on CUDA."""
 
 
 class GraphLane:
@@ -238,6 +240,15 @@ class GraphLane:
         self._vocab_checked: tuple[int, ...] | None = None
         """The last allowed set found inside the vocabulary."""
         self.served = 0
+        self.bursts = CROWD_BURSTS
+        """Steps per read-back by rows running (the bench swaps it to measure other bursts)."""
+        self.busy_ms = 0.0
+        """GPU time of the launches read back so far (first launch's start to last launch's end, per read)."""
+        self.idle_ms = 0.0
+        """GPU time the lane's stream sat empty between two reads of one run of the worker: the host was late
+        with the next launch (Python, the GIL), not the GPU slow with the last."""
+        self._began = None
+        self._last_end = None
 
     # ---- static state ----------------------------------------------------------------------------------------
 
@@ -342,7 +353,8 @@ class GraphLane:
             logits = self.model.logits_fused(x, self.head_for(self.plan), self.head_bias, self.plan)
             # the draw, tokens, steps, positions and ring row in one kernel
             if self.plan.one_sample and decode_kernels.can_sample(logits.shape[1], CANDIDATES):
-                decode_kernels.sample(logits, self.step_state, CANDIDATES, self.model.counts, pdl=self.plan.pdl)
+                decode_kernels.sample(logits, self.step_state, CANDIDATES, self.model.counts, pdl=self.plan.pdl,
+                                      topk=self.plan.sample_topk)
                 return
         elif rows == 1:  # the single-sequence forward: its cache write fuses into the rotary kernel (1.10 vs 1.23 ms)
             logits = self._logits(self.model.forward(self.tokens[:1], self.positions[:1], span,
@@ -360,6 +372,9 @@ class GraphLane:
         self._record()
 
     def _run(self, kind: str, a: int, b: int = 0) -> None:
+        if self.cuda_stream is not None and self._began is None:  # the next read's first launch: time it
+            self._began = torch.cuda.Event(enable_timing=True)
+            self._began.record(self.cuda_stream)
         graph = self._graphs.get((kind, a, b))
         if graph is not None:
             graph.replay()
@@ -428,6 +443,7 @@ class GraphLane:
         back, until no job is left (jobs arriving meanwhile join at the next burst)."""
         pending: deque[_Read] = deque()
         unread: list[list[tuple[_Job, int]]] = []
+        self._last_end = None  # a gap before this run is no job's wait
         try:
             with self._on_stream():
                 while True:
@@ -509,7 +525,7 @@ class GraphLane:
         """Launch a burst of decode steps (CROWD_BURSTS) over the rows that want one; False when none does."""
         launched = False
         busy = sum(job is not None for job in self._in_rows)
-        steps = next(n for most, n in CROWD_BURSTS if most is None or busy <= most)
+        steps = next(n for most, n in self.bursts if most is None or busy <= most)
         for _ in range(steps):
             jobs = [job for job in self._in_rows if job is not None and job.wants_steps()]
             if not jobs:
@@ -538,9 +554,10 @@ class GraphLane:
             self.host[a:b].copy_(self.ring[a:b], non_blocking=self.cuda_stream is not None)
         event = None
         if self.cuda_stream is not None:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(self.cuda_stream)
-        read = _Read(event, start, stop, list(unread))
+        read = _Read(event, start, stop, list(unread), self._began)
+        self._began = None
         unread.clear()
         return read
 
@@ -548,6 +565,7 @@ class GraphLane:
         """Hand each job its tokens from these launches (cut at a stop id); end the jobs that are done."""
         if read.event is not None:
             read.event.synchronize()
+            self._time(read)
         got: dict[_Job, list[int]] = {}
         for launch, entries in zip(range(read.start, read.stop), read.entries):
             ring_row = self.host[launch % RING].tolist()
@@ -566,6 +584,15 @@ class GraphLane:
             else:
                 job.deliver("tokens", tokens, False)
         self._sweep()
+
+    def _time(self, read: _Read) -> None:
+        """Add the read's launches to busy_ms and the empty stream before them to idle_ms."""
+        if read.began is None:
+            return
+        if self._last_end is not None:
+            self.idle_ms += max(0.0, self._last_end.elapsed_time(read.began))
+        self.busy_ms += read.began.elapsed_time(read.event)
+        self._last_end = read.event
 
     def _sweep(self) -> None:
         """End aborted jobs, waiting or running (their rows free at once: steps in flight for them are skipped)."""

@@ -304,8 +304,12 @@ async def test_graph_lane_replays_the_eager_steps(lanes, gpu_info, opts):
     captured, eager = lanes
     assert captured._graphs and not eager._graphs
     prompt = _prompt(gpu_info, n_text=40)
+    busy, idle = captured.busy_ms, captured.idle_ms
     ours = await _ids(captured, prompt, opts, "g")
     assert len(ours) == 300 and all(gpu_info.token_ids.semantic_index(t) is not None for t in ours)
+    # 300 steps of ~1 ms were timed on the GPU; the lane's stream waited on the host for some of them, not most
+    assert 100 < captured.busy_ms - busy < 3000 and 0 <= captured.idle_ms - idle < captured.busy_ms - busy
+    print(f"lane GPU busy {captured.busy_ms - busy:.1f} ms, idle {captured.idle_ms - idle:.1f} ms for 300 tokens")
     assert ours == await _ids(eager, prompt, opts, "e")
     assert ours == await _ids(captured, prompt, opts, "g2")
 

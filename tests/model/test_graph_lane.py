@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.backends import decode_kernels
+from engine.backends import decode_kernels, graph_gen
 from engine.backends.decode_kernels import FusedPlan
 from engine.backends.graph_gen import (CANDIDATES, TOPK_CHUNKS, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
                                         top_candidates)
@@ -251,6 +251,25 @@ async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
         await asyncio.sleep(0.01)
     assert lane.load == 0 and len(got) < 200
     assert len(steps) < 50  # the job stopped within a few bursts of the consumer leaving, not after 199 steps
+
+
+async def test_the_lane_reads_back_its_bursts_steps_at_a_time(lane) -> None:
+    """`bursts` sets the steps between read-backs (the bench's burst4 variant): after the prefill's first token,
+    a lone stream's tokens arrive in deliveries of that many; the same tokens either way."""
+    async def deltas(opts: SamplingOptions) -> list[list[int]]:
+        return [list(d) async for d in lane.stream(PROMPT, opts, "b")]
+
+    opts = SamplingOptions(max_tokens=21, seed=3)
+    default = await deltas(opts)
+    lane.bursts = ((8, 5), (None, 8))
+    try:
+        fives = await deltas(opts)
+    finally:
+        lane.bursts = graph_gen.CROWD_BURSTS
+    assert [len(d) for d in fives] == [1, 5, 5, 5, 5]
+    assert [len(d) for d in default] == [1] + [graph_gen.BURST] * (20 // graph_gen.BURST)
+    assert sum(fives, []) == sum(default, [])
+    assert lane.busy_ms == lane.idle_ms == 0.0  # timed on CUDA only
 
 
 async def test_streams_side_by_side_get_what_each_gets_alone(model) -> None:

@@ -218,8 +218,9 @@ def _step_state(rows, width, candidates, max_len=40, ring_rows=None, seed=0):
         ring=torch.full((8, lane_rows), -1, dtype=torch.long), launch=torch.tensor([13]), max_len=max_len)
 
 
+@pytest.mark.parametrize("topk", [False, True])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_sample_draws_what_pick_draws_and_moves_the_step_on(rows):
+def test_sample_draws_what_pick_draws_and_moves_the_step_on(rows, topk):
     from engine.backends.graph_gen import CANDIDATES, pick
 
     width = 16 * 80  # slices of 80: padded to 128 inside
@@ -232,7 +233,7 @@ def test_sample_draws_what_pick_draws_and_moves_the_step_on(rows):
     noise = state.noise[:rows].gather(1, before["steps"][:rows].view(rows, 1, 1).expand(rows, 1, CANDIDATES))
     want = pick(logits, state.temperature[:rows], state.top_k[:rows], state.top_p[:rows], noise.view(rows, -1))
     counts = torch.zeros(64, dtype=torch.int32)
-    dk.sample(logits, state, CANDIDATES, counts)
+    dk.sample(logits, state, CANDIDATES, counts, topk=topk)
     assert state.tokens[:rows].tolist() == state.allowed[want].tolist()
     assert state.tokens[0] == state.allowed[5]
     assert state.ring[13 % 8, :rows].tolist() == state.tokens[:rows].tolist()

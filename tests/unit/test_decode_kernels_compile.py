@@ -59,7 +59,10 @@ def _cases() -> dict[str, tuple]:
                                                                SPLITS=-(-LENGTH // chunk)), ATTEND_WARPS,
                         ATTEND_STAGES),
         "rope_store": ("rope_store_kernel", rope, dict(HEADS=HEADS, KV=KV, D=D, PDL=PLAN.pdl), 1, 1),
-        "sample": ("sample_kernel", sample, dict(CHUNKS=SAMPLE_CHUNKS, SLICE=1024, CANDIDATES=64, PDL=PLAN.pdl), 4, 1),
+        "sample": ("sample_kernel", sample, dict(CHUNKS=SAMPLE_CHUNKS, SLICE=1024, CANDIDATES=64, PDL=PLAN.pdl,
+                                                 TOPK=False), 4, 1),
+        "sample_topk": ("sample_kernel", sample, dict(CHUNKS=SAMPLE_CHUNKS, SLICE=1024, CANDIDATES=64,
+                                                      PDL=PLAN.pdl, TOPK=True), 4, 1),
     }
 
 
@@ -103,7 +106,7 @@ def compiled() -> dict[str, object]:
 
 
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_attend",
-                                  "rope_store", "sample"])
+                                  "rope_store", "sample", "sample_topk"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     shared = compiled[name]
     assert isinstance(shared, int), shared

@@ -1,0 +1,73 @@
+"""`voicectl bench`'s variants run on the same engine with their settings swapped in (the interpreter's switch
+interval, the lane's bursts, the lane on or off) and restored afterwards, even when a level fails."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from engine import bench
+from engine.bench import BenchOptions, Variant
+from engine.windowing import WindowSchedule
+
+
+def _engine():
+    lane = SimpleNamespace(bursts=((8, 2), (None, 8)))
+    router = SimpleNamespace(lane=lane, enabled=True)
+    synth = SimpleNamespace(schedule=WindowSchedule(), _shape_lengths=(20,), decoder=SimpleNamespace())
+    return synth, SimpleNamespace(inner=router), lane, router
+
+
+def _run(variant: Variant, monkeypatch, fail: bool = False) -> list[tuple]:
+    synth, gen, lane, router = _engine()
+    seen = []
+
+    async def level(synth_, gen_, n, **_):
+        seen.append((n, sys.getswitchinterval(), lane.bursts, router.enabled))
+        if fail:
+            raise RuntimeError("level failed")
+        return bench.LevelResult(n, *([1.0] * 15))
+
+    monkeypatch.setattr(bench, "measure_level", level)
+    before = sys.getswitchinterval()
+    coro = bench._measure_variant(synth, gen, variant, (1, 8), BenchOptions(model=None), text="x", voice="v",
+                                  log=lambda _: None, name="t")
+    if fail:
+        with pytest.raises(RuntimeError):
+            asyncio.run(coro)
+    else:
+        out = asyncio.run(coro)
+        assert [lv["streams"] for lv in out["levels"]] == [1, 8] and out["burst"] == variant.burst
+    assert sys.getswitchinterval() == before and lane.bursts == ((8, 2), (None, 8)) and router.enabled
+    return seen
+
+
+def test_a_variant_swaps_the_switch_interval_and_bursts_in_and_back(monkeypatch) -> None:
+    seen = _run(Variant(switch_s=0.0002, burst=4), monkeypatch)
+    assert [s for _, s, _, _ in seen] == [pytest.approx(0.0002)] * 2
+    assert all(b == ((8, 4), (None, 8)) for _, _, b, _ in seen)
+
+
+def test_a_plain_variant_changes_nothing_and_a_failing_one_restores(monkeypatch) -> None:
+    default = sys.getswitchinterval()
+    assert all(s == default and b == ((8, 2), (None, 8)) and on for _, s, b, on in _run(Variant(), monkeypatch))
+    assert not _run(Variant(lane=False, switch_s=0.001), monkeypatch, fail=True)[0][3]
+
+
+def test_gc_pauses_are_timed_by_generation() -> None:
+    import gc
+
+    pauses = bench.GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        junk = [[] for _ in range(1000)]
+        for a, b in zip(junk, junk[1:]):  # cycles: only the collector frees them
+            a.append(b)
+            b.append(a)
+        del junk
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pauses)
+    assert len(pauses.ms[2]) >= 1 and all(t >= 0 for ts in pauses.ms.values() for t in ts)
