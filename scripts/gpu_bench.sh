@@ -10,8 +10,8 @@
 #   call 2: carry [".devcarry/vllm-extra"], command: bash scripts/gpu_bench.sh --no-decoder-checks
 # Call 2 unpacks vLLM, runs `voicectl bench` on a synthetic full checkpoint (pipeline at 1..128 streams, export,
 # reference), then the GPU tests and (GPU_PROBE=1) the vLLM-only TTFT probe on one shared synthetic checkpoint.
-# Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 150), GPU_SKIP_TESTS=1, GPU_SKIP_BENCH=1,
-# GPU_PROBE=1. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced, repeat call 1.
+# Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 150), GPU_TEST_K (pytest -k), GPU_SKIP_TESTS=1,
+# GPU_SKIP_BENCH=1, GPU_PROBE=1. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced, repeat call 1.
 set -u
 source scripts/device_env.sh || exit $?
 t0=$T0
@@ -28,7 +28,7 @@ if [ "${GPU_SKIP_TESTS:-0}" != 1 ] || [ "${GPU_PROBE:-0}" = 1 ]; then
 fi
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   timeout "${GPU_TEST_TIMEOUT:-150}" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s -rA \
-      --timeout 140 2>&1 | grep -v EngineCore > "$OUT/gpu_tests.log"
+      --timeout 140 ${GPU_TEST_K:+-k "$GPU_TEST_K"} 2>&1 | grep -v EngineCore > "$OUT/gpu_tests.log"
   grep -E "passed|failed|FAILED|streamed vs|^E " "$OUT/gpu_tests.log" | tail -20
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
