@@ -79,17 +79,23 @@ async def test_events_arrive_in_order_with_sane_values():
     assert [e.t for e in events] == sorted(e.t for e in events)
 
 
-async def test_breaking_out_of_the_stream_cancels_generation_promptly():
-    events = []
-    synth, gen = make(tokens=3000, delay=0.002, events=events)
-    req = SynthesisRequest("A very long sentence that will not finish.", options=SamplingOptions(seed=2))
+async def leave_after_the_first_chunk(synth, gen, req: SynthesisRequest) -> int:
+    """Take one chunk, close the stream; the generator's steps then, which must not move on afterwards."""
     stream = synth.synthesize(req)
     async for _ in stream:
         break
     await stream.aclose()
     steps = gen.steps
     await asyncio.sleep(0.05)
-    assert gen.steps == steps, "generation kept running after cancel"
+    assert gen.steps == steps, "generation kept running after the stream was closed"
+    return steps
+
+
+async def test_breaking_out_of_the_stream_cancels_generation_promptly():
+    events = []
+    synth, gen = make(tokens=3000, delay=0.002, events=events)
+    req = SynthesisRequest("A very long sentence that will not finish.", options=SamplingOptions(seed=2))
+    steps = await leave_after_the_first_chunk(synth, gen, req)
     assert steps < 200 and any(r.startswith(req.request_id) for r in gen.aborted)
     assert isinstance(events[-1], RequestFinished) and events[-1].cancelled
 
@@ -291,12 +297,6 @@ async def test_a_failure_in_the_sentence_rendered_ahead_comes_after_the_audio_be
 async def test_leaving_a_lone_request_early_stops_both_sentences():
     synth, gen = lone(tokens=3000, delay=0.002)
     req = SynthesisRequest("A long first sentence. A long second one.", options=SamplingOptions(seed=2))
-    stream = synth.synthesize(req)
-    async for _ in stream:
-        break
-    await stream.aclose()
-    steps = gen.steps
-    await asyncio.sleep(0.05)
-    assert gen.steps == steps, "generation kept running after the stream was closed"
+    await leave_after_the_first_chunk(synth, gen, req)
     assert {f"{req.request_id}-0", f"{req.request_id}-1"} <= gen.aborted
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
