@@ -52,6 +52,12 @@ class EngineConfig:
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
     in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""
+    one_listener: bool = False
+    """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
+    GPU, the lane's rows carry everything it hears, so vLLM is not started: on a fresh H100, `voicectl say` took
+    85 s from launch to done this way and 170 s with vLLM started after it (vLLM 100 s, its warm-up 10 s), same
+    TTFA and RTF (docs/benchmarks.md). The torch generator stands behind the lane for what the lane cannot take;
+    the lane never hands a stream over to it."""
     freeze_heap: bool = True
     """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
     full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped: 166 ms
@@ -203,10 +209,16 @@ def probe_decoder(decoder, length: int, repeats: int = 3) -> float:
 
 
 def _build_generator(info, config: EngineConfig, events: EventSink):
-    """vLLM (with the graph lane in front) on a GPU; else the torch generator (with the lane in front on a GPU)."""
+    """vLLM (with the graph lane in front) on a GPU; else the torch generator (with the lane in front on a GPU).
+    One listener (`one_listener`, backend auto): the lane in front of the torch generator, no vLLM."""
     backend = config.backend
     want_lane = config.graph_lane and not config.deterministic
-    lane = None
+    lane, tried = None, False
+    if backend == "auto" and config.one_listener and want_lane and _cuda():
+        lane, tried = _build_lane(info, events, rows=config.lane_rows), True
+        if lane is not None:  # else vLLM below, as ever
+            events(Notice("one listener: the graph lane carries it, vLLM is not started (--backend vllm starts it)"))
+            return _torch_generator(info, config, events, lane)
     if backend in ("auto", "vllm") and _cuda():
         try:
             import importlib.util
@@ -217,7 +229,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             # vllm configures its logging, to stdout, before VllmTokenGenerator has pointed it at stderr
             if importlib.util.find_spec("vllm") is None:
                 raise ImportError("vllm is not installed")
-            lane = _build_lane(info, events, rows=config.lane_rows) if want_lane else None
+            lane = _build_lane(info, events, rows=config.lane_rows) if want_lane and not tried else None
             gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
                 return gen
@@ -230,13 +242,19 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             if backend == "vllm":
                 raise
             events(Notice(f"vLLM unavailable ({str(err).splitlines()[0]}); using the torch generator"))
+    return _torch_generator(info, config, events, lane, build_lane=want_lane and not tried)
+
+
+def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, build_lane: bool = False):
+    """The torch generator, behind `lane` (or one built here with `build_lane`) on a GPU."""
     from engine.backends.torch_gen import TorchTokenGenerator
 
     device = None if config.device == "auto" else config.device
     gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
-    if gen.device.type != "cuda" or not want_lane:
+    if gen.device.type != "cuda":
         return gen
-    lane = lane or _build_lane(info, events, gen.device, rows=config.lane_rows)
+    if lane is None and build_lane:
+        lane = _build_lane(info, events, gen.device, rows=config.lane_rows)
     if lane is None:
         return gen
     from engine.backends.graph_gen import LaneRouter

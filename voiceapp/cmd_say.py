@@ -126,7 +126,7 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
                 metrics.server_pid = None
             finally:
                 await remote.close()
-        synth = build_synthesizer(engine_config(args), events=metrics.on_event)
+        synth = build_synthesizer(engine_config(args, one_listener=True), events=metrics.on_event)
         if player is None and not args.out:
             # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's
             # callback and ALSA would report underruns of the silence it plays.

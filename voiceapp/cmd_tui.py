@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     # The fake backend is a demo/test engine: it never stands in for a real server, nor the reverse.
     server = None if args.no_server or args.backend == "fake" else socket_path(args.socket)
-    options = TuiOptions(engine=engine_config(args), voice=args.voice, device=device, latency=args.latency,
-                         out_dir=out_dir, server_socket=server)
+    options = TuiOptions(engine=engine_config(args, one_listener=True), voice=args.voice, device=device,
+                         latency=args.latency, out_dir=out_dir, server_socket=server)
     app = VoiceApp(options)
     app.run()
     return app.return_code or 0

@@ -45,13 +45,14 @@ def sampling_options(args: argparse.Namespace):
         raise InputError(str(err)) from None
 
 
-def engine_config(args: argparse.Namespace):
+def engine_config(args: argparse.Namespace, one_listener: bool = False):
+    """The engine flags as an EngineConfig; `one_listener` for front ends that serve one (say, the TUI)."""
     from engine.factory import EngineConfig
 
     return EngineConfig(model=args.model, backend=args.backend,
                         device="auto" if args.compute == "auto" else args.compute,
                         decoder_device=args.compute, threads=args.threads,
-                        graph_lane=not getattr(args, "no_graph_lane", False))
+                        graph_lane=not getattr(args, "no_graph_lane", False), one_listener=one_listener)
 
 
 def decode_text(data: bytes, source: str) -> str:

@@ -1,0 +1,94 @@
+"""Which token generator the composition root builds on a GPU (devices faked: pure wiring): a front end with one
+listener gets the graph lane in front of the torch generator and never starts vLLM; a crowd's front end, or one
+whose lane could not be built, gets vLLM as before."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+
+from engine import factory
+from engine.backends import torch_gen
+from engine.backends.graph_gen import LaneRouter
+from engine.events import Notice
+from engine.factory import EngineConfig
+
+
+class FakeTorchGen:
+    def __init__(self, *args, **kwargs) -> None:
+        self.device = torch.device("cuda")
+
+
+class FakeVllm:
+    def __init__(self, *args, **kwargs) -> None:
+        self.started = True
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A GPU, vLLM installed, and lane builds counted (`lanes`: what each build returns, in turn)."""
+    built = SimpleNamespace(lanes=[], calls=0)
+
+    def build_lane(info, events, device=None, rows=None):
+        built.calls += 1
+        return built.lanes.pop(0)
+
+    module = ModuleType("engine.backends.vllm_gen")
+    module.VllmTokenGenerator = FakeVllm
+    monkeypatch.setitem(sys.modules, "engine.backends.vllm_gen", module)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(factory, "_cuda", lambda: True)
+    monkeypatch.setattr(factory, "_build_lane", build_lane)
+    monkeypatch.setattr(torch_gen, "TorchTokenGenerator", FakeTorchGen)
+    return built
+
+
+def _generator(config: EngineConfig):
+    notices = []
+    info = SimpleNamespace(llm_dir="llm", token_ids=None)
+    gen = factory._build_generator(info, config, lambda e: notices.append(e))
+    return gen, [n.message for n in notices if isinstance(n, Notice)]
+
+
+def test_one_listener_gets_the_lane_before_the_torch_generator_and_no_vllm(gpu) -> None:
+    lane = SimpleNamespace(rows=2)
+    gpu.lanes = [lane]
+    gen, notices = _generator(EngineConfig(one_listener=True))
+    assert isinstance(gen, LaneRouter) and gen.lane is lane and isinstance(gen.primary, FakeTorchGen)
+    assert gen.others_limit is None and gen.handoff_at is None and not gen.overflow  # never to the slower one
+    assert gpu.calls == 1 and any("vLLM is not started" in n for n in notices)
+
+
+def test_one_listener_without_a_lane_falls_back_to_vllm_without_building_the_lane_again(gpu) -> None:
+    gpu.lanes = [None]
+    gen, _ = _generator(EngineConfig(one_listener=True))
+    assert isinstance(gen, FakeVllm) and gpu.calls == 1
+
+
+@pytest.mark.parametrize("config", [EngineConfig(), EngineConfig(one_listener=True, backend="vllm")],
+                         ids=["crowd", "vllm-asked-for"])
+def test_otherwise_vllm_starts_behind_the_lane(gpu, config) -> None:
+    lane = SimpleNamespace(rows=2)
+    gpu.lanes = [lane]
+    gen, _ = _generator(config)
+    assert isinstance(gen, LaneRouter) and isinstance(gen.primary, FakeVllm) and gen.lane is lane
+
+
+def test_say_and_the_tui_declare_one_listener_export_and_serve_do_not() -> None:
+    import argparse
+
+    from voiceapp.common import engine_config
+
+    args = argparse.Namespace(model=None, backend="auto", compute="auto", threads=None)
+    assert engine_config(args, one_listener=True).one_listener and not engine_config(args).one_listener
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "voiceapp"
+    assert "engine_config(args, one_listener=True)" in (root / "cmd_say.py").read_text()
+    assert "engine_config(args, one_listener=True)" in (root / "cmd_tui.py").read_text()
+    assert "one_listener" not in (root / "cmd_export.py").read_text() + (root / "cmd_serve.py").read_text()
