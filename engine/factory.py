@@ -214,12 +214,13 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     backend = config.backend
     want_lane = config.graph_lane and not config.deterministic
     lane, tried = None, False
-    if backend == "auto" and config.one_listener and want_lane and _cuda():
+    gpu = _cuda() and (config.device != "cpu" or backend == "vllm")  # --compute cpu: the LLM stays on the CPU
+    if backend == "auto" and config.one_listener and want_lane and gpu:
         lane, tried = _build_lane(info, events, rows=config.lane_rows), True
         if lane is not None:  # else vLLM below, as ever
             events(Notice("one listener: the graph lane carries it, vLLM is not started (--backend vllm starts it)"))
             return _torch_generator(info, config, events, lane)
-    if backend in ("auto", "vllm") and _cuda():
+    if backend in ("auto", "vllm") and gpu:
         try:
             import importlib.util
 

@@ -443,7 +443,7 @@ class GraphLane:
         back, until no job is left (jobs arriving meanwhile join at the next burst)."""
         pending: deque[_Read] = deque()
         unread: list[list[tuple[_Job, int]]] = []
-        self._last_end = None  # a gap before this run is no job's wait
+        self._began = self._last_end = None  # a gap before this run is no job's wait
         try:
             with self._on_stream():
                 while True:

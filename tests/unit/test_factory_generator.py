@@ -19,7 +19,7 @@ from engine.factory import EngineConfig
 
 class FakeTorchGen:
     def __init__(self, *args, **kwargs) -> None:
-        self.device = torch.device("cuda")
+        self.device = torch.device(kwargs.get("device") or "cuda")
 
 
 class FakeVllm:
@@ -92,3 +92,8 @@ def test_say_and_the_tui_declare_one_listener_export_and_serve_do_not() -> None:
     assert "engine_config(args, one_listener=True)" in (root / "cmd_say.py").read_text()
     assert "engine_config(args, one_listener=True)" in (root / "cmd_tui.py").read_text()
     assert "one_listener" not in (root / "cmd_export.py").read_text() + (root / "cmd_serve.py").read_text()
+
+
+def test_compute_cpu_keeps_the_llm_off_the_gpu(gpu) -> None:
+    gen, _ = _generator(EngineConfig(device="cpu", one_listener=True))
+    assert isinstance(gen, FakeTorchGen) and gpu.calls == 0  # no lane, no vLLM on the GPU it was told not to use
