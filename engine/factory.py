@@ -56,8 +56,8 @@ class EngineConfig:
     """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
     GPU, the lane's rows carry everything it hears, so vLLM is not started: on a fresh H100, `voicectl say` took
     85 s from launch to done this way and 170 s with vLLM started after it (vLLM 100 s, its warm-up 10 s), same
-    TTFA and RTF (docs/benchmarks.md). The torch generator stands behind the lane for what the lane cannot take;
-    the lane never hands a stream over to it."""
+    TTFA and RTF; 48 s once the small lane stopped compiling its prefills (docs/benchmarks.md). The torch
+    generator stands behind the lane for what the lane cannot take; the lane never hands a stream over to it."""
     freeze_heap: bool = True
     """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
     full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped: 166 ms

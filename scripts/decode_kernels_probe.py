@@ -250,6 +250,9 @@ def main() -> None:
     ap.add_argument("--lanes", metavar="NAMES",
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
                          "and the sampling kernel's draws against the tensor code's")
+    ap.add_argument("--prefill", action="store_true",
+                    help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
+                         "their start-up and prefill replay times")
     args = ap.parse_args()
     cfg = Qwen2Config(**{k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type")})
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -263,6 +266,8 @@ def main() -> None:
         return probe_plans(model, ids, allowed, args, out)
     if args.lanes:
         return probe_lanes(model, ids, allowed, args, out)
+    if args.prefill:
+        return probe_prefill(model, ids, allowed, args, out)
     lanes = {}
     for name, fused, compiled in (("fused", True, False), ("plain_compiled", False, True)):
         t0 = time.perf_counter()
@@ -361,6 +366,23 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
         out[f"sample_vs_pick{'_topk' if topk else ''}"] = found = sample_agreement(width, topk=topk)
         print("sample vs pick", found, flush=True)
     save(out, args.json)
+
+
+def probe_prefill(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict) -> None:
+    """A two-row lane as the factory builds it for one listener (compiled, fused), its prefills eager (built
+    first, so it pays the fused kernels' compiles) and Inductor-compiled: start-up and ms per prefill replay."""
+    for name, compiled in (("eager_prefill", False), ("compiled_prefill", True)):
+        t0 = time.perf_counter()
+        lane = GraphLane(model, ids, allowed, rows=2, max_len=args.max_len, compile_layers=True,
+                         compile_prefill=compiled)
+        out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
+        with torch.cuda.stream(lane.cuda_stream):
+            out[f"{name}_ms"] = {f"{b}x{n}": round(replay_ms(lane._graphs[("prefill", b, n)], 20), 3)  # noqa: SLF001
+                                 for b in lane.prefill_batches for n in lane.prefills}
+        print(name, out[f"{name}_start_s"], out[f"{name}_ms"], flush=True)
+        save(out, args.json)
+        del lane
+        torch.cuda.empty_cache()
 
 
 def sample_agreement(width: int, rows: int = 16, trials: int = 64, topk: bool = False) -> dict:

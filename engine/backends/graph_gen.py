@@ -198,10 +198,12 @@ class GraphLane:
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
-                 plan: decode_kernels.FusedPlan | None = None) -> None:
+                 plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
-        fused step (default decode_kernels.PLAN, less what this GPU cannot run)."""
+        fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
+        `compile_layers`): Inductor compiles the prefills too; default only where some decode steps run the
+        tensor code (a lane whose every step is fused would compile just its prefills, once per shape)."""
         self.device = torch.device(device)
         self.token_ids = token_ids
         self._stop_ids = frozenset(token_ids.stop_ids)
@@ -223,6 +225,8 @@ class GraphLane:
                                      own_cache=False)
             wanted = self.device.type == "cuda" and decode_kernels.available() if fused is None else fused
             self.fused = wanted and decode_kernels.supports(self.model.head_dim)
+            if compile_prefill is False or (compile_prefill is None and self.fused and rows <= fuse_rows):
+                self.model.eager_prefill()
             self.plan = plan if plan is not None else decode_kernels.plan_for()
             self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()

@@ -109,6 +109,11 @@ class StaticQwen2:
         """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
         into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
 
+    def eager_prefill(self) -> None:
+        """Prefills run the plain tensor code, never compiled: inside a CUDA graph they replay without Python,
+        and Inductor would compile once per (prompts, bucket) shape for little more than fused elementwise work."""
+        self._prefill_layer = self._prefill_layer_step
+
     @staticmethod
     def _weights(layer: torch.nn.Module, put) -> LayerWeights:
         a, m = layer.self_attn, layer.mlp

@@ -590,6 +590,23 @@ async def test_fused_lane_streams_equal_the_plain_lane(wide_model) -> None:
     assert await run(True, None, 4) == [t[:4] for t in plain]
 
 
+@needs_triton
+def test_a_lane_whose_every_step_is_fused_leaves_its_prefills_uncompiled(wide_model) -> None:
+    """compile_layers compiles the prefills only where some decode steps run the tensor code (Inductor would
+    otherwise compile once per prefill shape, for prefills that replay from CUDA graphs anyway)."""
+    def prefill_of(**kw):
+        lane = GraphLane(wide_model, IDS, SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES], device="cpu",
+                         dtype=torch.float32, max_len=128, compile_layers=True, **kw)
+        return lane.model._prefill_layer, lane.model._prefill_layer_step
+
+    compiled, plain = prefill_of(rows=2, fused=True)
+    assert compiled == plain  # every step fused: eager prefills
+    compiled, plain = prefill_of(rows=4, fused=True, fuse_rows=2)
+    assert compiled != plain  # steps of 4 rows run the compiled tensor code: so do the prefills
+    compiled, plain = prefill_of(rows=2, fused=True, compile_prefill=True)
+    assert compiled != plain
+
+
 def test_two_round_top_k_equals_one() -> None:
     logits = torch.randn(3, TOPK_CHUNKS * 516)
     logits[1, 5000:] = float("-inf")  # a padded head's tail
