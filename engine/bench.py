@@ -14,6 +14,9 @@ Metrics (per stream = one request of `sentences` sentences):
   `preroll_s` of audio again). `max_realtime_streams` counts on it. The fixed-delay player of runs 1-5
   (`simulate_playback`: starts `preroll_s` after the first chunk, whatever it holds) is reported beside it.
 - onset: when that player starts playing (TTFA plus the wait for the pre-roll): the first sound a user hears.
+- lane GPU busy / idle: the graph lane's GPU time in the level, and the time its stream sat empty between two
+  launches while it had streams (the host late with the next launch, not the GPU slow with the last).
+- GC: full runs of Python's cyclic garbage collector during the level, and the longest run of any generation.
 Pure apart from the functions that load models (torch, spark_tts_lib and vLLM are imported inside them).
 """
 from __future__ import annotations
