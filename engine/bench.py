@@ -390,7 +390,8 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
 async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int,
                          preroll_s: float, decodes: DecodeLog | None) -> LevelResult:
     stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
-    lane = getattr(getattr(gen, "inner", None), "lane", None)
+    router = _router(gen)
+    lane = router.lane if router is not None else None
     lane0 = (lane.busy_ms, lane.idle_ms) if lane is not None else None
     if decodes is not None:
         decodes.times.clear()  # what unmeasured requests (warm-up, export) left behind
@@ -416,6 +417,12 @@ async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text:
     if lane0 is not None and lane.busy_ms > lane0[0]:
         level.lane_busy_ms, level.lane_idle_ms = lane.busy_ms - lane0[0], lane.idle_ms - lane0[1]
     return level
+
+
+def _router(gen: FixedLengthGenerator) -> Any:
+    """The LaneRouter behind the bench's generator, or None when the engine has no graph lane."""
+    inner = getattr(gen, "inner", None)
+    return inner if hasattr(inner, "lane") else None
 
 
 async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:
@@ -868,7 +875,7 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
 
     schedule = variant.schedule
     saved = (synth.schedule, synth._shape_lengths)  # noqa: SLF001 - benchmark-only swap of the schedule
-    router = gen.inner if hasattr(gen.inner, "lane") else None
+    router = _router(gen)
     lane_was = router.enabled if router is not None else None
     bursts_were = router.lane.bursts if router is not None else None
     switch_was = sys.getswitchinterval()

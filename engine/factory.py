@@ -113,6 +113,7 @@ def _freeze_heap() -> None:
 
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # one hand-back at exit, however many engines this process built
     atexit.register(gc.unfreeze)
 
 
