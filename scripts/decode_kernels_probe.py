@@ -194,6 +194,9 @@ PLANS = {
     "o4_down8_chunk256_rope_attend": FusedPlan(**_RUN22, rope_in_attention=True),
     "rope_attend_one_sample": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True),
     "one_sample_topk": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True, sample_topk=True),
+    "preload_all": dk.replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
+    "preload_small": dk.replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
+    "preload_qkv_o": dk.replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -249,7 +252,8 @@ def main() -> None:
     ap.add_argument("--only", metavar="NAMES", help="with --plans: only these plans (comma-separated)")
     ap.add_argument("--lanes", metavar="NAMES",
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
-                         "and the sampling kernel's draws against the tensor code's")
+                         "and the sampling kernel's draws against the tensor code's. A name may end in "
+                         "@projection:block_n:warps (repeatable): that preloading tiling instead")
     ap.add_argument("--prefill", action="store_true",
                     help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
                          "their start-up and prefill replay times")
@@ -342,10 +346,16 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
     """Lanes of the named plans side by side: each step time is the median of rounds taken in turns, so that a
     drifting clock or a neighbour's load falls on every plan alike."""
     lanes = {}
+    saved = dict(dk.PRELOAD_TILINGS)
     for name in args.lanes.split(","):
         t0 = time.perf_counter()
+        base, *changes = name.split("@")  # plan@projection:block_n:warps...: other preloading tilings
+        dk.PRELOAD_TILINGS.update(saved)
+        for change in changes:
+            proj, block_n, warps = change.split(":")
+            dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), saved[proj].block_k, int(warps), saved[proj].stages)
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
-                                fuse_rows=args.fuse_rows, plan=PLANS[name])
+                                fuse_rows=args.fuse_rows, plan=PLANS[base])  # captured now: the tilings stay
         out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
     rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
     for _ in range(7):

@@ -55,6 +55,12 @@ TILINGS = {"qkv": Tiling(block_n=16, block_k=256), "gate_up": Tiling(block_n=64,
            "head": Tiling(block_n=64, block_k=256),
            "o": Tiling(block_n=16, block_k=256), "o_split": Tiling(block_n=32, block_k=128),
            "down": Tiling(block_n=16, block_k=256), "down_split": Tiling(block_n=32, block_k=256)}
+PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split": Tiling(block_n=16, block_k=128),
+                   "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
+                   "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
+"""The tilings of a projection in `FusedPlan.preload` at up to PRELOAD_ROWS rows, whose programs hold their whole
+weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o: the fastest of the
+few tried (H100, two-row lane, scripts/decode_kernels_probe.py --lanes): block_n 16 vs 8 and 32, 4 warps vs 8."""
 """The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
 projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
 norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
@@ -113,15 +119,27 @@ class FusedPlan:
     """The lane's sampling and bookkeeping after the head in one kernel (`sample`) instead of ~20 small ones."""
     sample_topk: bool = False
     """`sample` selects with Triton's bitonic top-k instead of full sorts (where this Triton has `tl.topk`)."""
+    preload: tuple[str, ...] = ()
+    """Projections ("qkv", "o", "gate_up", "down", "head") whose programs read their whole weight slice before
+    they wait for the kernel before them, at up to PRELOAD_ROWS rows (with `pdl`, that read overlaps the previous
+    kernel; PRELOAD_TILINGS)."""
+
+    def preload_tiling(self, name: str) -> Tiling | None:
+        """The preloading tiling of projection `name` (a TILINGS key: "down_split" is a "down"), or None where this
+        plan does not preload it."""
+        return PRELOAD_TILINGS[name] if name.removesuffix("_split") in self.preload else None
 
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
-                 one_sample=True, sample_topk=True)
+                 one_sample=True, sample_topk=True, preload=("qkv", "o"))
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
-embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). Costs a second, [N, K] copy of
-the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
+embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). The q/k/v and o projections
+read their weights before they wait (`preload`; H100, two-row lane, same process: 0.677 / 0.699 ms a step at 1 /
+2 rows against 0.734 / 0.755; preloading gate/up, down and the head too was slower: their slices are large, so
+fewer programs fit beside the kernel they overlap, 0.743 / 0.888). Costs a second, [N, K] copy of the layers'
+projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
@@ -142,14 +160,16 @@ def pdl_supported() -> bool:
 def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
            out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
-           counts: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+           counts: torch.Tensor | None = None, pdl: bool = False, preload: Tiling | None = None) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
     weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
     [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
     BLOCK_Ks, each its own program; the last program of each output block sums them, counting in `counts`
-    (int32 zeros, one per output block, left zero)."""
+    (int32 zeros, one per output block, left zero). `preload`: at up to PRELOAD_ROWS rows, this tiling's programs
+    each read their weights in one tile before they wait for the previous kernel (FusedPlan.preload; bf16
+    weights, or any under the interpreter)."""
     return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
-                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl)[0]
+                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,14 +181,15 @@ def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -
 def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm: torch.Tensor | None = None,
             eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
-            split_k: int = 1, counts: torch.Tensor | None = None,
-            pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
+            preload: Tiling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     n = w.shape[1] // 2 if swiglu else w.shape[1]
     _need_unit_stride(norm, bias)
     _need_weight_layout(w)
     x = x.contiguous()
-    tiling = _for_width(tiling, w.element_size())
+    preloads = _preloads(preload, w, m)
+    tiling = preload if preloads else _for_width(tiling, w.element_size())
     k_split, splits = _split(k, split_k, tiling.block_k)
     grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)
     if splits > 1:
@@ -184,8 +205,27 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
         norm if norm is not None else x, bias if bias is not None else x,
         residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
         HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        SWIGLU=swiglu, SPLIT_K=splits, **_common(tiling, pdl))
+        SWIGLU=swiglu, SPLIT_K=splits, **_common(tiling, pdl), **_preload(preloads, k_split, m))
     return out, total
+
+
+PRELOAD_ROWS = 4
+"""Up to this many rows a `preload` projection sums each row's products with its tile itself; more rows take the
+looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
+
+
+def _preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
+    """Whether a projection preloads: asked to, at up to PRELOAD_ROWS rows, and with bf16 weights (an fp32 model,
+    the GPU tests', keeps the loop: its tiles would be twice as large) or under the interpreter."""
+    return preload is not None and rows <= PRELOAD_ROWS and (w.element_size() <= 2 or interpreting())
+
+
+def _preload(preloads: bool, k_split: int, rows: int) -> dict[str, Any]:
+    """PRELOAD, its tile height SPAN (rows of w per program, a power of two) and ROWS (a power of two >= rows: one
+    compile per lane row bucket)."""
+    if not preloads:
+        return {}
+    return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "ROWS": 1 << (rows - 1).bit_length()}
 
 
 def _split(k: int, split_k: int, block_k: int) -> tuple[int, int]:

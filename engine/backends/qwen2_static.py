@@ -297,7 +297,8 @@ class StaticQwen2:
         x, pending = self.embed.index_select(0, ids), None
         for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
-            kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"], **launch)
+            kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"],
+                      preload=plan.preload_tiling("qkv"), **launch)
             if pending is None:
                 qkv = dk.matmul(x, w.qkv_t, **kw)
             else:
@@ -313,7 +314,7 @@ class StaticQwen2:
                                       chunk=plan.attend_chunk, counts=self.counts)
             attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan)
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
-                                   tiling=TILINGS["gate_up"], **launch)
+                                   tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"), **launch)
             pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan)
         return x, pending
 
@@ -337,8 +338,9 @@ class StaticQwen2:
         """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways."""
         if not split:
             return torch.mm(x, w_t)
-        return decode_kernels.matmul(x, w_t, tiling=TILINGS[name if split == 1 else f"{name}_split"], split_k=split,
-                                     pdl=plan.pdl, counts=self.counts)
+        key = name if split == 1 else f"{name}_split"
+        return decode_kernels.matmul(x, w_t, tiling=TILINGS[key], split_k=split, pdl=plan.pdl,
+                                     preload=plan.preload_tiling(key), counts=self.counts)
 
     def logits_fused(self, stream: tuple[torch.Tensor, torch.Tensor], head_t: torch.Tensor,
                      bias: torch.Tensor, plan: FusedPlan = FusedPlan()) -> torch.Tensor:
@@ -347,7 +349,8 @@ class StaticQwen2:
         [A, H] rows, which suits a k_major plan)."""
         x, pending = stream
         return decode_kernels.add_matmul(x, pending, head_t, norm=self.norm, eps=self.eps, bias=bias,
-                                         out_dtype=torch.float32, tiling=TILINGS["head"], pdl=plan.pdl)[0]
+                                         out_dtype=torch.float32, tiling=TILINGS["head"], pdl=plan.pdl,
+                                         preload=plan.preload_tiling("head"))[0]
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Output-embedding rows [A, H] for vocabulary ids [A]: logits over those ids only."""

@@ -406,3 +406,33 @@ async def test_fused_lane_equals_the_tensor_code_lane_fp32(gpu_info):
     same_prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), 150)
                    for x, y in zip(tokens[True], tokens[False])]
     assert same_prefix == [150, 150], same_prefix
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_preloaded_projections_equal_the_looped_ones_bf16(cuda, rows):
+    """The lane's preloading projections (FusedPlan.preload: weights read before the PDL wait, each row's products
+    summed without tensor cores) against the looped tensor-core kernel, in bf16 on Spark's shapes as the lane
+    launches them (an fp32 lane, the test above, never preloads): the same values up to the order of the fp32 sums
+    (a bf16 rounding step or two), and the same residual stream exactly."""
+    import torch
+
+    from engine.backends import decode_kernels as dk
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, add = torch.randn(rows, 896, generator=g, **bf16), torch.randn(rows, 896, generator=g, **bf16)
+    w_qkv = (torch.randn(1152, 896, generator=g, **bf16) / 30).t()  # [N, K] seen as [K, N], as k_major keeps them
+    w_o = (torch.randn(896, 896, generator=g, **bf16) / 30).t()
+    norm, bias = 1 + torch.randn(896, generator=g, **bf16) / 5, torch.randn(1152, generator=g, **bf16)
+    counts = torch.zeros(256, dtype=torch.int32, device="cuda")
+    plan = dk.PLAN
+    for pdl in (False, dk.pdl_supported()):
+        kw = dict(norm=norm, eps=1e-6, bias=bias, tiling=dk.TILINGS["qkv"], pdl=pdl)
+        got, total = dk.add_matmul(x, add, w_qkv, preload=plan.preload_tiling("qkv"), **kw)
+        want, want_total = dk.add_matmul(x, add, w_qkv, **kw)
+        assert torch.equal(total, want_total)
+        torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
+        kw = dict(tiling=dk.TILINGS["o_split"], split_k=plan.o_split, counts=counts, pdl=pdl)
+        torch.testing.assert_close(dk.matmul(x, w_o, preload=plan.preload_tiling("o_split"), **kw),
+                                   dk.matmul(x, w_o, **kw), atol=0.05, rtol=0.02)
+        assert not counts.any()

@@ -543,7 +543,10 @@ def wider_model() -> Qwen2ForCausalLM:
 @pytest.mark.parametrize("plan", [FusedPlan(), FusedPlan(o_split=1, down_split=1),
                                   FusedPlan(k_major=True, o_split=2, down_split=3, attend_chunk=32),
                                   FusedPlan(rope_in_attention=True, attend_chunk=32, down_split=2),
-                                  FusedPlan(rope_in_attention=True)], ids=repr)
+                                  FusedPlan(rope_in_attention=True),
+                                  FusedPlan(k_major=True, o_split=2, down_split=3, rope_in_attention=True,
+                                            preload=("qkv", "o", "gate_up", "down", "head")),
+                                  FusedPlan(preload=("qkv", "gate_up"))], ids=repr)
 def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> None:
     """forward_fused + logits_fused == forward_rows + the head, for three rows at different positions of their
     caches (each row attends over its own length; keys and values land where forward_rows puts them), whichever

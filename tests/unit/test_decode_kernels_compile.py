@@ -23,16 +23,20 @@ HIDDEN, INTER, HEADS, KV, D, LENGTH = 896, 4864, 14, 2, 64, 1024
 
 def _cases() -> dict[str, tuple]:
     """Each kernel as the graph lane launches it: (function name, pointer types, constants, warps, stages)."""
-    from engine.backends.decode_kernels import ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, SAMPLE_CHUNKS, TILINGS
+    from engine.backends.decode_kernels import (ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, PRELOAD_TILINGS,
+                                                SAMPLE_CHUNKS, TILINGS, _split)
 
     matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
                                       "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
 
-    def projection(name: str, k: int, split: int = 1, **flags) -> tuple:
-        tiling = TILINGS[name if split == 1 else f"{name}_split"]
+    def projection(name: str, k: int, split: int = 1, preload: bool = False, **flags) -> tuple:
+        tiling = (PRELOAD_TILINGS if preload else TILINGS)[name if split == 1 else f"{name}_split"]
         constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
-                         BLOCK_K=tiling.block_k)
+                         BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1)
+        if preload:  # the tile height the lane launches with (decode_kernels._preload)
+            per = _split(k, split, tiling.block_k)[0]
+            constants.update(PRELOAD=True, SPAN=max(16, 1 << (per - 1).bit_length()), ROWS=2)
         constants.update(flags)
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
         return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
@@ -52,6 +56,11 @@ def _cases() -> dict[str, tuple]:
         "gate_up": projection("gate_up", HIDDEN, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
         "down": projection("down", INTER, PLAN.down_split),
         "head": projection("head", HIDDEN, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
+        "qkv_preload": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
+        "o_preload": projection("o", HIDDEN, PLAN.o_split, preload=True),
+        "gate_up_preload": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
+        "down_preload": projection("down", INTER, PLAN.down_split, preload=True),
+        "head_preload": projection("head", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk)),
                          ATTEND_WARPS, ATTEND_STAGES),
@@ -105,8 +114,9 @@ def compiled() -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "attend", "attend_split", "rope_attend",
-                                  "rope_store", "sample", "sample_topk"])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "o_preload",
+                                  "gate_up_preload", "down_preload", "head_preload", "attend", "attend_split",
+                                  "rope_attend", "rope_store", "sample", "sample_topk"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     shared = compiled[name]
     assert isinstance(shared, int), shared
