@@ -59,8 +59,9 @@ PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split"
                    "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
 """The tilings of a projection in `FusedPlan.preload` at up to PRELOAD_ROWS rows, whose programs hold their whole
-weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o: the fastest of the
-few tried (H100, two-row lane, scripts/decode_kernels_probe.py --lanes): block_n 16 vs 8 and 32, 4 warps vs 8."""
+weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o as tried in a two-row
+lane (H100, scripts/decode_kernels_probe.py --lanes; docs/benchmarks.md, run 27): the o projection 16 columns a
+program rather than 32 (-1%), q/k/v 16 within 0.5% of 8, both faster than 32 columns or 8 warps (+3-5%)."""
 """The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
 projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
 norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
