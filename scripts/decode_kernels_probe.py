@@ -21,6 +21,7 @@ import argparse
 import itertools
 import json
 import time
+from dataclasses import replace
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -194,9 +195,9 @@ PLANS = {
     "o4_down8_chunk256_rope_attend": FusedPlan(**_RUN22, rope_in_attention=True),
     "rope_attend_one_sample": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True),
     "one_sample_topk": FusedPlan(**_RUN22, rope_in_attention=True, one_sample=True, sample_topk=True),
-    "preload_all": dk.replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
-    "preload_small": dk.replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
-    "preload_qkv_o": dk.replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
+    "preload_all": replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
+    "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
+    "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -357,6 +358,7 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
                                 fuse_rows=args.fuse_rows, plan=PLANS[base])  # captured now: the tilings stay
         out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
+    dk.PRELOAD_TILINGS.update(saved)
     rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
     for _ in range(7):
         for name, lane in lanes.items():

@@ -55,6 +55,12 @@ TILINGS = {"qkv": Tiling(block_n=16, block_k=256), "gate_up": Tiling(block_n=64,
            "head": Tiling(block_n=64, block_k=256),
            "o": Tiling(block_n=16, block_k=256), "o_split": Tiling(block_n=32, block_k=128),
            "down": Tiling(block_n=16, block_k=256), "down_split": Tiling(block_n=32, block_k=256)}
+"""The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
+projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
+norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
+norm and a SwiGLU kernel; norm + head 8.1 us against 6.6 us plus a norm. Long K runs (256) per iteration were
+the best for every projection. The o and down projections stay cuBLAS GEMMs (4.1 and 7.8 us, ours 4.6 and 8.7)
+whose residual add rides in the next kernel's prologue."""
 PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split": Tiling(block_n=16, block_k=128),
                    "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
@@ -62,12 +68,6 @@ PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split"
 weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o as tried in a two-row
 lane (H100, scripts/decode_kernels_probe.py --lanes; docs/benchmarks.md, run 27): the o projection 16 columns a
 program rather than 32 (-1%), q/k/v 16 within 0.5% of 8, both faster than 32 columns or 8 warps (+3-5%)."""
-"""The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
-projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
-norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
-norm and a SwiGLU kernel; norm + head 8.1 us against 6.6 us plus a norm. Long K runs (256) per iteration were
-the best for every projection. The o and down projections stay cuBLAS GEMMs (4.1 and 7.8 us, ours 4.6 and 8.7)
-whose residual add rides in the next kernel's prologue."""
 
 
 def interpreting() -> bool:
@@ -137,10 +137,10 @@ PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=25
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
 embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). The q/k/v and o projections
-read their weights before they wait (`preload`; H100, two-row lane, same process: 0.677 / 0.699 ms a step at 1 /
-2 rows against 0.734 / 0.755; preloading gate/up, down and the head too was slower: their slices are large, so
-fewer programs fit beside the kernel they overlap, 0.743 / 0.888). Costs a second, [N, K] copy of the layers'
-projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
+read their weights before they wait (`preload`; H100, two-row lane, same process: 0.679 / 0.702 ms a step at 1 /
+2 rows against 0.742 / 0.764; preloading gate/up, down and the head too was slower, 0.743 / 0.888 in another
+process: their slices are large, so fewer programs fit beside the kernel they overlap). Costs a second, [N, K]
+copy of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
