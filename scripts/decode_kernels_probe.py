@@ -198,6 +198,14 @@ PLANS = {
     "preload_all": replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
     "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
     "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
+    "prefetch_gate_up": replace(dk.PLAN, prefetch=("gate_up",)),
+    "prefetch_mlp": replace(dk.PLAN, prefetch=("gate_up", "down")),
+    "prefetch_all": replace(dk.PLAN, prefetch=("o", "gate_up", "down")),
+    "prefetch_down": replace(dk.PLAN, prefetch=("down",)),
+    "prefetch_o_down": replace(dk.PLAN, prefetch=("o", "down")),
+    "prefetch_mlp_from_o": replace(dk.PLAN, prefetch=("gate_up", "down"), prefetch_from="o"),
+    "prefetch_down_from_o": replace(dk.PLAN, prefetch=("down",), prefetch_from="o"),
+    "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -254,7 +262,8 @@ def main() -> None:
     ap.add_argument("--lanes", metavar="NAMES",
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
                          "and the sampling kernel's draws against the tensor code's. A name may end in "
-                         "@projection:block_n:warps (repeatable): that preloading tiling instead")
+                         "@projection:block_n:warps (repeatable): that preloading tiling instead; "
+                         "@t.projection:block_n:block_k:warps:stages: that looped tiling (a TILINGS key)")
     ap.add_argument("--prefill", action="store_true",
                     help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
                          "their start-up and prefill replay times")
@@ -347,18 +356,24 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
     """Lanes of the named plans side by side: each step time is the median of rounds taken in turns, so that a
     drifting clock or a neighbour's load falls on every plan alike."""
     lanes = {}
-    saved = dict(dk.PRELOAD_TILINGS)
+    saved, saved_looped = dict(dk.PRELOAD_TILINGS), dict(TILINGS)
     for name in args.lanes.split(","):
         t0 = time.perf_counter()
         base, *changes = name.split("@")  # plan@projection:block_n:warps...: other preloading tilings
         dk.PRELOAD_TILINGS.update(saved)
+        TILINGS.update(saved_looped)
         for change in changes:
+            if change.startswith("t."):  # t.projection:block_n:block_k:warps:stages: another looped tiling
+                proj, *numbers = change[2:].split(":")
+                TILINGS[proj] = Tiling(*map(int, numbers))
+                continue
             proj, block_n, warps = change.split(":")
             dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), saved[proj].block_k, int(warps), saved[proj].stages)
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
                                 fuse_rows=args.fuse_rows, plan=PLANS[base])  # captured now: the tilings stay
         out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
     dk.PRELOAD_TILINGS.update(saved)
+    TILINGS.update(saved_looped)
     rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
     for _ in range(7):
         for name, lane in lanes.items():

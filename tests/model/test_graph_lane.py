@@ -546,7 +546,8 @@ def wider_model() -> Qwen2ForCausalLM:
                                   FusedPlan(rope_in_attention=True),
                                   FusedPlan(k_major=True, o_split=2, down_split=3, rope_in_attention=True,
                                             preload=("qkv", "o", "gate_up", "down", "head")),
-                                  FusedPlan(preload=("qkv", "gate_up"))], ids=repr)
+                                  FusedPlan(preload=("qkv", "gate_up"), prefetch=("o", "gate_up", "down"))],
+                         ids=repr)
 def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> None:
     """forward_fused + logits_fused == forward_rows + the head, for three rows at different positions of their
     caches (each row attends over its own length; keys and values land where forward_rows puts them), whichever
@@ -566,6 +567,16 @@ def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> Non
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for a, b in zip(*caches):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_a_plan_prefetching_what_a_layer_lacks_is_refused(wide_model) -> None:
+    """FusedPlan.prefetch names a layer's own projections; anything else (the head is not a layer's) is an error
+    before any launch, not a silently smaller prefetch."""
+    static = StaticQwen2(wide_model, 128, "cpu", torch.float32)
+    cache = static.new_rows_cache(1, 128)
+    with pytest.raises(ValueError, match="head"), torch.inference_mode():
+        static.forward_fused(torch.tensor([9906]), torch.tensor([0]), cache, FusedPlan(prefetch=("gate_up", "head")))
 
 
 @needs_triton
