@@ -63,6 +63,12 @@ class EngineConfig:
     full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped: 166 ms
     on a 2-core CI machine with torch and transformers alone; the first crowd of 128 streams in runs 24-25 left
     the graph lane's stream empty for ~0.5 s (docs/benchmarks.md). Objects created later are collected as ever."""
+    warm_up: bool | None = None
+    """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
+    the first request a user hears does not pay the process's first-use costs: fresh `voicectl say` processes on
+    one H100 reached first audio in 24-25 ms with it (it took 0.09-0.12 s) and 51-52 ms without (docs/benchmarks
+    .md). None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the
+    warm-up would cost a CPU machine seconds of start-up)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
@@ -99,9 +105,35 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False))
     synth.model_info = info  # type: ignore[attr-defined]
+    if config.warm_up or (config.warm_up is None and str(getattr(decoder, "device", "cpu")).startswith("cuda")):
+        _warm_up(synth, events)
     if config.freeze_heap:
         _freeze_heap()
     return synth
+
+
+def _warm_up(synth: Synthesizer, events: EventSink) -> None:
+    """Synthesizer.warm_up on an event loop of its own, in a thread of its own (the caller may be inside a running
+    loop; the engine's parts take whichever loop later requests come on). A failure is a notice, not an error:
+    the first real request meets the same cause and reports it as its own."""
+    import asyncio
+    import threading
+
+    done: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            done["s"] = asyncio.run(synth.warm_up())
+        except Exception as err:  # noqa: BLE001 - reported as a notice
+            done["error"] = err
+
+    thread = threading.Thread(target=run, name="warm-up")
+    thread.start()
+    thread.join()
+    if "error" in done:
+        events(Notice(f"warm-up request failed: {one_line(done['error'])}"))
+    else:
+        events(Notice(f"warmed up with one request in {done['s']:.2f} s"))
 
 
 def _freeze_heap() -> None:
@@ -128,9 +160,12 @@ def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> S
     from engine.tokens import TokenIds
 
     ids = TokenIds()
-    return Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
-                       lambda text: [ord(c) % 151643 for c in text], voices, None, schedule=config.schedule,
-                       join=config.join, events=events)
+    synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
+                        lambda text: [ord(c) % 151643 for c in text], voices, None, schedule=config.schedule,
+                        join=config.join, events=events)
+    if config.warm_up:
+        _warm_up(synth, events)
+    return synth
 
 
 def _load_encoder(info):

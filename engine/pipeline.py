@@ -442,9 +442,33 @@ class Synthesizer:
             sink.clear()
             raise
 
+    async def warm_up(self, voice: str = "default") -> float:
+        """One short request through the whole pipeline, its audio and events dropped (nothing is listening yet):
+        the process's first-use costs (threads started, per-thread GPU handles, first graph launches, lazy
+        imports and allocations) fall on it rather than on the first request a user hears. Two sentences, so that
+        both the lone and the side-by-side paths run; each long enough for a first window and a last one.
+        Returns its seconds. Call it before any other request: events of requests meanwhile are dropped too."""
+        t0 = time.perf_counter()
+        schedule = self.schedule
+        tokens = schedule.first_new + schedule.right_context(0) + schedule.new
+        req = SynthesisRequest(WARM_UP_TEXT, voice=voice, options=SamplingOptions(max_tokens=tokens, seed=0),
+                               request_id="warm-up")
+        events, self.events = self.events, ignore_events
+        try:
+            async with aclosing(self.synthesize(req)) as chunks:
+                async for _ in chunks:
+                    pass
+        finally:
+            self.events = events
+        return time.perf_counter() - t0
+
     async def close(self) -> None:
         await self.generator.close()
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
+
+
+WARM_UP_TEXT = "Warming up. Ready now."
+"""`Synthesizer.warm_up`'s text: two short sentences."""
 
 
 FEED_CHARS = 4096

@@ -337,6 +337,8 @@ class _GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = self.model.decode(codes, globs)
+        with torch.cuda.stream(self.stream):
+            graph.replay()  # a graph's first launch uploads it to the GPU: here, not in a request
         self.graphs[(batch, length)] = (graph, codes, globs, out)
         if batch not in self.batches:
             self.batches = sorted([*self.batches, batch])

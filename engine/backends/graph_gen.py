@@ -409,6 +409,7 @@ class GraphLane:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=self.cuda_stream):
                     fn()
+                graph.replay()  # a graph's first launch uploads it to the GPU: here, not in a request
                 self._graphs[(kind, a, b)] = graph
             self.positions.zero_()
             self.steps.zero_()

@@ -300,3 +300,48 @@ async def test_leaving_a_lone_request_early_stops_both_sentences():
     await leave_after_the_first_chunk(synth, gen, req)
     assert {f"{req.request_id}-0", f"{req.request_id}-1"} <= gen.aborted
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+
+async def test_warm_up_runs_two_short_sentences_unheard_then_events_flow_again():
+    """Synthesizer.warm_up: one request of two sentences, each cut to a first and a last window's tokens, whose
+    events reach no one; the sink is back for the next request."""
+    from engine.pipeline import WARM_UP_TEXT
+
+    events, asked = [], {}
+    synth, gen = make(tokens=500, events=events)
+    stream = gen.stream
+
+    def recorded(prompt, opts, request_id):
+        asked[request_id] = opts.max_tokens
+        return stream(prompt, opts, request_id)
+
+    gen.stream = recorded
+    seconds = await synth.warm_up()
+    assert seconds > 0 and events == [] and WARM_UP_TEXT.count(".") == 2
+    schedule = synth.schedule
+    tokens = schedule.first_new + schedule.right_context(0) + schedule.new
+    assert {k: v for k, v in asked.items() if k.startswith("warm-up")} == {"warm-up-0": tokens, "warm-up-1": tokens}
+    assert synth.active_requests == 0
+    await synth.render(SynthesisRequest("Now it counts.", options=SamplingOptions(seed=1, max_tokens=40)))
+    assert any(isinstance(e, RequestStarted) for e in events) and any(isinstance(e, FirstAudio) for e in events)
+
+
+async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_warm_up_as_a_notice(tmp_path):
+    """build_synthesizer(warm_up=True) runs the warm-up on a loop of its own (`say` builds inside its loop): one
+    notice, no request events. A warm-up that fails (here no voice called "default") is a notice, not an error:
+    the engine is still handed over."""
+    from engine.events import Notice
+    from engine.factory import EngineConfig, build_synthesizer
+
+    events = []
+    synth = build_synthesizer(EngineConfig(backend="fake", warm_up=True), events=events.append)
+    assert [type(e) for e in events] == [Notice] and events[0].message.startswith("warmed up with one request in")
+    assert [r for r in synth.generator.started if r.startswith("warm-up")] == ["warm-up-0", "warm-up-1"]
+    await synth.render(SynthesisRequest("After the warm-up.", options=SamplingOptions(seed=2, max_tokens=30)))
+    events.clear()
+    build_synthesizer(EngineConfig(backend="fake", warm_up=True, voices=VoiceBank([tmp_path])), events=events.append)
+    assert [type(e) for e in events] == [Notice]
+    assert events[0].message.startswith("warm-up request failed: VoiceNotFound"), events[0].message
+    events.clear()
+    build_synthesizer(EngineConfig(backend="fake"), events=events.append)  # None: not on a CPU-only engine
+    assert events == []

@@ -97,3 +97,15 @@ def test_say_and_the_tui_declare_one_listener_export_and_serve_do_not() -> None:
 def test_compute_cpu_keeps_the_llm_off_the_gpu(gpu) -> None:
     gen, _ = _generator(EngineConfig(device="cpu", one_listener=True))
     assert isinstance(gen, FakeTorchGen) and gpu.calls == 0  # no lane, no vLLM on the GPU it was told not to use
+
+
+def test_no_warm_up_turns_the_warm_up_request_off_and_its_absence_leaves_it_to_the_decoder_device() -> None:
+    import argparse
+
+    from voiceapp.cli import build_parser
+    from voiceapp.common import engine_config
+
+    args = argparse.Namespace(model=None, backend="auto", compute="auto", threads=None)
+    assert engine_config(args).warm_up is None and EngineConfig().warm_up is None
+    parsed = build_parser().parse_args(["say", "hi", "--no-warm-up"])
+    assert engine_config(parsed).warm_up is False
