@@ -85,6 +85,13 @@ GPU_DECODER_DTYPE = "fp32"
 """BiCodec precision on CUDA by default. fp32: bf16 measured -22.8 dB vs CPU fp32 (fp32 on the GPU: -47.5 dB) and
 its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/benchmarks.md); fp32 still decodes ~1000x
 real time batched, far more than 128 streams need."""
+DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
+"""Decoder graph batches captured for each window length (a batch of B windows replays the smallest >= B)."""
+ONE_LISTENER_DECODE_BATCHES = (1, 4)
+"""The same for one listener (EngineConfig.one_listener), whose windows come from at most two sentences at once
+(two replay the batch-4 graph): 14 graphs instead of 42. A fresh `voicectl say` on an H100 (warm compile caches)
+captured them in 9.2 s instead of 14.1-14.7 and was done 31.6 s after launch instead of 38.3-38.6, with the same
+first audio (24-25 ms) and RTF (docs/benchmarks.md, run 28)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 
@@ -203,7 +210,8 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     try:
         gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
                              deterministic=config.deterministic, autotune=config.decoder_autotune)
-        seconds = gpu.warmup(lengths_for(config.schedule))
+        batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
+        seconds = gpu.warmup(lengths_for(config.schedule), batches)
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device == "cuda":
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err

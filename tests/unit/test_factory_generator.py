@@ -109,3 +109,31 @@ def test_no_warm_up_turns_the_warm_up_request_off_and_its_absence_leaves_it_to_t
     assert engine_config(args).warm_up is None and EngineConfig().warm_up is None
     parsed = build_parser().parse_args(["say", "hi", "--no-warm-up"])
     assert engine_config(parsed).warm_up is False
+
+
+@pytest.mark.parametrize("one_listener", [True, False])
+def test_one_listener_captures_decoder_graphs_for_two_windows_at_once_a_crowd_for_every_batch(
+        monkeypatch, one_listener) -> None:
+    """A listener's windows come from at most two sentences at once: its decoder captures batches 1 and 4 (two
+    windows replay the batch-4 graph) for every window length; a crowd's engine captures every batch."""
+    from engine.backends import bicodec
+    from engine.batching import lengths_for
+
+    captured = {}
+
+    class FakeDecoder:
+        def __init__(self, *args, **kwargs) -> None:
+            self.device = kwargs["device"]
+
+        def warmup(self, lengths, batches=(1, 4, 8, 16, 32, 64)):
+            captured.update(lengths=tuple(lengths), batches=tuple(batches))
+            return 0.1
+
+    monkeypatch.setattr(bicodec, "BiCodecDecoder", FakeDecoder)
+    monkeypatch.setattr(factory, "_cuda", lambda: True)
+    monkeypatch.setattr(factory, "probe_decoder", lambda decoder, length: 0.001)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
+    config = EngineConfig(one_listener=one_listener)
+    decoder = factory._build_decoder(SimpleNamespace(bicodec_dir="unused"), config)  # noqa: SLF001
+    assert decoder.device == "cuda" and captured["lengths"] == lengths_for(config.schedule)
+    assert captured["batches"] == ((1, 4) if one_listener else (1, 4, 8, 16, 32, 64))
