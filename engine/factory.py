@@ -66,9 +66,9 @@ class EngineConfig:
     warm_up: bool | None = None
     """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
     the first request a user hears does not pay the process's first-use costs: fresh `voicectl say` processes on
-    one H100 reached first audio in 24-25 ms with it (it took 0.09-0.12 s) and 51-52 ms without (docs/benchmarks
-    .md). None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the
-    warm-up would cost a CPU machine seconds of start-up)."""
+    an H100 reached first audio in 23-25 ms with it (it took 0.09-0.15 s) and in 51-52 ms without, 72 ms with vLLM
+    started (docs/benchmarks.md, run 28). None: where the decoder runs on the GPU (on the CPU a request's compute
+    dwarfs those costs, and the warm-up would cost a CPU machine seconds of start-up)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):

@@ -446,7 +446,7 @@ class Synthesizer:
         """One short request through the whole pipeline, its audio and events dropped (nothing is listening yet):
         the process's first-use costs (threads started, per-thread GPU handles, first graph launches, lazy
         imports and allocations) fall on it rather than on the first request a user hears. Two sentences, so that
-        both the lone and the side-by-side paths run; each long enough for a first window and a last one.
+        the next sentence's side-by-side path runs too; the first long enough for a first window and a last one.
         Returns its seconds. Call it before any other request: events of requests meanwhile are dropped too."""
         t0 = time.perf_counter()
         schedule = self.schedule

@@ -25,7 +25,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "twice the time to first audio)")
     g.add_argument("--no-warm-up", action="store_true",
                    help="on a GPU, skip the short silent request that pays the process's first-use costs at "
-                        "start-up (its first audio then comes later: ~100 ms instead of ~25 on an H100)")
+                        "start-up (its first audio then comes later: 51-72 ms instead of 23-25 on an H100)")
 
 
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
