@@ -85,10 +85,9 @@ GPU_DECODER_DTYPE = "fp32"
 """BiCodec precision on CUDA by default. fp32: bf16 measured -22.8 dB vs CPU fp32 (fp32 on the GPU: -47.5 dB) and
 its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/benchmarks.md); fp32 still decodes ~1000x
 real time batched, far more than 128 streams need."""
-DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
-"""Decoder graph batches captured for each window length (a batch of B windows replays the smallest >= B)."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
-"""The same for one listener (EngineConfig.one_listener), whose windows come from at most two sentences at once
+"""Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
+capture bicodec.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): 14 graphs instead of 42. A fresh `voicectl say` on an H100 (warm compile caches)
 captured them in 9.2 s instead of 14.1-14.7 and was done 31.6 s after launch instead of 38.3-38.6, with the same
 first audio (24-25 ms) and RTF (docs/benchmarks.md, run 28)."""
@@ -112,11 +111,16 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False))
     synth.model_info = info  # type: ignore[attr-defined]
-    if config.warm_up or (config.warm_up is None and str(getattr(decoder, "device", "cpu")).startswith("cuda")):
-        _warm_up(synth, events)
+    _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         _freeze_heap()
     return synth
+
+
+def _warm_up_if_asked(synth: Synthesizer, config: EngineConfig, events: EventSink) -> None:
+    """`_warm_up` where EngineConfig.warm_up asks for it: True, or None and the decoder on the GPU."""
+    if config.warm_up or (config.warm_up is None and str(getattr(synth.decoder, "device", "cpu")).startswith("cuda")):
+        _warm_up(synth, events)
 
 
 def _warm_up(synth: Synthesizer, events: EventSink) -> None:
@@ -170,8 +174,7 @@ def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> S
     synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
                         lambda text: [ord(c) % 151643 for c in text], voices, None, schedule=config.schedule,
                         join=config.join, events=events)
-    if config.warm_up:
-        _warm_up(synth, events)
+    _warm_up_if_asked(synth, config, events)
     return synth
 
 
@@ -193,7 +196,7 @@ def _cuda() -> bool:
 def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events):
     """BiCodec on the GPU (own stream, CUDA graphs for the schedule's window shapes) when there is one and it is
     not measurably slower than the CPU; else on the CPU. Built before vLLM so vLLM sizes itself around it."""
-    from engine.backends.bicodec import BiCodecDecoder
+    from engine.backends.bicodec import DECODE_BATCHES, BiCodecDecoder
 
     device = config.decoder_device
     if device == "auto":

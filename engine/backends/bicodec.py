@@ -159,6 +159,11 @@ def reference_clip(wav: np.ndarray, length: int) -> np.ndarray:
 # The CodecDecoder
 
 
+DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
+"""Graph batches `BiCodecDecoder.warmup` captures for each window length by default (a batch of B windows replays
+the smallest >= B)."""
+
+
 class BiCodecDecoder:
     """CodecDecoder over our BiCodec modules; batches windows of equal length into one forward pass.
 
@@ -215,7 +220,7 @@ class BiCodecDecoder:
             return self._graphs.batches[-1]
         return self._batch_limit
 
-    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (1, 4, 8, 16, 32, 64)) -> float:
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = DECODE_BATCHES) -> float:
         """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.
 
         No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little)."""

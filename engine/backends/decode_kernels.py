@@ -135,6 +135,14 @@ class FusedPlan:
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
 
+    def __post_init__(self) -> None:
+        unknown = set(self.prefetch) - {"o", "gate_up", "down"}
+        if unknown:
+            raise ValueError(f"FusedPlan.prefetch names no layer projection: {sorted(unknown)}")
+        if self.prefetch_from not in ("qkv", "o", "gate_up") or (self.prefetch_from == "o" and not self.o_split):
+            raise ValueError(f"FusedPlan.prefetch_from {self.prefetch_from!r} is none of our kernels (qkv, gate_up, "
+                             "or o with o_split)")
+
     def preload_tiling(self, name: str) -> Tiling | None:
         """The preloading tiling of projection `name` (a TILINGS key: "down_split" is a "down"), or None where this
         plan does not preload it."""
