@@ -32,7 +32,8 @@ from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
-from lane_profile import eager_kernels, graph_step_ms, replay_ms  # scripts/ is on sys.path when a script runs
+# scripts/ is on sys.path when a script runs
+from lane_profile import eager_kernels, graph_critical_path, graph_step_ms, replay_ms
 
 SPAN = 256
 
@@ -72,8 +73,11 @@ def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
 
 def kernels(lane: GraphLane, rows: int, steps: int = 20) -> dict:
     kernel_ms, top = eager_kernels(lane, rows, SPAN, steps)
-    return {"rows": rows, "kernels_per_step": round(sum(r["per_step"] for r in top), 1),
-            "kernel_sum_ms_per_step": round(kernel_ms, 3), "top": top[:14]}
+    out = {"rows": rows, "kernels_per_step": round(sum(r["per_step"] for r in top), 1),
+           "kernel_sum_ms_per_step": round(kernel_ms, 3), "top": top[:14]}
+    if lane.fused:
+        out["critical_path_us"] = graph_critical_path(lane, rows, SPAN)
+    return out
 
 
 def topk_ms(width: int) -> dict:
@@ -198,6 +202,7 @@ PLANS = {
     "preload_all": replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
     "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
     "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
+    "run28": replace(dk.PLAN, late_sum=False),  # PLAN before late_sum
     "prefetch_gate_up": replace(dk.PLAN, prefetch=("gate_up",)),
     "prefetch_mlp": replace(dk.PLAN, prefetch=("gate_up", "down")),
     "prefetch_all": replace(dk.PLAN, prefetch=("o", "gate_up", "down")),
@@ -206,6 +211,10 @@ PLANS = {
     "prefetch_mlp_from_o": replace(dk.PLAN, prefetch=("gate_up", "down"), prefetch_from="o"),
     "prefetch_down_from_o": replace(dk.PLAN, prefetch=("down",), prefetch_from="o"),
     "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
+    "pre_gate_up": replace(dk.PLAN, preload=("qkv", "o", "gate_up")),
+    "pre_down10": replace(dk.PLAN, preload=("qkv", "o", "down"), down_split=10),
+    "late_down4": replace(dk.PLAN, down_split=4),
+    "late_down16": replace(dk.PLAN, down_split=16),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
@@ -262,7 +271,7 @@ def main() -> None:
     ap.add_argument("--lanes", metavar="NAMES",
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
                          "and the sampling kernel's draws against the tensor code's. A name may end in "
-                         "@projection:block_n:warps (repeatable): that preloading tiling instead; "
+                         "@projection:block_n:warps[:block_k[:dot]] (repeatable): that preloading tiling instead; "
                          "@t.projection:block_n:block_k:warps:stages: that looped tiling (a TILINGS key)")
     ap.add_argument("--prefill", action="store_true",
                     help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
@@ -357,8 +366,9 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
     drifting clock or a neighbour's load falls on every plan alike."""
     lanes = {}
     saved, saved_looped = dict(dk.PRELOAD_TILINGS), dict(TILINGS)
-    for name in args.lanes.split(","):
-        t0 = time.perf_counter()
+
+    def tilings_of(name: str) -> str:
+        """Sets the tilings a lane name asks for (the rest as saved); returns its plan's name."""
         base, *changes = name.split("@")  # plan@projection:block_n:warps...: other preloading tilings
         dk.PRELOAD_TILINGS.update(saved)
         TILINGS.update(saved_looped)
@@ -367,13 +377,18 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
                 proj, *numbers = change[2:].split(":")
                 TILINGS[proj] = Tiling(*map(int, numbers))
                 continue
-            proj, block_n, warps = change.split(":")
-            dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), saved[proj].block_k, int(warps), saved[proj].stages)
+            proj, block_n, warps, *more = change.split(":")  # [:block_k[:dot]]
+            block_k = int(more[0]) if more else saved[proj].block_k
+            dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), block_k, int(warps), saved[proj].stages,
+                                              dot=more[1:] == ["dot"])
+        return base
+
+    for name in args.lanes.split(","):
+        t0 = time.perf_counter()
+        base = tilings_of(name)
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
                                 fuse_rows=args.fuse_rows, plan=PLANS[base])  # captured now: the tilings stay
         out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
-    dk.PRELOAD_TILINGS.update(saved)
-    TILINGS.update(saved_looped)
     rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
     for _ in range(7):
         for name, lane in lanes.items():
@@ -381,13 +396,19 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
                 rounds[name].setdefault(n, []).append(graph_step_ms(lane, n, SPAN, 50))
     for name, lane in lanes.items():
         out[f"lane_{name}_step_ms"] = {n: round(sorted(t)[len(t) // 2], 4) for n, t in rounds[name].items()}
-        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, 2)]
         print("lane", name, out[f"lane_{name}_start_s"], out[f"lane_{name}_step_ms"], flush=True)
+        save(out, args.json)
+    for name, lane in lanes.items():
+        tilings_of(name)  # the eager listing runs the lane's kernels again, with its tilings
+        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, 2)]
         for listing in out[f"lane_{name}_kernels"]:
-            print(" rows", listing["rows"], listing["kernels_per_step"], "kernels", listing["kernel_sum_ms_per_step"])
+            print(name, "rows", listing["rows"], listing["kernels_per_step"], "kernels",
+                  listing["kernel_sum_ms_per_step"], "critical path", listing.get("critical_path_us"))
             for r in listing["top"][:8]:
                 print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:<6} {r['kernel']}")
         save(out, args.json)
+    dk.PRELOAD_TILINGS.update(saved)
+    TILINGS.update(saved_looped)
     width = next(iter(lanes.values())).allowed.numel()
     for topk in (False, True):
         out[f"sample_vs_pick{'_topk' if topk else ''}"] = found = sample_agreement(width, topk=topk)

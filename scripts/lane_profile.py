@@ -78,6 +78,46 @@ def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[fl
     return sum(r["us_per_step"] for r in rows) / 1e3, rows
 
 
+def graph_critical_path(lane: GraphLane, rows: int, span: int, steps: int = 30) -> dict[str, float]:
+    """`critical_path_us` of the captured decode graph at `rows` (replays under the profiler: no host gaps, unlike
+    an eager step's kernels, launched one by one from Python)."""
+    graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
+    with torch.cuda.stream(lane.cuda_stream):
+        for _ in range(3):
+            lane.positions.fill_(span // 2)
+            graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                lane.positions.fill_(span // 2)
+                graph.replay()
+            torch.cuda.synchronize()
+    return critical_path_us(prof, steps, len(lane.model.layers))
+
+
+LAYER_ROLES = ("qkv", "attend", "o", "gate_up", "down")
+"""The fused step's kernels of one layer, in launch order (decode_kernels.PLAN: rotary in the attention)."""
+
+
+def critical_path_us(prof, steps: int, layers: int) -> dict[str, float]:
+    """us per step that each role of the fused step adds to the step's end: a kernel's end minus the end of the one
+    before it (with PDL, kernels start early and wait, so their durations overlap; their ends do not). Roles: the
+    layers' five kernels (from each step's first projection on), summed over layers; then "before" and "after"."""
+    events = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                    if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0)
+    per_step = len(events) // steps
+    first = next((i for i, ev in enumerate(events[:per_step]) if "matmul_kernel" in ev[2]), None)
+    if first is None or len(events) % steps:
+        return {"unreadable": float(len(events))}  # the profiler did not see each replay's kernels
+    added: dict[str, float] = collections.defaultdict(float)
+    for at in range(per_step, per_step * steps):  # from the second step: each kernel has one before it
+        i = at % per_step - first
+        role = ("before" if i < 0 else LAYER_ROLES[i % len(LAYER_ROLES)] if i < len(LAYER_ROLES) * layers
+                else "after")
+        added[role] += (events[at][1] - max(events[at - 1][1], events[at][0])) / (steps - 1)
+    return {k: round(v, 1) for k, v in added.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")

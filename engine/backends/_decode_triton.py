@@ -21,7 +21,8 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
                   UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr = False, SPAN: tl.constexpr = 16,
                   ROWS: tl.constexpr = 1, pf_a=0, pf_a_bytes=0, pf_b=0, pf_b_bytes=0, pf_c=0, pf_c_bytes=0,
-                  PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128):
+                  PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128, REDUCE: tl.constexpr = True,
+                  ADD_PARTS: tl.constexpr = 0, DOT: tl.constexpr = False):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
@@ -31,7 +32,11 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     With SPLIT_K > 1 (no norm or SwiGLU), program (n, m, s) reduces rows [s * K_SPLIT, (s + 1) * K_SPLIT) of w
     into fp32 partials part [SPLIT_K, M, N] and counts itself in count[m, n]; the last of a block's programs to
     finish sums the block's partials in split order (so the result does not depend on which was last), runs the
-    epilogue and sets the count back to 0 for the next kernel.
+    epilogue and sets the count back to 0 for the next kernel. Without REDUCE the programs only store their
+    partials: the next kernel sums them (its ADD_PARTS), and the epilogue must be empty (no bias or residual).
+
+    ADD_PARTS > 0 (PRELOAD only): `add` is such partials, [ADD_PARTS, M, K] fp32, summed in split order and
+    rounded to x's dtype (as a reducing split-K kernel would have stored them) before the residual add.
 
     PDL (programmatic dependent launch): the program may be launched while the previous kernel still runs; it
     waits for it (gdc_wait) before it reads or writes anything, so only its launch overlaps.
@@ -40,6 +45,8 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     rows, a power of two) in one tile *before* it waits: the weights do not depend on the previous kernel, so
     under PDL their memory latency overlaps it, and only the activations (a few kB, in L2) are read after the
     wait.
+
+    DOT (with PRELOAD, ROWS = 16): the products of the preloaded tile on tensor cores.
 
     PREFETCH (sm90, 1-3 regions): before anything else, the grid asks the L2 cache for the bytes [pf_x, pf_x +
     pf_x_bytes) of global memory (addresses as integers), each thread a share (`_prefetch_l2`): the weights of
@@ -61,14 +68,16 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     if PRELOAD:
         acc, acc_up = _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                          tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0,
-                                         HAS_ADD, HAS_NORM, SWIGLU, PDL, SPAN)
+                                         HAS_ADD, HAS_NORM, SWIGLU, PDL, SPAN, M * K, ADD_PARTS, DOT, UPCAST)
     else:
         acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD,
                                HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = m_ok[:, None] & n_ok[None, :]
     at = rm[:, None] * N + rn[None, :]
-    if SPLIT_K > 1:
+    if SPLIT_K > 1 and not REDUCE:
+        tl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
+    elif SPLIT_K > 1:
         tl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
@@ -154,41 +163,55 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
 @triton.jit
 def _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo,
                        k_hi, stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
-                       PAIRED: tl.constexpr, PDL: tl.constexpr, SPAN: tl.constexpr):
+                       PAIRED: tl.constexpr, PDL: tl.constexpr, SPAN: tl.constexpr, part_stride,
+                       ADD_PARTS: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr):
     """`_project` for a few rows rm (ROWS of them, no tensor-core tile of 16 to fill), with the program's weights
     w[k_lo:k_hi, rn] (and rn + pair) read before the wait for the previous kernel as one [SPAN, BLOCK_N] tile
     each; then x's rows [ROWS, SPAN, 1] and their products with the tile, summed over K in fp32 in one reduction
     for all rows. With a norm the program holds all of K, so the statistic comes from the same values.
-    (Loaded in two dimensions, then broadcast: 1% faster a lane step than a three-dimensional load, H100.)"""
+    (Loaded in two dimensions, then broadcast: 1% faster a lane step than a three-dimensional load, H100.)
+    DOT (ROWS = 16): x's rows as one [16, SPAN] tile times the weights' on tensor cores instead."""
     rk = k_lo + tl.arange(0, SPAN)
     k_ok = rk < k_hi
     w_at = rk[:, None] * stride_wk + rn[None, :] * stride_wn
     w_mask = k_ok[:, None] & n_ok[None, :]
-    w1 = tl.load(w_ptr + w_at, mask=w_mask, other=0.0)[None, :, :]
+    w1 = tl.load(w_ptr + w_at, mask=w_mask, other=0.0)
     w2 = w1
     if PAIRED:
-        w2 = tl.load(w_ptr + w_at + pair * stride_wn, mask=w_mask, other=0.0)[None, :, :]
+        w2 = tl.load(w_ptr + w_at + pair * stride_wn, mask=w_mask, other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    x_at = rm[:, None, None] * K + rk[None, :, None]
-    x_mask = m_ok[:, None, None] & k_ok[None, :, None]
+    if DOT:
+        x_at = rm[:, None] * K + rk[None, :]
+        x_mask = m_ok[:, None] & k_ok[None, :]
+    else:
+        x_at = rm[:, None, None] * K + rk[None, :, None]
+        x_mask = m_ok[:, None, None] & k_ok[None, :, None]
     xk = tl.load(x_ptr + x_at, mask=x_mask, other=0.0)
     if HAS_ADD:
-        extra = tl.load(add_ptr + x_at, mask=x_mask, other=0.0)
-        xk = (xk.to(tl.float32) + extra.to(tl.float32)).to(xk.dtype)
+        xk = (xk.to(tl.float32) + _addend(add_ptr, x_at, x_mask, part_stride, ADD_PARTS, xk.dtype)).to(xk.dtype)
         if writes_sum:
             tl.store(sum_ptr + x_at, xk, mask=x_mask)
     if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
         xs = xk.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xs * xs, axis=1, keep_dims=True) / K + eps)
-        scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :, None]
-        xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale).to(xk.dtype)
-    xf = xk.to(tl.float32)
-    acc = tl.sum(xf * w1.to(tl.float32), axis=1)
-    acc2 = acc
-    if PAIRED:
-        acc2 = tl.sum(xf * w2.to(tl.float32), axis=1)
+        scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+        if DOT:
+            xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale[None, :]).to(xk.dtype)
+        else:
+            xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale[None, :, None]).to(xk.dtype)
+    if DOT:
+        acc = _dot(xk, w1, UPCAST)
+        acc2 = acc
+        if PAIRED:
+            acc2 = _dot(xk, w2, UPCAST)
+    else:
+        xf = xk.to(tl.float32)
+        acc = tl.sum(xf * w1.to(tl.float32)[None, :, :], axis=1)
+        acc2 = acc
+        if PAIRED:
+            acc2 = tl.sum(xf * w2.to(tl.float32)[None, :, :], axis=1)
     return acc, acc2
 
 
@@ -208,6 +231,18 @@ def _rows(x_ptr, add_ptr, rm, rk, mask, K, HAS_ADD: tl.constexpr):
         extra = tl.load(add_ptr + rm[:, None] * K + rk[None, :], mask=mask, other=0.0)
         x = (x.to(tl.float32) + extra.to(tl.float32)).to(x.dtype)
     return x
+
+
+@triton.jit
+def _addend(add_ptr, at, mask, part_stride, ADD_PARTS: tl.constexpr, dtype: tl.constexpr):
+    """add[at] in fp32: a tensor of x's dtype, or (ADD_PARTS > 0) the sum of that many fp32 split-K partials
+    part_stride apart, in split order from zero and rounded to `dtype`: what a reducing split-K kernel stores."""
+    if ADD_PARTS == 0:
+        return tl.load(add_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    total = tl.zeros(at.shape, dtype=tl.float32)
+    for s in tl.static_range(ADD_PARTS):
+        total += tl.load(add_ptr + s * part_stride + at, mask=mask, other=0.0)
+    return total.to(dtype).to(tl.float32)
 
 
 @triton.jit

@@ -48,6 +48,9 @@ class Tiling:
     block_k: int = 256
     warps: int = 4
     stages: int = 3
+    dot: bool = False
+    """A preloading tiling (PRELOAD_TILINGS): the rows' products with the tile on tensor cores (one 16-row tile)
+    rather than summed per row in fp32."""
 
 
 DEFAULT_TILING = Tiling()
@@ -134,6 +137,13 @@ class FusedPlan:
     o or gate/up kernel; docs/benchmarks.md, run 28). Kept for the probe (scripts/decode_kernels_probe.py)."""
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
+    late_sum: bool = False
+    """The split-K down projection leaves its fp32 partials to the next layer's q/k/v kernel where that preloads
+    (`preloads`), which sums them in its prologue while it adds the residual, in split order as the last program of
+    each output block would have: the same values, without two dependent memory round trips (the counter, then the
+    partials). Not the o projection (gate/up's looped tiles with four fp32 partials need 281 kB of shared memory at
+    three stages, and at two stages gate/up is slower by more than the sum saves), nor the looped q/k/v (265 kB
+    for eight partials) or the head (296 kB): their partials are summed in place."""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -150,7 +160,7 @@ class FusedPlan:
 
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
-                 one_sample=True, sample_topk=True, preload=("qkv", "o"))
+                 one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
@@ -158,7 +168,9 @@ embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows).
 read their weights before they wait (`preload`; H100, two-row lane, same process: 0.679 / 0.702 ms a step at 1 /
 2 rows against 0.742 / 0.764; preloading gate/up, down and the head too was slower, 0.743 / 0.888 in another
 process: their slices are large, so fewer programs fit beside the kernel they overlap). Costs a second, [N, K]
-copy of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]."""
+copy of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]. The down
+projection's partials are summed by the next layer's q/k/v (`late_sum`; H100, two-row lane, same process, twice:
+0.671-0.672 / 0.678 ms at 1 / 2 rows against 0.678-0.679 / 0.691-0.692; down split 4 or 16 ways, no better)."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
@@ -180,7 +192,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
            out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
            counts: torch.Tensor | None = None, pdl: bool = False, preload: Tiling | None = None,
-           prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+           prefetch: tuple[torch.Tensor, ...] = (), reduce: bool = True) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
     weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
     [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
@@ -189,14 +201,18 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
     each read their weights in one tile before they wait for the previous kernel (FusedPlan.preload; bf16
     weights, or any under the interpreter). `prefetch`: up to PREFETCH_MAX tensors (contiguous, or the transposed
     view of one) whose memory the kernel asks the L2 cache for first, on sm90 (FusedPlan.prefetch; elsewhere
-    ignored)."""
+    ignored). `reduce=False` (split K, no bias or residual): the programs leave their fp32 partials, returned as
+    [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are needed. Where K makes
+    one split only, the usual [M, N] comes back."""
     return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
-                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload, prefetch=prefetch)[0]
+                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload, prefetch=prefetch,
+                   reduce=reduce)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`matmul` of x + add (a residual add taken into the same kernel), and x + add itself (the residual stream
-    from here on). Keywords as `matmul`'s (an unknown one is a TypeError)."""
+    from here on). `add` is [M, K] in x's dtype, or the fp32 partials [splits, M, K] of a `matmul(reduce=False)`,
+    summed here as that kernel would have. Keywords as `matmul`'s (an unknown one is a TypeError)."""
     return _launch(x, add, w, **kw)
 
 
@@ -204,33 +220,51 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
             eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
             split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
-            preload: Tiling | None = None,
-            prefetch: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+            preload: Tiling | None = None, prefetch: tuple[torch.Tensor, ...] = (),
+            reduce: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
+    add_parts = _add_parts(add, x)
     n = w.shape[1] // 2 if swiglu else w.shape[1]
     _need_unit_stride(norm, bias)
     _need_weight_layout(w)
     x = x.contiguous()
-    preloads = _preloads(preload, w, m)
-    tiling = preload if preloads else _for_width(tiling, w.element_size())
+    preloading = preloads(preload, w, m)
+    if add_parts and not preloading:
+        raise ValueError("only a preloading projection sums an add of partials (a looped one's tiles of them would "
+                         "not fit in shared memory)")
+    tiling = preload if preloading else _for_width(tiling, w.element_size())
     k_split, splits = _split(k, split_k, tiling.block_k)
     grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)
     if splits > 1:
         if add is not None or norm is not None or swiglu:
             raise ValueError("a split-K matmul takes no residual add, norm or SwiGLU")
-        if counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]:
+        if not reduce and (bias is not None or residual is not None):
+            raise ValueError("a split-K matmul leaving its partials takes no bias or residual")
+        if reduce and (counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]):
             raise ValueError(f"a split-K matmul needs int32 counts for {grid[0] * grid[1]} output blocks")
     part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
-    out = torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
+    out = part if splits > 1 and not reduce else torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
     total = torch.empty_like(x) if add is not None else x
     _kernels().matmul_kernel[grid](
-        x, add.contiguous() if add is not None else x, total, w, out, part, counts if splits > 1 else x,
+        x, add.contiguous() if add is not None else x, total, w, out, part,
+        counts if splits > 1 and reduce else x,
         norm if norm is not None else x, bias if bias is not None else x,
         residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
         HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        SWIGLU=swiglu, SPLIT_K=splits, **_common(tiling, pdl), **_preload(preloads, k_split, m),
-        **_prefetch(prefetch, tiling.warps))
+        SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
+        **_preload(preloading, k_split, m, tiling.dot), **_prefetch(prefetch, tiling.warps))
     return out, total
+
+
+def _add_parts(add: torch.Tensor | None, x: torch.Tensor) -> int:
+    """How many split-K partials `add` holds (0: it is a plain [M, K] tensor of x's dtype); a partials tensor of
+    another shape or dtype is refused."""
+    if add is None or add.dim() == 2:
+        return 0
+    if add.dim() != 3 or add.shape[1:] != x.shape or add.dtype != torch.float32:
+        raise ValueError(f"an add of partials must be fp32 [splits, {x.shape[0]}, {x.shape[1]}], got {add.dtype} "
+                         f"{tuple(add.shape)}")
+    return add.shape[0]
 
 
 PRELOAD_ROWS = 4
@@ -238,18 +272,19 @@ PRELOAD_ROWS = 4
 looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
 
 
-def _preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
+def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
     """Whether a projection preloads: asked to, at up to PRELOAD_ROWS rows, and with bf16 weights (an fp32 model,
     the GPU tests', keeps the loop: its tiles would be twice as large) or under the interpreter."""
     return preload is not None and rows <= PRELOAD_ROWS and (w.element_size() <= 2 or interpreting())
 
 
-def _preload(preloads: bool, k_split: int, rows: int) -> dict[str, Any]:
+def _preload(preloading: bool, k_split: int, rows: int, dot: bool = False) -> dict[str, Any]:
     """PRELOAD, its tile height SPAN (rows of w per program, a power of two) and ROWS (a power of two >= rows: one
-    compile per lane row bucket)."""
-    if not preloads:
+    compile per lane row bucket; with `dot`, tensor cores' 16)."""
+    if not preloading:
         return {}
-    return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "ROWS": 1 << (rows - 1).bit_length()}
+    return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "DOT": dot,
+            "ROWS": MAX_ROWS if dot else 1 << (rows - 1).bit_length()}
 
 
 PREFETCH_MAX = 3

@@ -295,6 +295,8 @@ class StaticQwen2:
         k_all, v_all = cache
         launch = dict(pdl=plan.pdl)
         x, pending = self.embed.index_select(0, ids), None
+        # the q/k/v kernel sums the down projection's partials only where it preloads (FusedPlan.late_sum)
+        late_down = plan.late_sum and dk.preloads(plan.preload_tiling("qkv"), self.layers[0].qkv_t, ids.shape[0])
         for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
             kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"],
@@ -317,7 +319,8 @@ class StaticQwen2:
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
                                    tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"),
                                    prefetch=self._prefetched(w, plan, "gate_up"), **launch)
-            pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan)
+            pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan,
+                                             late=late_down and index < len(self.layers) - 1)
         return x, pending
 
     @staticmethod
@@ -345,13 +348,15 @@ class StaticQwen2:
         return self._k_major[key]
 
     def _fused_projection(self, x: torch.Tensor, w_t: torch.Tensor, split: int, name: str, plan: FusedPlan,
-                          prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-        """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways (and its `prefetch`)."""
+                          prefetch: tuple[torch.Tensor, ...] = (), *, late: bool = False) -> torch.Tensor:
+        """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways (and its `prefetch`); `late`: split
+        K's unsummed partials [split, B, N] for the next kernel's `add` (FusedPlan.late_sum)."""
         if not split:
             return torch.mm(x, w_t)
         key = name if split == 1 else f"{name}_split"
         return decode_kernels.matmul(x, w_t, tiling=TILINGS[key], split_k=split, pdl=plan.pdl,
-                                     preload=plan.preload_tiling(key), counts=self.counts, prefetch=prefetch)
+                                     preload=plan.preload_tiling(key), counts=self.counts, prefetch=prefetch,
+                                     reduce=not late)
 
     def logits_fused(self, stream: tuple[torch.Tensor, torch.Tensor], head_t: torch.Tensor,
                      bias: torch.Tensor, plan: FusedPlan = FusedPlan()) -> torch.Tensor:

@@ -438,6 +438,33 @@ def test_preloaded_projections_equal_the_looped_ones_bf16(cuda, rows):
         assert not counts.any()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_partials_summed_by_the_next_kernel_change_no_value_bf16(cuda, rows):
+    """FusedPlan.late_sum on Spark's shapes in bf16, as the lane launches it: the down projection's split-K partials
+    summed by the next layer's preloading q/k/v give the same output and residual stream, bit for bit, as the
+    reducing kernel's output added there."""
+    import torch
+
+    from engine.backends import decode_kernels as dk
+
+    g = torch.Generator(device="cuda").manual_seed(7 + rows)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    plan, pdl = dk.PLAN, dk.pdl_supported()
+    x, act = torch.randn(rows, 896, generator=g, **bf16), torch.randn(rows, 4864, generator=g, **bf16)
+    w_down, w_qkv = (torch.randn(896, 4864, generator=g, **bf16) / 30).t(), (torch.randn(1152, 896, **bf16) / 30).t()
+    norm, bias = 1 + torch.randn(896, generator=g, **bf16) / 5, torch.randn(1152, generator=g, **bf16)
+    counts = torch.zeros(256, dtype=torch.int32, device="cuda")
+    kw = dict(tiling=dk.TILINGS["down_split"], split_k=plan.down_split, pdl=pdl)
+    reduced = dk.matmul(act, w_down, counts=counts, **kw)
+    parts = dk.matmul(act, w_down, reduce=False, **kw)
+    assert parts.dim() == 3 and parts.shape[1:] == (rows, 896)
+    kw = dict(norm=norm, eps=1e-6, bias=bias, tiling=dk.TILINGS["qkv"], preload=plan.preload_tiling("qkv"), pdl=pdl)
+    want, got = dk.add_matmul(x, reduced, w_qkv, **kw), dk.add_matmul(x, parts, w_qkv, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not counts.any()
+
+
 def test_prefetching_changes_no_value_bf16(cuda):
     """FusedPlan.prefetch only asks the L2 cache for memory: the lane's q/k/v projection gives the same values and
     residual stream, bit for bit, whether it prefetches a layer's MLP weights (26 MB, cut over all its threads),

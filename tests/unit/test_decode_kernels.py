@@ -137,17 +137,18 @@ def test_k_major_weights_give_the_same_products(dtype):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dot", [False, True], ids=["summed", "dot"])
 @pytest.mark.parametrize("k_major", [False, True])
-def test_preloaded_weights_give_the_looped_products(k_major):
+def test_preloaded_weights_give_the_looped_products(k_major, dot):
     """`preload` (FusedPlan.preload: each program's weights in one tile, read before the wait; the rows' products
-    summed without tensor cores) gives what the looped kernel gives for a norm + bias, a SwiGLU with a residual
-    and a split-K projection whose split is not a power of two (tiles padded and masked), at 1 to PRELOAD_ROWS
-    rows, fp32 under the interpreter; more rows take the looped kernel."""
+    summed without tensor cores, or with `dot` on them) gives what the looped kernel gives for a norm + bias, a
+    SwiGLU with a residual and a split-K projection whose split is not a power of two (tiles padded and masked), at
+    1 to PRELOAD_ROWS rows, fp32 under the interpreter; more rows take the looped kernel."""
     g = torch.Generator().manual_seed(33)
     w = torch.randn(96, 160, generator=g) / 10
     w = w.t().contiguous().t() if k_major else w
     norm, bias = 1 + torch.randn(96, generator=g) / 5, torch.randn(160, generator=g)
-    tiling, preload = Tiling(block_n=64, block_k=32), Tiling(block_n=16, block_k=32)
+    tiling, preload = Tiling(block_n=64, block_k=32), Tiling(block_n=16, block_k=32, dot=dot)
     counts = torch.zeros(16, dtype=torch.int32)
     for rows in (1, 3, dk.PRELOAD_ROWS):
         x, add = torch.randn(rows, 96, generator=g), torch.randn(rows, 96, generator=g)
@@ -161,9 +162,10 @@ def test_preloaded_weights_give_the_looped_products(k_major):
         want, want_total = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, tiling=tiling)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert torch.equal(total, want_total)
-    assert dk._preload(True, 48, 3) == {"PRELOAD": True, "SPAN": 64, "ROWS": 4}  # noqa: SLF001 - padded
-    assert dk._preloads(preload, w, 3) and not dk._preloads(preload, w, dk.PRELOAD_ROWS + 1)  # noqa: SLF001
-    assert not dk._preloads(None, w, 1)  # noqa: SLF001
+    assert dk._preload(True, 48, 3) == {"PRELOAD": True, "SPAN": 64, "ROWS": 4, "DOT": False}  # noqa: SLF001
+    assert dk._preload(True, 48, 3, dot=True)["ROWS"] == dk.MAX_ROWS  # noqa: SLF001 - tensor cores' tile
+    assert dk.preloads(preload, w, 3) and not dk.preloads(preload, w, dk.PRELOAD_ROWS + 1)
+    assert not dk.preloads(None, w, 1)
 
 
 def test_prefetch_names_whole_regions_and_is_left_out_where_it_cannot_run():
@@ -225,6 +227,37 @@ def test_split_k_sums_its_partials_in_place():
         dk.matmul(x, w, split_k=4, tiling=tiling)
     with pytest.raises(ValueError, match="SwiGLU"):
         dk.matmul(x, w, split_k=4, counts=counts, swiglu=True, tiling=tiling)
+
+
+def test_partials_left_for_the_next_kernel_sum_to_what_the_last_program_stores():
+    """matmul(reduce=False) leaves its fp32 partials [splits, M, N] and needs no counters; a preloading kernel's add
+    sums them in split order and rounds them to x's dtype: bit for bit the reducing kernel's output added there,
+    through the norm and the residual stream it writes. A looped kernel refuses them (its tiles of them would not
+    fit in an sm90's shared memory), as it refuses malformed ones."""
+    g = torch.Generator().manual_seed(10)
+    x, w = torch.randn(3, 300, generator=g), torch.randn(300, 40, generator=g) / 10
+    resid, norm = torch.randn(3, 40, generator=g), torch.rand(40, generator=g) + 0.5
+    w2, preload = torch.randn(40, 24, generator=g), Tiling(block_n=16)
+    counts = torch.zeros(8, dtype=torch.int32)
+    tiling = Tiling(block_n=16, block_k=64)
+    parts = dk.matmul(x, w, split_k=4, tiling=tiling, reduce=False)
+    assert parts.shape == (4, 3, 40) and parts.dtype == torch.float32
+    _close(parts.sum(0), x @ w, 1e-5)
+    reduced = dk.matmul(x, w, split_k=4, counts=counts, tiling=tiling)
+    want = dk.add_matmul(resid, reduced, w2, norm=norm, eps=1e-6, preload=preload)
+    got = dk.add_matmul(resid, parts, w2, norm=norm, eps=1e-6, preload=preload)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert not torch.equal(got[1], resid)
+    one = dk.matmul(x[:, :32], w[:32], split_k=4, tiling=tiling, reduce=False)  # one run of K (fp32: 32)
+    assert one.shape == (3, 40)
+    with pytest.raises(ValueError, match="bias or residual"):
+        dk.matmul(x, w, split_k=4, tiling=tiling, reduce=False, residual=resid)
+    with pytest.raises(ValueError, match="preloading"):
+        dk.add_matmul(resid, parts, w2, norm=norm, eps=1e-6)
+    for bad in (parts.double(), parts[:, :2]):
+        with pytest.raises(ValueError, match="partials"):
+            dk.add_matmul(resid, bad, w2, preload=preload)
 
 
 @pytest.mark.parametrize("chunk", [0, 32])

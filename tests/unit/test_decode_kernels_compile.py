@@ -34,12 +34,15 @@ def _cases() -> dict[str, tuple]:
         tiling = (PRELOAD_TILINGS if preload else TILINGS)[name if split == 1 else f"{name}_split"]
         constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
-                         BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128)
+                         BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128,
+                         REDUCE=True, ADD_PARTS=0, DOT=False)
         if preload:  # the tile height the lane launches with (decode_kernels._preload)
             per = _split(k, split, tiling.block_k)[0]
             constants.update(PRELOAD=True, SPAN=max(16, 1 << (per - 1).bit_length()), ROWS=2)
         constants.update(flags)
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
+        if flags.get("ADD_PARTS"):  # FusedPlan.late_sum: the add is the split-K kernel's fp32 partials
+            pointers = dict(pointers, add_ptr="*fp32")
         return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
 
     attention = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "cos_ptr", "sin_ptr")},
@@ -64,6 +67,11 @@ def _cases() -> dict[str, tuple]:
         "gate_up_preload": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
         "down_preload": projection("down", INTER, PLAN.down_split, preload=True),
         "head_preload": projection("head", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
+        "gate_up_preload_dot": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True,
+                                          DOT=True, ROWS=16),
+        "down_late": projection("down", INTER, PLAN.down_split, REDUCE=False),
+        "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
+                                ADD_PARTS=PLAN.down_split),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk)),
                          ATTEND_WARPS, ATTEND_STAGES),
@@ -120,7 +128,8 @@ def compiled() -> dict[str, object]:
 
 
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "qkv_prefetch", "o_preload",
-                                  "gate_up_preload", "down_preload", "head_preload", "attend", "attend_split",
+                                  "gate_up_preload", "down_preload", "head_preload", "down_late", "qkv_parts",
+                                  "gate_up_preload_dot", "attend", "attend_split",
                                   "rope_attend", "rope_store", "sample", "sample_topk"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     found = compiled[name]
