@@ -271,7 +271,7 @@ def main() -> None:
     ap.add_argument("--lanes", metavar="NAMES",
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
                          "and the sampling kernel's draws against the tensor code's. A name may end in "
-                         "@projection:block_n:warps[:block_k[:dot]] (repeatable): that preloading tiling instead; "
+                         "@projection:block_n:warps[:block_k] (repeatable): that preloading tiling instead; "
                          "@t.projection:block_n:block_k:warps:stages: that looped tiling (a TILINGS key)")
     ap.add_argument("--prefill", action="store_true",
                     help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
@@ -377,10 +377,9 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
                 proj, *numbers = change[2:].split(":")
                 TILINGS[proj] = Tiling(*map(int, numbers))
                 continue
-            proj, block_n, warps, *more = change.split(":")  # [:block_k[:dot]]
+            proj, block_n, warps, *more = change.split(":")  # [:block_k]
             block_k = int(more[0]) if more else saved[proj].block_k
-            dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), block_k, int(warps), saved[proj].stages,
-                                              dot=more[1:] == ["dot"])
+            dk.PRELOAD_TILINGS[proj] = Tiling(int(block_n), block_k, int(warps), saved[proj].stages)
         return base
 
     for name in args.lanes.split(","):

@@ -22,7 +22,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
                   BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr = False, SPAN: tl.constexpr = 16,
                   ROWS: tl.constexpr = 1, pf_a=0, pf_a_bytes=0, pf_b=0, pf_b_bytes=0, pf_c=0, pf_c_bytes=0,
                   PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128, REDUCE: tl.constexpr = True,
-                  ADD_PARTS: tl.constexpr = 0, DOT: tl.constexpr = False):
+                  ADD_PARTS: tl.constexpr = 0):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
@@ -46,8 +46,6 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     under PDL their memory latency overlaps it, and only the activations (a few kB, in L2) are read after the
     wait.
 
-    DOT (with PRELOAD, ROWS = 16): the products of the preloaded tile on tensor cores.
-
     PREFETCH (sm90, 1-3 regions): before anything else, the grid asks the L2 cache for the bytes [pf_x, pf_x +
     pf_x_bytes) of global memory (addresses as integers), each thread a share (`_prefetch_l2`): the weights of
     kernels to come, fetched while this one and those before them wait on each other."""
@@ -68,24 +66,23 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     if PRELOAD:
         acc, acc_up = _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                          tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0,
-                                         HAS_ADD, HAS_NORM, SWIGLU, PDL, SPAN, M * K, ADD_PARTS, DOT, UPCAST)
+                                         HAS_ADD, HAS_NORM, SWIGLU, PDL, SPAN, M * K, ADD_PARTS)
     else:
         acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD,
                                HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = m_ok[:, None] & n_ok[None, :]
     at = rm[:, None] * N + rn[None, :]
-    if SPLIT_K > 1 and not REDUCE:
+    if SPLIT_K > 1:
         tl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
-    elif SPLIT_K > 1:
-        tl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for s in range(0, SPLIT_K):  # .cg: past L1, which may hold an older call's partials
-                total += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
-            _finish(total, total, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, False, HAS_BIAS, HAS_RES)
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        if REDUCE:
+            counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                total = tl.zeros_like(acc)
+                for s in range(0, SPLIT_K):  # .cg: past L1, which may hold an older call's partials
+                    total += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
+                _finish(total, total, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, False, HAS_BIAS, HAS_RES)
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
     else:
         _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU, HAS_BIAS, HAS_RES)
 
@@ -164,30 +161,26 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
 def _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo,
                        k_hi, stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
                        PAIRED: tl.constexpr, PDL: tl.constexpr, SPAN: tl.constexpr, part_stride,
-                       ADD_PARTS: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr):
+                       ADD_PARTS: tl.constexpr):
     """`_project` for a few rows rm (ROWS of them, no tensor-core tile of 16 to fill), with the program's weights
     w[k_lo:k_hi, rn] (and rn + pair) read before the wait for the previous kernel as one [SPAN, BLOCK_N] tile
     each; then x's rows [ROWS, SPAN, 1] and their products with the tile, summed over K in fp32 in one reduction
     for all rows. With a norm the program holds all of K, so the statistic comes from the same values.
-    (Loaded in two dimensions, then broadcast: 1% faster a lane step than a three-dimensional load, H100.)
-    DOT (ROWS = 16): x's rows as one [16, SPAN] tile times the weights' on tensor cores instead."""
+    (Loaded in two dimensions, then broadcast: 1% faster a lane step than a three-dimensional load, H100. The
+    products on tensor cores, x's rows in one [16, SPAN] tile, were slower for gate/up: docs/benchmarks.md.)"""
     rk = k_lo + tl.arange(0, SPAN)
     k_ok = rk < k_hi
     w_at = rk[:, None] * stride_wk + rn[None, :] * stride_wn
     w_mask = k_ok[:, None] & n_ok[None, :]
-    w1 = tl.load(w_ptr + w_at, mask=w_mask, other=0.0)
+    w1 = tl.load(w_ptr + w_at, mask=w_mask, other=0.0)[None, :, :]
     w2 = w1
     if PAIRED:
-        w2 = tl.load(w_ptr + w_at + pair * stride_wn, mask=w_mask, other=0.0)
+        w2 = tl.load(w_ptr + w_at + pair * stride_wn, mask=w_mask, other=0.0)[None, :, :]
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if DOT:
-        x_at = rm[:, None] * K + rk[None, :]
-        x_mask = m_ok[:, None] & k_ok[None, :]
-    else:
-        x_at = rm[:, None, None] * K + rk[None, :, None]
-        x_mask = m_ok[:, None, None] & k_ok[None, :, None]
+    x_at = rm[:, None, None] * K + rk[None, :, None]
+    x_mask = m_ok[:, None, None] & k_ok[None, :, None]
     xk = tl.load(x_ptr + x_at, mask=x_mask, other=0.0)
     if HAS_ADD:
         xk = (xk.to(tl.float32) + _addend(add_ptr, x_at, x_mask, part_stride, ADD_PARTS, xk.dtype)).to(xk.dtype)
@@ -196,22 +189,13 @@ def _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n
     if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
         xs = xk.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xs * xs, axis=1, keep_dims=True) / K + eps)
-        scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-        if DOT:
-            xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale[None, :]).to(xk.dtype)
-        else:
-            xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale[None, :, None]).to(xk.dtype)
-    if DOT:
-        acc = _dot(xk, w1, UPCAST)
-        acc2 = acc
-        if PAIRED:
-            acc2 = _dot(xk, w2, UPCAST)
-    else:
-        xf = xk.to(tl.float32)
-        acc = tl.sum(xf * w1.to(tl.float32)[None, :, :], axis=1)
-        acc2 = acc
-        if PAIRED:
-            acc2 = tl.sum(xf * w2.to(tl.float32)[None, :, :], axis=1)
+        scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :, None]
+        xk = ((xs * rstd).to(xk.dtype).to(tl.float32) * scale).to(xk.dtype)
+    xf = xk.to(tl.float32)
+    acc = tl.sum(xf * w1.to(tl.float32), axis=1)
+    acc2 = acc
+    if PAIRED:
+        acc2 = tl.sum(xf * w2.to(tl.float32), axis=1)
     return acc, acc2
 
 
@@ -241,7 +225,8 @@ def _addend(add_ptr, at, mask, part_stride, ADD_PARTS: tl.constexpr, dtype: tl.c
         return tl.load(add_ptr + at, mask=mask, other=0.0).to(tl.float32)
     total = tl.zeros(at.shape, dtype=tl.float32)
     for s in tl.static_range(ADD_PARTS):
-        total += tl.load(add_ptr + s * part_stride + at, mask=mask, other=0.0)
+        # .cg: past L1, as the reducing kernel reads its partials
+        total += tl.load(add_ptr + s * part_stride + at, mask=mask, other=0.0, cache_modifier=".cg")
     return total.to(dtype).to(tl.float32)
 
 

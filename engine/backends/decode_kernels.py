@@ -48,9 +48,6 @@ class Tiling:
     block_k: int = 256
     warps: int = 4
     stages: int = 3
-    dot: bool = False
-    """A preloading tiling (PRELOAD_TILINGS): the rows' products with the tile on tensor cores (one 16-row tile)
-    rather than summed per row in fp32."""
 
 
 DEFAULT_TILING = Tiling()
@@ -252,7 +249,7 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
         residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
         HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
-        **_preload(preloading, k_split, m, tiling.dot), **_prefetch(prefetch, tiling.warps))
+        **_preload(preloading, k_split, m), **_prefetch(prefetch, tiling.warps))
     return out, total
 
 
@@ -278,13 +275,12 @@ def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
     return preload is not None and rows <= PRELOAD_ROWS and (w.element_size() <= 2 or interpreting())
 
 
-def _preload(preloading: bool, k_split: int, rows: int, dot: bool = False) -> dict[str, Any]:
+def _preload(preloading: bool, k_split: int, rows: int) -> dict[str, Any]:
     """PRELOAD, its tile height SPAN (rows of w per program, a power of two) and ROWS (a power of two >= rows: one
-    compile per lane row bucket; with `dot`, tensor cores' 16)."""
+    compile per lane row bucket)."""
     if not preloading:
         return {}
-    return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "DOT": dot,
-            "ROWS": MAX_ROWS if dot else 1 << (rows - 1).bit_length()}
+    return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "ROWS": 1 << (rows - 1).bit_length()}
 
 
 PREFETCH_MAX = 3

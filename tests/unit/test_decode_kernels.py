@@ -137,18 +137,17 @@ def test_k_major_weights_give_the_same_products(dtype):
                                    atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dot", [False, True], ids=["summed", "dot"])
 @pytest.mark.parametrize("k_major", [False, True])
-def test_preloaded_weights_give_the_looped_products(k_major, dot):
+def test_preloaded_weights_give_the_looped_products(k_major):
     """`preload` (FusedPlan.preload: each program's weights in one tile, read before the wait; the rows' products
-    summed without tensor cores, or with `dot` on them) gives what the looped kernel gives for a norm + bias, a
-    SwiGLU with a residual and a split-K projection whose split is not a power of two (tiles padded and masked), at
-    1 to PRELOAD_ROWS rows, fp32 under the interpreter; more rows take the looped kernel."""
+    summed without tensor cores) gives what the looped kernel gives for a norm + bias, a SwiGLU with a residual
+    and a split-K projection whose split is not a power of two (tiles padded and masked), at 1 to PRELOAD_ROWS
+    rows, fp32 under the interpreter; more rows take the looped kernel."""
     g = torch.Generator().manual_seed(33)
     w = torch.randn(96, 160, generator=g) / 10
     w = w.t().contiguous().t() if k_major else w
     norm, bias = 1 + torch.randn(96, generator=g) / 5, torch.randn(160, generator=g)
-    tiling, preload = Tiling(block_n=64, block_k=32), Tiling(block_n=16, block_k=32, dot=dot)
+    tiling, preload = Tiling(block_n=64, block_k=32), Tiling(block_n=16, block_k=32)
     counts = torch.zeros(16, dtype=torch.int32)
     for rows in (1, 3, dk.PRELOAD_ROWS):
         x, add = torch.randn(rows, 96, generator=g), torch.randn(rows, 96, generator=g)
@@ -162,8 +161,7 @@ def test_preloaded_weights_give_the_looped_products(k_major, dot):
         want, want_total = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, tiling=tiling)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert torch.equal(total, want_total)
-    assert dk._preload(True, 48, 3) == {"PRELOAD": True, "SPAN": 64, "ROWS": 4, "DOT": False}  # noqa: SLF001
-    assert dk._preload(True, 48, 3, dot=True)["ROWS"] == dk.MAX_ROWS  # noqa: SLF001 - tensor cores' tile
+    assert dk._preload(True, 48, 3) == {"PRELOAD": True, "SPAN": 64, "ROWS": 4}  # noqa: SLF001 - padded
     assert dk.preloads(preload, w, 3) and not dk.preloads(preload, w, dk.PRELOAD_ROWS + 1)
     assert not dk.preloads(None, w, 1)
 

@@ -35,7 +35,7 @@ def _cases() -> dict[str, tuple]:
         constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
                          BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128,
-                         REDUCE=True, ADD_PARTS=0, DOT=False)
+                         REDUCE=True, ADD_PARTS=0)
         if preload:  # the tile height the lane launches with (decode_kernels._preload)
             per = _split(k, split, tiling.block_k)[0]
             constants.update(PRELOAD=True, SPAN=max(16, 1 << (per - 1).bit_length()), ROWS=2)
@@ -67,8 +67,6 @@ def _cases() -> dict[str, tuple]:
         "gate_up_preload": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
         "down_preload": projection("down", INTER, PLAN.down_split, preload=True),
         "head_preload": projection("head", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
-        "gate_up_preload_dot": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True,
-                                          DOT=True, ROWS=16),
         "down_late": projection("down", INTER, PLAN.down_split, REDUCE=False),
         "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
                                 ADD_PARTS=PLAN.down_split),
@@ -129,7 +127,7 @@ def compiled() -> dict[str, object]:
 
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "qkv_prefetch", "o_preload",
                                   "gate_up_preload", "down_preload", "head_preload", "down_late", "qkv_parts",
-                                  "gate_up_preload_dot", "attend", "attend_split",
+                                  "attend", "attend_split",
                                   "rope_attend", "rope_store", "sample", "sample_topk"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     found = compiled[name]
