@@ -211,6 +211,8 @@ PLANS = {
     "prefetch_mlp_from_o": replace(dk.PLAN, prefetch=("gate_up", "down"), prefetch_from="o"),
     "prefetch_down_from_o": replace(dk.PLAN, prefetch=("down",), prefetch_from="o"),
     "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
+    "attend_pre": replace(dk.PLAN, attend_preload=True),  # PLAN
+    "before_attend_pre": replace(dk.PLAN, attend_preload=False),
     "pre_gate_up": replace(dk.PLAN, preload=("qkv", "o", "gate_up")),
     "pre_down10": replace(dk.PLAN, preload=("qkv", "o", "down"), down_split=10),
     "late_down4": replace(dk.PLAN, down_split=4),

@@ -283,28 +283,52 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, cos_ptr, sin_ptr, scale
 def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, cos_ptr, sin_ptr, part_ptr, count_ptr, scale, stride_q,
                         stride_row, stride_head, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                         CHUNK: tl.constexpr, SPLITS: tl.constexpr, ROPE: tl.constexpr, UPCAST: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, PRELOAD: tl.constexpr = False):
     """`attend_kernel` with a row's positions cut into chunks of CHUNK, one program each (flash-decoding): a long
     row is read by many SMs at once instead of one. Each program leaves its softmax state (running max, total,
     weighted values) in part [rows, kv, SPLITS, BLOCK_G, D + 2] and counts itself in count[row, kv]; the last of
     a (row, kv head)'s programs to finish merges them in chunk order (so the result does not depend on which was
     last) and sets its count back to 0 for the next call. Programs past the row's length return at once. With
-    ROPE, the program of the chunk holding the row's position writes its new key and value (`attend_kernel`)."""
+    ROPE, the program of the chunk holding the row's position writes its new key and value (`attend_kernel`).
+
+    PRELOAD (with ROPE): the program reads its chunk's keys and values *before* it waits for the q/k/v projection
+    (the row's position and the cache before it come from earlier steps), in one tile each, so that their memory
+    latency overlaps the previous kernel; the new key and value take the position's place in the tiles."""
     row, kvh, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    base = row * stride_row + kvh * stride_head
+    if PRELOAD:
+        pos = tl.load(pos_ptr + row)
+        s = chunk * CHUNK + tl.arange(0, CHUNK)
+        d = tl.arange(0, D)
+        old = (s < pos)[:, None]
+        keys = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=old, other=0.0)
+        values = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=old, other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pos = tl.load(pos_ptr + row)
+    if not PRELOAD:
+        pos = tl.load(pos_ptr + row)
     chunks = pos // CHUNK + 1
     if chunk < chunks:
         q, at, live = _queries(q_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G, BLOCK_G, D, ROPE)
-        if ROPE:
+        if PRELOAD:
+            key, value = _new_kv(q_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G, D)
             if chunk == chunks - 1:
-                _store_new_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos,
-                              row * stride_row + kvh * stride_head, G, D)
-        lo = chunk * CHUNK
-        top, total, acc = _attend_span(q, k_ptr, v_ptr, row * stride_row + kvh * stride_head, lo,
-                                       tl.minimum(lo + CHUNK, pos + 1), scale, D, CHUNK, UPCAST)
+                _store_kv(k_ptr, v_ptr, base, pos, key, value, D)
+            new = (s == pos)[:, None]
+            keys = tl.where(new, key[None, :], keys)
+            values = tl.where(new, value[None, :], values)
+            top, total, acc = _attend_block(q, keys, values, s <= pos, scale,
+                                            tl.full([BLOCK_G], float("-inf"), dtype=tl.float32),
+                                            tl.zeros([BLOCK_G], dtype=tl.float32),
+                                            tl.zeros([BLOCK_G, D], dtype=tl.float32), UPCAST)
+        else:
+            if ROPE:
+                if chunk == chunks - 1:
+                    _store_new_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, base, G, D)
+            lo = chunk * CHUNK
+            top, total, acc = _attend_span(q, k_ptr, v_ptr, base, lo, tl.minimum(lo + CHUNK, pos + 1), scale, D,
+                                           CHUNK, UPCAST)
         if chunks == 1:  # a row shorter than a chunk: attend_kernel's work, nothing to merge
             tl.store(out_ptr + at, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live)
         else:
@@ -371,21 +395,34 @@ def _store_new_kv(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, p
                   D: tl.constexpr):
     """The row's new key (rotated) and value for kv head `kvh`, from its q/k/v projection into the cache at `pos`;
     then a barrier, so the program's own loads of the cache see them."""
+    key, value = _new_kv(qkv_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G, D)
+    _store_kv(k_ptr, v_ptr, base, pos, key, value, D)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _new_kv(qkv_ptr, cos_ptr, sin_ptr, stride_q, row, kvh, pos, G: tl.constexpr, D: tl.constexpr):
+    """The row's new key (rotated at `pos`) and value [D] for kv head `kvh`, from its q/k/v projection."""
     d = tl.arange(0, D)
     heads = G * tl.num_programs(1)
     src = qkv_ptr + row * stride_q
     key = _rotate(tl.load(src + (heads + kvh) * D + d), tl.load(src + (heads + kvh) * D + (d + D // 2) % D),
                   cos_ptr, sin_ptr, pos, D)
+    return key, tl.load(src + (heads + tl.num_programs(1) + kvh) * D + d)
+
+
+@triton.jit
+def _store_kv(k_ptr, v_ptr, base, pos, key, value, D: tl.constexpr):
+    """A key and a value [D] into the cache at `pos`."""
+    d = tl.arange(0, D)
     tl.store(k_ptr + base + pos * D + d, key)
-    tl.store(v_ptr + base + pos * D + d, tl.load(src + (heads + tl.num_programs(1) + kvh) * D + d))
-    tl.debug_barrier()
+    tl.store(v_ptr + base + pos * D + d, value)
 
 
 @triton.jit
 def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax of q [BLOCK_G, D] over cache positions [lo, hi) (keys and values at base + position * D):
-    the running max, the total of exp(score - max) and the exp-weighted values [BLOCK_G, D], all fp32. The
-    weights are rounded to the values' dtype before their product, as the eager attention's probabilities are."""
+    the running max, the total of exp(score - max) and the exp-weighted values [BLOCK_G, D], all fp32."""
     d = tl.arange(0, D)
     top = tl.full([q.shape[0]], float("-inf"), dtype=tl.float32)
     total = tl.zeros([q.shape[0]], dtype=tl.float32)
@@ -394,15 +431,23 @@ def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S:
         s = s0 + tl.arange(0, BLOCK_S)
         seen = s < hi
         keys = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-        scores = tl.where(seen[None, :], _dot(q, tl.trans(keys), UPCAST) * scale, float("-inf"))
-        new_top = tl.maximum(top, tl.max(scores, axis=1))
-        p = tl.exp(scores - new_top[:, None])
-        fade = tl.exp(top - new_top)
-        total = total * fade + tl.sum(p, axis=1)
         values = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-        acc = acc * fade[:, None] + _dot(p.to(values.dtype), values, UPCAST)
-        top = new_top
+        top, total, acc = _attend_block(q, keys, values, seen, scale, top, total, acc, UPCAST)
     return top, total, acc
+
+
+@triton.jit
+def _attend_block(q, keys, values, seen, scale, top, total, acc, UPCAST: tl.constexpr):
+    """One block of positions (keys and values [S, D], `seen` [S] the real ones) into the online softmax state.
+    The weights are rounded to the values' dtype before their product, as the eager attention's probabilities
+    are."""
+    scores = tl.where(seen[None, :], _dot(q, tl.trans(keys), UPCAST) * scale, float("-inf"))
+    new_top = tl.maximum(top, tl.max(scores, axis=1))
+    p = tl.exp(scores - new_top[:, None])
+    fade = tl.exp(top - new_top)
+    total = total * fade + tl.sum(p, axis=1)
+    acc = acc * fade[:, None] + _dot(p.to(values.dtype), values, UPCAST)
+    return new_top, total, acc
 
 
 @triton.jit

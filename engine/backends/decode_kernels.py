@@ -39,6 +39,7 @@ at position 250: 3.5 us against 4.4 for 64 positions and 11.7 for the tensor cod
 900: 8.8, 11.9 and 14.9 us; scripts/decode_kernels_probe.py)."""
 
 
+
 @dataclass(frozen=True, slots=True)
 class Tiling:
     """How `matmul` cuts one projection: BLOCK_N output columns per program, BLOCK_K of the reduction per
@@ -134,18 +135,27 @@ class FusedPlan:
     o or gate/up kernel; docs/benchmarks.md, run 28). Kept for the probe (scripts/decode_kernels_probe.py)."""
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
+    attend_preload: bool = False
+    """The attention kernel (rope_in_attention, attend_chunk) reads its chunk of the cache before it waits for the
+    q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. H100,
+    two-row lane, same process: 0.661 / 0.670 ms a step at 1 / 2 rows against 0.677 / 0.685 (attention's share
+    of the step's critical path 94 us against 106-108); model step at position 900: 705 against 724 us, the same
+    logits (docs/benchmarks.md)."""
     late_sum: bool = False
     """The split-K down projection leaves its fp32 partials to the next layer's q/k/v kernel where that preloads
-    (`preloads`), which sums them in its prologue while it adds the residual, in split order as the last program of
-    each output block would have: the same values, without two dependent memory round trips (the counter, then the
-    partials). Not the o projection (gate/up's looped tiles with four fp32 partials need 281 kB of shared memory at
-    three stages, and at two stages gate/up is slower by more than the sum saves), nor the looped q/k/v (265 kB
-    for eight partials) or the head (296 kB): their partials are summed in place."""
+    (`preloads`) at up to LATE_SUM_ROWS rows, which sums them in its prologue while it adds the residual, in split
+    order as the last program of each output block would have: the same values, without two dependent memory
+    round trips (the counter, then the partials). Not the o projection (gate/up's looped tiles with four fp32
+    partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
+    sum saves), nor the looped q/k/v (265 kB for eight partials) or the head (296 kB): their partials are summed
+    in place."""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
         if unknown:
             raise ValueError(f"FusedPlan.prefetch names no layer projection: {sorted(unknown)}")
+        if self.attend_preload and not (self.rope_in_attention and self.attend_chunk):
+            raise ValueError("FusedPlan.attend_preload needs rope_in_attention and attend_chunk")
         if self.prefetch_from not in ("qkv", "o", "gate_up") or (self.prefetch_from == "o" and not self.o_split):
             raise ValueError(f"FusedPlan.prefetch_from {self.prefetch_from!r} is none of our kernels (qkv, gate_up, "
                              "or o with o_split)")
@@ -157,7 +167,7 @@ class FusedPlan:
 
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
-                 one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True)
+                 one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True, attend_preload=True)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
 docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
@@ -167,7 +177,9 @@ read their weights before they wait (`preload`; H100, two-row lane, same process
 process: their slices are large, so fewer programs fit beside the kernel they overlap). Costs a second, [N, K]
 copy of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]. The down
 projection's partials are summed by the next layer's q/k/v (`late_sum`; H100, two-row lane, same process, twice:
-0.671-0.672 / 0.678 ms at 1 / 2 rows against 0.678-0.679 / 0.691-0.692; down split 4 or 16 ways, no better)."""
+0.671-0.672 / 0.678 ms at 1 / 2 rows against 0.678-0.679 / 0.691-0.692; down split 4 or 16 ways, no better), and
+the attention reads its chunk of the cache before it waits (`attend_preload`: 0.661 / 0.670 against 0.677 /
+0.685)."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
@@ -267,6 +279,10 @@ def _add_parts(add: torch.Tensor | None, x: torch.Tensor) -> int:
 PRELOAD_ROWS = 4
 """Up to this many rows a `preload` projection sums each row's products with its tile itself; more rows take the
 looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
+LATE_SUM_ROWS = 2
+"""Up to this many rows the down projection's partials are summed by the next q/k/v kernel (FusedPlan.late_sum):
+at four rows its preloading programs, holding eight partials of each row, made the lane's step slower (H100,
+same process: 0.773 against 0.729 ms), at one or two faster."""
 
 
 def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
@@ -389,18 +405,24 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
 
 def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int, *,
-                pdl: bool = False, chunk: int = 0, counts: torch.Tensor | None = None) -> torch.Tensor:
+                pdl: bool = False, chunk: int = 0, counts: torch.Tensor | None = None,
+                preload: bool = False) -> torch.Tensor:
     """`rope_store` then `attend` in one kernel: from the q/k/v projection qkv [M, (heads + 2 kv) * D], each
     program rotates its queries and, for the row's position, writes its key (rotated) and value into the cache
-    before it reads it. Returns the attention output [M, heads * D]."""
+    before it reads it. Returns the attention output [M, heads * D]. `preload` (with `chunk`): each program reads
+    its chunk of the cache before it waits for the previous kernel (FusedPlan.attend_preload; bf16 caches, or any
+    under the interpreter)."""
     _need_unit_stride(qkv, cos, sin)
+    if preload and not chunk:
+        raise ValueError("a preloading attention reads chunks: give it `chunk`")
+    preload = preload and (qkv.element_size() <= 2 or interpreting())  # fp32 (tests): 128 kB of tiles, spilled
     return _attend(qkv, heads, cos, sin, k_cache, v_cache, positions, kv_heads, head_dim, ATTEND_BLOCK,
-                   ATTEND_WARPS, ATTEND_STAGES, pdl, chunk, counts)
+                   ATTEND_WARPS, ATTEND_STAGES, pdl, chunk, counts, preload)
 
 
 def _attend(q: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Tensor | None, k_cache: torch.Tensor,
             v_cache: torch.Tensor, positions: torch.Tensor, kv_heads: int, head_dim: int, block: int, warps: int,
-            stages: int, pdl: bool, chunk: int, counts: torch.Tensor | None) -> torch.Tensor:
+            stages: int, pdl: bool, chunk: int, counts: torch.Tensor | None, preload: bool = False) -> torch.Tensor:
     m = q.shape[0]
     group = heads // kv_heads
     _need_unit_stride(positions)
@@ -421,7 +443,7 @@ def _attend(q: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Te
         part = torch.empty((m, kv_heads, splits, block_g, head_dim + 2), device=q.device, dtype=torch.float32)
         _kernels().attend_split_kernel[(m, kv_heads, splits)](
             q, k_cache, v_cache, positions, out, *tables, part, counts, *strides, CHUNK=chunk, SPLITS=splits,
-            **common)
+            PRELOAD=preload, **common)
     else:
         _kernels().attend_kernel[(m, kv_heads)](q, k_cache, v_cache, positions, out, *tables, *strides,
                                                 BLOCK_S=block, **common)

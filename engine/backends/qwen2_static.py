@@ -295,8 +295,9 @@ class StaticQwen2:
         k_all, v_all = cache
         launch = dict(pdl=plan.pdl)
         x, pending = self.embed.index_select(0, ids), None
-        # the q/k/v kernel sums the down projection's partials only where it preloads (FusedPlan.late_sum)
-        late_down = plan.late_sum and dk.preloads(plan.preload_tiling("qkv"), self.layers[0].qkv_t, ids.shape[0])
+        # the q/k/v kernel sums the down projection's partials where it preloads, at up to LATE_SUM_ROWS rows
+        late_down = (plan.late_sum and ids.shape[0] <= dk.LATE_SUM_ROWS
+                     and dk.preloads(plan.preload_tiling("qkv"), self.layers[0].qkv_t, ids.shape[0]))
         for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
             kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"],
@@ -308,7 +309,7 @@ class StaticQwen2:
             if plan.rope_in_attention:
                 attention = dk.rope_attend(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads,
                                            self.kv_heads, self.head_dim, pdl=plan.pdl, chunk=plan.attend_chunk,
-                                           counts=self.counts)
+                                           counts=self.counts, preload=plan.attend_preload)
             else:
                 q = dk.rope_store(qkv, self.cos, self.sin, positions, k_cache, v_cache, self.heads, self.kv_heads,
                                   self.head_dim, pdl=plan.pdl)

@@ -465,6 +465,33 @@ def test_partials_summed_by_the_next_kernel_change_no_value_bf16(cuda, rows):
     assert not counts.any()
 
 
+@pytest.mark.parametrize("positions", [(5, 200), (255, 256), (700, 301)])
+def test_a_preloading_attention_changes_no_value_bf16(cuda, positions):
+    """FusedPlan.attend_preload on Spark's shapes in bf16 with PDL, as the lane launches it (256-position chunks):
+    the same attention output and cache, bit for bit, as the kernel that reads the cache after writing the new key
+    and value, for rows inside one chunk and across two or three (the cache at each row's position holds noise)."""
+    import torch
+
+    from engine.backends import decode_kernels as dk
+
+    g = torch.Generator(device="cuda").manual_seed(sum(positions))
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    heads, kv, d, length, rows = 14, 2, 64, 1024, len(positions)
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g, **bf16)
+    cos, sin = torch.randn(length, d, generator=g, **bf16), torch.randn(length, d, generator=g, **bf16)
+    cache = torch.randn(2, rows, kv, length, d, generator=g, **bf16)
+    caches = [(cache[0].clone(), cache[1].clone()) for _ in range(2)]
+    at = torch.tensor(positions, device="cuda")
+    counts = torch.zeros(rows * kv, dtype=torch.int32, device="cuda")
+    kw = dict(pdl=dk.pdl_supported(), chunk=dk.PLAN.attend_chunk, counts=counts)
+    want = dk.rope_attend(qkv, cos, sin, at, *caches[0], heads, kv, d, **kw)
+    got = dk.rope_attend(qkv, cos, sin, at, *caches[1], heads, kv, d, preload=True, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+    assert not counts.any()
+
+
 def test_prefetching_changes_no_value_bf16(cuda):
     """FusedPlan.prefetch only asks the L2 cache for memory: the lane's q/k/v projection gives the same values and
     residual stream, bit for bit, whether it prefetches a layer's MLP weights (26 MB, cut over all its threads),

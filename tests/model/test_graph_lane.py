@@ -548,7 +548,8 @@ def wider_model() -> Qwen2ForCausalLM:
                                             preload=("qkv", "o", "gate_up", "down", "head")),
                                   FusedPlan(preload=("qkv", "gate_up"), prefetch=("o", "gate_up", "down")),
                                   FusedPlan(k_major=True, o_split=2, down_split=3, rope_in_attention=True,
-                                            preload=("qkv", "o"), late_sum=True)],
+                                            preload=("qkv", "o"), late_sum=True, attend_chunk=32,
+                                            attend_preload=True)],
                          ids=repr)
 def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> None:
     """forward_fused + logits_fused == forward_rows + the head, for three rows at different positions of their

@@ -280,6 +280,31 @@ def test_rope_attend_is_rope_store_then_attend(chunk):
     assert not counts.any()
 
 
+def test_a_preloading_attention_equals_the_reading_one():
+    """FusedPlan.attend_preload: each program reads its chunk of the cache before the wait, with the row's new key
+    and value put in their place (the cache there holds an older step's: here noise that must not be read). The
+    same output and cache as the kernel that reads after writing, for rows at a chunk's first and last position,
+    in one chunk and across several; without chunks it is refused."""
+    heads, kv, d, length, chunk = 4, 2, 16, 100, 32
+    g = torch.Generator().manual_seed(41)
+    positions = torch.tensor([0, 31, 32, 99])
+    rows = positions.numel()
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
+    caches = [tuple(torch.randn(rows, kv, length, d, generator=torch.Generator().manual_seed(2)) for _ in range(2))
+              for _ in range(2)]
+    counts = torch.zeros(rows * kv, dtype=torch.int32)
+    want = dk.rope_attend(qkv, cos, sin, positions, *caches[0], heads, kv, d, chunk=chunk, counts=counts)
+    got = dk.rope_attend(qkv, cos, sin, positions, *caches[1], heads, kv, d, chunk=chunk, counts=counts,
+                         preload=True)
+    assert torch.equal(got, want)
+    for a, b in zip(*caches):
+        assert torch.equal(a, b)
+    assert not counts.any()
+    with pytest.raises(ValueError, match="chunk"):
+        dk.rope_attend(qkv, cos, sin, positions, *caches[1], heads, kv, d, preload=True)
+
+
 def _step_state(rows, width, candidates, max_len=40, ring_rows=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     lane_rows = ring_rows or rows

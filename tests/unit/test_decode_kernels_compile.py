@@ -71,11 +71,15 @@ def _cases() -> dict[str, tuple]:
         "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
                                 ADD_PARTS=PLAN.down_split),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
-        "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk)),
+        "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk),
+                                                                PRELOAD=False),
                          ATTEND_WARPS, ATTEND_STAGES),
         "rope_attend": ("attend_split_kernel", attention, dict(heads, ROPE=True, CHUNK=chunk,
-                                                               SPLITS=-(-LENGTH // chunk)), ATTEND_WARPS,
+                                                               SPLITS=-(-LENGTH // chunk), PRELOAD=False), ATTEND_WARPS,
                         ATTEND_STAGES),
+        "rope_attend_preload": ("attend_split_kernel", attention,
+                                dict(heads, ROPE=True, CHUNK=chunk, SPLITS=-(-LENGTH // chunk), PRELOAD=True),
+                                ATTEND_WARPS, ATTEND_STAGES),
         "rope_store": ("rope_store_kernel", rope, dict(HEADS=HEADS, KV=KV, D=D, PDL=PLAN.pdl), 1, 1),
         "sample": ("sample_kernel", sample, dict(CHUNKS=SAMPLE_CHUNKS, SLICE=1024, CANDIDATES=64, PDL=PLAN.pdl,
                                                  TOPK=False), 4, 1),
@@ -128,7 +132,7 @@ def compiled() -> dict[str, object]:
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "qkv_prefetch", "o_preload",
                                   "gate_up_preload", "down_preload", "head_preload", "down_late", "qkv_parts",
                                   "attend", "attend_split",
-                                  "rope_attend", "rope_store", "sample", "sample_topk"])
+                                  "rope_attend", "rope_attend_preload", "rope_store", "sample", "sample_topk"])
 def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     found = compiled[name]
     assert isinstance(found, dict), found
