@@ -202,7 +202,7 @@ PLANS = {
     "preload_all": replace(dk.PLAN, preload=("qkv", "o", "gate_up", "down", "head")),
     "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
     "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
-    "run28": replace(dk.PLAN, late_sum=False),  # PLAN before late_sum
+    "run28": replace(dk.PLAN, late_sum=False, attend_preload=False),  # PLAN as in run 28
     "prefetch_gate_up": replace(dk.PLAN, prefetch=("gate_up",)),
     "prefetch_mlp": replace(dk.PLAN, prefetch=("gate_up", "down")),
     "prefetch_all": replace(dk.PLAN, prefetch=("o", "gate_up", "down")),
@@ -213,6 +213,7 @@ PLANS = {
     "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
     "attend_pre": replace(dk.PLAN, attend_preload=True),  # PLAN
     "before_attend_pre": replace(dk.PLAN, attend_preload=False),
+    "no_late_sum": replace(dk.PLAN, late_sum=False),
     "pre_gate_up": replace(dk.PLAN, preload=("qkv", "o", "gate_up")),
     "pre_down10": replace(dk.PLAN, preload=("qkv", "o", "down"), down_split=10),
     "late_down4": replace(dk.PLAN, down_split=4),

@@ -147,8 +147,8 @@ class FusedPlan:
     order as the last program of each output block would have: the same values, without two dependent memory
     round trips (the counter, then the partials). Not the o projection (gate/up's looped tiles with four fp32
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
-    sum saves), nor the looped q/k/v (265 kB for eight partials) or the head (296 kB): their partials are summed
-    in place."""
+    sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
+    their partials are summed in place."""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -281,8 +281,8 @@ PRELOAD_ROWS = 4
 looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
 LATE_SUM_ROWS = 2
 """Up to this many rows the down projection's partials are summed by the next q/k/v kernel (FusedPlan.late_sum):
-at four rows its preloading programs, holding eight partials of each row, made the lane's step slower (H100,
-same process: 0.773 against 0.729 ms), at one or two faster."""
+at four rows its preloading programs, holding seven partials of each row, made the lane's step slower (H100,
+same process: 0.767-0.773 against 0.729 ms), at one or two faster."""
 
 
 def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
