@@ -258,19 +258,25 @@ def test_partials_left_for_the_next_kernel_sum_to_what_the_last_program_stores()
             dk.add_matmul(resid, bad, w2, preload=preload)
 
 
+def _rope_case(heads: int, kv: int, d: int, seed: int, length: int = 100) -> tuple:
+    """Rows at a chunk's first and last positions (of 32) and the cache's: positions, their q/k/v projections,
+    rotary tables, two identical random caches (keys, values) and zeroed counters."""
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.tensor([0, 31, 32, length - 1])
+    rows = positions.numel()
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
+    caches = [tuple(torch.randn(rows, kv, length, d, generator=torch.Generator().manual_seed(seed)) for _ in range(2))
+              for _ in range(2)]
+    return positions, qkv, cos, sin, caches, torch.zeros(rows * kv, dtype=torch.int32)
+
+
 @pytest.mark.parametrize("chunk", [0, 32])
 def test_rope_attend_is_rope_store_then_attend(chunk):
     """One kernel rotating the queries and writing each row's new key and value before reading the cache: the
     same output and the same cache as `rope_store` followed by `attend` (one pass, or in chunks)."""
-    heads, kv, d, length = 4, 2, 16, 100
-    g = torch.Generator().manual_seed(40 + chunk)
-    positions = torch.tensor([0, 31, 32, 99])
-    rows = positions.numel()
-    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
-    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
-    caches = [tuple(torch.randn(rows, kv, length, d, generator=torch.Generator().manual_seed(1)) for _ in range(2))
-              for _ in range(2)]
-    counts = torch.zeros(rows * kv, dtype=torch.int32)
+    heads, kv, d = 4, 2, 16
+    positions, qkv, cos, sin, caches, counts = _rope_case(heads, kv, d, seed=40 + chunk)
     q = dk.rope_store(qkv, cos, sin, positions, *caches[0], heads, kv, d)
     want = dk.attend(q, *caches[0], positions, kv, d, block=32, chunk=chunk, counts=counts)
     got = dk.rope_attend(qkv, cos, sin, positions, *caches[1], heads, kv, d, chunk=chunk, counts=counts)
@@ -285,15 +291,8 @@ def test_a_preloading_attention_equals_the_reading_one():
     and value put in their place (the cache there holds an older step's: here noise that must not be read). The
     same output and cache as the kernel that reads after writing, for rows at a chunk's first and last position,
     in one chunk and across several; without chunks it is refused."""
-    heads, kv, d, length, chunk = 4, 2, 16, 100, 32
-    g = torch.Generator().manual_seed(41)
-    positions = torch.tensor([0, 31, 32, 99])
-    rows = positions.numel()
-    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g)
-    cos, sin = torch.randn(length, d, generator=g), torch.randn(length, d, generator=g)
-    caches = [tuple(torch.randn(rows, kv, length, d, generator=torch.Generator().manual_seed(2)) for _ in range(2))
-              for _ in range(2)]
-    counts = torch.zeros(rows * kv, dtype=torch.int32)
+    heads, kv, d, chunk = 4, 2, 16, 32
+    positions, qkv, cos, sin, caches, counts = _rope_case(heads, kv, d, seed=41)
     want = dk.rope_attend(qkv, cos, sin, positions, *caches[0], heads, kv, d, chunk=chunk, counts=counts)
     got = dk.rope_attend(qkv, cos, sin, positions, *caches[1], heads, kv, d, chunk=chunk, counts=counts,
                          preload=True)
