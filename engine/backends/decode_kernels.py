@@ -39,7 +39,6 @@ at position 250: 3.5 us against 4.4 for 64 positions and 11.7 for the tensor cod
 900: 8.8, 11.9 and 14.9 us; scripts/decode_kernels_probe.py)."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Tiling:
     """How `matmul` cuts one projection: BLOCK_N output columns per program, BLOCK_K of the reduction per
@@ -220,8 +219,9 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`matmul` of x + add (a residual add taken into the same kernel), and x + add itself (the residual stream
-    from here on). `add` is [M, K] in x's dtype, or the fp32 partials [splits, M, K] of a `matmul(reduce=False)`,
-    summed here as that kernel would have. Keywords as `matmul`'s (an unknown one is a TypeError)."""
+    from here on). `add` is [M, K] in x's dtype or, where this projection preloads, the fp32 partials [splits, M,
+    K] of a `matmul(reduce=False)`, summed here as that kernel would have. Keywords as `matmul`'s (an unknown one
+    is a TypeError)."""
     return _launch(x, add, w, **kw)
 
 
