@@ -28,17 +28,20 @@ from engine.prompt import semantic_allowed_ids
 def graph_step_ms(lane: GraphLane, rows: int, span: int, steps: int) -> float:
     graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
     with torch.cuda.stream(lane.cuda_stream):
-        lane.positions.fill_(span // 2)
-        for _ in range(5):
-            graph.replay()
+        _replay_steps(lane, graph, span, 5)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(steps):
-            lane.positions.fill_(span // 2)  # stay inside the span
-            graph.replay()
+        _replay_steps(lane, graph, span, steps)
         end.record()
     end.synchronize()
     return start.elapsed_time(end) / steps
+
+
+def _replay_steps(lane: GraphLane, graph: torch.cuda.CUDAGraph, span: int, steps: int) -> None:
+    """`steps` replays of a decode graph, each from the middle of its span (so that positions stay inside it)."""
+    for _ in range(steps):
+        lane.positions.fill_(span // 2)
+        graph.replay()
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
@@ -83,23 +86,20 @@ def graph_critical_path(lane: GraphLane, rows: int, span: int, steps: int = 30) 
     an eager step's kernels, launched one by one from Python)."""
     graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
     with torch.cuda.stream(lane.cuda_stream):
-        for _ in range(3):
-            lane.positions.fill_(span // 2)
-            graph.replay()
+        _replay_steps(lane, graph, span, 3)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                lane.positions.fill_(span // 2)
-                graph.replay()
+            _replay_steps(lane, graph, span, steps)
             torch.cuda.synchronize()
-    return critical_path_us(prof, steps, len(lane.model.layers))
+    return critical_path_us(prof, steps, len(lane.model.layers), layer_roles(lane.plan))
 
 
-LAYER_ROLES = ("qkv", "attend", "o", "gate_up", "down")
-"""The fused step's kernels of one layer, in launch order (decode_kernels.PLAN: rotary in the attention)."""
+def layer_roles(plan) -> tuple[str, ...]:
+    """The fused step's kernels of one layer under `plan` (a decode_kernels.FusedPlan), in launch order."""
+    return ("qkv", *(("attend",) if plan.rope_in_attention else ("rope", "attend")), "o", "gate_up", "down")
 
 
-def critical_path_us(prof, steps: int, layers: int) -> dict[str, float]:
+def critical_path_us(prof, steps: int, layers: int, roles: tuple[str, ...]) -> dict[str, float]:
     """us per step that each role of the fused step adds to the step's end: a kernel's end minus the end of the one
     before it (with PDL, kernels start early and wait, so their durations overlap; their ends do not). Roles: the
     layers' five kernels (from each step's first projection on), summed over layers; then "before" and "after"."""
@@ -112,8 +112,7 @@ def critical_path_us(prof, steps: int, layers: int) -> dict[str, float]:
     added: dict[str, float] = collections.defaultdict(float)
     for at in range(per_step, per_step * steps):  # from the second step: each kernel has one before it
         i = at % per_step - first
-        role = ("before" if i < 0 else LAYER_ROLES[i % len(LAYER_ROLES)] if i < len(LAYER_ROLES) * layers
-                else "after")
+        role = "before" if i < 0 else roles[i % len(roles)] if i < len(roles) * layers else "after"
         added[role] += (events[at][1] - max(events[at - 1][1], events[at][0])) / (steps - 1)
     return {k: round(v, 1) for k, v in added.items()}
 

@@ -210,10 +210,10 @@ def _dot(a, b, UPCAST: tl.constexpr):
 @triton.jit
 def _rows(x_ptr, add_ptr, rm, rk, mask, K, HAS_ADD: tl.constexpr):
     """x[rm, rk] (+ add[rm, rk], rounded to x's dtype as the eager residual add is)."""
-    x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=mask, other=0.0)
+    at = rm[:, None] * K + rk[None, :]
+    x = tl.load(x_ptr + at, mask=mask, other=0.0)
     if HAS_ADD:
-        extra = tl.load(add_ptr + rm[:, None] * K + rk[None, :], mask=mask, other=0.0)
-        x = (x.to(tl.float32) + extra.to(tl.float32)).to(x.dtype)
+        x = (x.to(tl.float32) + _addend(add_ptr, at, mask, 0, 0, x.dtype)).to(x.dtype)
     return x
 
 
@@ -318,10 +318,7 @@ def attend_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, cos_ptr, sin_ptr,
             new = (s == pos)[:, None]
             keys = tl.where(new, key[None, :], keys)
             values = tl.where(new, value[None, :], values)
-            top, total, acc = _attend_block(q, keys, values, s <= pos, scale,
-                                            tl.full([BLOCK_G], float("-inf"), dtype=tl.float32),
-                                            tl.zeros([BLOCK_G], dtype=tl.float32),
-                                            tl.zeros([BLOCK_G, D], dtype=tl.float32), UPCAST)
+            top, total, acc = _attend_block(q, keys, values, s <= pos, scale, *_softmax_start(BLOCK_G, D), UPCAST)
         else:
             if ROPE:
                 if chunk == chunks - 1:
@@ -424,9 +421,7 @@ def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S:
     """Online softmax of q [BLOCK_G, D] over cache positions [lo, hi) (keys and values at base + position * D):
     the running max, the total of exp(score - max) and the exp-weighted values [BLOCK_G, D], all fp32."""
     d = tl.arange(0, D)
-    top = tl.full([q.shape[0]], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([q.shape[0]], dtype=tl.float32)
-    acc = tl.zeros([q.shape[0], D], dtype=tl.float32)
+    top, total, acc = _softmax_start(q.shape[0], D)
     for s0 in range(lo, hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         seen = s < hi
@@ -434,6 +429,13 @@ def _attend_span(q, k_ptr, v_ptr, base, lo, hi, scale, D: tl.constexpr, BLOCK_S:
         values = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
         top, total, acc = _attend_block(q, keys, values, seen, scale, top, total, acc, UPCAST)
     return top, total, acc
+
+
+@triton.jit
+def _softmax_start(G: tl.constexpr, D: tl.constexpr):
+    """An empty online softmax state for G query heads: running max -inf, total 0, weighted values [G, D] 0."""
+    return (tl.full([G], float("-inf"), dtype=tl.float32), tl.zeros([G], dtype=tl.float32),
+            tl.zeros([G, D], dtype=tl.float32))
 
 
 @triton.jit

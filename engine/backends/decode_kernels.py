@@ -286,9 +286,14 @@ same process: 0.767-0.773 against 0.729 ms), at one or two faster."""
 
 
 def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
-    """Whether a projection preloads: asked to, at up to PRELOAD_ROWS rows, and with bf16 weights (an fp32 model,
-    the GPU tests', keeps the loop: its tiles would be twice as large) or under the interpreter."""
-    return preload is not None and rows <= PRELOAD_ROWS and (w.element_size() <= 2 or interpreting())
+    """Whether a projection preloads: asked to, at up to PRELOAD_ROWS rows, on `_preloadable` weights."""
+    return preload is not None and rows <= PRELOAD_ROWS and _preloadable(w)
+
+
+def _preloadable(t: torch.Tensor) -> bool:
+    """Whether a kernel may hold tiles of `t` in registers: bf16 (an fp32 model, the GPU tests', keeps the loops:
+    its tiles would be twice as large and spill), or any under the interpreter."""
+    return t.element_size() <= 2 or interpreting()
 
 
 def _preload(preloading: bool, k_split: int, rows: int) -> dict[str, Any]:
@@ -415,7 +420,7 @@ def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positio
     _need_unit_stride(qkv, cos, sin)
     if preload and not chunk:
         raise ValueError("a preloading attention reads chunks: give it `chunk`")
-    preload = preload and (qkv.element_size() <= 2 or interpreting())  # fp32 (tests): 128 kB of tiles, spilled
+    preload = preload and _preloadable(qkv)
     return _attend(qkv, heads, cos, sin, k_cache, v_cache, positions, kv_heads, head_dim, ATTEND_BLOCK,
                    ATTEND_WARPS, ATTEND_STAGES, pdl, chunk, counts, preload)
 

@@ -440,9 +440,9 @@ def test_preloaded_projections_equal_the_looped_ones_bf16(cuda, rows):
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_partials_summed_by_the_next_kernel_change_no_value_bf16(cuda, rows):
-    """FusedPlan.late_sum on Spark's shapes in bf16, as the lane launches it: the down projection's split-K partials
-    summed by the next layer's preloading q/k/v give the same output and residual stream, bit for bit, as the
-    reducing kernel's output added there."""
+    """FusedPlan.late_sum on Spark's shapes in bf16, as the lane launches it (up to LATE_SUM_ROWS rows; at four, as
+    the kernels allow): the down projection's split-K partials summed by the next layer's preloading q/k/v give
+    the same output and residual stream, bit for bit, as the reducing kernel's output added there."""
     import torch
 
     from engine.backends import decode_kernels as dk

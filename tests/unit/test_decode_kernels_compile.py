@@ -32,7 +32,7 @@ of 169 kB)."""
 def _cases() -> dict[str, tuple]:
     """Each kernel as the graph lane launches it: (function name, pointer types, constants, warps, stages)."""
     from engine.backends.decode_kernels import (ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, PRELOAD_TILINGS,
-                                                SAMPLE_CHUNKS, TILINGS, _split)
+                                                SAMPLE_CHUNKS, TILINGS, _preload, _split)
 
     matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
                                       "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32",
@@ -44,9 +44,8 @@ def _cases() -> dict[str, tuple]:
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
                          BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128,
                          REDUCE=True, ADD_PARTS=0)
-        if preload:  # the tile height the lane launches with (decode_kernels._preload)
-            per = _split(k, split, tiling.block_k)[0]
-            constants.update(PRELOAD=True, SPAN=max(16, 1 << (per - 1).bit_length()), ROWS=2)
+        if preload:  # the tile height and rows a two-row lane launches with
+            constants.update(_preload(True, _split(k, split, tiling.block_k)[0], 2))
         constants.update(flags)
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
         if flags.get("ADD_PARTS"):  # FusedPlan.late_sum: the add is the split-K kernel's fp32 partials
@@ -77,7 +76,7 @@ def _cases() -> dict[str, tuple]:
         "head_preload": projection("head", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
         "down_late": projection("down", INTER, PLAN.down_split, REDUCE=False),
         "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
-                                ADD_PARTS=PLAN.down_split),
+                                ADD_PARTS=_split(INTER, PLAN.down_split, TILINGS["down_split"].block_k)[1]),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk),
                                                                 PRELOAD=False),
