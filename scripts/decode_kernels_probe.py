@@ -275,8 +275,7 @@ def main() -> None:
                     help="only: lanes of these plans (comma-separated), their steps timed in turns, kernels listed; "
                          "and the sampling kernel's draws against the tensor code's. A name may end in "
                          "@projection:block_n:warps[:block_k] (repeatable): that preloading tiling instead; "
-                         "@t.projection:block_n:block_k:warps:stages[:cols]: that looped tiling (a TILINGS key; cols: "
-                         "Tiling.cols)")
+                         "@t.projection:block_n:block_k:warps:stages: that looped tiling (a TILINGS key)")
     ap.add_argument("--prefill", action="store_true",
                     help="only: two-row lanes (as `say` builds them) with eager vs Inductor-compiled prefills, "
                          "their start-up and prefill replay times")

@@ -22,7 +22,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
                   BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr = False, SPAN: tl.constexpr = 16,
                   ROWS: tl.constexpr = 1, pf_a=0, pf_a_bytes=0, pf_b=0, pf_b_bytes=0, pf_c=0, pf_c_bytes=0,
                   PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128, REDUCE: tl.constexpr = True,
-                  ADD_PARTS: tl.constexpr = 0, COLS: tl.constexpr = 0):
+                  ADD_PARTS: tl.constexpr = 0):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
@@ -60,12 +60,8 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
         rm = tl.arange(0, ROWS)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    if COLS == 0 or COLS == BLOCK_N:
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_ok, n_ok = rm < M, rn < N
-    else:  # COLS columns a program in a BLOCK_N-wide tile, the rest masked: the grid can match the SMs
-        rn = pid_n * COLS + tl.arange(0, BLOCK_N)
-        m_ok, n_ok = rm < M, (rn < N) & (tl.arange(0, BLOCK_N) < COLS)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = rm < M, rn < N
     k_lo = pid_k * K_SPLIT
     if PRELOAD:
         acc, acc_up = _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,

@@ -48,14 +48,6 @@ class Tiling:
     block_k: int = 256
     warps: int = 4
     stages: int = 3
-    cols: int = 0
-    """Output columns per program, at most block_n (0: block_n). Less than a power of two lets the grid match the
-    GPU's count of SMs (the tile stays block_n wide, its other columns masked off: they read no memory)."""
-
-    @property
-    def width(self) -> int:
-        """Output columns per program."""
-        return self.cols or self.block_n
 
 
 DEFAULT_TILING = Tiling()
@@ -251,7 +243,7 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
                          "not fit in shared memory)")
     tiling = preload if preloading else _for_width(tiling, w.element_size())
     k_split, splits = _split(k, split_k, tiling.block_k)
-    grid = (-(-n // tiling.width), -(-m // MAX_ROWS), splits)
+    grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)
     if splits > 1:
         if add is not None or norm is not None or swiglu:
             raise ValueError("a split-K matmul takes no residual add, norm or SwiGLU")
@@ -356,7 +348,6 @@ def _split(k: int, split_k: int, block_k: int) -> tuple[int, int]:
 def _common(tiling: Tiling, pdl: bool) -> dict[str, Any]:
     """The launch keywords every projection kernel shares."""
     return dict(UPCAST=interpreting(), PDL=pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
-                COLS=tiling.width,
                 num_warps=tiling.warps, num_stages=tiling.stages, **_pdl_launch(pdl))
 
 
@@ -387,7 +378,7 @@ def _need_cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: i
 def _for_width(tiling: Tiling, size: int) -> Tiling:
     """The tiling for weights of `size` bytes: the tables are for bf16; fp32 (tests) takes half the K run and two
     stages, or gate/up's tiles would need 346 kB of shared memory (an H200 has 227 kB)."""
-    return tiling if size <= 2 else replace(tiling, block_k=tiling.block_k // 2, stages=min(tiling.stages, 2))
+    return tiling if size <= 2 else Tiling(tiling.block_n, tiling.block_k // 2, tiling.warps, min(tiling.stages, 2))
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,

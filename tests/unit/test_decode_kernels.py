@@ -205,31 +205,6 @@ def test_split_attention_merges_its_chunks_into_the_same_output(group):
         dk.attend(q, k_cache, v_cache, positions, kv, d, chunk=32, counts=counts[:3])
 
 
-@pytest.mark.parametrize("k_major", [False, True])
-def test_fewer_columns_a_program_give_the_same_products(k_major):
-    """Tiling.cols (a column count per program that is no power of two, the tile's other columns masked) gives
-    what whole tiles give (to an fp32 ulp: the interpreter's tile products sum a column in an order that may
-    depend on its place in the tile): norm + bias, SwiGLU with a residual (gate and up a pair apart), split K
-    summed in place or left as partials, and preloaded tiles; the grid covers every column, the last program's
-    share cut short, and a split's counters are one per program."""
-    g = torch.Generator().manual_seed(12)
-    w = (torch.randn(96, 2 * 75, generator=g) / 10).to(torch.bfloat16)
-    w = w.t().contiguous().t() if k_major else w
-    norm, bias = (1 + torch.randn(96, generator=g) / 5).to(torch.bfloat16), torch.randn(150, generator=g)
-    whole, cut = Tiling(block_n=32, block_k=32), Tiling(block_n=32, block_k=32, cols=19)
-    assert cut.width == 19 and whole.width == 32
-    counts = torch.zeros(32, dtype=torch.int32)
-    for rows in (1, 3, 17):
-        x = torch.randn(rows, 96, generator=g).to(torch.bfloat16)
-        res = torch.randn(rows, 75, generator=g).to(torch.bfloat16)
-        for kw in (dict(norm=norm, eps=1e-6, bias=bias.to(torch.bfloat16)),
-                   dict(norm=norm, eps=1e-6, swiglu=True, residual=res), dict(split_k=3, counts=counts),
-                   dict(split_k=3, reduce=False), dict(norm=norm, eps=1e-6, preload=Tiling(block_n=16, cols=7))):
-            got, want = dk.matmul(x, w, tiling=cut, **kw), dk.matmul(x, w, tiling=whole, **kw)
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6 if got.dtype == torch.float32 else 8e-3)
-            assert not counts.any()
-
-
 def test_split_k_sums_its_partials_in_place():
     """K cut into runs of whole BLOCK_Ks, one program each (300 rows in runs of 32, fp32 halving the tiling's 64:
     4 splits of 3 runs); the last program of each output block sums them in split order and runs the epilogue:
