@@ -328,8 +328,8 @@ async def test_warm_up_runs_two_short_sentences_unheard_then_events_flow_again()
 
 async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_warm_up_as_a_notice(tmp_path):
     """build_synthesizer(warm_up=True) runs the warm-up on a loop of its own (`say` builds inside its loop): one
-    notice, no request events. A warm-up that fails (here no voice called "default") is a notice, not an error:
-    the engine is still handed over."""
+    notice, no request events. A bank without the default voice (the bench's) warms up with its first voice by
+    name. A warm-up that fails (here no voice at all) is a notice, not an error: the engine is still handed over."""
     from engine.events import Notice
     from engine.factory import EngineConfig, build_synthesizer
 
@@ -338,6 +338,14 @@ async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_w
     assert [type(e) for e in events] == [Notice] and events[0].message.startswith("warmed up with one request in")
     assert [r for r in synth.generator.started if r.startswith("warm-up")] == ["warm-up-0", "warm-up-1"]
     await synth.render(SynthesisRequest("After the warm-up.", options=SamplingOptions(seed=2, max_tokens=30)))
+    events.clear()
+    from engine.bench import write_voice
+
+    for name in ("zed", "bench"):
+        write_voice(tmp_path / "own", name)
+    build_synthesizer(EngineConfig(backend="fake", warm_up=True, voices=VoiceBank([tmp_path / "own"])),
+                      events=events.append)
+    assert [type(e) for e in events] == [Notice] and events[0].message.startswith("warmed up"), events[0].message
     events.clear()
     build_synthesizer(EngineConfig(backend="fake", warm_up=True, voices=VoiceBank([tmp_path])), events=events.append)
     assert [type(e) for e in events] == [Notice]
