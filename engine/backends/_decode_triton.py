@@ -70,8 +70,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     else:
         acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD,
-                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K, M * K, ADD_PARTS,
-                               part_ptr + pid_n * M * K)
+                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K, M * K, ADD_PARTS)
     mask = m_ok[:, None] & n_ok[None, :]
     at = rm[:, None] * N + rn[None, :]
     if SPLIT_K > 1:
@@ -122,13 +121,12 @@ def _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU:
 def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo, k_hi,
              stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
              PAIRED: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, part_stride, ADD_PARTS: tl.constexpr, own_ptr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, part_stride, ADD_PARTS: tl.constexpr):
     """fp32 rms_norm(x (+ add))[rm] @ w[k_lo:k_hi, rn] and, if PAIRED, @ w[k_lo:k_hi, rn + pair] too (else the
     second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum.
-    With ADD_PARTS (add: split-K partials, `_addend`), every program first sums x + add over all of K into rows
-    of its own at `own` [M, K] (the first column block's also into sum), and the loop reads x from there: its
-    pipelined tiles hold no partials (four fp32 tiles a stage would overflow shared memory). Its own rows, not
-    sum: 76 programs storing the same lines of sum and reading them back took twice as long (H100)."""
+    With ADD_PARTS (add: split-K partials, `_addend`), every program first sums x + add over all of K into sum
+    (the same values from each: the stores race harmlessly) and the loop reads x from there: its pipelined tiles
+    hold no partials (four fp32 tiles a stage would overflow shared memory)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -139,9 +137,7 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
             at, mask = rm[:, None] * K + rk[None, :], m_ok[:, None] & (rk[None, :] < K)
             xs = tl.load(x_ptr + at, mask=mask, other=0.0)
             xs = (xs.to(tl.float32) + _addend(add_ptr, at, mask, part_stride, ADD_PARTS, xs.dtype)).to(xs.dtype)
-            tl.store(own_ptr + at, xs, mask=mask)
-            if writes_sum:
-                tl.store(sum_ptr + at, xs, mask=mask)
+            tl.store(sum_ptr + at, xs, mask=mask)
             sq += tl.sum(xs.to(tl.float32) * xs.to(tl.float32), axis=1)
         tl.debug_barrier()  # the loop's threads read what others of the program stored
     elif HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
@@ -157,8 +153,8 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < k_hi
-        if ADD_PARTS > 0:  # .cg: past L1, which may hold an older step's rows
-            xk = tl.load(own_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0,
+        if ADD_PARTS > 0:  # .cg: past L1, which may hold an older step's sum
+            xk = tl.load(sum_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0,
                          cache_modifier=".cg")
         else:
             xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], K, HAS_ADD)

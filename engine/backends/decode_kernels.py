@@ -253,8 +253,6 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
         if reduce and (counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]):
             raise ValueError(f"a split-K matmul needs int32 counts for {grid[0] * grid[1]} output blocks")
     part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
-    if add_parts and not preloading:  # each looped program's own rows of x + add (_project)
-        part = torch.empty((grid[0], m, k), device=x.device, dtype=x.dtype)
     out = part if splits > 1 and not reduce else torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
     total = torch.empty_like(x) if add is not None else x
     _kernels().matmul_kernel[grid](

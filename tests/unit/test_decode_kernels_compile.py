@@ -49,7 +49,7 @@ def _cases() -> dict[str, tuple]:
         constants.update(flags)
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
         if flags.get("ADD_PARTS"):  # FusedPlan.late_sum(_o): the add is the split-K kernel's fp32 partials
-            pointers = dict(pointers, add_ptr="*fp32", part_ptr="*fp32" if preload else "*bf16")  # looped: own rows
+            pointers = dict(pointers, add_ptr="*fp32")
         return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
 
     attention = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "cos_ptr", "sin_ptr")},
