@@ -218,9 +218,6 @@ PLANS = {
     "pre_down10": replace(dk.PLAN, preload=("qkv", "o", "down"), down_split=10),
     "late_down4": replace(dk.PLAN, down_split=4),
     "late_down16": replace(dk.PLAN, down_split=16),
-    "late_o": replace(dk.PLAN, late_sum_o=True),
-    "late_o8": replace(dk.PLAN, late_sum_o=True, o_split=8),
-    "late_o2": replace(dk.PLAN, late_sum_o=True, o_split=2),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 

@@ -35,7 +35,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     epilogue and sets the count back to 0 for the next kernel. Without REDUCE the programs only store their
     partials: the next kernel sums them (its ADD_PARTS), and the epilogue must be empty (no bias or residual).
 
-    ADD_PARTS > 0: `add` is such partials, [ADD_PARTS, M, K] fp32, summed in split order and
+    ADD_PARTS > 0 (PRELOAD only): `add` is such partials, [ADD_PARTS, M, K] fp32, summed in split order and
     rounded to x's dtype (as a reducing split-K kernel would have stored them) before the residual add.
 
     PDL (programmatic dependent launch): the program may be launched while the previous kernel still runs; it
@@ -70,7 +70,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     else:
         acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD,
-                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K, M * K, ADD_PARTS)
+                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = m_ok[:, None] & n_ok[None, :]
     at = rm[:, None] * N + rn[None, :]
     if SPLIT_K > 1:
@@ -121,44 +121,27 @@ def _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU:
 def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo, k_hi,
              stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
              PAIRED: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, part_stride, ADD_PARTS: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 rms_norm(x (+ add))[rm] @ w[k_lo:k_hi, rn] and, if PAIRED, @ w[k_lo:k_hi, rn + pair] too (else the
-    second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum.
-    With ADD_PARTS (add: split-K partials, `_addend`), every program first sums x + add over all of K into sum
-    (the same values from each: the stores race harmlessly) and the loop reads x from there: its pipelined tiles
-    hold no partials (four fp32 tiles a stage would overflow shared memory)."""
+    second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if ADD_PARTS > 0:  # unrolled, so that the loads go out together: one round trip
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            at, mask = rm[:, None] * K + rk[None, :], m_ok[:, None] & (rk[None, :] < K)
-            xs = tl.load(x_ptr + at, mask=mask, other=0.0)
-            xs = (xs.to(tl.float32) + _addend(add_ptr, at, mask, part_stride, ADD_PARTS, xs.dtype)).to(xs.dtype)
-            tl.store(sum_ptr + at, xs, mask=mask)
-            sq += tl.sum(xs.to(tl.float32) * xs.to(tl.float32), axis=1)
-        tl.debug_barrier()  # the loop's threads read what others of the program stored
-    elif HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
+    if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
         # its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             xs = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & (rk[None, :] < K), K, HAS_ADD).to(tl.float32)
             sq += tl.sum(xs * xs, axis=1)
-    if HAS_NORM:
         rstd = 1.0 / tl.sqrt(sq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < k_hi
-        if ADD_PARTS > 0:  # .cg: past L1, which may hold an older step's sum
-            xk = tl.load(sum_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0,
-                         cache_modifier=".cg")
-        else:
-            xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], K, HAS_ADD)
-        if HAS_ADD and ADD_PARTS == 0:
+        xk = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], K, HAS_ADD)
+        if HAS_ADD:
             if writes_sum:
                 tl.store(sum_ptr + rm[:, None] * K + rk[None, :], xk, mask=m_ok[:, None] & k_ok[None, :])
         if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale

@@ -148,10 +148,6 @@ class FusedPlan:
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
     sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
     their partials are summed in place."""
-    late_sum_o: bool = False
-    """The split-K o projection (o_split) leaves its fp32 partials to the gate/up kernel at up to LATE_SUM_ROWS
-    rows, whose programs each sum them with the residual once, over all of K, into the residual stream they
-    store, and read their rows back from there (the looped kernel's tiles could not hold the partials)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -223,8 +219,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`matmul` of x + add (a residual add taken into the same kernel), and x + add itself (the residual stream
-    from here on). `add` is [M, K] in x's dtype or the fp32 partials [splits, M, K] of a `matmul(reduce=False)`,
-    summed here as that kernel would have. Keywords as `matmul`'s (an unknown one
+    from here on). `add` is [M, K] in x's dtype or, where this projection preloads, the fp32 partials [splits, M,
+    K] of a `matmul(reduce=False)`, summed here as that kernel would have. Keywords as `matmul`'s (an unknown one
     is a TypeError)."""
     return _launch(x, add, w, **kw)
 
@@ -242,6 +238,9 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     _need_weight_layout(w)
     x = x.contiguous()
     preloading = preloads(preload, w, m)
+    if add_parts and not preloading:
+        raise ValueError("only a preloading projection sums an add of partials (a looped one's tiles of them would "
+                         "not fit in shared memory)")
     tiling = preload if preloading else _for_width(tiling, w.element_size())
     k_split, splits = _split(k, split_k, tiling.block_k)
     grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)

@@ -298,7 +298,6 @@ class StaticQwen2:
         # the q/k/v kernel sums the down projection's partials where it preloads, at up to LATE_SUM_ROWS rows
         late_down = (plan.late_sum and ids.shape[0] <= dk.LATE_SUM_ROWS
                      and dk.preloads(plan.preload_tiling("qkv"), self.layers[0].qkv_t, ids.shape[0]))
-        late_o = plan.late_sum_o and ids.shape[0] <= dk.LATE_SUM_ROWS  # gate/up sums the o projection's partials
         for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
             kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"],
@@ -317,7 +316,7 @@ class StaticQwen2:
                 attention = dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim, pdl=plan.pdl,
                                       chunk=plan.attend_chunk, counts=self.counts)
             attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan,
-                                              self._prefetched(w, plan, "o"), late=late_o)
+                                              self._prefetched(w, plan, "o"))
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
                                    tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"),
                                    prefetch=self._prefetched(w, plan, "gate_up"), **launch)

@@ -515,30 +515,3 @@ def test_prefetching_changes_no_value_bf16(cuda):
         got, total = dk.add_matmul(x, add, w_qkv, prefetch=regions, **kw)
         torch.cuda.synchronize()
         assert torch.equal(got, want) and torch.equal(total, want_total)
-
-
-@pytest.mark.parametrize("rows", [1, 2, 16])
-def test_o_partials_summed_by_gate_up_change_no_value_bf16(cuda, rows):
-    """FusedPlan.late_sum_o on Spark's shapes in bf16 with PDL, as the lane launches it: the preloading o projection's
-    split-K partials summed by the looped gate/up kernel (every program sums them once into the residual stream,
-    then reads its rows back) give the same SwiGLU output and residual stream, bit for bit, as the reducing o
-    kernel's output added there; at 16 rows too, where the o projection does not preload."""
-    import torch
-
-    from engine.backends import decode_kernels as dk
-
-    g = torch.Generator(device="cuda").manual_seed(60 + rows)
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    plan, pdl = dk.PLAN, dk.pdl_supported()
-    x, att = torch.randn(rows, 896, generator=g, **bf16), torch.randn(rows, 896, generator=g, **bf16)
-    w_o, w_gate_up = (torch.randn(896, 896, generator=g, **bf16) / 30).t(), (torch.randn(9728, 896, **bf16) / 30).t()
-    norm = 1 + torch.randn(896, generator=g, **bf16) / 5
-    counts = torch.zeros(256, dtype=torch.int32, device="cuda")
-    kw = dict(tiling=dk.TILINGS["o_split"], split_k=plan.o_split, pdl=pdl, preload=plan.preload_tiling("o_split"))
-    reduced, parts = dk.matmul(att, w_o, counts=counts, **kw), dk.matmul(att, w_o, reduce=False, **kw)
-    assert parts.dim() == 3 and parts.shape[1:] == (rows, 896)
-    kw = dict(norm=norm, eps=1e-6, swiglu=True, tiling=dk.TILINGS["gate_up"], pdl=pdl)
-    want, got = dk.add_matmul(x, reduced, w_gate_up, **kw), dk.add_matmul(x, parts, w_gate_up, **kw)
-    torch.cuda.synchronize()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not counts.any()

@@ -549,9 +549,7 @@ def wider_model() -> Qwen2ForCausalLM:
                                   FusedPlan(preload=("qkv", "gate_up"), prefetch=("o", "gate_up", "down")),
                                   FusedPlan(k_major=True, o_split=2, down_split=3, rope_in_attention=True,
                                             preload=("qkv", "o"), late_sum=True, attend_chunk=32,
-                                            attend_preload=True),
-                                  FusedPlan(k_major=True, o_split=2, down_split=3, rope_in_attention=True,
-                                            preload=("qkv",), late_sum_o=True, attend_chunk=32)],
+                                            attend_preload=True)],
                          ids=repr)
 def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> None:
     """forward_fused + logits_fused == forward_rows + the head, for three rows (two where the plan sums partials
@@ -559,7 +557,7 @@ def test_fused_step_equals_the_tensor_code(plan, wide_model, wider_model) -> Non
     length; keys and values land where forward_rows puts them), whichever variant of the step runs."""
     static = StaticQwen2(wider_model if plan != FusedPlan() else wide_model, 128, "cpu", torch.float32)
     g = torch.Generator().manual_seed(0)
-    rows = min(3, decode_kernels.LATE_SUM_ROWS) if plan.late_sum or plan.late_sum_o else 3  # late sums: few rows
+    rows = min(3, decode_kernels.LATE_SUM_ROWS) if plan.late_sum else 3  # late sums run at few rows only
     ids, positions = torch.tensor([9906, 11, 1879])[:rows], torch.tensor([0, 37, 100])[:rows]
     caches = [static.new_rows_cache(4, 128) for _ in range(2)]
     for k, v in caches:  # the same earlier keys and values in both

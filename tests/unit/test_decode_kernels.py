@@ -230,9 +230,8 @@ def test_split_k_sums_its_partials_in_place():
 def test_partials_left_for_the_next_kernel_sum_to_what_the_last_program_stores():
     """matmul(reduce=False) leaves its fp32 partials [splits, M, N] and needs no counters; a preloading kernel's add
     sums them in split order and rounds them to x's dtype: bit for bit the reducing kernel's output added there,
-    through the norm and the residual stream it writes. So does a looped kernel (which sums them once over all of
-    K, then reads its rows back), with a norm and SwiGLU or without a norm, at a few rows and at more than a
-    tile's 16. Malformed partials are refused."""
+    through the norm and the residual stream it writes. A looped kernel refuses them (its tiles of them would not
+    fit in an sm90's shared memory), as it refuses malformed ones."""
     g = torch.Generator().manual_seed(10)
     x, w = torch.randn(3, 300, generator=g), torch.randn(300, 40, generator=g) / 10
     resid, norm = torch.randn(3, 40, generator=g), torch.rand(40, generator=g) + 0.5
@@ -252,16 +251,8 @@ def test_partials_left_for_the_next_kernel_sum_to_what_the_last_program_stores()
     assert one.shape == (3, 40)
     with pytest.raises(ValueError, match="bias or residual"):
         dk.matmul(x, w, split_k=4, tiling=tiling, reduce=False, residual=resid)
-    w3 = torch.randn(40, 2 * 24, generator=g)
-    for rows in (3, 17):
-        a = torch.randn(rows, 300, generator=g)
-        parts, reduced = (dk.matmul(a, w, split_k=4, tiling=tiling, counts=counts, reduce=r) for r in (False, True))
-        resid = torch.randn(rows, 40, generator=g)
-        for kw in (dict(norm=norm, eps=1e-6, swiglu=True), dict(residual=torch.randn(rows, 48, generator=g))):
-            got = dk.add_matmul(resid, parts, w3, tiling=Tiling(block_n=16, block_k=16), **kw)
-            want = dk.add_matmul(resid, reduced, w3, tiling=Tiling(block_n=16, block_k=16), **kw)
-            for a_, b_ in zip(got, want):
-                assert torch.equal(a_, b_)
+    with pytest.raises(ValueError, match="preloading"):
+        dk.add_matmul(resid, parts, w2, norm=norm, eps=1e-6)
     for bad in (parts.double(), parts[:, :2]):
         with pytest.raises(ValueError, match="partials"):
             dk.add_matmul(resid, bad, w2, preload=preload)

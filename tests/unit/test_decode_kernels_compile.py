@@ -48,7 +48,7 @@ def _cases() -> dict[str, tuple]:
             constants.update(_preload(True, _split(k, split, tiling.block_k)[0], 2))
         constants.update(flags)
         pointers = dict(matmul, out_ptr="*fp32") if name == "head" else matmul
-        if flags.get("ADD_PARTS"):  # FusedPlan.late_sum(_o): the add is the split-K kernel's fp32 partials
+        if flags.get("ADD_PARTS"):  # FusedPlan.late_sum: the add is the split-K kernel's fp32 partials
             pointers = dict(pointers, add_ptr="*fp32")
         return "matmul_kernel", pointers, constants, tiling.warps, tiling.stages
 
@@ -77,8 +77,6 @@ def _cases() -> dict[str, tuple]:
         "down_late": projection("down", INTER, PLAN.down_split, REDUCE=False),
         "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
                                 ADD_PARTS=_split(INTER, PLAN.down_split, TILINGS["down_split"].block_k)[1]),
-        "gate_up_parts": projection("gate_up", HIDDEN, HAS_ADD=True, HAS_NORM=True, SWIGLU=True,
-                                    ADD_PARTS=_split(HIDDEN, PLAN.o_split, PRELOAD_TILINGS["o_split"].block_k)[1]),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk),
                                                                 PRELOAD=False),
