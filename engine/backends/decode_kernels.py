@@ -60,7 +60,8 @@ projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBL
 norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
 norm and a SwiGLU kernel; norm + head 8.1 us against 6.6 us plus a norm. Long K runs (256) per iteration were
 the best for every projection. The o and down projections stay cuBLAS GEMMs (4.1 and 7.8 us, ours 4.6 and 8.7)
-whose residual add rides in the next kernel's prologue."""
+whose residual add rides in the next kernel's prologue. Gate/up's 64 columns make 76 programs on an H100's 132 SMs;
+grids matched to the SMs (fewer columns a program, masked in the tile) were slower (run 29)."""
 PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split": Tiling(block_n=16, block_k=128),
                    "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
@@ -147,7 +148,9 @@ class FusedPlan:
     round trips (the counter, then the partials). Not the o projection (gate/up's looped tiles with four fp32
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
     sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
-    their partials are summed in place."""
+    their partials are summed in place. (Gate/up's programs summing o's partials once into rows of their own, then
+    looping over those, was bit-exact but 1.5% faster a step at one row at best and slower at two: docs/
+    benchmarks.md, run 29.)"""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
