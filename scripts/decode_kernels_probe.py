@@ -218,7 +218,6 @@ PLANS = {
     "pre_down10": replace(dk.PLAN, preload=("qkv", "o", "down"), down_split=10),
     "late_down4": replace(dk.PLAN, down_split=4),
     "late_down16": replace(dk.PLAN, down_split=16),
-    "fold": replace(dk.PLAN, fold_norm=True),
 }
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 

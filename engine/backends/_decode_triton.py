@@ -22,7 +22,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
                   BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr = False, SPAN: tl.constexpr = 16,
                   ROWS: tl.constexpr = 1, pf_a=0, pf_a_bytes=0, pf_b=0, pf_b_bytes=0, pf_c=0, pf_c_bytes=0,
                   PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128, REDUCE: tl.constexpr = True,
-                  ADD_PARTS: tl.constexpr = 0, FOLD_NORM: tl.constexpr = False):
+                  ADD_PARTS: tl.constexpr = 0):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
@@ -70,7 +70,7 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     else:
         acc, acc_up = _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, N, K, k_lo,
                                tl.minimum(K, k_lo + K_SPLIT), stride_wk, stride_wn, eps, pid_n == 0, HAS_ADD,
-                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K, FOLD_NORM)
+                               HAS_NORM, SWIGLU, UPCAST, PDL, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = m_ok[:, None] & n_ok[None, :]
     at = rm[:, None] * N + rn[None, :]
     if SPLIT_K > 1:
@@ -121,18 +121,15 @@ def _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU:
 def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair, K: tl.constexpr, k_lo, k_hi,
              stride_wk, stride_wn, eps, writes_sum, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
              PAIRED: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD_NORM: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 rms_norm(x (+ add))[rm] @ w[k_lo:k_hi, rn] and, if PAIRED, @ w[k_lo:k_hi, rn + pair] too (else the
-    second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum.
-    FOLD_NORM: the norm's row scale applied to the products at the end (sum_k x_k g_k w_kn * rstd), its statistic
-    gathered in the loop, so that the weights' loads go out at once instead of after a round trip for the
-    statistic; x * g is rounded once, not as transformers rounds (x * rstd, then * g): not bit for bit."""
+    second result is a dummy). `writes_sum`: this program also stores x + add (the residual stream) to sum."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM and not FOLD_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from
-        # L2); unrolled, so its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200)
+    if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
+        # its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             xs = _rows(x_ptr, add_ptr, rm, rk, m_ok[:, None] & (rk[None, :] < K), K, HAS_ADD).to(tl.float32)
@@ -147,12 +144,7 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
         if HAS_ADD:
             if writes_sum:
                 tl.store(sum_ptr + rm[:, None] * K + rk[None, :], xk, mask=m_ok[:, None] & k_ok[None, :])
-        if HAS_NORM and FOLD_NORM:
-            scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0)
-            xf = xk.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
-            xk = (xf * scale.to(tl.float32)[None, :]).to(xk.dtype)
-        elif HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
+        if HAS_NORM:  # transformers' order: normalise in fp32, round to the model dtype, then scale
             scale = tl.load(norm_ptr + rk, mask=k_ok, other=0.0)
             xn = (xk.to(tl.float32) * rstd[:, None]).to(xk.dtype).to(tl.float32)
             xk = (xn * scale.to(tl.float32)[None, :]).to(xk.dtype)
@@ -162,10 +154,6 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
         if PAIRED:
             w2 = tl.load(w_ptr + rk[:, None] * stride_wk + (rn + pair)[None, :] * stride_wn, mask=w_mask, other=0.0)
             acc2 += _dot(xk, w2, UPCAST)
-    if HAS_NORM and FOLD_NORM:
-        rstd = 1.0 / tl.sqrt(sq / K + eps)
-        acc = acc * rstd[:, None]
-        acc2 = acc2 * rstd[:, None]
     return acc, acc2
 
 

@@ -152,11 +152,6 @@ class FusedPlan:
     looping over those, was bit-exact but 1.5% faster a step at one row at best and slower at two: docs/
     benchmarks.md, run 29.)"""
 
-    fold_norm: bool = False
-    """The looped gate/up and head kernels apply the norm's row scale to their products at the end, its statistic
-    gathered in the same loop, instead of a round trip for the statistic before the weights are read (not bit for
-    bit transformers' rounding order)."""
-
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
         if unknown:
@@ -208,7 +203,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
            out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
            counts: torch.Tensor | None = None, pdl: bool = False, preload: Tiling | None = None,
-           prefetch: tuple[torch.Tensor, ...] = (), reduce: bool = True, fold_norm: bool = False) -> torch.Tensor:
+           prefetch: tuple[torch.Tensor, ...] = (), reduce: bool = True) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
     weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
     [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
@@ -219,11 +214,10 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None
     view of one) whose memory the kernel asks the L2 cache for first, on sm90 (FusedPlan.prefetch; elsewhere
     ignored). `reduce=False` (split K, no bias or residual): the programs leave their fp32 partials, returned as
     [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are needed. Where K makes
-    one split only, the usual [M, N] comes back. `fold_norm` (a looped kernel with a norm): the norm's row scale
-    applied to the products (FusedPlan.fold_norm)."""
+    one split only, the usual [M, N] comes back."""
     return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
                    tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload, prefetch=prefetch,
-                   reduce=reduce, fold_norm=fold_norm)[0]
+                   reduce=reduce)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,7 +233,7 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
             swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
             split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
             preload: Tiling | None = None, prefetch: tuple[torch.Tensor, ...] = (),
-            reduce: bool = True, fold_norm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            reduce: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     add_parts = _add_parts(add, x)
     n = w.shape[1] // 2 if swiglu else w.shape[1]
@@ -270,7 +264,6 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
         residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
         HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
-        FOLD_NORM=fold_norm and norm is not None and not preloading,
         **_preload(preloading, k_split, m), **_prefetch(prefetch, tiling.warps))
     return out, total
 

@@ -319,8 +319,7 @@ class StaticQwen2:
                                               self._prefetched(w, plan, "o"))
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
                                    tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"),
-                                   prefetch=self._prefetched(w, plan, "gate_up"), fold_norm=plan.fold_norm,
-                                   **launch)
+                                   prefetch=self._prefetched(w, plan, "gate_up"), **launch)
             pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan,
                                              late=late_down and index < len(self.layers) - 1)
         return x, pending
@@ -368,7 +367,7 @@ class StaticQwen2:
         x, pending = stream
         return decode_kernels.add_matmul(x, pending, head_t, norm=self.norm, eps=self.eps, bias=bias,
                                          out_dtype=torch.float32, tiling=TILINGS["head"], pdl=plan.pdl,
-                                         preload=plan.preload_tiling("head"), fold_norm=plan.fold_norm)[0]
+                                         preload=plan.preload_tiling("head"))[0]
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Output-embedding rows [A, H] for vocabulary ids [A]: logits over those ids only."""

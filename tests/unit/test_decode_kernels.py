@@ -351,29 +351,3 @@ def test_sample_refuses_widths_it_cannot_slice():
         dk.sample(torch.zeros(1, 1000), state, 64, torch.zeros(8, dtype=torch.int32))
     with pytest.raises(ValueError, match="counts"):
         dk.sample(torch.zeros(1, 16 * 80), state, 64, torch.zeros(1, dtype=torch.int32))
-
-
-def test_a_folded_norm_gives_the_normed_products_within_a_rounding():
-    """matmul(fold_norm=True): the norm's row scale applied to the products at the end, its statistic gathered in
-    the loop; in fp32 the same products as the norm first (to float rounding), in bf16 within a rounding of x * g;
-    for a SwiGLU with a residual add (the residual stream stored unchanged) and for fp32 logits with a bias. A
-    preloading kernel ignores it (its statistic costs no round trip of its own)."""
-    g = torch.Generator().manual_seed(21)
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
-        w = (torch.randn(96, 2 * 40, generator=g) / 10).to(dtype)
-        norm = (1 + torch.randn(96, generator=g) / 5).to(dtype)
-        bias = torch.randn(80, generator=g).to(dtype)
-        tiling = Tiling(block_n=16, block_k=32)
-        for rows in (1, 3, 17):
-            x, add = torch.randn(rows, 96, generator=g).to(dtype), torch.randn(rows, 96, generator=g).to(dtype)
-            want, want_sum = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, swiglu=True, tiling=tiling)
-            got, got_sum = dk.add_matmul(x, add, w, norm=norm, eps=1e-6, swiglu=True, tiling=tiling, fold_norm=True)
-            _close(got, want, tol)
-            assert torch.equal(got_sum, want_sum)
-            kw = dict(norm=norm, eps=1e-6, bias=bias, out_dtype=torch.float32, tiling=tiling)
-            _close(dk.matmul(x, w, fold_norm=True, **kw), dk.matmul(x, w, **kw), tol)
-    preload = Tiling(block_n=16, block_k=32)
-    x = torch.randn(2, 96, generator=g)
-    w, norm = torch.randn(96, 80, generator=g) / 10, 1 + torch.randn(96, generator=g) / 5
-    assert torch.equal(dk.matmul(x, w, norm=norm, eps=1e-6, preload=preload, fold_norm=True),
-                       dk.matmul(x, w, norm=norm, eps=1e-6, preload=preload))

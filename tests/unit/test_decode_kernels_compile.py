@@ -43,7 +43,7 @@ def _cases() -> dict[str, tuple]:
         constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
                          BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128,
-                         REDUCE=True, ADD_PARTS=0, FOLD_NORM=False)
+                         REDUCE=True, ADD_PARTS=0)
         if preload:  # the tile height and rows a two-row lane launches with
             constants.update(_preload(True, _split(k, split, tiling.block_k)[0], 2))
         constants.update(flags)
@@ -77,7 +77,6 @@ def _cases() -> dict[str, tuple]:
         "down_late": projection("down", INTER, PLAN.down_split, REDUCE=False),
         "qkv_parts": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
                                 ADD_PARTS=_split(INTER, PLAN.down_split, TILINGS["down_split"].block_k)[1]),
-        "gate_up_fold": projection("gate_up", HIDDEN, HAS_ADD=True, HAS_NORM=True, SWIGLU=True, FOLD_NORM=True),
         "attend": ("attend_kernel", attention, dict(heads, BLOCK_S=256), ATTEND_WARPS, ATTEND_STAGES),
         "attend_split": ("attend_split_kernel", attention, dict(heads, CHUNK=chunk, SPLITS=-(-LENGTH // chunk),
                                                                 PRELOAD=False),
