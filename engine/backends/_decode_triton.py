@@ -128,7 +128,8 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
-        # its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200)
+        # its loads go out together (one L2 round trip, not one per BLOCK_K: -4% a step, H200). Gathered in the main
+        # loop instead, with the products scaled at the end, gate/up took twice as long (H100, docs/benchmarks.md)
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
