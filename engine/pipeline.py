@@ -26,7 +26,7 @@ from engine.prompt import Prompt, build_controllable_prompt, build_globals_promp
 from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
 from engine.types import AudioChunk
-from engine.voices import DEFAULT_VOICE, GlobalsCache, Voice, VoiceBank
+from engine.voices import GlobalsCache, Voice, VoiceBank, available_voice
 from engine.windowing import Window, WindowPlanner, WindowSchedule
 
 VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -449,9 +449,9 @@ class Synthesizer:
         the next sentence's side-by-side path runs too; the first long enough for a first window and a last one.
         Returns its seconds. Call it before any other request: events of requests meanwhile are dropped too.
         `voice` None: the default voice, or where the bank has none by that name (a benchmark's or a user's own
-        bank) the first by name; an empty bank fails with VoiceNotFound."""
+        bank) the first by name (voices.available_voice); an empty bank fails with VoiceNotFound."""
         t0 = time.perf_counter()
-        voice = self._warm_up_voice() if voice is None else voice
+        voice = available_voice("default", self.voices.all()) if voice is None else voice
         schedule = self.schedule
         tokens = schedule.first_new + schedule.right_context(0) + schedule.new
         req = SynthesisRequest(WARM_UP_TEXT, voice=voice, options=SamplingOptions(max_tokens=tokens, seed=0),
@@ -464,10 +464,6 @@ class Synthesizer:
         finally:
             self.events = events
         return time.perf_counter() - t0
-
-    def _warm_up_voice(self) -> str:
-        names = self.voices.all()
-        return "default" if DEFAULT_VOICE in names or not names else min(names)
 
     async def close(self) -> None:
         await self.generator.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,18 @@ from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
 """Presets shipped with the project."""
 DEFAULT_VOICE = "ava"
+
+
+def resolve_name(name: str) -> str:
+    """A requested voice name, with "" and "default" meaning DEFAULT_VOICE."""
+    return DEFAULT_VOICE if name in ("", "default") else name
+
+
+def available_voice(name: str, names: Iterable[str]) -> str:
+    """`name` (resolve_name) where `names` holds it, else the first of them by name; DEFAULT_VOICE where there are
+    none (so that a lookup says which voice is missing)."""
+    wanted, ordered = resolve_name(name), sorted(names)
+    return wanted if wanted in ordered else (ordered[0] if ordered else DEFAULT_VOICE)
 
 
 def user_data_dir() -> Path:
@@ -108,7 +121,7 @@ class VoiceBank:
         return known[1]
 
     def get(self, name: str) -> Voice:
-        name = DEFAULT_VOICE if name in ("", "default") else name
+        name = resolve_name(name)
         voices = self.all()
         if name not in voices:
             raise VoiceNotFound(f"unknown voice {name!r}; available: {', '.join(sorted(voices)) or 'none'}")

@@ -52,3 +52,15 @@ def test_a_broken_voice_file_is_an_input_error_every_time(tmp_path) -> None:
     for _ in range(2):
         with pytest.raises(InputError, match="bad.toml"):
             bank.get("bad")
+
+
+def test_the_available_voice_is_the_one_asked_for_else_the_first_by_name() -> None:
+    """voices.available_voice (the warm-up's and the TUI's choice): the named voice ("" and "default" mean the
+    default one) where it exists, else the first by name, and the default's name where there are none."""
+    from engine.voices import DEFAULT_VOICE, available_voice
+
+    assert available_voice("default", {"zed", DEFAULT_VOICE, "bench"}) == DEFAULT_VOICE
+    assert available_voice("", ["zed", "bench"]) == "bench"
+    assert available_voice("zed", ["zed", "bench"]) == "zed"
+    assert available_voice("nobody", ["zed", "bench"]) == "bench"
+    assert available_voice("default", []) == DEFAULT_VOICE

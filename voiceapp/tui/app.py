@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Select
 
 from engine.backends.base import AudioSink
-from engine.voices import DEFAULT_VOICE, VoiceBank
+from engine.voices import VoiceBank, available_voice
 from voiceapp.tui.bridge import Bridge, TuiOptions
 from voiceapp.tui.history import Status
 from voiceapp.tui.messages import (ModelFailed, ModelReady, PlaybackStats, PlayerState, Problem,
@@ -66,8 +66,7 @@ class VoiceApp(App[int]):
             self.notify(f"unknown voice {self.options.voice!r}; using {self._initial_voice()}", severity="warning")
 
     def _initial_voice(self) -> str:
-        wanted = DEFAULT_VOICE if self.options.voice in ("default", "") else self.options.voice
-        return wanted if wanted in self.voices else (self.voices[0] if self.voices else DEFAULT_VOICE)
+        return available_voice(self.options.voice, self.voices)
 
     # ---- actions ------------------------------------------------------------------------------------
 
