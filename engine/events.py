@@ -92,8 +92,19 @@ class Notice:
     t: float = field(default_factory=_now)
 
 
+@dataclass(frozen=True, slots=True)
+class StartupPhase:
+    """One step of building the engine finished (the start-up benchmark and `say --json` time each)."""
+
+    name: str
+    """What was done: checkpoint, tokenizer, cuda_init, decoder, decoder_graphs, lane, llm, vllm, warm_up, ..."""
+    seconds: float
+    """Wall time of the step."""
+    t: float = field(default_factory=_now)
+
+
 Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceFinished, Underrun,
-              RequestFinished, RequestFailed, Notice]
+              RequestFinished, RequestFailed, Notice, StartupPhase]
 EventSink = Callable[[Event], None]
 
 

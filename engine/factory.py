@@ -1,11 +1,14 @@
 """Provides build_synthesizer(): the ONLY place that picks concrete backends (lazy device imports)."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from engine.config import DECODER_AUTOTUNE
 from engine.errors import VoiceError, one_line
-from engine.events import EventSink, Notice, ignore_events
+from engine.events import EventSink, Notice, StartupPhase, ignore_events
 from engine.pipeline import JoinConfig, Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
 from engine.windowing import WindowSchedule
@@ -102,8 +105,11 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
         return _build_fake(config, voices, events)
     from engine.model import load_model_info, resolve_model_dir
 
-    info = load_model_info(resolve_model_dir(config.model))
-    encode = _load_encoder(info)
+    with phase("checkpoint", events):
+        info = load_model_info(resolve_model_dir(config.model))
+    with phase("tokenizer", events):
+        encode = _load_encoder(info)
+    _init_torch(events)
     decoder = _build_decoder(info, config, events)
     generator = _build_generator(info, config, events)
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
@@ -113,8 +119,29 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     synth.model_info = info  # type: ignore[attr-defined]
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
-        _freeze_heap()
+        with phase("freeze_heap", events):
+            _freeze_heap()
     return synth
+
+
+@contextmanager
+def phase(name: str, events: EventSink) -> Iterator[None]:
+    """Time one start-up step and report it as a StartupPhase (only when it finished)."""
+    t = time.perf_counter()
+    yield
+    events(StartupPhase(name, time.perf_counter() - t))
+
+
+def _init_torch(events: EventSink) -> None:
+    """Import torch and, where there is a GPU, create the CUDA context, each timed as its own phase (both are paid
+    once per process, by whichever step comes first)."""
+    with phase("torch_import", events):
+        cuda = _cuda()
+    if cuda:
+        import torch
+
+        with phase("cuda_init", events):
+            torch.zeros(1, device="cuda")
 
 
 def _warm_up_if_asked(synth: Synthesizer, config: EngineConfig, events: EventSink) -> None:
@@ -139,8 +166,9 @@ def _warm_up(synth: Synthesizer, events: EventSink) -> None:
             done["error"] = err
 
     thread = threading.Thread(target=run, name="warm-up")
-    thread.start()
-    thread.join()
+    with phase("warm_up", events):
+        thread.start()
+        thread.join()
     if "error" in done:
         events(Notice(f"warm-up request failed: {one_line(done['error'])}"))
     else:
@@ -202,7 +230,8 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     if device == "auto":
         device = "cuda" if _cuda() else "cpu"
     if device != "cuda":
-        return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
+        with phase("decoder", events):
+            return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
     import torch
 
     from engine.batching import lengths_for
@@ -211,10 +240,12 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[
         GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype]
     try:
-        gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
-                             deterministic=config.deterministic, autotune=config.decoder_autotune)
+        with phase("decoder", events):
+            gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
+                                 deterministic=config.deterministic, autotune=config.decoder_autotune)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
-        seconds = gpu.warmup(lengths_for(config.schedule), batches)
+        with phase("decoder_graphs", events):
+            seconds = gpu.warmup(lengths_for(config.schedule), batches)
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device == "cuda":
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
@@ -241,7 +272,6 @@ def config_dtype_name(dtype) -> str:
 def probe_decoder(decoder, length: int, repeats: int = 3) -> float:
     """Median seconds of one decode of a `length`-code window (after one untimed call)."""
     import statistics
-    import time
 
     from engine.backends.base import DecodeItem
 
@@ -278,7 +308,8 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             if importlib.util.find_spec("vllm") is None:
                 raise ImportError("vllm is not installed")
             lane = _build_lane(info, events, rows=config.lane_rows) if want_lane and not tried else None
-            gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
+            with phase("vllm", events):
+                gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
             if lane is None:
                 return gen
             from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
@@ -298,7 +329,8 @@ def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, b
     from engine.backends.torch_gen import TorchTokenGenerator
 
     device = None if config.device == "auto" else config.device
-    gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
+    with phase("llm", events):
+        gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
     if gen.device.type != "cuda":
         return gen
     if lane is None and build_lane:
@@ -315,8 +347,6 @@ def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, b
 def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
     """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
     which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
-    import time
-
     import torch
 
     from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
@@ -342,6 +372,7 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
             return None
     events(Notice(f"graph lane ready in {time.perf_counter() - t0:.1f} s ({lane.rows} rows, CUDA graphs "
                   f"captured in {lane.capture_s:.1f} s)"))
+    events(StartupPhase("lane", time.perf_counter() - t0))
     return lane
 
 

@@ -48,9 +48,12 @@ class SayMetrics:
     underruns: int = 0
     sentences: int = 0
     notices: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds of each step of building an in-process engine (StartupPhase events); "launch" is this process's
+    start to the engine's construction: the interpreter and the imports before it."""
 
     def on_event(self, event) -> None:
-        from engine.events import FirstAudio, Notice, RequestFinished, RequestStarted, SentenceFinished
+        from engine.events import FirstAudio, Notice, RequestFinished, RequestStarted, SentenceFinished, StartupPhase
 
         if isinstance(event, RequestStarted):
             self.t0 = event.t
@@ -65,6 +68,8 @@ class SayMetrics:
         elif isinstance(event, Notice):
             self.notices.append(event.message)
             print(f"voicectl: {event.message}", file=sys.stderr)
+        elif isinstance(event, StartupPhase):
+            self.phases[event.name] = self.phases.get(event.name, 0.0) + event.seconds
 
     def line(self) -> str:
         def ms(v):
@@ -126,6 +131,7 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
                 metrics.server_pid = None
             finally:
                 await remote.close()
+        metrics.phases["launch"] = time.perf_counter() - process_start_perf()
         synth = build_synthesizer(engine_config(args, one_listener=True), events=metrics.on_event)
         if player is None and not args.out:
             # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's

@@ -328,14 +328,21 @@ async def test_warm_up_runs_two_short_sentences_unheard_then_events_flow_again()
 
 async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_warm_up_as_a_notice(tmp_path):
     """build_synthesizer(warm_up=True) runs the warm-up on a loop of its own (`say` builds inside its loop): one
-    notice, no request events. A bank without the default voice (the bench's) warms up with its first voice by
-    name. A warm-up that fails (here no voice at all) is a notice, not an error: the engine is still handed over."""
-    from engine.events import Notice
+    notice and its timed phase, no request events. A bank without the default voice (the bench's) warms up with its
+    first voice by name. A warm-up that fails (here no voice at all) is a notice, not an error: the engine is still
+    handed over."""
+    from engine.events import Notice, StartupPhase
     from engine.factory import EngineConfig, build_synthesizer
 
     events = []
+
+    def notices():
+        assert [e.name for e in events if isinstance(e, StartupPhase)] == ["warm_up"]
+        return [e for e in events if not isinstance(e, StartupPhase)]
+
     synth = build_synthesizer(EngineConfig(backend="fake", warm_up=True), events=events.append)
-    assert [type(e) for e in events] == [Notice] and events[0].message.startswith("warmed up with one request in")
+    said = notices()
+    assert [type(e) for e in said] == [Notice] and said[0].message.startswith("warmed up with one request in")
     assert [r for r in synth.generator.started if r.startswith("warm-up")] == ["warm-up-0", "warm-up-1"]
     await synth.render(SynthesisRequest("After the warm-up.", options=SamplingOptions(seed=2, max_tokens=30)))
     events.clear()
@@ -345,11 +352,13 @@ async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_w
         write_voice(tmp_path / "own", name)
     build_synthesizer(EngineConfig(backend="fake", warm_up=True, voices=VoiceBank([tmp_path / "own"])),
                       events=events.append)
-    assert [type(e) for e in events] == [Notice] and events[0].message.startswith("warmed up"), events[0].message
+    said = notices()
+    assert [type(e) for e in said] == [Notice] and said[0].message.startswith("warmed up"), said[0].message
     events.clear()
     build_synthesizer(EngineConfig(backend="fake", warm_up=True, voices=VoiceBank([tmp_path])), events=events.append)
-    assert [type(e) for e in events] == [Notice]
-    assert events[0].message.startswith("warm-up request failed: VoiceNotFound"), events[0].message
+    said = notices()
+    assert [type(e) for e in said] == [Notice]
+    assert said[0].message.startswith("warm-up request failed: VoiceNotFound"), said[0].message
     events.clear()
     build_synthesizer(EngineConfig(backend="fake"), events=events.append)  # None: not on a CPU-only engine
     assert events == []

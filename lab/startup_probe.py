@@ -1,0 +1,60 @@
+"""Device probe: where a fresh in-process engine's start-up goes, per variant (one fresh process each).
+
+  python lab/startup_probe.py VARIANT MODEL_DIR   -> one JSON line: phases, engine build, first audio, RTF
+Variants: say (as `voicectl say`), autotune_none, eager_decoder (no decoder graphs), no_lane (torch on the GPU),
+eager_all (no lane, no decoder graphs).
+"""
+import json
+import sys
+import time
+
+T0 = time.perf_counter()
+
+
+def main(variant: str, model: str) -> None:
+    import asyncio
+    from dataclasses import replace
+
+    from engine.events import FirstAudio, Notice, RequestFinished, StartupPhase
+    from engine.factory import EngineConfig, build_synthesizer
+
+    phases, notes, out = {"launch": time.perf_counter() - T0}, [], {}
+
+    def on(event):
+        if isinstance(event, StartupPhase):
+            phases[event.name] = phases.get(event.name, 0.0) + event.seconds
+        elif isinstance(event, Notice):
+            notes.append(event.message)
+        elif isinstance(event, FirstAudio):
+            out["ttfa_ms"] = event.ttfa_s * 1e3
+            out["first_audio_from_launch_s"] = time.perf_counter() - T0
+        elif isinstance(event, RequestFinished):
+            out["rtf"] = event.rtf
+
+    config = EngineConfig(model=model, one_listener=True)
+    if variant in ("autotune_none",):
+        config = replace(config, decoder_autotune="none")
+    if variant in ("no_lane", "eager_all"):
+        config = replace(config, graph_lane=False)
+    if variant in ("eager_decoder", "eager_all"):
+        from engine.backends.bicodec import BiCodecDecoder
+
+        BiCodecDecoder.warmup = lambda self, lengths, batches=(): 0.0
+    t = time.perf_counter()
+    synth = build_synthesizer(config, events=on)
+    out["build_s"] = time.perf_counter() - t
+    from engine.config import SamplingOptions, SynthesisRequest
+
+    req = SynthesisRequest("Hello there. This is a start-up test of the engine.",
+                           options=SamplingOptions(seed=1, max_tokens=150))
+    async def run():
+        synth.events = on
+        await synth.render(req)
+        await synth.close()
+
+    asyncio.run(run())
+    print(json.dumps({"variant": variant, **out, "phases": phases, "notices": notes}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
