@@ -36,10 +36,11 @@ class EngineConfig:
     """Voice bank; None = builtin presets + the user's voices."""
     cache_dir: str | None = None
     """Root of the speaker-globals cache; None = the user cache dir."""
-    decoder_autotune: str = "batch1"
-    """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: batch1 (default: the lone
-    stream's windows, TTFA; graph capture ~10 s on an H200) | all (`voicectl serve`: ~97 s, and batched decodes
-    measured 15-20% faster at 8-32 streams) | none. See BiCodecDecoder.autotune."""
+    decoder_autotune: str = "none"
+    """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: none (default: cuDNN's fixed
+    algorithms; the timing is redone in every process and bought a lone stream nothing measurable, while it was most
+    of the in-process front ends' start-up: docs/benchmarks/startup.json) | batch1 (the lone stream's windows) | all
+    (batched decodes measured faster at 8-32 streams). See BiCodecDecoder.autotune."""
     lane_rows: int | None = 2
     """Most streams the graph lane steps at once. 2 (default) for the in-process front ends, which serve one
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
@@ -207,10 +208,18 @@ def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> S
 
 
 def _load_encoder(info):
+    """The checkpoint's tokenizer as text -> ids. tokenizer.json is read by the tokenizers library alone (the same
+    ids as transformers' fast tokenizer, without importing transformers); transformers only where it is missing."""
+    path = info.llm_dir / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+        return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(info.llm_dir))
-    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    auto = AutoTokenizer.from_pretrained(str(info.llm_dir))
+    return lambda text: auto.encode(text, add_special_tokens=False)
 
 
 def _cuda() -> bool:
@@ -325,16 +334,18 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
 
 
 def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, build_lane: bool = False):
-    """The torch generator, behind `lane` (or one built here with `build_lane`) on a GPU."""
-    from engine.backends.torch_gen import TorchTokenGenerator
+    """The torch generator, behind `lane` (or one built here with `build_lane`) on a GPU. Behind a lane it loads on
+    its first request: it only takes what the lane cannot, which most processes never meet."""
+    import torch
 
-    device = None if config.device == "auto" else config.device
+    from engine.backends.torch_gen import TorchTokenGenerator, pick_device
+
+    device = pick_device() if config.device == "auto" else torch.device(config.device)
+    if device.type == "cuda" and lane is None and build_lane:
+        lane = _build_lane(info, events, device, rows=config.lane_rows)
     with phase("llm", events):
-        gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads)
-    if gen.device.type != "cuda":
-        return gen
-    if lane is None and build_lane:
-        lane = _build_lane(info, events, gen.device, rows=config.lane_rows)
+        gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
+                                  lazy=lane is not None)
     if lane is None:
         return gen
     from engine.backends.graph_gen import LaneRouter
@@ -380,14 +391,12 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool):
     """`compiled`: Inductor-compiled layers and the fused Triton decode kernels (where Triton is there); without
     it, the plain tensor code in CUDA graphs, which needs neither compiler."""
     import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
+    from engine.backends.qwen2_checkpoint import Qwen2Weights
     from engine.prompt import semantic_allowed_ids
 
-    hf_logging.disable_progress_bar()  # the engine never prints; the notices report progress
-    model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
+    model = Qwen2Weights.from_checkpoint(info.llm_dir)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
     # compiled layers: 1.21 vs 1.39 ms per token on an H200; fused decode kernels for up to 16 rows: 0.91-0.99 ms
     # (docs/benchmarks.md, run 21)

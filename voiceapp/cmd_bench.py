@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--decoder-autotune", choices=DECODER_AUTOTUNE, default="all",
                    help="GPU decoder graphs captured with cuDNN's timed algorithms (default all, as `voicectl "
-                        "serve` does; in-process front ends use batch1)")
+                        "serve` does; in-process front ends use none)")
     p.add_argument("--first-new", type=int, help="WindowSchedule.first_new (default: the schedule's, 4)")
     p.add_argument("--first-right", type=int, help="WindowSchedule.first_right (default: right = 16)")
     p.add_argument("--threads", type=int, help="CPU threads for torch")

@@ -251,7 +251,7 @@ class BiCodecDecoder:
         the batch-1 shapes only. Autotuned graphs were 10-20% faster at batch 1 (a lone stream's windows: TTFA);
         timed alone, batches of 8-64 were within a few percent, yet in the pipeline fixed algorithms decoded the
         batched first windows ~20% slower at 8-32 streams (docs/benchmarks.md, runs 8a/8b). Hence `autotune`:
-        batch1 for in-process front ends, all for the server."""
+        none for in-process front ends (the timing is redone in every process), all for the server."""
         torch.backends.cudnn.benchmark = autotune
         torch.backends.cudnn.deterministic = not autotune
 

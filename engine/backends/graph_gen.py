@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from engine.backends import decode_kernels
+from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
 from engine.config import SamplingOptions, request_of
 from engine.errors import GenerationError
@@ -194,7 +195,7 @@ class GraphLane:
     (weights are read once per step: 1.03 ms for 1 row, 1.04 for 8 on an H200), so a request's sentences, or a
     few requests, run side by side at the lone stream's speed. Streams beyond `rows` wait for a free row."""
 
-    def __init__(self, model: torch.nn.Module, token_ids: Any, allowed: tuple[int, ...], *,
+    def __init__(self, model: torch.nn.Module | Qwen2Weights, token_ids: Any, allowed: tuple[int, ...], *,
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.backends import decode_kernels
 from engine.backends.decode_kernels import TILINGS, FusedPlan
+from engine.backends.qwen2_checkpoint import Qwen2Weights
 
 
 def supported(cfg) -> bool:
@@ -59,12 +60,14 @@ COUNTS = 4096
 class StaticQwen2:
     """Qwen2 forward over a static KV cache of `max_len` positions (batch 1)."""
 
-    def __init__(self, model: torch.nn.Module, max_len: int, device: torch.device | str, dtype: torch.dtype,
-                 compile_layers: bool = False, own_cache: bool = True, release: bool = False) -> None:
-        """`max_len`: positions covered (rotary tables, and the cache when `own_cache`; without it every forward
+    def __init__(self, model: torch.nn.Module | Qwen2Weights, max_len: int, device: torch.device | str,
+                 dtype: torch.dtype, compile_layers: bool = False, own_cache: bool = True,
+                 release: bool = False) -> None:
+        """`model`: a transformers Qwen2 model or its weights read from a checkpoint. `max_len`: positions covered (rotary tables, and the cache when `own_cache`; without it every forward
         gets a cache from `new_cache`). `release`: free each transformers layer's weights once converted, so a
         CPU holds one copy of the model, not two (the model cannot run by itself afterwards)."""
-        cfg = model.config
+        weights = model if isinstance(model, Qwen2Weights) else Qwen2Weights.from_module(model)
+        cfg = weights.config
         _check_supported(cfg)
         self.device, self.dtype, self.max_len = torch.device(device), dtype, max_len
         self.heads = cfg.num_attention_heads
@@ -77,20 +80,17 @@ class StaticQwen2:
         def put(t: torch.Tensor) -> torch.Tensor:
             return t.detach().to(device=self.device, dtype=dtype).contiguous()
 
-        body = model.model
-        self.embed = put(body.embed_tokens.weight)
-        output = model.get_output_embeddings().weight
-        self.output = self.embed if output is body.embed_tokens.weight else put(output)
+        self.embed = put(weights.tensor("model.embed_tokens.weight"))
+        self.output = self.embed if weights.tied else put(weights.tensor("lm_head.weight"))
         """Output embedding [V, H] (the same tensor as `embed` when tied, as in Spark's checkpoint: one 300 MB
         copy, not two); restricted rows are taken from it."""
         self.vocab_size = self.embed.shape[0]
-        self.norm = put(body.norm.weight)
+        self.norm = put(weights.tensor("model.norm.weight"))
         self.layers = []
-        for layer in body.layers:
-            self.layers.append(self._weights(layer, put))
+        for i in range(cfg.num_hidden_layers):
+            self.layers.append(self._weights(weights.tensor, f"model.layers.{i}.", put))
             if release:
-                for param in layer.parameters():
-                    param.data = torch.empty(0, dtype=param.dtype)
+                weights.release(i)
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
         self.counts = torch.zeros(COUNTS, device=self.device, dtype=torch.int32)
         """Counters of the fused kernels whose last program merges the others' work (split attention, reduced
@@ -115,14 +115,17 @@ class StaticQwen2:
         self._prefill_layer = self._prefill_layer_step
 
     @staticmethod
-    def _weights(layer: torch.nn.Module, put) -> LayerWeights:
-        a, m = layer.self_attn, layer.mlp
-        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-        gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-        return LayerWeights(ln1=put(layer.input_layernorm.weight), qkv_t=put(qkv.t()), qkv_bias=put(bias),
-                            o_t=put(a.o_proj.weight.t()), ln2=put(layer.post_attention_layernorm.weight),
-                            gate_up_t=put(gate_up.t()), down_t=put(m.down_proj.weight.t()))
+    def _weights(tensor, prefix: str, put) -> LayerWeights:
+        """One layer's tensors (`tensor`: name -> tensor; names under `prefix`), concatenated and transposed."""
+        def get(name: str) -> torch.Tensor:
+            return tensor(prefix + name)
+
+        qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in "qkv"])
+        bias = torch.cat([get(f"self_attn.{p}_proj.bias") for p in "qkv"])
+        gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+        return LayerWeights(ln1=put(get("input_layernorm.weight")), qkv_t=put(qkv.t()), qkv_bias=put(bias),
+                            o_t=put(get("self_attn.o_proj.weight").t()), ln2=put(get("post_attention_layernorm.weight")),
+                            gate_up_t=put(gate_up.t()), down_t=put(get("mlp.down_proj.weight").t()))
 
     def new_cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed keys and values for `length` positions: [layers, kv_heads, length, head_dim] each."""

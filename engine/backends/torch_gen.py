@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
-from transformers.utils import logging as hf_logging
-
+from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.qwen2_static import supported as static_supported
 from engine.config import SamplingOptions
@@ -86,6 +84,15 @@ def allowed_mask(allowed_ids: tuple[int, ...], vocab_size: int, device: torch.de
     return mask
 
 
+def _static_from_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> StaticQwen2:
+    """StaticQwen2 over a checkpoint's LLM weights, read without transformers."""
+    weights = Qwen2Weights.from_checkpoint(path)
+    try:
+        return StaticQwen2(weights, weights.config.max_position_embeddings, device, dtype, own_cache=False)
+    except (RuntimeError, ValueError) as err:  # tensors of the wrong shape or count: one user-facing line
+        raise ModelFormatError(f"cannot load the LLM from {path}: {err}") from err
+
+
 # ---- the generator -------------------------------------------------------------------------------------------
 
 @dataclass(slots=True, eq=False)
@@ -100,7 +107,8 @@ class _Request:
     head: torch.Tensor | None
     """Output-embedding rows of the allowed ids [A, H]: 8195 of 166000 rows for globals-prefixed prompts,
     which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs)."""
-    cache: DynamicCache | None = None
+    cache: Any = None
+    """A transformers DynamicCache, or a _StaticCache."""
     pos: int = 0
     """Position of the next token to feed (= tokens in the cache)."""
     aborted: bool = False
@@ -127,35 +135,58 @@ class TorchTokenGenerator:
     """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
 
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None) -> None:
+                 dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
+                 lazy: bool = False) -> None:
+        """`lazy`: load the model on the first request, not now (a fallback most processes never use)."""
         if threads is not None:
             torch.set_num_threads(threads)
         if dtype == torch.float16:
             raise ValueError("float16 is not supported (Spark's LLM needs bf16 or fp32)")
         self.device = torch.device(device) if device is not None else pick_device()
-        self.model = self._load(model_or_dir, dtype)
-        owned = isinstance(model_or_dir, (str, Path))
-        if static is None:  # a checkpoint we loaded ourselves, on the CPU, in Spark's architecture
-            static = owned and self.device.type == "cpu" and static_supported(self.model.config)
+        self.token_ids = token_ids
+        self._stop_ids = token_ids.stop_ids
+        self.model: Any = None
+        """The transformers model, where steps run through its forward (None when `static` took the weights)."""
         self.static: StaticQwen2 | None = None
         """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches. On 2 CPU
         threads (full-size model, fp32) it decoded 19.6 tokens/s against 15.7 through transformers' forward
-        (docs/cpu.md). Converting releases the transformers layers' weights (one copy of the model in memory),
-        so `self.model` keeps only its embeddings and config."""
-        if static:
-            max_len = getattr(self.model.config, "max_position_embeddings", 32768)
-            self.static = StaticQwen2(self.model, max_len, self.device, self.model.dtype, own_cache=False,
-                                      release=owned)
-        self.token_ids = token_ids
-        self._stop_ids = token_ids.stop_ids
-        self._vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        (docs/cpu.md). A checkpoint is read straight into it (transformers is never imported); a given model's
+        layers are released as they are converted (one copy of the model in memory)."""
+        self._source = (model_or_dir, dtype, static)
+        self._loaded = False
+        if not lazy:
+            self._load_once()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
         self._heads: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
 
+    def _load_once(self) -> None:
+        """Load the model (once) as the constructor's arguments asked."""
+        if self._loaded:
+            return
+        model_or_dir, dtype, static = self._source
+        owned = isinstance(model_or_dir, (str, Path))
+        if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
+            static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
+        if static and owned:
+            self.dtype = dtype or pick_dtype(self.device)
+            self.static = _static_from_checkpoint(Path(model_or_dir), self.device, self.dtype)
+        else:
+            self.model = self._load(model_or_dir, dtype)
+            self.dtype = self.model.dtype
+        if static and not owned:
+            max_len = getattr(self.model.config, "max_position_embeddings", 32768)
+            self.static = StaticQwen2(self.model, max_len, self.device, self.dtype, own_cache=False)
+        self._vocab_size = (self.static.vocab_size if self.static is not None
+                            else self.model.get_output_embeddings().weight.shape[0])
+        self._source, self._loaded = None, True
+
     def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
         if isinstance(model_or_dir, (str, Path)):
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging as hf_logging
+
             path = Path(model_or_dir)
             if not (path / "config.json").is_file():
                 raise ModelNotFound(f"no LLM checkpoint (config.json) in {path}; download the model first")
@@ -185,6 +216,8 @@ class TorchTokenGenerator:
             positions = torch.arange(n, device=self.device)
             hidden = self.static.forward(ids, positions, n, cache.fit(n, self.static))[-1]
             return self._logits(hidden, head), cache
+        from transformers import DynamicCache
+
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # [1, S]
         cache = DynamicCache(config=self.model.config)
         return self._forward(input_ids, None, cache, head), cache
@@ -206,7 +239,7 @@ class TorchTokenGenerator:
         weight = self.static.output if head is None else head  # type: ignore[union-attr]
         return (weight @ hidden).float()
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache: DynamicCache,
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache: Any,
                  head: torch.Tensor | None) -> torch.Tensor:
         if head is None:
             out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
@@ -269,9 +302,11 @@ class TorchTokenGenerator:
         """
         if not prompt.ids:
             raise ValueError("empty prompt")
+        loop = asyncio.get_running_loop()
+        if not self._loaded:
+            await loop.run_in_executor(self._executor, self._load_once)
         req = self._new_request(prompt, opts)
         self._requests.setdefault(request_id, []).append(req)
-        loop = asyncio.get_running_loop()
         try:
             token = await self._run(loop, self._first_step, req, prompt.ids)
             for generated in range(1, opts.max_tokens + 1):

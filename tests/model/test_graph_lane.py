@@ -661,7 +661,8 @@ def test_a_lane_that_fails_to_build_compiled_is_rebuilt_plain(monkeypatch) -> No
     notices = []
     lane = factory._build_lane(None, notices.append, device="cpu", rows=2)
     assert builds == [True, False] and lane.rows == 2
-    said = [n.message for n in notices]
+    said = [n.message for n in notices if not isinstance(n, factory.StartupPhase)]
+    assert [n.name for n in notices if isinstance(n, factory.StartupPhase)] == ["lane"]
     assert said[0] == "graph lane without torch.compile or fused kernels (RuntimeError: out of resource: shared memory)"
     assert said[1].startswith("graph lane ready in")
 

@@ -1,0 +1,35 @@
+"""Start-up is part of the product: a fresh engine pays only for what it needs before its first audio. Importing
+transformers alone was the largest single cost of a fresh `say`; the engine reads the tokenizer and the LLM's
+weights without it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+PROBE = """
+import json, sys
+from engine.factory import EngineConfig, build_synthesizer
+build_synthesizer(EngineConfig(model=sys.argv[1], backend="torch", threads=2, cache_dir=sys.argv[2]))
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "vllm"))))
+"""
+
+
+def test_building_an_engine_imports_neither_transformers_nor_vllm(tiny_model, tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(tiny_model), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_tokenizer_read_without_transformers_gives_transformers_ids(tiny_model) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.factory import _load_encoder
+    from engine.model import load_model_info
+
+    info = load_model_info(tiny_model)
+    ours, theirs = _load_encoder(info), AutoTokenizer.from_pretrained(str(info.llm_dir))
+    texts = ["Hello there.", "  two  spaces", "Ünïcödé — “quotes” 你好 🙂", "<|endoftext|> in the text", "3/4/2025",
+             "a\nb\tc", ""]
+    assert [ours(t) for t in texts] == [theirs.encode(t, add_special_tokens=False) for t in texts]
