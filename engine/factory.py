@@ -308,24 +308,15 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             return _torch_generator(info, config, events, lane)
     if backend in ("auto", "vllm") and gpu:
         try:
-            import importlib.util
-
             from engine.backends.vllm_gen import VllmTokenGenerator
 
-            # no lane without vLLM (the torch generator below is the fallback); find_spec, not import: importing
-            # vllm configures its logging, to stdout, before VllmTokenGenerator has pointed it at stderr
-            if importlib.util.find_spec("vllm") is None:
+            # no lane without vLLM (the torch generator below is the fallback)
+            if not _vllm_installed():
                 raise ImportError("vllm is not installed")
             lane = _build_lane(info, events, rows=config.lane_rows) if want_lane and not tried else None
             with phase("vllm", events):
                 gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
-            if lane is None:
-                return gen
-            from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
-
-            if lane.rows >= CROWD_ROWS:  # the lane serves a crowd itself; vLLM takes what does not fit
-                return LaneRouter(gen, lane, others_limit=None, handoff_at=None, events=events)
-            return LaneRouter(gen, lane, events=events)
+            return gen if lane is None else lane_router(gen, lane, events)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":
                 raise
@@ -346,16 +337,10 @@ def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, b
     with phase("llm", events):
         gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
                                   lazy=lane is not None)
-    if lane is None:
-        return gen
-    from engine.backends.graph_gen import LaneRouter
-
-    # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.1): the lane takes every
-    # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
-    return LaneRouter(gen, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
+    return gen if lane is None else lane_router(gen, lane, events)
 
 
-def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
+def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False):
     """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
     which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
     import torch
@@ -368,14 +353,14 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
         return None
     t0 = time.perf_counter()
     try:
-        lane = _new_lane(info, device, rows, compiled=True)
+        lane = _new_lane(info, device, rows, compiled=True, background=background)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
         failure = one_line(err)
         lane = None
     if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
         _free_gpu_memory()
         try:
-            lane = _new_lane(info, device, rows, compiled=False)
+            lane = _new_lane(info, device, rows, compiled=False, background=background)
             events(Notice(f"graph lane without torch.compile or fused kernels ({failure})"))
         except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
             _free_gpu_memory()
@@ -387,9 +372,10 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None):
     return lane
 
 
-def _new_lane(info, device, most_rows: int | None, compiled: bool):
+def _new_lane(info, device, most_rows: int | None, compiled: bool, background: bool = False):
     """`compiled`: Inductor-compiled layers and the fused Triton decode kernels (where Triton is there); without
-    it, the plain tensor code in CUDA graphs, which needs neither compiler."""
+    it, the plain tensor code in CUDA graphs, which needs neither compiler. `background`: built while the engine
+    serves (its graph captures must not forbid other threads' CUDA calls)."""
     import torch
 
     from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
@@ -401,7 +387,8 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool):
     # compiled layers: 1.21 vs 1.39 ms per token on an H200; fused decode kernels for up to 16 rows: 0.91-0.99 ms
     # (docs/benchmarks.md, run 21)
     return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
-                     compile_layers=compiled, fused=None if compiled else False)
+                     compile_layers=compiled, fused=None if compiled else False,
+                     capture_mode="thread_local" if background else "global")
 
 
 def _free_gpu_memory() -> None:
@@ -411,3 +398,88 @@ def _free_gpu_memory() -> None:
 
     gc.collect()
     torch.cuda.empty_cache()
+
+
+# ---- tuning in the background --------------------------------------------------------------------------------
+
+def crowd_tuning(synth: Synthesizer, config: EngineConfig, events: EventSink = ignore_events):
+    """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
+    decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it, each swapped
+    in when ready (engine.tuning). Nothing on an engine without a GPU lane."""
+    from engine.tuning import Tuning, TuningStep
+
+    info = getattr(synth, "model_info", None)
+    if info is None or not _lane_in_front(synth.generator):
+        return Tuning([], events)
+    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, config)),
+             TuningStep("lane", lambda: _build_lane(info, events, rows=None, background=True),
+                        lambda lane: _swap(synth, events, lane=lane))]
+    if config.backend == "auto" and _vllm_installed():
+        from engine.backends.vllm_gen import VllmTokenGenerator
+
+        steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),
+                                lambda gen: _swap(synth, events, primary=gen)))
+    return Tuning(steps, events)
+
+
+def _lane_in_front(generator) -> bool:
+    """A graph lane (so a GPU) carries this generator's streams."""
+    import sys
+
+    graph_gen = sys.modules.get("engine.backends.graph_gen")  # never imported: no lane was built
+    return graph_gen is not None and isinstance(generator, graph_gen.LaneRouter)
+
+
+def _capture_decoder_batches(synth: Synthesizer, config: EngineConfig) -> bool:
+    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes."""
+    from engine.backends.bicodec import DECODE_BATCHES
+    from engine.batching import lengths_for
+
+    for batch in DECODE_BATCHES:
+        for length in lengths_for(config.schedule):
+            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch])).result()
+    return True
+
+
+def _vllm_installed() -> bool:
+    """find_spec, not import: importing vllm configures its logging, to stdout, before VllmTokenGenerator has
+    pointed it at stderr."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+async def _swap(synth: Synthesizer, events: EventSink, lane=None, primary=None) -> None:
+    """A router over the new lane or primary (and the other part kept) takes the next sentences; the parts it
+    replaced finish what they run, then close."""
+    old = synth.generator
+    new = lane_router(primary or old.primary, lane or old.lane, events)
+    synth.generator = new
+    await _retire(old, keep=(new.lane, new.primary))
+
+
+def lane_router(primary, lane, events: EventSink = ignore_events):
+    """The lane in front of `primary`: a crowd's lane takes what it can and `primary` the overflow; a small lane
+    hands its streams to vLLM once vLLM is busy; a torch primary (slower than the lane) never takes a stream."""
+    from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
+    from engine.backends.torch_gen import TorchTokenGenerator
+
+    if isinstance(primary, TorchTokenGenerator):
+        # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.1): the lane takes every
+        # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
+        return LaneRouter(primary, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
+    if lane.rows >= CROWD_ROWS:  # the lane serves a crowd itself; vLLM takes what does not fit
+        return LaneRouter(primary, lane, others_limit=None, handoff_at=None, events=events)
+    return LaneRouter(primary, lane, events=events)
+
+
+async def _retire(old, keep: tuple, poll_s: float = 0.5) -> None:
+    """Close `old`'s lane and primary (those not in `keep`) once no stream runs on them."""
+    import asyncio
+
+    while old.lane.groups() or old.primary_live:
+        await asyncio.sleep(poll_s)
+    if old.lane not in keep:
+        await old.lane.close()
+    if old.primary not in keep:
+        await old.primary.close()

@@ -9,7 +9,7 @@ import hashlib
 import time
 from collections import deque
 from contextlib import aclosing
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import AsyncIterable, AsyncIterator, Callable
 
@@ -464,6 +464,10 @@ class Synthesizer:
         finally:
             self.events = events
         return time.perf_counter() - t0
+
+    def on_decode_thread(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the decoder's thread, between two decodes (work that must not overlap one: graph capture)."""
+        return self._decode_pool.submit(fn)
 
     async def close(self) -> None:
         await self.generator.close()

@@ -199,7 +199,8 @@ class GraphLane:
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
-                 plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None) -> None:
+                 plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
+                 capture_mode: str = "global") -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
@@ -214,6 +215,8 @@ class GraphLane:
         self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
         self.capture = self.device.type == "cuda" if capture is None else capture
+        self.capture_mode = capture_mode
+        """torch.cuda.graph's capture_error_mode: thread_local for a lane built while other threads use the GPU."""
         if fused and not decode_kernels.available():
             raise ValueError("fused decode kernels need Triton and a CUDA GPU (or Triton's CPU interpreter)")
         self.fuse_rows = fuse_rows
@@ -408,7 +411,7 @@ class GraphLane:
                 for _ in range(2):  # first calls: cuBLAS handles, compiles, allocator warm-up
                     fn()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=self.cuda_stream):
+                with torch.cuda.graph(graph, pool=pool, stream=self.cuda_stream, capture_error_mode=self.capture_mode):
                     fn()
                 graph.replay()  # a graph's first launch uploads it to the GPU: here, not in a request
                 self._graphs[(kind, a, b)] = graph

@@ -1,0 +1,85 @@
+"""Provides Tuning: the work a server does after it has started answering (a larger graph lane, vLLM, more decoder
+graphs), run step by step in the background and swapped in between sentences, never in the middle of one. Pure:
+the steps are callables the composition root (engine.factory) builds.
+
+Each step runs on a worker thread; what it returns is handed to `apply` on the event loop, which swaps it into the
+engine. Its progress is what `voicectl status` and the TUI show.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from engine.errors import one_line
+from engine.events import EventSink, Notice, StartupPhase, ignore_events
+
+
+@dataclass
+class TuningStep:
+    """One piece of background work and where it stands."""
+
+    name: str
+    """What it builds: lane, vllm, decoder, ..."""
+    build: Callable[[], Any]
+    """Runs on a worker thread; returns what `apply` swaps in (None: nothing to swap)."""
+    apply: Callable[[Any], Awaitable[None]] | None = None
+    """Runs on the event loop with `build`'s result."""
+    state: str = "pending"
+    """pending | running | done | failed | skipped"""
+    seconds: float | None = None
+    detail: str = ""
+    """Why it failed or was skipped, or what it built."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state, "seconds": self.seconds, "detail": self.detail}
+
+
+@dataclass
+class Tuning:
+    """Background steps run one after another; the engine answers requests meanwhile with what is ready."""
+
+    steps: list[TuningStep] = field(default_factory=list)
+    events: EventSink = ignore_events
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return all(step.state in ("done", "failed", "skipped") for step in self.steps)
+
+    def status(self) -> dict[str, Any]:
+        """What `voicectl status` shows: done, seconds since the start, each step."""
+        end = self.finished if self.finished is not None else time.monotonic()
+        return {"done": self.done, "seconds": None if self.started is None else end - self.started,
+                "steps": [step.as_dict() for step in self.steps]}
+
+    async def run(self) -> None:
+        """Run every step. A failing step is a notice and the engine keeps what it had; the others go on."""
+        loop = asyncio.get_running_loop()
+        self.started = time.monotonic()
+        for step in self.steps:
+            await self._run_step(loop, step)
+        self.finished = time.monotonic()
+        if self.steps:
+            self.events(Notice(f"tuned in {self.finished - self.started:.1f} s: "
+                               + ", ".join(f"{s.name} {s.state}" for s in self.steps)))
+
+    async def _run_step(self, loop: asyncio.AbstractEventLoop, step: TuningStep) -> None:
+        step.state, t = "running", time.monotonic()
+        try:
+            built = await loop.run_in_executor(None, step.build)
+            if step.apply is not None and built is not None:
+                await step.apply(built)
+            step.state = "done" if built is not None or step.apply is None else "skipped"
+        except asyncio.CancelledError:
+            step.state, step.detail = "failed", "cancelled"
+            raise
+        except Exception as err:  # noqa: BLE001 - the engine keeps serving with what it had
+            step.state, step.detail = "failed", one_line(err)
+            self.events(Notice(f"background {step.name} failed ({step.detail}); serving without it"))
+        finally:
+            step.seconds = time.monotonic() - t
+            if step.state == "done":
+                self.events(StartupPhase(f"tuning_{step.name}", step.seconds))

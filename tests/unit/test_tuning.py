@@ -1,0 +1,76 @@
+"""engine.tuning: background steps run one after another, report their progress, and a failing step costs only
+itself."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from engine.events import Notice, StartupPhase
+from engine.tuning import Tuning, TuningStep
+
+
+async def test_steps_run_in_order_off_the_loop_and_apply_on_it() -> None:
+    loop_thread, seen, applied = threading.get_ident(), [], []
+
+    def build(name):
+        def run():
+            seen.append((name, threading.get_ident() != loop_thread))
+            return name.upper()
+        return run
+
+    async def apply(value):
+        applied.append((value, threading.get_ident() == loop_thread))
+
+    events = []
+    tuning = Tuning([TuningStep("lane", build("lane"), apply), TuningStep("vllm", build("vllm"), apply)],
+                    events.append)
+    assert not tuning.done and tuning.status()["steps"][0]["state"] == "pending"
+    await tuning.run()
+    assert seen == [("lane", True), ("vllm", True)] and applied == [("LANE", True), ("VLLM", True)]
+    status = tuning.status()
+    assert tuning.done and status["done"] and [s["state"] for s in status["steps"]] == ["done", "done"]
+    assert all(s["seconds"] >= 0 for s in status["steps"]) and status["seconds"] >= 0
+    assert [e.name for e in events if isinstance(e, StartupPhase)] == ["tuning_lane", "tuning_vllm"]
+    assert [e.message for e in events if isinstance(e, Notice)][-1].startswith("tuned in")
+
+
+async def test_a_failing_step_is_a_notice_and_the_rest_still_run() -> None:
+    def fail():
+        raise RuntimeError("CUDA out of memory\nmore")
+
+    applied, events = [], []
+
+    async def apply(value):
+        applied.append(value)
+
+    tuning = Tuning([TuningStep("lane", fail, apply), TuningStep("nothing", lambda: None, apply),
+                     TuningStep("vllm", lambda: "v", apply)], events.append)
+    await tuning.run()
+    states = {s["name"]: (s["state"], s["detail"]) for s in tuning.status()["steps"]}
+    assert states == {"lane": ("failed", "RuntimeError: CUDA out of memory"), "nothing": ("skipped", ""),
+                      "vllm": ("done", "")}
+    assert applied == ["v"] and tuning.done
+    assert any(isinstance(e, Notice) and e.message.startswith("background lane failed (RuntimeError") for e in events)
+
+
+async def test_progress_is_visible_while_a_step_runs() -> None:
+    release = threading.Event()
+    tuning = Tuning([TuningStep("lane", lambda: release.wait(5) and "lane")])
+    task = asyncio.create_task(tuning.run())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if tuning.steps[0].state == "running":
+            break
+    assert tuning.status()["steps"][0]["state"] == "running" and not tuning.status()["done"]
+    release.set()
+    await task
+    assert tuning.status()["done"]
+
+
+def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) -> None:
+    from engine.factory import EngineConfig, build_synthesizer, crowd_tuning
+
+    config = EngineConfig(model=str(tiny_model), backend="auto", threads=2, cache_dir=str(tmp_path),
+                          one_listener=True)
+    tuning = crowd_tuning(build_synthesizer(config), config)
+    assert tuning.steps == [] and tuning.done and tuning.status()["done"]
