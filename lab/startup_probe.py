@@ -56,5 +56,31 @@ def main(variant: str, model: str) -> None:
     print(json.dumps({"variant": variant, **out, "phases": phases, "notices": notes}), flush=True)
 
 
+
+
+def decoder_captures(model: str) -> None:
+    """Seconds of each decoder graph capture, in the order the one-listener start-up takes them."""
+    from engine.backends.bicodec import BiCodecDecoder
+    from engine.batching import lengths_for
+    from engine.model import load_model_info
+    from engine.windowing import WindowSchedule
+
+    import torch
+
+    t = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    cuda_s = time.perf_counter() - t
+    info = load_model_info(model)
+    t = time.perf_counter()
+    decoder = BiCodecDecoder(info.bicodec_dir, device="cuda", autotune="none")
+    load_s = time.perf_counter() - t
+    times = []
+    for n in lengths_for(WindowSchedule()):
+        for b in (1, 4):
+            times.append((b, n, decoder.warmup([n], [b])))
+    print(json.dumps({"variant": "decoder_captures", "cuda_s": cuda_s, "load_s": load_s, "captures": times}),
+          flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    decoder_captures(sys.argv[2]) if sys.argv[1] == "decoder_captures" else main(sys.argv[1], sys.argv[2])

@@ -225,12 +225,15 @@ class GraphLane:
         self.cuda_stream = (torch.cuda.Stream(self.device, priority=LANE_STREAM_PRIORITY)
                             if self.device.type == "cuda" else None)
         with self._on_stream():
-            self.model = StaticQwen2(model, max_len, self.device, dtype, compile_layers=compile_layers,
-                                     own_cache=False)
+            self.model = StaticQwen2(model, max_len, self.device, dtype, own_cache=False)
             wanted = self.device.type == "cuda" and decode_kernels.available() if fused is None else fused
             self.fused = wanted and decode_kernels.supports(self.model.head_dim)
-            if compile_prefill is False or (compile_prefill is None and self.fused and rows <= fuse_rows):
-                self.model.eager_prefill()
+            tensor_steps = not self.fused or rows > fuse_rows
+            compiled_prefill = compile_prefill is True or (compile_prefill is None and tensor_steps)
+            if compile_layers and (tensor_steps or compiled_prefill):
+                # a lane whose every step is fused and whose prefills are plain compiles nothing: not even
+                # importing the compiler, which a fresh process would pay for before its first word
+                self.model.compile_layers(prefill=compiled_prefill)
             self.plan = plan if plan is not None else decode_kernels.plan_for()
             self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()

@@ -100,19 +100,19 @@ class StaticQwen2:
         self.cos, self.sin = self._rope_tables(cfg, max_len)
         self._layer, self._row_layer = self._layer_step, self._row_layer_step
         self._prefill_layer = self._prefill_layer_step
-        if compile_layers:
-            # one compile per shape: (rows, span) ~42, (prompts, bucket) ~20, above dynamo's default limit of 8
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False)
-            self._row_layer = torch.compile(self._row_layer_step, fullgraph=True, dynamic=False)
-            self._prefill_layer = torch.compile(self._prefill_layer_step, fullgraph=True, dynamic=False)
         """One decoder layer; with `compile_layers`, Inductor fuses its elementwise work (norms, rotary, SwiGLU)
         into a few kernels. Every layer has the same shapes, so one compile per span serves all of them."""
+        if compile_layers:
+            self.compile_layers()
 
-    def eager_prefill(self) -> None:
-        """Prefills run the plain tensor code, never compiled: inside a CUDA graph they replay without Python,
-        and Inductor would compile once per (prompts, bucket) shape for little more than fused elementwise work."""
-        self._prefill_layer = self._prefill_layer_step
+    def compile_layers(self, prefill: bool = True) -> None:
+        """Inductor compiles the layer steps (and the prefill's, with `prefill`) on their first call."""
+        # one compile per shape: (rows, span) ~42, (prompts, bucket) ~20, above dynamo's default limit of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self._layer = torch.compile(self._layer_step, fullgraph=True, dynamic=False)
+        self._row_layer = torch.compile(self._row_layer_step, fullgraph=True, dynamic=False)
+        if prefill:
+            self._prefill_layer = torch.compile(self._prefill_layer_step, fullgraph=True, dynamic=False)
 
     @staticmethod
     def _weights(tensor, prefix: str, put) -> LayerWeights:

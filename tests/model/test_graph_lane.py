@@ -649,7 +649,7 @@ def test_a_lane_that_fails_to_build_compiled_is_rebuilt_plain(monkeypatch) -> No
 
     builds = []
 
-    def new_lane(info, device, rows, compiled):
+    def new_lane(info, device, rows, compiled, background=False):
         builds.append(compiled)
         if compiled:
             raise RuntimeError("out of resource: shared memory\nmore detail")
