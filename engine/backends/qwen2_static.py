@@ -88,7 +88,7 @@ class StaticQwen2:
         self.norm = put(weights.tensor("model.norm.weight"))
         self.layers = []
         for i in range(cfg.num_hidden_layers):
-            self.layers.append(self._weights(weights.tensor, f"model.layers.{i}.", put))
+            self.layers.append(self._weights(weights.tensor, f"model.layers.{i}.", self.device, dtype))
             if release:
                 weights.release(i)
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
@@ -115,10 +115,14 @@ class StaticQwen2:
             self._prefill_layer = torch.compile(self._prefill_layer_step, fullgraph=True, dynamic=False)
 
     @staticmethod
-    def _weights(tensor, prefix: str, put) -> LayerWeights:
-        """One layer's tensors (`tensor`: name -> tensor; names under `prefix`), concatenated and transposed."""
+    def _weights(tensor, prefix: str, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+        """One layer's tensors (`tensor`: name -> tensor; names under `prefix`), concatenated and transposed where
+        they will live (on a GPU that is faster than on the host)."""
         def get(name: str) -> torch.Tensor:
-            return tensor(prefix + name)
+            return tensor(prefix + name).detach().to(device=device, dtype=dtype)
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.contiguous()
 
         qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in "qkv"])
         bias = torch.cat([get(f"self_attn.{p}_proj.bias") for p in "qkv"])
