@@ -278,7 +278,8 @@ class FactorizedVQ(nn.Module):
         if encode:
             self.in_project = WNConv1d(input_dim, codebook_dim, kernel_size=1)
         self.out_project = WNConv1d(codebook_dim, input_dim, kernel_size=1)
-        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+        # given weights: no random init, whose ref on the meta device imports torch._dynamo (seconds at start-up)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim, _weight=torch.empty(codebook_size, codebook_dim))
         if training_state:  # persistent in the checkpoint, unused by inference
             self.register_buffer("cluster_size", torch.zeros(codebook_size))
 
