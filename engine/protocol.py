@@ -5,8 +5,8 @@ A frame is a 5-byte header (kind: 1 byte, payload length: uint32 big-endian) and
 - kind `A`: audio, a 5-byte little-endian prefix (sentence index: uint32, flags: uint8) and float32 LE samples.
 No payload may exceed MAX_FRAME_BYTES; a bigger length is refused before anything is read or allocated.
 
-A connection starts with `hello` both ways (the client's carries "v"; a different version is refused), then carries
-requests one at a time:
+A connection starts with `hello` both ways (the client's carries "v"; a different version is refused; the server's
+also names its project "version", which a client compares with its own), then carries requests one at a time:
   client: {"type": "say", "text", "voice", "seed", "options", "stream"}  [text pieces: {"type": "text", "text"},
           then {"type": "end"} when "stream" is true]  {"type": "cancel"} at any time;  or {"type": "status"}
   server: {"type": "started", "request_id"}, event and audio frames in order, then {"type": "done", "cancelled"}
@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import importlib.metadata
 import json
 import struct
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,6 +134,23 @@ def describe_engine(synth: Any) -> dict[str, Any]:
     info = getattr(synth, "model_info", None)
     return {"backend": BACKEND_NAMES.get(name, name),
             "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None}
+
+
+@functools.lru_cache(maxsize=1)
+def project_version() -> str:
+    """The version of the code that runs: the pyproject.toml beside it in a source tree (a checkout on PYTHONPATH
+    or an editable install), else the installed package's metadata, else "unknown"."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+        if project.get("name") == "voiceapp" and isinstance(project.get("version"), str):
+            return project["version"]
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        pass
+    try:
+        return importlib.metadata.version("voiceapp")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def lane_status(generator: Any) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """Helpers for tests that run `voicectl` as a real process: the run itself, the one-line-error check every bad
-input gets, and a small real tmpfs for disk-full cases."""
+input gets, a small real tmpfs for disk-full cases, and finding (and killing) servers `say` started."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -38,3 +40,30 @@ def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def serve_pids(socket: str | Path) -> list[int]:
+    """Live `voiceapp.cli serve` processes whose command line names `socket` (as auto-started ones do)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if "voiceapp.cli" in argv and "serve" in argv and str(socket) in argv and entry.name.isdigit():
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_servers(socket: str | Path, timeout: float = 10.0) -> list[int]:
+    """SIGKILL every server `serve_pids` finds for `socket` and wait until they are gone; returns their pids."""
+    pids = serve_pids(socket)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + timeout
+    while serve_pids(socket) and time.monotonic() < end:
+        time.sleep(0.02)
+    return pids

@@ -1,9 +1,14 @@
-"""Shared fixtures: one tiny synthetic checkpoint per test session, isolated user dirs."""
+"""Shared fixtures: one tiny synthetic checkpoint per test session, isolated user dirs, no background servers."""
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+
+from tests.cli_helpers import kill_servers
 
 if not torch.cuda.is_available():
     # Triton reads this when it is first imported: without a GPU its kernels (engine.backends.decode_kernels)
@@ -18,6 +23,22 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(root / "data"))
     monkeypatch.delenv("VOICEAPP_MODEL", raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_background_servers():
+    """`say` and the TUI start a background engine server when none runs, and it outlives them: in tests they run
+    in-process (VOICEAPP_NO_SERVER=1) unless a test opts back in (tests/server), on a socket of this session's own,
+    and any server left there is killed at the end (auto-started ones also stop after a minute idle)."""
+    d = Path(tempfile.mkdtemp(prefix="vt-"))
+    sock = d / "engine.sock"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VOICEAPP_NO_SERVER", "1")
+        mp.setenv("VOICEAPP_SOCKET", str(sock))
+        mp.setenv("VOICEAPP_IDLE_TIMEOUT", "60")
+        yield sock
+    kill_servers(sock)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

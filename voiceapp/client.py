@@ -20,7 +20,7 @@ from engine.errors import VoiceError
 from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
 from engine.pipeline import Synthesizer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
-                             parse_event, read_frame)
+                             parse_event, project_version, read_frame)
 from engine.types import AudioChunk
 
 SOCKET_ENV = "VOICEAPP_SOCKET"
@@ -38,6 +38,11 @@ class ServerGone(VoiceError):
         """Whether any audio of the request had arrived (if not, the caller may redo it in-process)."""
 
 
+class ServerUnusable(VoiceError):
+    """A server answers at the socket but cannot stand in for the engine asked for (another project or protocol
+    version, backend or model; another user): the caller speaks in-process and leaves that server alone."""
+
+
 # ---- where the socket is ----------------------------------------------------------------------------------
 
 def default_socket_path(env: dict[str, str] | None = None) -> Path:
@@ -53,6 +58,27 @@ def default_socket_path(env: dict[str, str] | None = None) -> Path:
 
 def socket_path(arg: str | None) -> Path:
     return Path(arg).expanduser() if arg else default_socket_path()
+
+
+def is_default_location(path: Path) -> bool:
+    """`path` is where the socket lives when $VOICEAPP_SOCKET is not set: its directory must be ours and private."""
+    return path == default_socket_path({k: v for k, v in os.environ.items() if k != SOCKET_ENV})
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file a server holds beside its socket (it holds the server's pid)."""
+    return path.with_name(path.name + ".lock")
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid in the lock file of the socket at `path` while that process lives: the server listening there, or
+    one still loading its engine. None when there is no lock file, no pid in it yet, or its process is gone."""
+    try:
+        pid = int(lock_path(path).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
 
 
 def peer_credentials(sock: Any) -> tuple[int, int] | None:
@@ -153,8 +179,10 @@ class RemoteSynthesizer:
     def __init__(self, conn: Connection, path: Path, events: EventSink = ignore_events) -> None:
         self.path, self.events = path, events
         self.info = conn.info
-        """The server's hello: pid, model, backend, sample_rate."""
+        """The server's hello: pid, project version, model, backend, sample_rate."""
         self.sample_rate = int(conn.info.get("sample_rate", 16000))
+        self.started_server = False
+        """This client started the server (`voiceapp.autostart`); it keeps running after the client is done."""
         self._conn: Connection | None = conn
 
     @classmethod
@@ -279,32 +307,30 @@ async def _send_text(conn: Connection, pieces: list[str], text_stream: AsyncIter
         raise
 
 
-async def connect_matching(path: Path, backend: str, model: str | None,
-                           events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
-    """A RemoteSynthesizer on the server at `path` if one runs and can stand in for the engine these options
-    ask for; else None, with a Notice saying why when a server was there but could not be used."""
-    from engine.events import Notice
-
+async def connect_usable(path: Path, backend: str, model: str | None,
+                         events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
+    """A RemoteSynthesizer on the server at `path` if one runs and can stand in for the engine these options ask
+    for; None when no server listens there. Raises ServerUnusable when one answers that cannot stand in."""
     try:
         remote = await RemoteSynthesizer.connect(path, events)
     except VoiceError as err:  # a server that cannot serve us (another protocol version, another user)
-        events(Notice(f"{err}; speaking in-process"))
-        return None
+        raise ServerUnusable(str(err)) from None
     if remote is None:
         return None
     why = server_mismatch(remote.info, backend, model)
-    if why is None:
-        return remote
-    await remote.close()
-    events(Notice(f"the running server {why}; speaking in-process (--no-server skips this check)"))
-    return None
+    if why is not None:
+        await remote.close()
+        raise ServerUnusable(f"the running server {why}")
+    return remote
 
 
 def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
-    """Why the server cannot stand in for an engine with this backend and model (explicit --model or
-    $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
+    """Why the server cannot stand in for an engine of this project version, backend and model (explicit --model
+    or $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
     from engine.model import ENV_VAR
 
+    if info.get("version") != project_version():
+        return f"is voiceapp {info.get('version') or '(an older version)'}, not {project_version()} like this voicectl"
     if backend != "auto" and backend != info.get("backend"):
         return f"uses the {info.get('backend')} backend, not {backend}"
     wanted = model or os.environ.get(ENV_VAR)

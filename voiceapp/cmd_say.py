@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args, engine_config, require_speakable, sampling_options
+from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, require_speakable,
+                             sampling_options)
 
 
 def add_parser(sub) -> None:
@@ -21,9 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
     p.add_argument("--stats", action="store_true", help="print one line of metrics at the end (stderr)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on stdout")
-    p.add_argument("--no-server", action="store_true",
-                   help="always run the engine in this process, even when `voicectl serve` is running")
-    p.add_argument("--socket", metavar="PATH", help="the server's socket (default: as `voicectl serve`)")
+    add_server_args(p, "say")
     add_voice_args(p, default_seed=None)
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -41,6 +40,8 @@ class SayMetrics:
     engine runs in-process; connecting included when a server speaks)."""
     server_pid: int | None = None
     """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
+    server_started: bool = False
+    """This command started that server (it keeps running in the background until idle)."""
     onset_ms: float | None = None
     rtf: float | None = None
     audio_s: float = 0.0
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics) -> None:
-    """Speak through a running `voicectl serve` when there is one (the audio still plays here), else in-process.
+    """Speak through a running `voicectl serve` (the audio still plays here), started in the background when none
+    runs; in-process with --no-server or VOICEAPP_NO_SERVER, or when no server can stand in.
 
     If the server dies before any audio arrived, a text argument is spoken in-process instead (stdin cannot be
     replayed: that is an error, like a server dying mid-speech).
@@ -118,9 +120,9 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
         check_device(args)  # fail on a missing device before loading a model
     player = None
     try:
-        remote = None if args.no_server else await connect_server(args, metrics.on_event)
+        remote = await connect_server(args, metrics.on_event)
         if remote is not None:
-            metrics.server_pid = remote.info.get("pid")
+            metrics.server_pid, metrics.server_started = remote.info.get("pid"), remote.started_server
             player = None if args.out else open_player(args)
             try:
                 return await speak_with(remote, text, from_stdin, args, metrics, player)
@@ -128,7 +130,7 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
                 if err.audio_started or from_stdin:
                     raise
                 metrics.on_event(Notice(f"{err}; speaking in-process instead"))
-                metrics.server_pid = None
+                metrics.server_pid, metrics.server_started = None, False
             finally:
                 await remote.close()
         metrics.phases["launch"] = time.perf_counter() - process_start_perf()
@@ -167,10 +169,14 @@ async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespac
 
 
 async def connect_server(args: argparse.Namespace, events):
-    """A RemoteSynthesizer on the running server, or None (see `voiceapp.client.connect_matching`)."""
-    from voiceapp.client import connect_matching, socket_path
+    """A RemoteSynthesizer on the running (or just started) server, or None (see
+    `voiceapp.autostart.connect_or_start`)."""
+    from voiceapp.autostart import connect_or_start, server_disabled
+    from voiceapp.client import socket_path
 
-    return await connect_matching(socket_path(args.socket), args.backend, args.model, events)
+    if server_disabled(args.no_server):
+        return None
+    return await connect_or_start(socket_path(args.socket), engine_config(args, one_listener=True), events)
 
 
 _PROCESS_START: float | None = None

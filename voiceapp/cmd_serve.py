@@ -3,24 +3,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from dataclasses import replace
 
 from voiceapp.common import add_engine_args, engine_config
 
+LOG_PREFIX = "voicectl serve: "
+"""Every line the server itself logs starts so (its stderr also carries what libraries print)."""
 WARMUP_TEXT = "Warming up."
 WARMUP_TOKENS = 40
 """Enough to run every stage once (prompt, generation, a few decode windows) without a long render."""
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="keep the engine warm for `say` (Unix socket; stop with Ctrl-C or SIGTERM)")
+    p = sub.add_parser("serve", help="keep the engine warm for `say` and the TUI (Unix socket; stop with "
+                                     "`voicectl stop`, Ctrl-C or SIGTERM)")
     p.add_argument("--socket", metavar="PATH",
                    help="socket path (default: $VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, "
                         "else /tmp/voiceapp-$UID/engine.sock)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up request before listening")
+    p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="stop once no client has been connected for SECONDS (default 0: never; a server that "
+                        "`say` or the TUI start gets $VOICEAPP_IDLE_TIMEOUT, else 600)")
+    p.add_argument("--auto-started", action="store_true", help=argparse.SUPPRESS)  # see auto_started_config
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -33,42 +39,88 @@ def serve_config(args: argparse.Namespace):
     return replace(engine_config(args), decoder_autotune="all", lane_rows=None)
 
 
+def auto_started_config(args: argparse.Namespace):
+    """The engine config of a server that `say` or the TUI started (--auto-started): the one they would have built
+    in-process, so it speaks as they would and starts as soon (voiceapp.autostart passes their engine flags)."""
+    return engine_config(args, one_listener=True)
+
+
+def server_config(args: argparse.Namespace):
+    """The engine config this server runs: the crowd's (serve_config) unless say or the TUI started it."""
+    return auto_started_config(args) if args.auto_started else serve_config(args)
+
+
 def run(args: argparse.Namespace) -> int:
+    from engine.errors import InputError
+
+    if args.idle_timeout < 0:
+        raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
     asyncio.run(serve(args))
     return 0
 
 
+def log(line: str) -> None:
+    """One line of the server's log (stderr; `voiceapp.autostart` relays these while a client waits)."""
+    print(f"{LOG_PREFIX}{line}", file=sys.stderr, flush=True)
+
+
 async def serve(args: argparse.Namespace) -> None:
     from engine.factory import build_synthesizer
-    from voiceapp.client import SOCKET_ENV, default_socket_path, socket_path
+    from voiceapp.client import is_default_location, socket_path
     from voiceapp.server import EngineServer, SocketLock, prepare_socket_dir
 
     path = socket_path(args.socket)
-    private = path == default_socket_path({k: v for k, v in os.environ.items() if k != SOCKET_ENV})
+    private = is_default_location(path)
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
-        synth = build_synthesizer(serve_config(args))
+        log(f"loading the engine ({describe_flags(args)})")
+        synth = build_synthesizer(server_config(args), events=log_notices)
     except BaseException:
         lock.release()
         raise
-    server = EngineServer(synth, path, lock=lock, private_dir=private)
+    server = EngineServer(synth, path, lock=lock, private_dir=private, log=log, idle_timeout_s=args.idle_timeout,
+                          auto_started=args.auto_started)
     try:
-        if not args.no_warmup:
+        if not (args.no_warmup or args.auto_started):  # an auto-started engine warms up as say's would (factory)
+            log("warming up")
             await warm_up(synth)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await server.start()
-        hello = server.hello()
-        model = hello["model"]["path"] if hello["model"] else "no model"
-        print(f"voicectl serve: pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {path}",
-              file=sys.stderr, flush=True)
-        await stop.wait()
-        print("voicectl serve: stopping", file=sys.stderr, flush=True)
+        await listen(server)
     finally:
         await server.close()
+
+
+async def listen(server) -> None:
+    """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client."""
+    from voiceapp.autostart import idle_text
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    hello = server.hello()
+    model = hello["model"]["path"] if hello["model"] else "no model"
+    log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}")
+    stopped, idle = asyncio.create_task(stop.wait()), asyncio.create_task(server.wait_idle())
+    await asyncio.wait({stopped, idle}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    idle.cancel()
+    log(f"no client for {idle_text(server.idle_timeout_s)}: stopping" if not stop.is_set() else "stopping")
+
+
+def log_notices(event) -> None:
+    """The engine's Notices while it loads (backend fallbacks and the like) go to the log."""
+    from engine.events import Notice
+
+    if isinstance(event, Notice):
+        log(event.message)
+
+
+def describe_flags(args: argparse.Namespace) -> str:
+    """The engine flags, for the log's first line."""
+    model = "fake engine" if args.backend == "fake" else f"model {args.model or '(default)'}"
+    return f"{model}, backend {args.backend}, compute {args.compute}"
 
 
 async def warm_up(synth) -> None:

@@ -5,10 +5,12 @@ import argparse
 import asyncio
 import json
 
+from voiceapp.common import add_socket_arg
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("status", help="show the running engine server (exit status 1 if none)")
-    p.add_argument("--socket", metavar="PATH", help="socket path (default: as `voicectl serve`)")
+    add_socket_arg(p)
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(run=run)
 
@@ -26,8 +28,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(status: dict) -> list[str]:
+    from voiceapp.autostart import idle_text
+
     model = status.get("model")
-    lines = [f"server: pid {status['pid']}, up {_duration(status['uptime_s'])}, socket {status['socket']}",
+    idle = status.get("idle_timeout_s")
+    started = "started by say or the TUI" if status.get("auto_started") else "started by voicectl serve"
+    lines = [f"server: pid {status['pid']} (voiceapp {status.get('version', '?')}), up "
+             f"{_duration(status['uptime_s'])}, socket {status['socket']}",
+             f"{started}; idle timeout: {idle_text(idle) if idle else 'none (runs until voicectl stop)'}",
              f"model: {model['path']} (hash {model['hash']})" if model else "model: none (fake backend)",
              f"backend: {status['backend']}, {status['sample_rate']} Hz"]
     gpu = status.get("gpu")

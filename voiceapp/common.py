@@ -28,6 +28,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "start-up (its first audio then comes later: 51-72 ms instead of 23-25 on an H100)")
 
 
+def add_socket_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", metavar="PATH", help="the server's socket (default: as `voicectl serve`)")
+
+
+def add_server_args(p: argparse.ArgumentParser, front_end: str) -> None:
+    """--no-server and --socket, for the front ends that use (and start) a background engine server."""
+    p.add_argument("--no-server", action="store_true",
+                   help=f"run the engine in this process: never use nor start a background engine server (also "
+                        f"VOICEAPP_NO_SERVER=1). Without it, {front_end} uses the running server and starts one "
+                        f"when none runs (it stops after $VOICEAPP_IDLE_TIMEOUT seconds idle, default 600)")
+    add_socket_arg(p)
+
+
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
     p.add_argument("--voice", default="default", help="voice preset (see `voicectl voices`)")
     p.add_argument("--seed", type=int, default=default_seed,

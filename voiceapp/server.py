@@ -25,8 +25,8 @@ from engine.events import Event, FirstAudio, Notice
 from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
-                             encode_message, error_message, event_message, read_frame)
-from voiceapp.client import peer_credentials
+                             encode_message, error_message, event_message, project_version, read_frame)
+from voiceapp.client import lock_path, peer_credentials
 
 HELLO_TIMEOUT_S = 10.0
 """A connection that does not say hello within this is dropped."""
@@ -36,6 +36,8 @@ MAX_PENDING_TEXT = 1 << 20
 """Characters of streamed text held for one request; past this the server stops reading until the synthesizer
 has taken some (a fast sender waits, as it would in-process; the server's memory stays bounded)."""
 MAX_UNIX_PATH = 107
+IDLE_CHECK_S = 1.0
+"""How often a server with an idle timeout looks again while a client is connected."""
 
 
 # ---- the socket's directory and lock ----------------------------------------------------------------------
@@ -63,7 +65,7 @@ class SocketLock:
 
     @classmethod
     def acquire(cls, socket_path: Path) -> "SocketLock":
-        path = socket_path.with_name(socket_path.name + ".lock")
+        path = lock_path(socket_path)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -72,7 +74,7 @@ class SocketLock:
                 pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
                 os.close(fd)
                 raise VoiceError(f"a voicectl server is already running (pid {pid}, socket {socket_path}); "
-                                 f"stop it first (kill {pid}), or pass --socket to run another") from None
+                                 f"stop it first (voicectl stop), or pass --socket to run another") from None
             try:
                 if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not unlinked by a server that just exited
                     break
@@ -218,10 +220,15 @@ class EngineServer:
     """Serves `synth` on a Unix socket. Takes over the synthesizer's event sink to route events to clients."""
 
     def __init__(self, synth: Synthesizer, path: Path, *, lock: SocketLock | None = None, private_dir: bool = False,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, idle_timeout_s: float = 0.0,
+                 auto_started: bool = False) -> None:
         self.synth, self.path, self.lock = synth, path, lock
         self.private_dir = private_dir
         """The socket's directory must be ours and is kept 0700 (the default location)."""
+        self.idle_timeout_s = idle_timeout_s
+        """`wait_idle` returns once no client has been connected for this long; 0 = never (shown by status)."""
+        self.auto_started = auto_started
+        """Started by `say` or the TUI rather than by hand (shown by status)."""
         self.log = log or (lambda line: print(f"voicectl serve: {line}", file=sys.stderr))
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
@@ -230,6 +237,7 @@ class EngineServer:
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
         self._stopping = False
+        self._idle_since = time.monotonic()
         synth.events = self._route
         keep_voice_globals(synth)  # a long-lived engine computes each voice's globals once
 
@@ -267,6 +275,17 @@ class EngineServer:
             self.lock = None
         await self.synth.close()
 
+    def idle_s(self) -> float:
+        """Seconds since the last client went away (or since the start); 0 while a client is connected."""
+        return 0.0 if self._handlers else time.monotonic() - self._idle_since
+
+    async def wait_idle(self) -> None:
+        """Return once no client (and so no request) has been connected for `idle_timeout_s`; never if it is 0."""
+        if not self.idle_timeout_s:
+            await asyncio.Event().wait()
+        while (left := self.idle_timeout_s - self.idle_s()) > 0:
+            await asyncio.sleep(min(left, IDLE_CHECK_S))
+
     def _remove_socket(self) -> None:
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:  # never remove a socket another server bound since
@@ -275,8 +294,8 @@ class EngineServer:
     # -- what clients see ---------------------------------------------------------------------------------
 
     def hello(self) -> dict[str, Any]:
-        return {"type": "hello", "v": PROTOCOL_VERSION, "pid": os.getpid(), "sample_rate": self.synth.sample_rate,
-                **describe_engine(self.synth)}
+        return {"type": "hello", "v": PROTOCOL_VERSION, "version": project_version(), "pid": os.getpid(),
+                "sample_rate": self.synth.sample_rate, **describe_engine(self.synth)}
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -287,6 +306,7 @@ class EngineServer:
                     "text_pending": live.text.chars if live.text else 0} for live in self._live.values()]
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
+                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
                 "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
 
     def _route(self, event: Event) -> None:
@@ -322,6 +342,7 @@ class EngineServer:
             conn.send(error_message("internal", f"internal server error: {type(err).__name__}"))
         finally:
             self._handlers.discard(task)  # type: ignore[arg-type]
+            self._idle_since = time.monotonic()
             with contextlib.suppress(OSError):
                 await asyncio.wait_for(writer.drain(), 1.0)
             await conn.close()

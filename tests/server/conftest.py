@@ -9,6 +9,7 @@ import time
 import pytest
 
 from engine.factory import EngineConfig, build_synthesizer
+from tests.cli_helpers import kill_servers
 from voiceapp.server import EngineServer
 
 
@@ -43,13 +44,22 @@ class ThreadServer:
             self.thread.join(10)
 
 
+@pytest.fixture(autouse=True)
+def _servers_allowed(monkeypatch):
+    """The server tests opt back in: `say` here uses (and may start) a server, unlike in the rest of the suite."""
+    monkeypatch.setenv("VOICEAPP_NO_SERVER", "0")
+
+
 @pytest.fixture
 def sock_path(tmp_path_factory):
-    """A short socket path in a fresh directory (Unix socket paths are limited to 107 bytes)."""
+    """A short socket path in a fresh directory (Unix socket paths are limited to 107 bytes); a server started
+    there by `say` is killed afterwards."""
     import tempfile
 
     d = tempfile.mkdtemp(prefix="vs-")
-    yield os.path.join(d, "run", "engine.sock")
+    path = os.path.join(d, "run", "engine.sock")
+    yield path
+    kill_servers(path)
     import shutil
     shutil.rmtree(d, ignore_errors=True)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.protocol import PROTOCOL_VERSION, encode_message
-from tests.cli_helpers import one_line_error, voicectl
+from engine.protocol import PROTOCOL_VERSION, encode_message, project_version
+from tests.cli_helpers import one_line_error, serve_pids, voicectl
 from tests.server.conftest import same_audio, start_serve, wait_for
 from voiceapp.client import Connection, RemoteSynthesizer, ServerGone, server_status
 
@@ -46,8 +46,10 @@ def test_status_shows_the_server_and_none_after_sigterm(served):
     assert out.returncode == 0, out.stderr.decode()
     text = out.stdout.decode()
     assert f"pid {proc.pid}" in text and "backend: fake" in text and str(path) in text and "0 live" in text
+    assert "started by voicectl serve; idle timeout: none" in text
     status = json.loads(voicectl("status", "--json", env=env).stdout)
-    assert status["pid"] == proc.pid and status["v"] == PROTOCOL_VERSION
+    assert status["pid"] == proc.pid and status["v"] == PROTOCOL_VERSION and status["version"] == project_version()
+    assert status["idle_timeout_s"] == 0 and not status["auto_started"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     assert not path.exists() and not Path(f"{path}.lock").exists()
@@ -163,8 +165,8 @@ class HelloOnly:
         self.sock.close()
 
 
-ENGINE_HELLO = {"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000, "backend": "torch",
-                "model": {"path": "/nonexistent/model", "hash": "x"}}
+ENGINE_HELLO = {"type": "hello", "v": PROTOCOL_VERSION, "version": project_version(), "pid": 1, "sample_rate": 16000,
+                "backend": "torch", "model": {"path": "/nonexistent/model", "hash": "x"}}
 
 
 @pytest.mark.parametrize("args,hello,notice", [
@@ -173,17 +175,24 @@ ENGINE_HELLO = {"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate":
      "serves no model, not elsewhere; speaking in-process"),
     (["--backend", "fake"], {"type": "error", "code": "version", "error": "VoiceError",
                              "message": "protocol version 1 is not supported"}, "not supported; speaking in-process"),
+    (["--backend", "fake"], {**ENGINE_HELLO, "backend": "fake", "model": None, "version": "0.0.1"},
+     f"is voiceapp 0.0.1, not {project_version()} like this voicectl; speaking in-process"),
+    (["--backend", "fake"], {key: v for key, v in ENGINE_HELLO.items() if key != "version"} | {"backend": "fake"},
+     "is voiceapp (an older version)"),
 ])
 def test_say_runs_in_process_when_the_server_cannot_stand_in(sock_path, tmp_path, args, hello, notice):
-    """Another backend or model asked for explicitly, or a server of another version: a notice, then in-process."""
+    """Another backend or model asked for explicitly, or a server of another protocol or project version: a
+    notice, then in-process; that server is neither used nor replaced (no second server is started)."""
     server = HelloOnly(Path(sock_path), hello)
     try:
-        out = voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), *args, env={"VOICEAPP_SOCKET": sock_path})
+        out = voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), *args, "--json",
+                       env={"VOICEAPP_SOCKET": sock_path})
     finally:
         server.close()
     assert out.returncode == 0, out.stderr.decode()
     assert notice in out.stderr.decode() and (tmp_path / "a.wav").stat().st_size > 1000
-    assert server.requests == 0
+    assert server.requests == 0 and json.loads(out.stdout)["server_pid"] is None
+    assert serve_pids(sock_path) == [] and not Path(f"{sock_path}.lock").exists()
 
 
 def test_server_killed_mid_request_gives_one_line_and_nonzero(served, tmp_path):
@@ -199,17 +208,19 @@ def test_server_killed_mid_request_gives_one_line_and_nonzero(served, tmp_path):
     assert say.wait(30) == 1
     assert err.startswith("voicectl: the voicectl server") and "stopped in the middle" in err and "\n" not in err
     assert not (tmp_path / "a.wav").exists() and os.listdir(tmp_path) == []
+    assert serve_pids(path) == []  # nor did say start another server to redo it
 
 
 def test_server_dying_before_any_audio_falls_back_to_in_process(sock_path, tmp_path):
     # says hello, then drops the connection when asked to speak
-    HelloOnly(Path(sock_path), {"type": "hello", "v": PROTOCOL_VERSION, "pid": 1, "sample_rate": 16000,
-                                "backend": "fake", "model": None})
+    HelloOnly(Path(sock_path), {**ENGINE_HELLO, "backend": "fake", "model": None})
     env = {"VOICEAPP_SOCKET": sock_path}
     out = voicectl("say", "Hello there.", "--out", str(tmp_path / "a.wav"), "--backend", "fake", env=env)
     assert out.returncode == 0, out.stderr.decode()
-    assert "before any audio" in out.stderr.decode() and "speaking in-process instead" in out.stderr.decode()
+    err = out.stderr.decode().strip()
+    assert "before any audio" in err and "speaking in-process instead" in err and "\n" not in err
     assert (tmp_path / "a.wav").stat().st_size > 1000
+    assert serve_pids(sock_path) == []  # in-process: no server is started to redo it
     piped = voicectl("say", "-", "--out", str(tmp_path / "b.wav"), "--backend", "fake", stdin=b"Hello.", env=env)
     assert "before any audio" in one_line_error(piped)  # stdin cannot be replayed
 

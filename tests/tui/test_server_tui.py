@@ -60,3 +60,50 @@ async def test_no_server_running_means_the_in_process_engine(make_app, sink, tmp
         await ready(pilot)
         assert type(app.bridge.synth).__name__ == "Synthesizer"
         await pilot.press("ctrl+q")
+
+
+@pytest.fixture
+def auto_socket():
+    """A socket path for a server the TUI starts; that server is killed afterwards."""
+    from tests.cli_helpers import kill_servers
+
+    d = Path(tempfile.mkdtemp(prefix="vt-"))
+    path = d / "run" / "engine.sock"
+    yield path
+    kill_servers(path)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_tui_starts_a_background_server_when_none_runs(make_app, sink, auto_socket):
+    from tests.cli_helpers import serve_pids
+
+    app = make_app(TuiOptions(engine=EngineConfig(backend="fake"), server_socket=auto_socket, start_server=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.bridge.synth is not None, "the server to start", timeout=60)
+        remote = app.bridge.synth
+        assert type(remote).__name__ == "RemoteSynthesizer" and remote.started_server
+        assert serve_pids(auto_socket) == [remote.info["pid"]]
+        assert any(f"started a background engine server (pid {remote.info['pid']})" in msg for _, msg in app.notes)
+        await say(pilot, "Through a server I started.")
+        await wait_until(pilot, lambda: app.bridge.history.entries and
+                         app.bridge.history.entries[0].status is Status.DONE, "the utterance")
+        await pilot.press("ctrl+q")
+    assert serve_pids(auto_socket) == [remote.info["pid"]]  # it outlives the TUI (until idle or `voicectl stop`)
+
+
+@pytest.mark.parametrize("argv,env,server,start", [
+    ([], {}, True, True),
+    (["--no-server"], {}, False, False),
+    ([], {"VOICEAPP_NO_SERVER": "1"}, False, False),
+    (["--backend", "fake"], {}, False, False),
+])
+def test_tui_flags_choose_whether_a_server_is_used_and_started(monkeypatch, argv, env, server, start):
+    from voiceapp.cli import build_parser
+    from voiceapp.cmd_tui import tui_options
+
+    monkeypatch.setenv("VOICEAPP_NO_SERVER", "0")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    options = tui_options(build_parser().parse_args(["tui", "--socket", "/tmp/x.sock", *argv]))
+    assert (options.server_socket == Path("/tmp/x.sock") if server else options.server_socket is None)
+    assert options.start_server is start

@@ -79,7 +79,7 @@ def test_otherwise_vllm_starts_behind_the_lane(gpu, config) -> None:
     assert isinstance(gen, LaneRouter) and isinstance(gen.primary, FakeVllm) and gen.lane is lane
 
 
-def test_say_and_the_tui_declare_one_listener_export_and_serve_do_not() -> None:
+def test_say_the_tui_and_their_servers_declare_one_listener_export_and_serve_do_not() -> None:
     import argparse
 
     from voiceapp.common import engine_config
@@ -91,7 +91,13 @@ def test_say_and_the_tui_declare_one_listener_export_and_serve_do_not() -> None:
     root = Path(__file__).resolve().parents[2] / "voiceapp"
     assert "engine_config(args, one_listener=True)" in (root / "cmd_say.py").read_text()
     assert "engine_config(args, one_listener=True)" in (root / "cmd_tui.py").read_text()
-    assert "one_listener" not in (root / "cmd_export.py").read_text() + (root / "cmd_serve.py").read_text()
+    assert "one_listener" not in (root / "cmd_export.py").read_text()
+    from voiceapp.cli import build_parser
+    from voiceapp.cmd_serve import server_config
+
+    # a server started by hand serves a crowd; one that say or the TUI started serves as they would in-process
+    assert not server_config(build_parser().parse_args(["serve"])).one_listener
+    assert server_config(build_parser().parse_args(["serve", "--auto-started"])).one_listener
 
 
 def test_compute_cpu_keeps_the_llm_off_the_gpu(gpu) -> None:

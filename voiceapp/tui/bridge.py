@@ -51,6 +51,8 @@ class TuiOptions:
     """Write each utterance as a WAV file here instead of playing it."""
     server_socket: Path | None = None
     """Use a running `voicectl serve` at this socket when it can stand in for `engine`; None = in-process."""
+    start_server: bool = False
+    """Start a background server at `server_socket` when none runs there (voiceapp.autostart)."""
 
 
 class Bridge(Widget):
@@ -107,13 +109,16 @@ class Bridge(Widget):
         return "fake engine" if config.backend == "fake" else f"model {config.model or '(default)'}"
 
     async def _start_engine(self) -> None:
-        """A warm server when one runs and fits (no model load at all), else the in-process engine."""
+        """A warm server when one runs (or starts) and fits (no model load here), else the in-process engine."""
         if self.options.server_socket is not None:
-            from voiceapp.client import connect_matching
+            from voiceapp.autostart import connect_or_start
 
-            engine = self.options.engine
-            remote = await connect_matching(self.options.server_socket, engine.backend, engine.model,
-                                            self._on_engine_event)
+            try:
+                remote = await connect_or_start(self.options.server_socket, self.options.engine,
+                                                self._on_engine_event, start=self.options.start_server)
+            except VoiceError as err:  # no model to start a server with, a bad $VOICEAPP_IDLE_TIMEOUT: as a load
+                self.post_message(ModelFailed(str(err)))
+                return
             if remote is not None:
                 try:
                     sink, notice = await asyncio.to_thread(self._open_sink, remote.sample_rate)

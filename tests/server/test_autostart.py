@@ -1,0 +1,151 @@
+"""A warm engine without asking: `say` starts a background server when none runs, the next `say` uses it, it stops
+itself once idle or on `voicectl stop`, two at once start one, and the opt-outs start none."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import one_line_error, serve_pids, voicectl
+from tests.server.conftest import same_audio, start_serve, wait_for
+from voiceapp.client import Connection
+
+FAKE = ["--backend", "fake", "--seed", "3", "--voice", "leo", "--json"]
+
+
+def say_json(text, out, *args, env):
+    """`voicectl say TEXT --out OUT ARGS`: its JSON metrics and stderr, after checking it succeeded."""
+    proc = voicectl("say", text, "--out", str(out), *args, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout), proc.stderr.decode()
+
+
+def gone(path) -> bool:
+    """No server process, socket or lock is left for the socket at `path`."""
+    return not serve_pids(path) and not Path(path).exists() and not Path(f"{path}.lock").exists()
+
+
+def test_first_say_starts_a_server_the_second_uses_it_and_stop_stops_it(sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path}
+    first, err = say_json("Started here. Twice!", tmp_path / "a.wav", *FAKE, env=env)
+    pid = first["server_pid"]
+    assert first["server_started"] and serve_pids(sock_path) == [pid]
+    assert f"voicectl: started a background engine server (pid {pid}); it stops after 1 min idle (voicectl stop)" \
+        in err.splitlines()
+    assert "voicectl: server: loading the engine (fake engine" in err  # its progress, relayed while waiting
+    second, err = say_json("Started here. Twice!", tmp_path / "b.wav", *FAKE, env=env)
+    assert second["server_pid"] == pid and not second["server_started"] and err == ""
+    local, _ = say_json("Started here. Twice!", tmp_path / "c.wav", *FAKE, "--no-server", env=env)
+    assert local["server_pid"] is None
+    assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav") and same_audio(tmp_path / "a.wav", tmp_path / "c.wav")
+    status = voicectl("status", env=env).stdout.decode()
+    assert f"pid {pid}" in status and "started by say or the TUI; idle timeout: 1 min" in status
+    stop = voicectl("stop", env=env)
+    assert stop.returncode == 0 and f"pid {pid}" in stop.stdout.decode(), stop.stderr.decode()
+    assert wait_for(lambda: gone(sock_path))
+    assert "no server running" in one_line_error(voicectl("stop", env=env))
+
+
+def test_idle_timeout_stops_an_auto_started_server_and_frees_its_socket(sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path, "VOICEAPP_IDLE_TIMEOUT": "2"}
+    metrics, err = say_json("Idle soon.", tmp_path / "a.wav", *FAKE, env=env)
+    assert metrics["server_started"] and "it stops after 2 s idle" in err
+    assert serve_pids(sock_path) == [metrics["server_pid"]]
+    assert wait_for(lambda: gone(sock_path), timeout=20)
+    assert "voicectl serve: no client for 2 s: stopping" in (Path(sock_path).parent / "engine.log").read_text()
+
+
+def test_a_connected_client_keeps_an_idle_server_alive(sock_path):
+    import asyncio
+
+    env = {"VOICEAPP_SOCKET": sock_path}
+    proc = start_serve("--backend", "fake", "--no-warmup", "--idle-timeout", "1", env=env)
+    try:
+        async def hold(seconds):
+            conn = await Connection.open(Path(sock_path))
+            await asyncio.sleep(seconds)
+            await conn.close()
+
+        asyncio.run(hold(2.5))
+        assert proc.poll() is None  # connected for longer than its idle timeout
+        assert proc.wait(10) == 0  # idle once the client left
+        assert "no client for 1 s: stopping" in proc.stderr.read().decode()
+        assert not Path(sock_path).exists() and not Path(f"{sock_path}.lock").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_two_says_at_once_start_one_server(sock_path, tmp_path):
+    env = {**os.environ, "VOICEAPP_SOCKET": sock_path}
+    procs = [subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "say", "At the same moment.", "--out",
+                               str(tmp_path / f"{n}.wav"), *FAKE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=env) for n in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err.decode() for _, err in outs]
+    metrics = [json.loads(out) for out, _ in outs]
+    pid = metrics[0]["server_pid"]
+    assert pid is not None and metrics[1]["server_pid"] == pid and serve_pids(sock_path) == [pid]
+    assert sorted(m["server_started"] for m in metrics) == [False, True]
+    assert same_audio(tmp_path / "0.wav", tmp_path / "1.wav")
+
+
+@pytest.mark.parametrize("args,env", [(["--no-server"], {}), ([], {"VOICEAPP_NO_SERVER": "1"})])
+def test_no_server_never_starts_nor_uses_one(sock_path, tmp_path, args, env):
+    env = {"VOICEAPP_SOCKET": sock_path, **env}
+    metrics, err = say_json("In this process.", tmp_path / "a.wav", *FAKE, *args, env=env)
+    assert metrics["server_pid"] is None and not metrics["server_started"] and err == ""
+    piped = voicectl("say", "-", "--out", str(tmp_path / "b.wav"), *FAKE, *args, stdin=b"Piped in.", env=env)
+    assert piped.returncode == 0 and json.loads(piped.stdout)["server_pid"] is None
+    assert serve_pids(sock_path) == [] and not Path(f"{sock_path}.lock").exists()
+    proc = start_serve("--backend", "fake", "--no-warmup", env=env)  # nor is a running one used
+    try:
+        metrics, _ = say_json("In this process.", tmp_path / "c.wav", *FAKE, *args, env=env)
+        assert metrics["server_pid"] is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_say_from_stdin_starts_a_server_too(sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path}
+    piped = voicectl("say", "-", "--out", str(tmp_path / "a.wav"), *FAKE, stdin=b"Piped. In two.", env=env)
+    assert piped.returncode == 0, piped.stderr.decode()
+    metrics = json.loads(piped.stdout)
+    assert metrics["server_started"] and metrics["sentences"] == 2 and serve_pids(sock_path) == [metrics["server_pid"]]
+
+
+def test_a_server_that_cannot_start_gives_one_line_and_in_process_speech(sock_path, tmp_path):
+    Path(sock_path).parent.mkdir(mode=0o700)
+    Path(sock_path).write_text("not a socket")  # the server refuses to replace it; say can still speak
+    env = {"VOICEAPP_SOCKET": sock_path}
+    for args, stdin in ((["Said anyway."], None), (["-"], b"Said anyway.")):
+        proc = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), *FAKE, stdin=stdin, env=env)
+        assert proc.returncode == 0, proc.stderr.decode()
+        failed = [line for line in proc.stderr.decode().splitlines() if "did not start" in line]
+        assert failed == [f"voicectl: the background engine server did not start ({sock_path} exists and is not a "
+                          f"socket; remove it or pass another --socket); speaking in-process"]
+        assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+    assert serve_pids(sock_path) == []
+
+
+def test_a_bad_idle_timeout_is_one_line(sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path, "VOICEAPP_IDLE_TIMEOUT": "soon"}
+    err = one_line_error(voicectl("say", "Hi.", "--out", str(tmp_path / "a.wav"), *FAKE, env=env))
+    assert "VOICEAPP_IDLE_TIMEOUT=soon" in err and serve_pids(sock_path) == []
+    assert "--idle-timeout -1" in one_line_error(voicectl("serve", "--backend", "fake", "--idle-timeout", "-1",
+                                                          env=env))
+
+
+@pytest.mark.slow
+def test_auto_started_server_speaks_as_in_process_on_the_tiny_checkpoint(tiny_model, sock_path, tmp_path):
+    env = {"VOICEAPP_SOCKET": sock_path}
+    args = ["--model", str(tiny_model), "--backend", "torch", "--threads", "2", "--seed", "2", "--voice", "ava",
+            "--max-tokens", "60", "--json"]
+    first, _ = say_json("Short one.", tmp_path / "a.wav", *args, env=env)
+    second, _ = say_json("Short one.", tmp_path / "b.wav", *args, env=env)
+    local, _ = say_json("Short one.", tmp_path / "c.wav", *args, "--no-server", env=env)
+    assert first["server_started"] and second["server_pid"] == first["server_pid"] and local["server_pid"] is None
+    assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav") and same_audio(tmp_path / "a.wav", tmp_path / "c.wav")
