@@ -26,28 +26,31 @@ def add_parser(sub) -> None:
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="stop once no client has been connected for SECONDS (default 0: never; a server that "
                         "`say` or the TUI start gets $VOICEAPP_IDLE_TIMEOUT, else 600)")
-    p.add_argument("--auto-started", action="store_true", help=argparse.SUPPRESS)  # see auto_started_config
+    p.add_argument("--no-tune", action="store_true",
+                   help="answer with the engine one listener gets and build nothing more (with --backend auto: "
+                        "no lane sized for crowds, no vLLM)")
+    p.add_argument("--auto-started", action="store_true", help=argparse.SUPPRESS)  # see first_config
     add_engine_args(p)
     p.set_defaults(run=run)
 
 
 def serve_config(args: argparse.Namespace):
-    """The engine config a server runs. It starts once and then carries many streams: every decoder graph gets
-    timed cuDNN algorithms (~85 s more start-up on an H200, faster batched decode; docs/benchmarks.md, run 8) and
-    the graph lane as many rows as the GPU holds (128 on an H200: a crowd stays on the lane, vLLM takes the
-    rest)."""
+    """The engine a server tunes itself into (or builds before it answers, with a backend other than auto): it
+    carries many streams, so every decoder graph gets timed cuDNN algorithms when built up front, and the graph lane
+    as many rows as the GPU holds (a crowd stays on the lane, vLLM takes the rest)."""
     return replace(engine_config(args), decoder_autotune="all", lane_rows=None)
 
 
-def auto_started_config(args: argparse.Namespace):
-    """The engine config of a server that `say` or the TUI started (--auto-started): the one they would have built
-    in-process, so it speaks as they would and starts as soon (voiceapp.autostart passes their engine flags)."""
-    return engine_config(args, one_listener=True)
+def first_config(args: argparse.Namespace):
+    """The engine a server answers with first. With --backend auto (and on a server `say` or the TUI started):
+    the one they would build in-process, ready as soon; the crowd's parts follow in the background (`tunes`).
+    With another backend: the crowd's engine, built before it answers."""
+    return engine_config(args, one_listener=True) if args.auto_started or args.backend == "auto" else serve_config(args)
 
 
-def server_config(args: argparse.Namespace):
-    """The engine config this server runs: the crowd's (serve_config) unless say or the TUI started it."""
-    return auto_started_config(args) if args.auto_started else serve_config(args)
+def tunes(args: argparse.Namespace) -> bool:
+    """Whether this server builds the crowd's parts after it answers: an explicit `serve` on backend auto."""
+    return args.backend == "auto" and not (args.auto_started or args.no_tune)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +68,7 @@ def log(line: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from engine.factory import build_synthesizer
+    from engine.factory import build_synthesizer, crowd_tuning
     from voiceapp.client import is_default_location, socket_path
     from voiceapp.server import EngineServer, SocketLock, prepare_socket_dir
 
@@ -75,18 +78,25 @@ async def serve(args: argparse.Namespace) -> None:
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
         log(f"loading the engine ({describe_flags(args)})")
-        synth = build_synthesizer(server_config(args), events=log_notices)
+        synth = build_synthesizer(first_config(args), events=log_notices)
     except BaseException:
         lock.release()
         raise
+    tuning = crowd_tuning(synth, serve_config(args), lambda event: synth.events(event)) if tunes(args) else None
     server = EngineServer(synth, path, lock=lock, private_dir=private, log=log, idle_timeout_s=args.idle_timeout,
-                          auto_started=args.auto_started)
+                          auto_started=args.auto_started, tuning=tuning)
+    background = None
     try:
-        if not (args.no_warmup or args.auto_started):  # an auto-started engine warms up as say's would (factory)
+        if not (args.no_warmup or first_config(args).one_listener):  # a one-listener engine warmed up (factory)
             log("warming up")
             await warm_up(synth)
+        if tuning is not None and tuning.steps:
+            log("answering now; tuning in the background: " + ", ".join(step.name for step in tuning.steps))
+            background = asyncio.create_task(tuning.run())
         await listen(server)
     finally:
+        if background is not None:
+            background.cancel()
         await server.close()
 
 

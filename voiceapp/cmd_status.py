@@ -49,6 +49,8 @@ def describe(status: dict) -> list[str]:
             state += " (fused decode kernels)"
         lines.append(f"graph lane: {state}; {lane['streams']} streams started there, {lane['handed_over']} moved "
                      f"to {status['backend']} when other streams arrived")
+    if status.get("tuning"):
+        lines.append(describe_tuning(status["tuning"]))
     lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "
                  f"cancelled, {status['failed']} failed; {status['clients']} clients connected")
     for s in status["streams"]:
@@ -56,6 +58,18 @@ def describe(status: dict) -> list[str]:
         lines.append(f"  pid {s['client_pid']}: voice {s['voice']}, {s['chars']} chars, {s['audio_s']:.1f} s audio "
                      f"in {s['age_s']:.1f} s, TTFA {ttfa}")
     return lines
+
+
+def describe_tuning(tuning: dict) -> str:
+    """One line: what the server builds in the background, each step's state and time."""
+    def step(s: dict) -> str:
+        took = "" if s["seconds"] is None else f" {s['seconds']:.0f} s"
+        why = f" ({s['detail']})" if s["state"] == "failed" and s["detail"] else ""
+        return f"{s['name']} {s['state']}{took}{why}"
+
+    head = "done" if tuning["done"] else "in progress"
+    took = "" if tuning["seconds"] is None else f" after {tuning['seconds']:.0f} s"
+    return f"tuning: {head}{took}" + (f" ({', '.join(step(s) for s in tuning['steps'])})" if tuning["steps"] else "")
 
 
 def _duration(seconds: float) -> str:

@@ -24,6 +24,7 @@ from engine.errors import InputError, VoiceError
 from engine.events import Event, FirstAudio, Notice
 from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
+from engine.tuning import Tuning
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
                              encode_message, error_message, event_message, project_version, read_frame)
 from voiceapp.client import lock_path, peer_credentials
@@ -221,8 +222,10 @@ class EngineServer:
 
     def __init__(self, synth: Synthesizer, path: Path, *, lock: SocketLock | None = None, private_dir: bool = False,
                  log: Callable[[str], None] | None = None, idle_timeout_s: float = 0.0,
-                 auto_started: bool = False) -> None:
+                 auto_started: bool = False, tuning: Tuning | None = None) -> None:
         self.synth, self.path, self.lock = synth, path, lock
+        self.tuning = tuning
+        """What the server builds while it answers (engine.tuning), shown by status; None: nothing."""
         self.private_dir = private_dir
         """The socket's directory must be ours and is kept 0700 (the default location)."""
         self.idle_timeout_s = idle_timeout_s
@@ -307,6 +310,7 @@ class EngineServer:
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
+                **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
 
     def _route(self, event: Event) -> None:

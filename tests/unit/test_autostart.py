@@ -10,7 +10,7 @@ from engine.errors import InputError
 from engine.events import Notice
 from voiceapp.autostart import ServerLog, idle_text, idle_timeout, serve_command, server_disabled
 from voiceapp.cli import build_parser
-from voiceapp.cmd_serve import server_config
+from voiceapp.cmd_serve import first_config
 from voiceapp.common import engine_config
 
 
@@ -25,7 +25,7 @@ def test_the_started_server_builds_the_engine_say_would_have_built(flags, tmp_pa
     cmd = serve_command(tmp_path / "engine.sock", wanted, 600)
     assert cmd[1:4] == ["-m", "voiceapp.cli", "serve"]
     args = build_parser().parse_args(cmd[3:])
-    assert server_config(args) == wanted
+    assert first_config(args) == wanted
     assert args.auto_started and args.idle_timeout == 600 and args.socket == str(tmp_path / "engine.sock")
 
 

@@ -93,11 +93,18 @@ def test_say_the_tui_and_their_servers_declare_one_listener_export_and_serve_do_
     assert "engine_config(args, one_listener=True)" in (root / "cmd_tui.py").read_text()
     assert "one_listener" not in (root / "cmd_export.py").read_text()
     from voiceapp.cli import build_parser
-    from voiceapp.cmd_serve import server_config
+    from voiceapp.cmd_serve import first_config, serve_config, tunes
 
-    # a server started by hand serves a crowd; one that say or the TUI started serves as they would in-process
-    assert not server_config(build_parser().parse_args(["serve"])).one_listener
-    assert server_config(build_parser().parse_args(["serve", "--auto-started"])).one_listener
+    # every server on backend auto answers first with the engine one listener gets; one started by hand then
+    # tunes itself for a crowd in the background; on another backend it builds the crowd's engine before answering
+    def parsed(*flags):
+        return build_parser().parse_args(["serve", *flags])
+
+    assert first_config(parsed()).one_listener and tunes(parsed()) and not serve_config(parsed()).one_listener
+    assert serve_config(parsed()).lane_rows is None and serve_config(parsed()).decoder_autotune == "all"
+    assert first_config(parsed("--auto-started")).one_listener and not tunes(parsed("--auto-started"))
+    assert not tunes(parsed("--no-tune"))
+    assert not first_config(parsed("--backend", "vllm")).one_listener and not tunes(parsed("--backend", "vllm"))
 
 
 def test_compute_cpu_keeps_the_llm_off_the_gpu(gpu) -> None:
