@@ -139,6 +139,13 @@ class Parts:
             return None
         return np.frombuffer(data, dtype="<i2")
 
+    def written(self) -> int:
+        """How many part files are there now, without reading them (progress watchers; 0 without the folder)."""
+        try:
+            return sum(1 for _ in self.dir.glob("*.part"))
+        except OSError:
+            return 0
+
     def finished(self, count: int) -> set[int]:
         """Indices below `count` whose part is intact (corrupt ones are deleted, to be rendered again)."""
         done = set()

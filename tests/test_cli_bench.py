@@ -24,3 +24,21 @@ def test_bench_json_has_the_headline_keys_at_the_top(tmp_path) -> None:
     assert result["max_realtime_streams"] in (0, 1) and result["reference_rtf_1"] is None  # --no-reference
     assert f"ttfa_ms_p50_1: {result['ttfa_ms_p50_1']}" in proc.stdout
     assert not any(isinstance(v, float) and math.isnan(v) for v in result.values())
+
+
+def test_startup_bench_times_a_fresh_inprocess_say(tmp_path) -> None:
+    out = tmp_path / "startup.json"
+    proc = voicectl("bench", "--startup", "--synthetic", "tiny", "--cases", "say_inprocess", "--repeats", "1",
+                    "--json", str(out), text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["say_inprocess_s"] > 0 and result["runs"]["say_inprocess_s"] == [result["say_inprocess_s"]]
+    [phases] = result["say_inprocess_phases"]
+    assert phases["launch"] > 0 and phases["checkpoint"] > 0 and 0 < sum(phases.values()) < result["say_inprocess_s"]
+    assert result["errors"] == {} and result["cases"] == ["say_inprocess"] and isinstance(result["device"], str)
+    assert "say_inprocess_s" in proc.stdout and "say_inprocess phases" in proc.stdout
+
+
+def test_startup_options_need_startup() -> None:
+    proc = voicectl("bench", "--repeats", "2", text=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == "voicectl: --repeats: only with --startup"

@@ -1,9 +1,13 @@
 """Provides `voicectl bench`: our pipeline at 1..128 concurrent streams, export throughput, decoder precision and
-speed, and the upstream reference pipeline, in one run on one checkpoint; a table on stdout, JSON with --json."""
+speed, and the upstream reference pipeline, in one run on one checkpoint; a table on stdout, JSON with --json.
+
+`voicectl bench --startup` measures instead what users wait for before a warm engine exists: fresh processes
+launched as a user runs them, each phase timed (voiceapp.startup_bench, voiceapp.startup_cases)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import shlex
@@ -13,6 +17,7 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterator
 
 from engine.bench import Variant
 from engine.config import DECODER_AUTOTUNE
@@ -31,7 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sentences", type=int, default=2, help="sentences per stream (default 2)")
     p.add_argument("--levels", default="1,8,32,64,128", help="concurrent stream counts (default 1,8,32,64,128)")
     p.add_argument("--rounds-1", type=int, default=8, help="sequential runs at 1 stream (default 8)")
-    p.add_argument("--export-sentences", type=int, default=512, help="sentences in the export run (0: skip)")
+    p.add_argument("--export-sentences", type=int,
+                   help=f"sentences in the export run (default {EXPORT_SENTENCES}, {STARTUP_EXPORT_SENTENCES} with "
+                        f"--startup; 0: skip)")
     p.add_argument("--export-concurrency", type=int, default=128, help="sentences rendered at a time in export")
     p.add_argument("--sequential-export", type=int, default=8,
                    help="sentences in the one-request export run (0: skip)")
@@ -51,13 +58,47 @@ def add_parser(sub) -> None:
     p.add_argument("--no-variants", action="store_true",
                    help="skip the TTFA runs with other first-window schedules")
     p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
+    add_startup_args(p)
     p.set_defaults(run=run)
+
+
+def add_startup_args(p: argparse.ArgumentParser) -> None:
+    from voiceapp.startup_bench import CASES
+
+    g = p.add_argument_group("start-up (--startup)")
+    g.add_argument("--startup", action="store_true",
+                   help="measure start-up instead: fresh voicectl processes (say in-process and through a "
+                        "background server, serve, the TUI, export), each from launch to first audio; none of "
+                        "the warm benchmark runs")
+    g.add_argument("--repeats", type=int, help=f"runs per case (default {STARTUP_REPEATS}; the median counts)")
+    g.add_argument("--cases", metavar="LIST", help=f"only these cases (comma-separated: {', '.join(CASES)})")
+    g.add_argument("--warm-json", metavar="PATH",
+                   help="a `voicectl bench --json` file whose warm figures (TTFA, streams) the report carries")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"longest any one process may take (default {STARTUP_TIMEOUT_S:g})")
+
+
+EXPORT_SENTENCES = 512
+STARTUP_EXPORT_SENTENCES = 40
+"""--export-sentences' default: the warm benchmark's, and the start-up benchmark's (long enough that the first
+sentence and the whole book are apart)."""
+STARTUP_REPEATS = 3
+"""--repeats' default."""
+STARTUP_TIMEOUT_S = 900.0
+"""--timeout's default: a first run on a fresh machine compiles its kernels."""
 
 
 def run(args: argparse.Namespace) -> int:
     from engine import bench
     from engine.errors import InputError
 
+    if args.startup:
+        return run_startup(args)
+    given = [f"--{n.replace('_', '-')}" for n in ("repeats", "cases", "warm_json", "timeout") if getattr(args, n)]
+    if given:
+        raise InputError(f"{', '.join(given)}: only with --startup")
+    if args.export_sentences is None:
+        args.export_sentences = EXPORT_SENTENCES
     try:
         levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
     except ValueError:
@@ -73,28 +114,10 @@ def run(args: argparse.Namespace) -> int:
                            **({"first_right": args.first_right} if args.first_right else {}))
     log = _log
     started = datetime.datetime.now().astimezone()
-    tmp = None
-    try:
-        if args.synthetic:
-            from engine.synthetic import write_checkpoint
-
-            tmp = tempfile.TemporaryDirectory(prefix="voiceapp-synthetic-")
-            t = time.perf_counter()
-            model = write_checkpoint(Path(tmp.name) / args.synthetic, size=args.synthetic, seed=0)
-            log(f"wrote synthetic {args.synthetic} checkpoint in {time.perf_counter() - t:.0f} s")
-            checkpoint = f"synthetic {args.synthetic} (random weights, seed 0)"
-        else:
-            from engine.model import resolve_model_dir
-
-            model = resolve_model_dir(args.model)
-            checkpoint = str(model)
+    with checkpoint_for(args, log) as (model, checkpoint):
         result = _bench(args, model, checkpoint, levels, schedule, variants, log)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     result["date"] = started.date().isoformat()
-    argv = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else sys.argv[1:]
-    result["command"] = " ".join(["voicectl", "bench", *(shlex.quote(a) for a in argv)])
+    result["command"] = command_line()
     if "pipeline" in result:
         result["headline"] = bench.headline(result)
         # the headline's keys also at the top level: what readers of latest.json look up (issue 4's list)
@@ -105,11 +128,99 @@ def run(args: argparse.Namespace) -> int:
         for key, value in result["headline"].items():
             print(f"{key}: {value}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        print(f"wrote {path}")
+        write_json(Path(args.json), result)
     return 0
+
+
+@contextlib.contextmanager
+def checkpoint_for(args: argparse.Namespace, log) -> Iterator[tuple[Path, str]]:
+    """(the checkpoint directory, how the report names it): --synthetic's written to a temporary folder for the
+    run, else --model's (or the default one)."""
+    if not args.synthetic:
+        from engine.model import resolve_model_dir
+
+        model = resolve_model_dir(args.model)
+        yield model, str(model)
+        return
+    from engine.synthetic import write_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="voiceapp-synthetic-") as tmp:
+        t = time.perf_counter()
+        model = write_checkpoint(Path(tmp) / args.synthetic, size=args.synthetic, seed=0)
+        log(f"wrote synthetic {args.synthetic} checkpoint in {time.perf_counter() - t:.0f} s")
+        yield model, f"synthetic {args.synthetic} (random weights, seed 0)"
+
+
+def command_line() -> str:
+    """This run's command line, as `voicectl bench ...`."""
+    argv = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else sys.argv[1:]
+    return " ".join(["voicectl", "bench", *(shlex.quote(a) for a in argv)])
+
+
+def write_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+# ---- --startup ---------------------------------------------------------------------------------------------
+
+def run_startup(args: argparse.Namespace) -> int:
+    """Run the start-up cases on fresh processes; the table on stdout, the report to --json. Exits non-zero
+    (one line naming them) when a case failed; the others' figures are still reported."""
+    from voiceapp import startup_bench
+    from voiceapp.startup_cases import Bench, CaseFailed, describe_device, git_commit, run_cases
+
+    cases, repeats, timeout_s, sentences = startup_options(args)
+    warm = read_warm_json(args.warm_json) if args.warm_json else None
+    started = datetime.datetime.now().astimezone()
+    with checkpoint_for(args, _log) as (model, checkpoint), \
+            tempfile.TemporaryDirectory(prefix="voiceapp-startup-") as work:
+        device, gpu = describe_device(timeout_s)
+        outcomes = run_cases(Bench(model, Path(work), repeats, timeout_s, sentences, _log), cases)
+    meta = startup_bench.ReportMeta(device=device, date=started.date().isoformat(), git=git_commit(),
+                                    command=command_line(), model=checkpoint, repeats=repeats, gpu=gpu)
+    result = startup_bench.report(meta, outcomes, warm)
+    print(startup_bench.format_table(result))
+    if args.json:
+        write_json(Path(args.json), result)
+    if result["errors"]:
+        raise CaseFailed(f"{len(result['errors'])} of {len(cases)} start-up cases failed: "
+                         f"{', '.join(result['errors'])} (their errors are listed above)")
+    return 0
+
+
+def startup_options(args: argparse.Namespace) -> tuple[tuple[str, ...], int, float, int]:
+    """(cases, repeats, timeout, export sentences) from the flags; a bad one is a one-line InputError."""
+    from engine.errors import InputError
+    from voiceapp.startup_bench import parse_cases
+
+    try:
+        cases = parse_cases(args.cases)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    repeats = STARTUP_REPEATS if args.repeats is None else args.repeats
+    timeout_s = STARTUP_TIMEOUT_S if args.timeout is None else args.timeout
+    sentences = STARTUP_EXPORT_SENTENCES if args.export_sentences is None else args.export_sentences
+    if repeats < 1 or timeout_s <= 0 or sentences < 1:
+        raise InputError("--repeats and --export-sentences must be at least 1 and --timeout above 0 with --startup "
+                         "(leave a case out with --cases)")
+    return cases, repeats, timeout_s, sentences
+
+
+def read_warm_json(path: str) -> dict:
+    """A warm bench report (`voicectl bench --json`), read before the long run so a bad path fails at once."""
+    from engine.errors import InputError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InputError(f"--warm-json {path}: {err.strerror or err}") from None
+    except ValueError:
+        raise InputError(f"--warm-json {path}: not JSON") from None
+    if not isinstance(data, dict):
+        raise InputError(f"--warm-json {path}: not a `voicectl bench --json` report")
+    return data
 
 
 def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict, log) -> dict:

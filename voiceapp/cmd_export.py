@@ -280,10 +280,11 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
 def interrupted(layout: Layout, total: int):
     """Ctrl-C: how much is kept, and how to go on."""
     from engine.errors import Cancelled
+    from engine.export_plan import Parts
 
     if not layout.manifest.exists():
         return Cancelled("interrupted")
-    kept = len(list(layout.parts.glob("*.part"))) if layout.parts.is_dir() else 0
+    kept = Parts(layout.parts).written()
     return Cancelled(f"interrupted; {kept} of {total} sentences are finished and kept in {layout.parts}: rerun with "
                      f"--resume to continue")
 

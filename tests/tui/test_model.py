@@ -8,7 +8,7 @@ import soundfile as sf
 
 from engine.events import ChunkDecoded, FirstAudio, RequestFinished, RequestStarted
 from voiceapp.tui.bridge import text_pieces
-from voiceapp.tui.history import History, Metrics, Status
+from voiceapp.tui.history import History, Metrics, Status, metrics_record
 from voiceapp.tui.sinks import Recorder, SilentSink, WavDirSink
 
 
@@ -22,6 +22,16 @@ def test_metrics_fold_events_and_exclude_playback_waits():
     m.blocked_s = 1.0                                                # a full player buffer held it for 1 s
     m.apply(RequestFinished("r", audio_s=4.0, wall_s=3.0, rtf=0.75, tokens=200, cancelled=False, t=13.0))
     assert m.finished and m.audio_s == 4.0 and m.rtf == 0.5 and m.tokens_per_s == 100
+
+
+def test_metrics_record_counts_first_audio_from_the_process_start():
+    utt, _ = History().add("hello", "ava")
+    utt.metrics.apply(RequestStarted(utt.request_id, t=10.0))
+    utt.metrics.apply(FirstAudio(utt.request_id, 0.12, t=10.12))
+    utt.status = Status.DONE
+    record = metrics_record(utt, process_start=8.0)
+    assert record["number"] == 1 and record["status"] == "done" and record["error"] is None
+    assert round(record["ttfa_ms"], 6) == 120 and round(record["process_ttfa_ms"], 6) == 2120
 
 
 def test_metrics_are_empty_until_audio():

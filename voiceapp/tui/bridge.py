@@ -8,6 +8,8 @@ Textual's loop) are applied at once; events from other threads travel as `Engine
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from engine.config import SynthesisRequest
 from engine.errors import VoiceError
 from engine.events import Event, Notice
 from engine.factory import EngineConfig, build_synthesizer
-from voiceapp.tui.history import History, Status, Utterance
+from voiceapp.tui.history import METRICS_LOG_ENV, History, Status, Utterance, metrics_record
 from voiceapp.tui.messages import (EngineEvent, ModelFailed, ModelReady, PlaybackStats, PlayerState,
                                    Problem, UtterancesRemoved, UtteranceUpdated)
 from voiceapp.tui.sinks import Recorder, open_sink
@@ -159,6 +161,7 @@ class Bridge(Widget):
         for _, utt in self._jobs:  # one notification (the app's) says why, not one per queued text
             utt.status, utt.error = Status.FAILED, message.error
             self._changed(utt)
+            log_metrics(utt)
         self._jobs.clear()
         self._post_state()
 
@@ -295,6 +298,7 @@ class Bridge(Widget):
     def _finish(self, utt: Utterance, status: Status, error: str | None = None) -> None:
         utt.status, utt.error = status, error
         self._changed(utt)
+        log_metrics(utt)
         if error is not None:
             self.post_message(Problem(error))
 
@@ -374,6 +378,20 @@ class Bridge(Widget):
             return "ready" + tail
         kind, utt = self._current
         return f"{'speaking' if kind == 'speak' else 'replaying'} #{utt.number}" + tail
+
+
+def log_metrics(utt: Utterance) -> None:
+    """Append the finished utterance's metrics_record to $VOICEAPP_TUI_METRICS when it is set."""
+    path = os.environ.get(METRICS_LOG_ENV)
+    if not path:
+        return
+    from voiceapp.cmd_say import process_start_perf
+
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics_record(utt, process_start_perf())) + "\n")
+    except OSError:
+        pass  # a measurement aid: never a reason to disturb the app
 
 
 async def text_pieces(text: str, size: int = TEXT_PIECE_CHARS) -> AsyncIterator[str]:

@@ -40,6 +40,8 @@ class Metrics:
     ttft_s: float | None = None
     ttfa_s: float | None = None
     """Time to first audio: the first samples are ready (engine side)."""
+    first_audio_t: float | None = None
+    """perf_counter() at FirstAudio."""
     onset_s: float | None = None
     """Audible onset: the player's DAC time of the first sample (None for sinks that cannot tell)."""
     audio_s: float = 0.0
@@ -68,7 +70,7 @@ class Metrics:
         elif isinstance(event, FirstToken):
             self.ttft_s = event.ttft_s
         elif isinstance(event, FirstAudio):
-            self.ttfa_s = event.ttfa_s
+            self.ttfa_s, self.first_audio_t = event.ttfa_s, event.t
         elif isinstance(event, ChunkDecoded):
             self.tokens += event.codes
             self.audio_s += event.samples / self.sample_rate
@@ -156,6 +158,21 @@ class History:
     @property
     def kept_audio_s(self) -> float:
         return sum(_seconds(u) for u in self.entries if u.audio is not None)
+
+
+METRICS_LOG_ENV = "VOICEAPP_TUI_METRICS"
+"""A file path: the TUI appends each finished utterance's `metrics_record` there as a JSON line (how the start-up
+benchmark sees, from outside, when a TUI launched with text typed at once had its first audio)."""
+
+
+def metrics_record(utt: Utterance, process_start: float) -> dict:
+    """A finished utterance's outcome and latencies; process_ttfa_ms counts from `process_start` (perf_counter()
+    at this process's launch) to its first audio, as `voicectl say --json` does."""
+    m = utt.metrics
+    return {"number": utt.number, "status": utt.status.value, "error": utt.error,
+            "ttfa_ms": None if m.ttfa_s is None else m.ttfa_s * 1000,
+            "process_ttfa_ms": None if m.first_audio_t is None else (m.first_audio_t - process_start) * 1000,
+            "audio_s": m.audio_s}
 
 
 def _seconds(utt: Utterance) -> float:
