@@ -27,8 +27,8 @@ from voiceapp.startup_bench import SAY_TEXT, CaseOutcome, book_text, child_env, 
 
 POLL_S = 0.01
 """How often a watched folder, socket or file is looked at."""
-STATUS_POLL_S = 0.1
-"""How often a server is asked whether its background tuning is done."""
+TUNING_REQUEST_S = 1.0
+"""Pause between the requests sent to a server while it tunes (each also asks whether tuning is done)."""
 STOP_WAIT_S = 10.0
 """How long a server has to exit after SIGTERM before it is killed."""
 KEY_SETTLE_S = 0.5
@@ -145,11 +145,14 @@ def serve(bench: Bench, outcome: CaseOutcome) -> None:
         t0 = time.perf_counter()
         proc = launch(bench.voicectl("serve"), bench.env(server=True), log)
         try:
-            ready, tuned = asyncio.run(serve_timings(bench, Watched(proc, log, t0, bench.timeout_s, "voicectl serve")))
+            ready, tuned, served = asyncio.run(serve_timings(bench, Watched(proc, log, t0, bench.timeout_s,
+                                                                            "voicectl serve")))
         finally:
             end_process(proc)
         outcome.add("serve_ready_s", ready)
         outcome.add("serve_tuned_s", tuned)
+        outcome.add("serve_requests_while_tuning", len(served))
+        outcome.add("serve_failures_while_tuning", served.count(False))
 
 
 def tui(bench: Bench, outcome: CaseOutcome) -> None:
@@ -239,16 +242,31 @@ class Watched:
             await asyncio.sleep(every)
 
 
-async def serve_timings(bench: Bench, server: Watched) -> tuple[float, float]:
-    """(seconds to the first request answered with audio, seconds to tuning done) from the server's launch."""
+async def serve_timings(bench: Bench, server: Watched) -> tuple[float, float, list[bool]]:
+    """(seconds to the first request answered with audio, seconds to tuning done, whether each request sent while
+    it tuned was answered with audio) from the server's launch."""
     status = await server.until(lambda: quiet_status(bench.socket), "it listened")
     tuned = server.elapsed() if tuning_done(status) else None
     await server.until(lambda: answered_with_audio(bench.socket), "it answered a request with audio")
     ready = server.elapsed()
+    served: list[bool] = []
     if tuned is None:
-        await server.until(lambda: tuned_status(bench.socket), "its background tuning finished", STATUS_POLL_S)
+        await server.until(lambda: served_while_tuning(bench.socket, served), "its background tuning finished",
+                           TUNING_REQUEST_S)
         tuned = server.elapsed()
-    return ready, tuned
+    return ready, tuned, served
+
+
+async def served_while_tuning(path: Path, served: list[bool]) -> bool:
+    """Whether tuning is done; if not, one request to the server, its outcome appended to `served` (a server must
+    keep answering while it tunes)."""
+    if await tuned_status(path):
+        return True
+    try:
+        served.append(await answered_with_audio(path))
+    except (VoiceError, OSError):
+        served.append(False)
+    return False
 
 
 async def tuned_status(path: Path) -> bool:
