@@ -13,12 +13,25 @@ def test_bare_voicectl_flags_route_to_the_tui():
     tui = parser._subparsers._group_actions[0].choices["tui"]
     tui.set_defaults(run=fake_run)
     original = cli.build_parser
-    cli.build_parser = lambda: parser
+    built = []
+    cli.build_parser = lambda only=None: built.append(only) or parser
     try:
         assert cli.main(["--backend", "fake"]) == 0
     finally:
         cli.build_parser = original
-    assert seen == {"command": "tui", "backend": "fake"}
+    assert seen == {"command": "tui", "backend": "fake"} and built == ["tui"]
+
+
+def test_a_command_imports_its_own_module_only():
+    """`say` through a warm server should not pay for the benchmark's or the exporter's imports."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from voiceapp import cli; cli.build_parser('say').parse_args(['say', 'Hi.']); "
+             "print(sorted(m for m in sys.modules if m.startswith('voiceapp.cmd_')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "['voiceapp.cmd_say']", out.stderr
+    assert "bench" in cli.build_parser()._subparsers._group_actions[0].choices  # the full parser for help
 
 
 def test_doctor_notes_a_missing_triton_without_failing(monkeypatch):

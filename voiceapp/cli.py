@@ -9,10 +9,12 @@ COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voic
 """Subcommand modules `voiceapp.cmd_<name>`; each defines add_parser(subparsers) and run(args) -> int."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, or `only` that one: each command module imports what its options need, and a `say`
+    through a warm server should not pay for the benchmark's or the exporter's imports."""
     parser = argparse.ArgumentParser(prog="voicectl", description="Real-time Spark-TTS voice player.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         try:
             module = importlib.import_module(f"voiceapp.cmd_{name}")
         except ModuleNotFoundError as err:
@@ -26,11 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from engine.errors import VoiceError
 
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    if "tui" in commands and (not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help"))):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
+    parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
