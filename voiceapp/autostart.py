@@ -28,8 +28,10 @@ IDLE_ENV = "VOICEAPP_IDLE_TIMEOUT"
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 600.0
 """Longest wait for a starting server that is still alive; past it the front end speaks in-process."""
-FIRST_POLL_S, LAST_POLL_S = 0.02, 0.5
-"""The socket is tried again after FIRST_POLL_S, each wait twice the one before, up to LAST_POLL_S."""
+FIRST_POLL_S, LAST_POLL_S = 0.01, 0.05
+"""The socket is tried again after FIRST_POLL_S, each wait twice the one before, up to LAST_POLL_S. A try on a socket
+nobody listens on fails at once, so trying often costs little, and the first request waits at most LAST_POLL_S
+beyond the moment the server listens."""
 MAX_LOG_BYTES = 1 << 20
 """A log bigger than this when a server starts is moved aside (to LOG.1) first."""
 SERVER_LINE = "voicectl serve: "
