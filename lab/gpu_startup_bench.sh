@@ -2,7 +2,7 @@
 # Device call 2 of 2 (call 1: carry [".devcarry/vllm-core"], `cp .devcarry/vllm-core/core.part-aa /tmp/`):
 #   run (carry [".devcarry/vllm-extra"]): STARTUP_GROUPS="..." bash lab/gpu_startup_bench.sh
 # `voicectl bench --startup` on the synthetic full checkpoint, one group of cases per process (CASES:REPEATS:TIMEOUT)
-# so that each group's JSON comes back even if a later one runs out of time; lab/merge_startup.py joins them.
+# so that each group's JSON comes back even if a later one runs out of time.
 set -u
 source scripts/device_env.sh || exit $?
 write_model
