@@ -133,9 +133,28 @@ def phase(name: str, events: EventSink) -> Iterator[None]:
     events(StartupPhase(name, time.perf_counter() - t))
 
 
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor"}
+"""Compile caches kept under the user's cache folder (unless the user points them elsewhere): Inductor's default is
+in /tmp, which a reboot empties, and a server's crowd lane compiles for minutes on an empty one (Triton's own cache
+is in the home folder already). Entries are keyed by GPU, software versions and code, so one folder serves every
+checkpoint and upgrade."""
+
+
+def keep_compile_caches(env: dict[str, str] | None = None) -> None:
+    """Point the compile caches (COMPILE_CACHES) at the user's cache folder where the environment names none."""
+    import os
+
+    from engine.voices import user_cache_dir
+
+    env = os.environ if env is None else env
+    for name, folder in COMPILE_CACHES.items():
+        env.setdefault(name, str(user_cache_dir() / "compile" / folder))
+
+
 def _init_torch(events: EventSink) -> None:
     """Import torch and, where there is a GPU, create the CUDA context, each timed as its own phase (both are paid
-    once per process, by whichever step comes first)."""
+    once per process, by whichever step comes first). The compile caches are placed before anything compiles."""
+    keep_compile_caches()
     with phase("torch_import", events):
         cuda = _cuda()
     if cuda:

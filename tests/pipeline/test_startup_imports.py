@@ -34,3 +34,15 @@ def test_the_tokenizer_read_without_transformers_gives_transformers_ids(tiny_mod
     texts = ["Hello there.", "  two  spaces", "Ünïcödé — “quotes” 你好 🙂", "<|endoftext|> in the text", "3/4/2025",
              "a\nb\tc", ""]
     assert [ours(t) for t in texts] == [theirs.encode(t, add_special_tokens=False) for t in texts]
+
+
+def test_compile_caches_persist_in_the_user_cache_unless_the_user_chose(monkeypatch, tmp_path) -> None:
+    from engine.factory import COMPILE_CACHES, keep_compile_caches
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    env: dict[str, str] = {}
+    keep_compile_caches(env)
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "voiceapp" / "compile" / "inductor")}
+    mine = {name: "/mine" for name in COMPILE_CACHES}
+    keep_compile_caches(mine)
+    assert mine == {name: "/mine" for name in COMPILE_CACHES}
