@@ -456,7 +456,7 @@ def _capture_decoder_batches(synth: Synthesizer, config: EngineConfig) -> bool:
 
     for batch in DECODE_BATCHES:
         for length in lengths_for(config.schedule):
-            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch])).result()
+            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
     return True
 
 

@@ -147,12 +147,17 @@ def serve(bench: Bench, outcome: CaseOutcome) -> None:
         try:
             ready, tuned, served = asyncio.run(serve_timings(bench, Watched(proc, log, t0, bench.timeout_s,
                                                                             "voicectl serve")))
+            steps = tuning_steps(asyncio.run(quiet_status(bench.socket)))
         finally:
             end_process(proc)
         outcome.add("serve_ready_s", ready)
         outcome.add("serve_tuned_s", tuned)
         outcome.add("serve_requests_while_tuning", len(served))
         outcome.add("serve_failures_while_tuning", served.count(False))
+        outcome.keep("serve_tuning_steps", steps)
+        failed = [f"{s['name']} ({s['detail']})" for s in steps if s["state"] == "failed"]
+        if failed:
+            raise CaseFailed(f"the server's tuning finished with failed steps: {', '.join(failed)}")
 
 
 def tui(bench: Bench, outcome: CaseOutcome) -> None:
@@ -255,6 +260,11 @@ async def serve_timings(bench: Bench, server: Watched) -> tuple[float, float, li
                            TUNING_REQUEST_S)
         tuned = server.elapsed()
     return ready, tuned, served
+
+
+def tuning_steps(status: dict | None) -> list[dict]:
+    """The tuning steps a server's status lists (none without a status or a tuning)."""
+    return list(((status or {}).get("tuning") or {}).get("steps") or [])
 
 
 async def served_while_tuning(path: Path, served: list[bool]) -> bool:

@@ -220,8 +220,11 @@ class BiCodecDecoder:
             return self._graphs.batches[-1]
         return self._batch_limit
 
-    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = DECODE_BATCHES) -> float:
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = DECODE_BATCHES,
+               background: bool = False) -> float:
         """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.
+        `background`: while other threads use the GPU (a serving engine's tuning), whose CUDA calls must not
+        invalidate the capture.
 
         No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little)."""
         import time
@@ -238,7 +241,7 @@ class BiCodecDecoder:
                 for n in sorted(set(lengths)):
                     for b in sorted(set(batches)):
                         self._pick_algorithms(autotune=self.autotune == "all" or (self.autotune == "batch1" and b == 1))
-                        self._graphs.capture(b, n, self.global_count)
+                        self._graphs.capture(b, n, self.global_count, "thread_local" if background else "global")
         finally:
             # eager (odd) shapes: no per-shape autotuning stalls
             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
@@ -329,7 +332,8 @@ class _GraphCache:
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.batches: list[int] = []
 
-    def capture(self, batch: int, length: int, global_count: int) -> None:
+    def capture(self, batch: int, length: int, global_count: int, mode: str = "global") -> None:
+        """`mode`: torch.cuda.graph's capture_error_mode (thread_local: other threads may use the GPU meanwhile)."""
         if (batch, length) in self.graphs:
             return
         codes = torch.zeros((batch, length), dtype=torch.long, device=self.device)
@@ -340,7 +344,7 @@ class _GraphCache:
                 self.model.decode(codes, globs)
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=mode):
             out = self.model.decode(codes, globs)
         with torch.cuda.stream(self.stream):
             graph.replay()  # a graph's first launch uploads it to the GPU: here, not in a request
