@@ -1,0 +1,29 @@
+"""`voicectl say` refuses what it cannot do well with one line, before or instead of writing bad output."""
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.cli_helpers import one_line_error, voicectl
+
+TINY = ["--backend", "torch", "--seed", "1", "--max-tokens", "40", "--no-server"]
+
+
+def nan_decoder_checkpoint(tiny_model, tmp_path):
+    """A copy of the tiny checkpoint whose BiCodec decoder has a NaN weight (a broken download or conversion)."""
+    model = tmp_path / "nan-model"
+    shutil.copytree(tiny_model, model)
+    weights = model / "BiCodec" / "model.safetensors"
+    state = load_file(weights)
+    state["decoder.model.6.bias"] = torch.full_like(state["decoder.model.6.bias"], float("nan"))
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return model
+
+
+def test_nan_decoder_weights_fail_with_one_line_and_write_no_wav(tiny_model, tmp_path):
+    model = nan_decoder_checkpoint(tiny_model, tmp_path)
+    out = tmp_path / "x.wav"
+    proc = voicectl("say", "Hello there.", "--out", str(out), "--model", str(model), *TINY)
+    line = one_line_error(proc)
+    assert "non-finite audio" in line and "BiCodec" in line and str(model) in line, line
+    assert not out.exists() and not list(tmp_path.glob(".x.wav.*"))
