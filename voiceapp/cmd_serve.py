@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--socket", metavar="PATH",
                    help="socket path (default: $VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, "
                         "else /tmp/voiceapp-$UID/engine.sock)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up request before listening")
+    p.add_argument("--no-warmup", dest="no_warm_up", action="store_true", help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="stop once no client has been connected for SECONDS (default 0: never; a server that "
                         "`say` or the TUI start gets $VOICEAPP_IDLE_TIMEOUT, else 600)")
@@ -88,7 +88,7 @@ async def serve(args: argparse.Namespace) -> None:
                           auto_started=args.auto_started, tuning=tuning)
     background = None
     try:
-        if not (args.no_warmup or first.one_listener):  # a one-listener engine warmed up (factory)
+        if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)
             log("warming up")
             await warm_up(synth)
         if tuning is not None and tuning.steps:
