@@ -1,6 +1,8 @@
 """`voicectl say` refuses what it cannot do well with one line, before or instead of writing bad output."""
 import shutil
 
+import pytest
+
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -27,3 +29,14 @@ def test_nan_decoder_weights_fail_with_one_line_and_write_no_wav(tiny_model, tmp
     line = one_line_error(proc)
     assert "non-finite audio" in line and "BiCodec" in line and str(model) in line, line
     assert not out.exists() and not list(tmp_path.glob(".x.wav.*"))
+
+
+@pytest.mark.parametrize("name", ["say", "export"])
+def test_an_unknown_voice_is_named_before_any_model_is_looked_for(name, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("Hello there.")
+    args = {"say": ["say", "Hello there.", "--out", str(tmp_path / "o.wav"), "--no-server"],
+            "export": ["export", str(src), "-o", str(tmp_path / "o.wav")]}[name]
+    proc = voicectl(*args, "--voice", "nobody", "--model", str(tmp_path / "no-such-model"), "--backend", "torch")
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "unknown voice 'nobody'" in line, line

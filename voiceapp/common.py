@@ -129,3 +129,11 @@ def require_speakable(text: str, source: str) -> None:
         raise InputError(f"{source} is empty: nothing to say")
     if not is_speakable(normalize(text)):
         raise InputError(f"{source} has no speakable words (only punctuation, symbols or emoji)")
+
+
+def require_voice(name: str) -> None:
+    """Fail fast (before loading a model or starting a server) on a voice that is neither a preset nor one of the
+    user's voices: VoiceNotFound lists those there are."""
+    from engine.voices import VoiceBank
+
+    VoiceBank().get(name)
