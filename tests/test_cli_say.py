@@ -1,5 +1,7 @@
 """`voicectl say` refuses what it cannot do well with one line, before or instead of writing bad output."""
+import os
 import shutil
+import stat
 
 import pytest
 
@@ -40,3 +42,17 @@ def test_an_unknown_voice_is_named_before_any_model_is_looked_for(name, tmp_path
     proc = voicectl(*args, "--voice", "nobody", "--model", str(tmp_path / "no-such-model"), "--backend", "torch")
     line = one_line_error(proc)
     assert proc.returncode == 2 and "unknown voice 'nobody'" in line, line
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_say_out_files_get_the_umasks_permissions(umask, mode, tmp_path):
+    """As export and the TUI: a WAV the user asked for is theirs to share as their umask says (not 0600)."""
+    out = tmp_path / "o.wav"
+    old = os.umask(umask)
+    try:
+        proc = voicectl("say", "Hello there.", "--out", str(out), "--backend", "fake", "--no-server")
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == mode
+

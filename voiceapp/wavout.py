@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -24,6 +24,19 @@ def check_output(path: Path) -> None:
         raise OutputError(f"{path}: directory {parent} is not writable")
 
 
+def create_partial(out: Path) -> str:
+    """A new, empty temp file beside `out`, created with the umask's permissions (mkstemp's 0600 would stick to
+    the finished WAV, unlike export's and the TUI's files); its name is hidden and unique."""
+    parent = out.parent if str(out.parent) else Path(".")
+    while True:
+        tmp = str(parent / f".{out.name}.{secrets.token_hex(4)}.partial")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
 async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: int,
                     on_chunk: Callable[[AudioChunk], None] | None = None, subtype: str = "PCM_16") -> int:
     """Write every chunk to `out` (WAV, 16-bit PCM by default; "FLOAT" keeps the exact float32 samples the
@@ -31,10 +44,10 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
     (and no temp file): a WAV that exists is always complete."""
     import soundfile as sf
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent if str(out.parent) else ".")
-    os.close(fd)
+    tmp = None
     samples = 0
     try:
+        tmp = create_partial(out)
         with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype=subtype, format="WAV") as f:
             async for chunk in chunks:
                 f.write(chunk.samples)
@@ -49,7 +62,7 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
             raise OutputError(f"disk full while writing {out}; nothing was written") from None
         raise OutputError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return samples
 
