@@ -56,3 +56,11 @@ def test_say_out_files_get_the_umasks_permissions(umask, mode, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(out.stat().st_mode) == mode
 
+
+def test_say_refuses_to_replace_a_read_only_file(tmp_path):
+    out = tmp_path / "keep.wav"
+    out.write_bytes(b"precious")
+    out.chmod(0o444)
+    line = one_line_error(voicectl("say", "Hello there.", "--out", str(out), "--backend", "fake", "--no-server"))
+    assert "read-only" in line and str(out) in line, line
+    assert out.read_bytes() == b"precious" and sorted(os.listdir(tmp_path)) == ["keep.wav"]

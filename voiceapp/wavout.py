@@ -22,6 +22,13 @@ def check_output(path: Path) -> None:
         raise OutputError(f"{path} is a directory")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"{path}: directory {parent} is not writable")
+    if path.exists() and read_only(path):
+        raise OutputError(f"{path} exists and is read-only; remove it or choose another file")
+
+
+def read_only(path: Path) -> bool:
+    """No write permission for us, or none for anyone (root may write anything, yet a 0444 file says "keep")."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
 
 
 def create_partial(out: Path) -> str:
