@@ -175,10 +175,13 @@ def parse_header(header: bytes) -> tuple[bytes, int]:
 
 
 def parse_payload(kind: bytes, payload: bytes) -> dict[str, Any] | AudioFrame:
+    """The message or audio a payload holds; ProtocolError on anything malformed (nesting too deep included)."""
     if kind == KIND_AUDIO:
         return _parse_audio(payload)
     try:
         message = json.loads(payload.decode())
+    except RecursionError:
+        raise ProtocolError("bad-json", "frame payload nests JSON too deeply") from None
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("bad-json", "frame payload is not valid UTF-8 JSON") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):

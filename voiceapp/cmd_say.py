@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, require_speakable,
-                             sampling_options)
+                             require_voice, sampling_options)
 
 
 def add_parser(sub) -> None:
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     text = "" if from_stdin else " ".join(args.text)
     if not from_stdin:
         require_speakable(text, "the text")
+    require_voice(args.voice)
     if args.out:
         check_output(Path(args.out))
     metrics = SayMetrics()

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--socket", metavar="PATH",
                    help="socket path (default: $VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, "
                         "else /tmp/voiceapp-$UID/engine.sock)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up request before listening")
+    p.add_argument("--no-warmup", dest="no_warm_up", action="store_true", help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="stop once no client has been connected for SECONDS (default 0: never; a server that "
                         "`say` or the TUI start gets $VOICEAPP_IDLE_TIMEOUT, else 600)")
@@ -72,22 +72,23 @@ async def serve(args: argparse.Namespace) -> None:
     from voiceapp.client import is_default_location, socket_path
     from voiceapp.server import EngineServer, SocketLock, prepare_socket_dir
 
+    first, crowd = first_config(args), serve_config(args)  # bad engine flags fail before the socket is touched
     path = socket_path(args.socket)
     private = is_default_location(path)
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     try:
         log(f"loading the engine ({describe_flags(args)})")
-        synth = build_synthesizer(first_config(args), events=log_notices)
+        synth = build_synthesizer(first, events=log_notices)
     except BaseException:
         lock.release()
         raise
-    tuning = crowd_tuning(synth, serve_config(args), lambda event: synth.events(event)) if tunes(args) else None
+    tuning = crowd_tuning(synth, crowd, lambda event: synth.events(event)) if tunes(args) else None
     server = EngineServer(synth, path, lock=lock, private_dir=private, log=log, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     background = None
     try:
-        if not (args.no_warmup or first_config(args).one_listener):  # a one-listener engine warmed up (factory)
+        if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)
             log("warming up")
             await warm_up(synth)
         if tuning is not None and tuning.steps:

@@ -67,9 +67,16 @@ def engine_config(args: argparse.Namespace, one_listener: bool = False):
 
     return EngineConfig(model=args.model, backend=args.backend,
                         device="auto" if args.compute == "auto" else args.compute,
-                        decoder_device=args.compute, threads=args.threads,
+                        decoder_device=args.compute, threads=checked_threads(args.threads),
                         graph_lane=not getattr(args, "no_graph_lane", False), one_listener=one_listener,
                         warm_up=False if getattr(args, "no_warm_up", False) else None)
+
+
+def checked_threads(threads: int | None) -> int | None:
+    """--threads as given, or None for torch's default; InputError unless it is at least 1."""
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads {threads}: must be 1 or more (leave it out for torch's default)")
+    return threads
 
 
 def decode_text(data: bytes, source: str) -> str:
@@ -122,3 +129,11 @@ def require_speakable(text: str, source: str) -> None:
         raise InputError(f"{source} is empty: nothing to say")
     if not is_speakable(normalize(text)):
         raise InputError(f"{source} has no speakable words (only punctuation, symbols or emoji)")
+
+
+def require_voice(name: str) -> None:
+    """Fail fast (before loading a model or starting a server) on a voice that is neither a preset nor one of the
+    user's voices: VoiceNotFound lists those there are."""
+    from engine.voices import VoiceBank
+
+    VoiceBank().get(name)

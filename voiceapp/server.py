@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Callable
 from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.errors import InputError, VoiceError
+from engine.errors import InputError, VoiceError, one_line
 from engine.events import Event, FirstAudio, Notice
 from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
@@ -154,25 +154,28 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.peer_pid: int | None = None
-        self._frames: asyncio.Queue[dict[str, Any] | AudioFrame | ProtocolError | None] = \
+        self._frames: asyncio.Queue[dict[str, Any] | AudioFrame | Exception | None] = \
             asyncio.Queue(MAX_QUEUED_FRAMES)
         self._reader_task = asyncio.create_task(self._read_all(reader))
 
     async def _read_all(self, reader: asyncio.StreamReader) -> None:
+        """Queue frames until the stream ends (None) or fails: any failure is handed to the reader of the queue,
+        whose connection it then ends (a reader that died silently would leave its handler waiting forever)."""
         try:
             while (frame := await read_frame(reader)) is not None:
                 await self._frames.put(frame)
-        except ProtocolError as err:
-            await self._frames.put(err)
-            return
         except (OSError, asyncio.IncompleteReadError):
             pass
+        except Exception as err:  # ProtocolError, or a bug: either way this connection is over
+            await self._frames.put(err)
+            return
         await self._frames.put(None)
 
     async def next(self) -> dict[str, Any] | None:
-        """The next message; None when the client has gone. Raises ProtocolError on a malformed frame."""
+        """The next message; None when the client has gone. Raises ProtocolError on a malformed frame, and
+        whatever else ended the reader."""
         frame = await self._frames.get()
-        if isinstance(frame, ProtocolError):
+        if isinstance(frame, Exception):
             raise frame
         if isinstance(frame, AudioFrame):
             raise ProtocolError("unexpected", "clients do not send audio frames")
@@ -342,7 +345,7 @@ class EngineServer:
         except asyncio.CancelledError:
             pass
         except Exception as err:  # a bug must cost one connection, never the server
-            self.log(f"internal error on a connection: {type(err).__name__}: {err}")
+            self.log(f"internal error on a connection: {one_line(err)}")
             conn.send(error_message("internal", f"internal server error: {type(err).__name__}"))
         finally:
             self._handlers.discard(task)  # type: ignore[arg-type]

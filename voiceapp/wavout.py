@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -22,6 +22,26 @@ def check_output(path: Path) -> None:
         raise OutputError(f"{path} is a directory")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"{path}: directory {parent} is not writable")
+    if path.exists() and read_only(path):
+        raise OutputError(f"{path} exists and is read-only; remove it or choose another file")
+
+
+def read_only(path: Path) -> bool:
+    """No write permission for us, or none for anyone (root may write anything, yet a 0444 file says "keep")."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
+
+
+def create_partial(out: Path) -> str:
+    """A new, empty temp file beside `out`, created with the umask's permissions (mkstemp's 0600 would stick to
+    the finished WAV, unlike export's and the TUI's files); its name is hidden and unique."""
+    parent = out.parent if str(out.parent) else Path(".")
+    while True:
+        tmp = str(parent / f".{out.name}.{secrets.token_hex(4)}.partial")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: int,
@@ -31,10 +51,10 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
     (and no temp file): a WAV that exists is always complete."""
     import soundfile as sf
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent if str(out.parent) else ".")
-    os.close(fd)
+    tmp = None
     samples = 0
     try:
+        tmp = create_partial(out)
         with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype=subtype, format="WAV") as f:
             async for chunk in chunks:
                 f.write(chunk.samples)
@@ -49,7 +69,7 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
             raise OutputError(f"disk full while writing {out}; nothing was written") from None
         raise OutputError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return samples
 

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from engine.backends.base import DecodeItem
 from engine.config import DECODER_AUTOTUNE
 from engine.backends.bicodec_modules import BiCodecModel, fold_weight_norm, mel_spectrogram, weight_normed_keys
-from engine.errors import InputError, ModelFormatError
+from engine.errors import GenerationError, InputError, ModelFormatError
 from engine.seams import seam_error_db
 
 CONFIG_FILE = "config.yaml"
@@ -191,6 +191,8 @@ class BiCodecDecoder:
         self.autotune = "none" if deterministic else autotune
         """Captured graphs that get cuDNN's timed algorithms: batch1 | all | none (see _pick_algorithms)."""
         self.model = load_bicodec(bicodec_dir, device=device, dtype=dtype, with_encoder=with_encoder)
+        self.weights_path = Path(bicodec_dir) / WEIGHTS_FILE
+        """The weights decoded with, named when they turn out broken (non-finite audio)."""
         cfg = self.model.config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -273,7 +275,7 @@ class BiCodecDecoder:
                     batch = group[at: at + self.max_batch]
                     codes = torch.tensor([items[i].codes for i in batch], dtype=torch.long)
                     globs = torch.tensor([items[i].global_tokens for i in batch], dtype=torch.long)
-                    audio = self._forward(codes, globs)
+                    audio = self._require_finite(self._forward(codes, globs))
                     for row, i in enumerate(batch):
                         start, stop = spans[i]
                         out[i] = np.ascontiguousarray(audio[row, start * spc: stop * spc])
@@ -290,6 +292,14 @@ class BiCodecDecoder:
             self._stream.synchronize()  # type: ignore[union-attr]
             return host.numpy()
         return self.model.decode(codes.to(self.device), globs.to(self.device)).float().cpu().numpy()
+
+    def _require_finite(self, audio: np.ndarray) -> np.ndarray:
+        """`audio`, unless it holds NaN or inf: that comes from broken weights, never from any codes, and must not
+        reach a file or a speaker."""
+        if not np.isfinite(audio).all():
+            raise GenerationError(f"the decoder produced non-finite audio (NaN/inf): the BiCodec weights in "
+                                  f"{self.weights_path} are broken; download or convert the checkpoint again")
+        return audio
 
     def _check(self, item: DecodeItem) -> tuple[int, int]:
         n = len(item.codes)

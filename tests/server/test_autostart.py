@@ -61,7 +61,7 @@ def test_a_connected_client_keeps_an_idle_server_alive(sock_path):
     import asyncio
 
     env = {"VOICEAPP_SOCKET": sock_path}
-    proc = start_serve("--backend", "fake", "--no-warmup", "--idle-timeout", "1", env=env)
+    proc = start_serve("--backend", "fake", "--no-warm-up", "--idle-timeout", "1", env=env)
     try:
         async def hold(seconds):
             conn = await Connection.open(Path(sock_path))
@@ -100,7 +100,7 @@ def test_no_server_never_starts_nor_uses_one(sock_path, tmp_path, args, env):
     piped = voicectl("say", "-", "--out", str(tmp_path / "b.wav"), *FAKE, *args, stdin=b"Piped in.", env=env)
     assert piped.returncode == 0 and json.loads(piped.stdout)["server_pid"] is None
     assert serve_pids(sock_path) == [] and not Path(f"{sock_path}.lock").exists()
-    proc = start_serve("--backend", "fake", "--no-warmup", env=env)  # nor is a running one used
+    proc = start_serve("--backend", "fake", "--no-warm-up", env=env)  # nor is a running one used
     try:
         metrics, _ = say_json("In this process.", tmp_path / "c.wav", *FAKE, *args, env=env)
         assert metrics["server_pid"] is None

@@ -101,7 +101,7 @@ def test_default_socket_is_private_under_xdg_runtime_dir(tmp_path):
     runtime = tmp_path / "rt"
     runtime.mkdir()
     env = {"XDG_RUNTIME_DIR": str(runtime), "VOICEAPP_SOCKET": ""}
-    proc = start_serve("--backend", "fake", "--no-warmup", env=env)
+    proc = start_serve("--backend", "fake", "--no-warm-up", env=env)
     try:
         sock = runtime / "voiceapp" / "engine.sock"
         assert stat.S_IMODE(os.stat(sock.parent).st_mode) == 0o700
@@ -239,3 +239,16 @@ async def test_client_reports_server_gone_with_audio_started(served):
     assert err.value.audio_started and f"pid {proc.pid}" in str(err.value)
     await remote.close()
     assert await Connection.open(path) is None
+
+
+def test_serve_has_one_warm_up_flag_and_keeps_the_old_spelling_hidden():
+    """--no-warm-up is the engine flag every command shares; serve's older --no-warmup means the same and is not
+    offered a second time in the help."""
+    from voiceapp.cli import build_parser
+
+    parser = build_parser("serve")
+    help_text = voicectl("serve", "--help", text=True).stdout
+    assert "--no-warm-up" in help_text and "--no-warmup" not in help_text
+    assert parser.parse_args(["serve", "--no-warmup"]).no_warm_up is True
+    assert parser.parse_args(["serve", "--no-warm-up"]).no_warm_up is True
+    assert parser.parse_args(["serve"]).no_warm_up is False

@@ -138,6 +138,7 @@ MALFORMED = {
     "unknown_type": (encode_message({"type": "format_disk"}), "unexpected"),
     "audio_from_client": (b"".join(encode_audio(0, np.zeros(4, np.float32))), "unexpected"),
     "random_bytes": (rng.bytes(4096), None),
+    "deeply_nested_json": (HEADER.pack(b"J", 200_000) + b"[" * 200_000, "bad-json"),
 }
 
 
@@ -148,6 +149,42 @@ async def test_malformed_frames_get_an_error_and_the_server_keeps_serving(fake_s
     assert frames[0]["type"] == "hello"
     if code is not None:
         assert frames[-1]["type"] == "error" and frames[-1]["code"] == code, frames
+    assert await still_serves(fake_server.path)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_malformed_frames_end_their_connections_and_leak_nothing(fake_server):
+    """Each bad frame ends its connection: no handler waits on a dead reader, no descriptor stays open."""
+    nested = HEADER.pack(b"J", 100_000) + b'{"a":' * 20_000
+    bad = [MALFORMED["deeply_nested_json"][0], nested, MALFORMED["bad_json"][0], MALFORMED["bad_kind"][0]]
+    assert await still_serves(fake_server.path)
+    assert wait_for(lambda: fake_server.status()["clients"] == 0)
+    before = open_fds()
+    for n in range(20):
+        frames = await raw_exchange(fake_server.path, bad[n % len(bad)])
+        assert frames[-1]["type"] == "error", frames
+    assert wait_for(lambda: fake_server.status()["clients"] == 0, timeout=5), fake_server.status()["clients"]
+    assert wait_for(lambda: open_fds() <= before, timeout=5), (open_fds(), before)
+    assert await still_serves(fake_server.path)
+
+
+async def test_an_unexpected_reader_failure_ends_the_connection_and_is_logged_once(fake_server, monkeypatch):
+    import voiceapp.server as server_module
+
+    async def broken(reader):
+        raise RuntimeError("boom")
+
+    logged = []
+    fake_server.server.log = logged.append
+    monkeypatch.setattr(server_module, "read_frame", broken)
+    frames = await asyncio.wait_for(raw_exchange(fake_server.path, b"", hello=False), 10)
+    assert [f["code"] for f in frames] == ["internal"]
+    assert wait_for(lambda: fake_server.status()["clients"] == 0, timeout=5)
+    assert len(logged) == 1 and "RuntimeError: boom" in logged[0] and "\n" not in logged[0]
+    monkeypatch.undo()
     assert await still_serves(fake_server.path)
 
 

@@ -1,0 +1,66 @@
+"""`voicectl say` refuses what it cannot do well with one line, before or instead of writing bad output."""
+import os
+import shutil
+import stat
+
+import pytest
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.cli_helpers import one_line_error, voicectl
+
+TINY = ["--backend", "torch", "--seed", "1", "--max-tokens", "40", "--no-server"]
+
+
+def nan_decoder_checkpoint(tiny_model, tmp_path):
+    """A copy of the tiny checkpoint whose BiCodec decoder has a NaN weight (a broken download or conversion)."""
+    model = tmp_path / "nan-model"
+    shutil.copytree(tiny_model, model)
+    weights = model / "BiCodec" / "model.safetensors"
+    state = load_file(weights)
+    state["decoder.model.6.bias"] = torch.full_like(state["decoder.model.6.bias"], float("nan"))
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return model
+
+
+def test_nan_decoder_weights_fail_with_one_line_and_write_no_wav(tiny_model, tmp_path):
+    model = nan_decoder_checkpoint(tiny_model, tmp_path)
+    out = tmp_path / "x.wav"
+    proc = voicectl("say", "Hello there.", "--out", str(out), "--model", str(model), *TINY)
+    line = one_line_error(proc)
+    assert "non-finite audio" in line and "BiCodec" in line and str(model) in line, line
+    assert not out.exists() and not list(tmp_path.glob(".x.wav.*"))
+
+
+@pytest.mark.parametrize("name", ["say", "export"])
+def test_an_unknown_voice_is_named_before_any_model_is_looked_for(name, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("Hello there.")
+    args = {"say": ["say", "Hello there.", "--out", str(tmp_path / "o.wav"), "--no-server"],
+            "export": ["export", str(src), "-o", str(tmp_path / "o.wav")]}[name]
+    proc = voicectl(*args, "--voice", "nobody", "--model", str(tmp_path / "no-such-model"), "--backend", "torch")
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "unknown voice 'nobody'" in line, line
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_say_out_files_get_the_umasks_permissions(umask, mode, tmp_path):
+    """As export and the TUI: a WAV the user asked for is theirs to share as their umask says (not 0600)."""
+    out = tmp_path / "o.wav"
+    old = os.umask(umask)
+    try:
+        proc = voicectl("say", "Hello there.", "--out", str(out), "--backend", "fake", "--no-server")
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == mode
+
+
+def test_say_refuses_to_replace_a_read_only_file(tmp_path):
+    out = tmp_path / "keep.wav"
+    out.write_bytes(b"precious")
+    out.chmod(0o444)
+    line = one_line_error(voicectl("say", "Hello there.", "--out", str(out), "--backend", "fake", "--no-server"))
+    assert "read-only" in line and str(out) in line, line
+    assert out.read_bytes() == b"precious" and sorted(os.listdir(tmp_path)) == ["keep.wav"]
