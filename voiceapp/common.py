@@ -21,11 +21,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
                         "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, no graph "
-                        "capture at start-up: 46 s for a server's 128-row lane on an H200; about "
-                        "twice the time to first audio)")
+                        "capture at start-up; a later first audio)")
     g.add_argument("--no-warm-up", action="store_true",
-                   help="on a GPU, skip the short silent request that pays the process's first-use costs at "
-                        "start-up (its first audio then comes later: 51-72 ms instead of 23-25 on an H100)")
+                   help="skip the short silent request that pays the process's first-use costs at start-up "
+                        "(on a GPU the first audio then comes later)")
 
 
 def add_socket_arg(p: argparse.ArgumentParser) -> None:
