@@ -305,6 +305,8 @@ _MONTH_NAMES = {m.lower(): m for m in _MONTHS} | {m[:3].lower(): m for m in _MON
 _MONTH = (r"(?P<month>" + "|".join(_MONTHS) + r"|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)"
           r"(?:\.(?=\s+\d))?)(?![\w])")
 _ISO_DATE = re.compile(r"(?<![\w.-])(\d{4})-(\d{2})-(\d{2})(?![\w-])")
+_SLASH_DATE = re.compile(r"(?<![\w./])(\d{1,2})/(\d{1,2})/(\d{4})(?![\w/]|\.\d)")
+"""3/4/2025: month first (as in the US) unless the first number cannot be a month (31/12/2025)."""
 _MONTH_DAY = re.compile(r"(?<![\w.])" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?(?![\w:.,]\d|\w)"
                         r"(?:,?\s+(?P<year>\d{4})(?![\w:]))?")
 _MONTH_YEAR = re.compile(r"(?<![\w.])" + _MONTH + r",?\s+(?P<year>\d{4})(?![\w:])")
@@ -323,6 +325,14 @@ def _say_iso_date(m: Match[str]) -> str:
     year, month, day = (int(g) for g in m.groups())
     if not (1 <= month <= 12 and 1 <= day <= 31):
         return _say_digit_groups(m)
+    return f"{_MONTHS[month - 1]} {_ordinal(day)}, {_year(year)}"
+
+
+def _say_slash_date(m: Match[str]) -> str:
+    first, second, year = (int(g) for g in m.groups())
+    month, day = (first, second) if first <= 12 else (second, first)
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return m.group()
     return f"{_MONTHS[month - 1]} {_ordinal(day)}, {_year(year)}"
 
 
@@ -499,6 +509,8 @@ def _say_numbers(text: str) -> str:
         text = _NUMBER_SIGN.sub(lambda m: "about " if m.group()[0] == "~" else "number ", text)
     if "-" in text:
         text = _ISO_DATE.sub(_say_iso_date, text)
+    if "/" in text:
+        text = _SLASH_DATE.sub(_say_slash_date, text)
     if _MONTH_HINT.search(text):
         text = _MONTH_DAY.sub(_say_month_day, text)
         text = _DAY_MONTH.sub(_say_day_month, text)
@@ -532,7 +544,9 @@ def _say_numbers(text: str) -> str:
 _SYMBOL_WORDS = {"&": "and", "@": "at", "+": "plus", "=": "equals", "<": "less than", ">": "greater than",
                  "%": "percent", "\u00b0": "degrees", "/": "slash", ".": "dot"}
 _SYMBOL = re.compile(r"\s*[&@+%\u00b0]\s*|(?<=[\w)])\s*[=<>]\s*(?=[\w(-])|(?<=\w)/(?=\w)|(?<=\w)\.(?=[A-Za-z])")
-_HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*\s*/?>")
+_ATTRIBUTE = r"""\s+[\w:-]+(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>/=]+))?"""
+_HTML_TAG = re.compile(rf"</?[A-Za-z][\w:-]*(?:{_ATTRIBUTE})*\s*/?>")
+"""A markup tag, attributes and all (HTML, or SSML such as <break time="1s"/>): stripped, never read aloud."""
 _JUNK = re.compile(r"[^\w\s.,;:!?'\"()-]|_")
 _DASH_GAP = re.compile(r"(?:(?<=\s)|^)-+(?=\s|$)|-{2,}")
 _EMPTY_PARENS = re.compile(r"\(\s*\)")
