@@ -152,6 +152,8 @@ class Player:
         self.output_underflows = 0
         """Callbacks PortAudio flagged `output_underflow` (host-side glitches; counted, not errors)."""
         self._closed = False
+        self._dead = False
+        """The stream stopped or stalled (its device or audio server gone): never touched again but to close it."""
         self._sd = sd
         self._stream = self._open_stream(sd, device, latency)
 
@@ -210,6 +212,7 @@ class Player:
         if self._closed:
             raise AudioDeviceError(f"the audio player is closed; {_FILE_HINT}")
         if not self._stream.active:
+            self._dead = True
             raise AudioDeviceError(f"the audio output device stopped (disconnected?); {_FILE_HINT}")
 
     async def _wait_progress(self, last: tuple[int, float]) -> tuple[int, float]:
@@ -221,6 +224,7 @@ class Player:
         if self._callbacks != callbacks:
             return self._callbacks, now
         if now - since > self._stall_timeout_s:
+            self._dead = True
             raise AudioDeviceError(
                 f"the audio output device stopped playing (no callback for {self._stall_timeout_s:g} s); "
                 f"{_FILE_HINT}")
@@ -313,7 +317,9 @@ class Player:
         if self._resampler is not None and self._resampler_dirty:
             self._resampler.clear()
             self._resampler_dirty = False
-        if self._closed:
+        if self._closed or self._dead:
+            # a dead stream is left alone: restarting one whose audio server died blocks inside PortAudio (and
+            # with it Ctrl-C) for good
             self._ring.apply_clear()
             return
         # Audio already handed to the host (about `latency`, 0.1 s) would keep playing; abort drops it.
