@@ -16,12 +16,18 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceapp.client import server_status, socket_path
+    from voiceapp.client import lock_holder, server_status, socket_path
 
     path = socket_path(args.socket)
     status = asyncio.run(server_status(path))
     if status is None:
-        print(json.dumps(None) if args.json else f"no server running (socket {path})")
+        holder = lock_holder(path)
+        if holder is None:
+            print(json.dumps(None) if args.json else f"no server running (socket {path})")
+        else:  # loading its engine, or its socket file was deleted: either way `serve` there would be refused
+            print(json.dumps({"pid": holder, "listening": False}) if args.json else
+                  f"a server (pid {holder}) holds {path} but is not answering there: still loading its engine, or "
+                  f"its socket was deleted (voicectl stop ends it)")
         return 1
     print(json.dumps(status) if args.json else "\n".join(describe(status)))
     return 0

@@ -252,3 +252,18 @@ def test_serve_has_one_warm_up_flag_and_keeps_the_old_spelling_hidden():
     assert parser.parse_args(["serve", "--no-warmup"]).no_warm_up is True
     assert parser.parse_args(["serve", "--no-warm-up"]).no_warm_up is True
     assert parser.parse_args(["serve"]).no_warm_up is False
+
+
+def test_a_server_whose_socket_was_deleted_is_named_by_status_and_stopped_by_stop(served):
+    """status and serve agree: a deleted socket leaves a server that holds the lock; status names it (exit 1, it
+    cannot answer) and `voicectl stop` ends it."""
+    proc, path, env = served
+    path.unlink()
+    out = voicectl("status", env=env)
+    assert out.returncode == 1 and f"pid {proc.pid}" in out.stdout.decode() and "socket was deleted" in \
+        out.stdout.decode(), out.stdout.decode()
+    assert json.loads(voicectl("status", "--json", env=env).stdout) == {"pid": proc.pid, "listening": False}
+    assert "already running" in one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))
+    stopped = voicectl("stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr.decode()
+    assert proc.wait(10) == 0
