@@ -40,10 +40,12 @@ def test_clone_a_voice_then_use_it_then_remove_it(tiny_model, tmp_path):
 def test_clone_bad_references(tiny_model, tmp_path):
     (tmp_path / "text.wav").write_text("not audio at all")
     sf.write(tmp_path / "silent.wav", np.zeros(16000 * 2, np.float32), 16000)
-    for ref, name in [(tmp_path / "missing.wav", "a"), (tmp_path / "text.wav", "b"), (tmp_path / "silent.wav", "c")]:
-        proc = voicectl("voice", "add", name, "--from", str(ref), "--model", str(tiny_model))
+    said = {"missing.wav": "no such file", "text.wav": "as audio", "silent.wav": "non-silent", ".": "a directory"}
+    for ref, name in [("missing.wav", "a"), ("text.wav", "b"), ("silent.wav", "c"), (".", "d")]:
+        proc = voicectl("voice", "add", name, "--from", str(tmp_path / ref), "--model", str(tiny_model))
         err = proc.stderr.strip()
         assert proc.returncode != 0 and err.startswith("voicectl: ") and "\n" not in err, err
+        assert said[ref] in err and "System error" not in err, err
     proc = voicectl("voice", "add", "Bad Name!", "--from", str(tmp_path / "silent.wav"))
     assert proc.returncode != 0 and "lowercase" in proc.stderr
     assert voicectl("voice", "add", "ava", "--from", str(tmp_path / "silent.wav")).returncode != 0

@@ -59,10 +59,17 @@ def read_reference(path: str, rate: int = 16000):
 
     from engine.errors import InputError
 
-    try:
-        audio, sr = sf.read(path, dtype="float64", always_2d=True)
+    try:  # opened here, not by libsndfile, whose error for a missing file is "System error."
+        file = open(path, "rb")
     except FileNotFoundError:
         raise InputError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not an audio file") from None
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        with file:
+            audio, sr = sf.read(file, dtype="float64", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as err:
         raise InputError(f"cannot read {path} as audio: {str(err).splitlines()[0]}") from None
     audio = audio[:, 0]
