@@ -64,3 +64,16 @@ def test_say_refuses_to_replace_a_read_only_file(tmp_path):
     line = one_line_error(voicectl("say", "Hello there.", "--out", str(out), "--backend", "fake", "--no-server"))
     assert "read-only" in line and str(out) in line, line
     assert out.read_bytes() == b"precious" and sorted(os.listdir(tmp_path)) == ["keep.wav"]
+
+
+def test_a_full_disk_during_say_out_is_named_and_leaves_nothing(tmp_path):
+    """A real 32 kB tmpfs: the WAV does not fit; one line says the disk is full (not libsndfile's "System
+    error."), and neither the WAV nor its hidden partial file is left."""
+    from tests.cli_helpers import small_tmpfs
+
+    with small_tmpfs(tmp_path / "mnt", "32k") as mnt:
+        proc = voicectl("say", "A sentence long enough to fill a tiny disk. And another one.", "--backend", "fake",
+                        "--out", str(mnt / "out.wav"), "--no-server")
+        err = one_line_error(proc)
+        assert "disk full" in err and "System error" not in err, err
+        assert list(mnt.iterdir()) == []

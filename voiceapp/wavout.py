@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -65,13 +66,28 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
             zero_peak_timestamp(tmp)
         os.replace(tmp, out)
     except (OSError, sf.SoundFileError) as err:
-        if getattr(err, "errno", None) == errno.ENOSPC or "space" in str(err).lower():
+        if disk_full(err, out):
             raise OutputError(f"disk full while writing {out}; nothing was written") from None
         raise OutputError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return samples
+
+
+FULL_BELOW_BYTES = 1 << 20
+"""Free space under which a failed write is taken for a full disk (libsndfile reports ENOSPC as "System error.")."""
+
+
+def disk_full(err: BaseException, out: Path) -> bool:
+    """Whether a failed write of `out` ran out of space: ENOSPC, a message saying so, or (libsndfile's opaque
+    "System error.") next to no space left where `out` goes."""
+    if getattr(err, "errno", None) == errno.ENOSPC or "space" in str(err).lower():
+        return True
+    try:
+        return shutil.disk_usage(out.parent if str(out.parent) else ".").free < FULL_BELOW_BYTES
+    except OSError:
+        return False
 
 
 def zero_peak_timestamp(path: str) -> None:
