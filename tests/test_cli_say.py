@@ -77,3 +77,27 @@ def test_a_full_disk_during_say_out_is_named_and_leaves_nothing(tmp_path):
         err = one_line_error(proc)
         assert "disk full" in err and "System error" not in err, err
         assert list(mnt.iterdir()) == []
+
+
+def test_a_partial_file_of_a_killed_say_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL mid-write leaves a hidden partial file; the next write to that output removes it (its writer is
+    gone), and leaves a live writer's alone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out.wav"
+    long_text = "A sentence that takes a while to say. " * 40
+    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "say", long_text, "--backend", "fake", "--out",
+                             str(out), "--no-server"], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob(".out.wav.*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert list(tmp_path.glob(".out.wav.*.partial")), "the killed say left no partial file to clean up"
+    live = tmp_path / f".out.wav.{os.getpid()}-00000000.partial"
+    live.write_bytes(b"")
+    assert voicectl("say", "Hello.", "--backend", "fake", "--out", str(out), "--no-server").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.wav", live.name])

@@ -1,6 +1,7 @@
 """Provides atomic WAV writing of an audio chunk stream: a temp file beside the target, renamed when complete."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -34,15 +35,41 @@ def read_only(path: Path) -> bool:
 
 def create_partial(out: Path) -> str:
     """A new, empty temp file beside `out`, created with the umask's permissions (mkstemp's 0600 would stick to
-    the finished WAV, unlike export's and the TUI's files); its name is hidden and unique."""
+    the finished WAV, unlike export's and the TUI's files); its name is hidden, unique and carries the writer's
+    pid, so that partial files of writers killed before they could clean up are removed here."""
     parent = out.parent if str(out.parent) else Path(".")
+    remove_orphaned_partials(parent, out.name)
     while True:
-        tmp = str(parent / f".{out.name}.{secrets.token_hex(4)}.partial")
+        tmp = str(parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
             return tmp
         except FileExistsError:
             continue
+
+
+def remove_orphaned_partials(parent: Path, name: str) -> None:
+    """Delete `parent`'s partial files for `name` whose writer process is gone (SIGKILLed mid-write)."""
+    prefix = f".{name}."
+    for entry in parent.glob(f".{glob_escape(name)}.*-*.partial"):
+        pid = entry.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    return True
 
 
 async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: int,
