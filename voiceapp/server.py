@@ -37,6 +37,8 @@ MAX_PENDING_TEXT = 1 << 20
 """Characters of streamed text held for one request; past this the server stops reading until the synthesizer
 has taken some (a fast sender waits, as it would in-process; the server's memory stays bounded)."""
 MAX_UNIX_PATH = 107
+ACCEPT_FAILURE_LOG_S = 10.0
+"""At most one log line per this many seconds while the server cannot accept (out of file descriptors)."""
 IDLE_CHECK_S = 1.0
 """How often a server with an idle timeout looks again while a client is connected."""
 
@@ -242,6 +244,7 @@ class EngineServer:
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
+        self._accept_failure_logged = -ACCEPT_FAILURE_LOG_S
         self._stopping = False
         self._idle_since = time.monotonic()
         synth.events = self._route
@@ -262,6 +265,19 @@ class EngineServer:
             os.umask(umask)
         os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
+        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Out of descriptors, asyncio logs a traceback for every refused accept, many a second: one line per
+        ACCEPT_FAILURE_LOG_S instead (the server takes connections again once clients close theirs)."""
+        if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self._accept_failure_logged >= ACCEPT_FAILURE_LOG_S:
+            self._accept_failure_logged = now
+            self.log(f"cannot accept connections ({one_line(context.get('exception') or 'out of resources')}); "
+                     f"retrying as clients close theirs")
 
     async def close(self) -> None:
         """Stop listening, end in-flight requests (their clients get a "shutting down" error), remove the socket."""

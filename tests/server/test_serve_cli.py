@@ -267,3 +267,39 @@ def test_a_server_whose_socket_was_deleted_is_named_by_status_and_stopped_by_sto
     stopped = voicectl("stop", env=env)
     assert stopped.returncode == 0, stopped.stderr.decode()
     assert proc.wait(10) == 0
+
+
+def test_out_of_descriptors_the_server_logs_one_line_and_recovers(sock_path, tmp_path):
+    """Under a 48-descriptor limit, 80 clients at once: the server cannot accept them all, logs that once (not a
+    traceback per refused accept), and answers again once they have gone."""
+    import resource
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "VOICEAPP_SOCKET": sock_path}
+    log = tmp_path / "serve.log"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", "--backend", "fake"], env=env,
+                                stderr=err, preexec_fn=limit)
+    try:
+        assert wait_for(lambda: "listening on" in log.read_text(), timeout=60), log.read_text()
+        clients = []
+        for _ in range(80):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock_path)
+            clients.append(s)
+        time.sleep(2)
+        for s in clients:
+            s.close()
+        assert wait_for(lambda: voicectl("status", env=env).returncode == 0, timeout=20)
+        text = log.read_text()
+        assert "Traceback" not in text and text.count("cannot accept connections") == 1, text[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
