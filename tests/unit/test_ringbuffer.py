@@ -168,7 +168,9 @@ def test_read_into_allocates_no_buffers():
     finally:
         tracemalloc.stop()
     assert ring.underruns > 0  # the zero-fill path ran too
-    assert peak - base < 2048, f"read_into/write peaked at {peak - base} bytes above baseline"
+    # under half a block: a temporary array per call (16 KiB) fails it; tracemalloc also counts what other threads
+    # of the test process allocate meanwhile (a few kB were seen in CI), which must not
+    assert peak - base < 8192, f"read_into/write peaked at {peak - base} bytes above baseline"
     assert current - base < 1024, f"{current - base} bytes still allocated after 10k calls"
 
 
