@@ -13,6 +13,8 @@ from typing import Iterator
 
 import pytest
 
+from voiceapp.client import serve_pids  # noqa: F401 - the tests find servers with it
+
 
 def voicectl(*args: str, stdin: bytes | str | None = None, env: dict[str, str] | None = None, text: bool = False,
              cwd: str | Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -40,19 +42,6 @@ def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
-
-
-def serve_pids(socket: str | Path) -> list[int]:
-    """Live `voiceapp.cli serve` processes whose command line names `socket` (as auto-started ones do)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, ValueError):
-            continue
-        if "voiceapp.cli" in argv and "serve" in argv and str(socket) in argv and entry.name.isdigit():
-            pids.append(int(entry.name))
-    return pids
 
 
 def kill_servers(socket: str | Path, timeout: float = 10.0) -> list[int]:

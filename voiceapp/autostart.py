@@ -19,6 +19,7 @@ from pathlib import Path
 from engine.errors import InputError, VoiceError
 from engine.events import EventSink, Notice, ignore_events
 from engine.factory import EngineConfig
+from voiceapp.cmd_serve import LOG_PREFIX
 from voiceapp.client import RemoteSynthesizer, ServerUnusable, connect_usable, is_default_location, lock_holder
 
 NO_SERVER_ENV = "VOICEAPP_NO_SERVER"
@@ -34,8 +35,6 @@ nobody listens on fails at once, so trying often costs little, and the first req
 beyond the moment the server listens."""
 MAX_LOG_BYTES = 1 << 20
 """A log bigger than this when a server starts is moved aside (to LOG.1) first."""
-SERVER_LINE = "voicectl serve: "
-"""The start of the lines a server logs itself (voiceapp.cmd_serve.LOG_PREFIX); only those are relayed."""
 
 
 def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> bool:
@@ -117,8 +116,8 @@ class ServerLog:
 
     def relay(self, events: EventSink) -> None:
         for line in self.new_lines():
-            if line.startswith(SERVER_LINE):
-                events(Notice(f"server: {line[len(SERVER_LINE):]}"))
+            if line.startswith(LOG_PREFIX):
+                events(Notice(f"server: {line[len(LOG_PREFIX):]}"))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -200,6 +199,6 @@ async def wait_for_server(path: Path, config: EngineConfig, child: subprocess.Po
 
 def failure(child: subprocess.Popen, log: ServerLog) -> str:
     """Why a server exited without listening: its last log line, unless that was progress."""
-    if log.last and not log.last.startswith(SERVER_LINE):
+    if log.last and not log.last.startswith(LOG_PREFIX):
         return log.last.removeprefix("voicectl: ")
     return f"exit status {child.returncode}"

@@ -81,6 +81,18 @@ def lock_holder(path: Path) -> int | None:
     return pid
 
 
+def serve_pids(socket_file: str | Path) -> list[int]:
+    """Live `voiceapp.cli serve` processes whose command line names `socket_file` (background servers do, and so
+    do servers still loading, which have no socket yet)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if "voiceapp.cli" in argv and "serve" in argv and str(socket_file) in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
 def peer_credentials(sock: Any) -> tuple[int, int] | None:
     """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED; None where unsupported)."""
     if not hasattr(socket, "SO_PEERCRED"):

@@ -4,14 +4,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, require_speakable,
-                             require_voice, sampling_options)
+from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, process_start_perf,
+                             require_speakable, require_voice, sampling_options)
 
 
 def add_parser(sub) -> None:
@@ -178,25 +177,6 @@ async def connect_server(args: argparse.Namespace, events):
     if server_disabled(args.no_server):
         return None
     return await connect_or_start(socket_path(args.socket), engine_config(args, one_listener=True), events)
-
-
-_PROCESS_START: float | None = None
-
-
-def process_start_perf() -> float:
-    """This process's start on the time.perf_counter() clock (Linux: from /proc, to 10 ms; elsewhere: when this
-    module was first asked)."""
-    global _PROCESS_START
-    if _PROCESS_START is None:
-        now = time.perf_counter()
-        try:
-            with open("/proc/self/stat") as f:
-                start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-            age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-            _PROCESS_START = now - max(age, 0.0)
-        except (OSError, ValueError, IndexError, AttributeError):
-            _PROCESS_START = now
-    return _PROCESS_START
 
 
 def _device(args: argparse.Namespace) -> int | str | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from engine.errors import VoiceError, one_line
+from voiceapp.client import serve_pids
 from voiceapp.startup_bench import SAY_TEXT, CaseOutcome, book_text, child_env, tuning_done
 
 POLL_S = 0.01
@@ -494,17 +495,6 @@ def stop_servers(bench: Bench, *pids: int | None) -> None:
     found = {pid for pid in (*pids, status and status.get("pid"), *serve_pids(bench.socket)) if pid}
     for pid in found:
         stop_pid(pid)
-
-
-def serve_pids(socket: Path) -> list[int]:
-    """Live `voiceapp.cli serve` processes whose command line names `socket` (background servers do)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if "voiceapp.cli" in argv and "serve" in argv and str(socket) in argv:
-                pids.append(int(entry.name))
-    return pids
 
 
 def stop_pid(pid: int) -> None:

@@ -385,7 +385,7 @@ def log_metrics(utt: Utterance) -> None:
     path = os.environ.get(METRICS_LOG_ENV)
     if not path:
         return
-    from voiceapp.cmd_say import process_start_perf
+    from voiceapp.common import process_start_perf
 
     try:
         with open(path, "a", encoding="utf-8") as f:
