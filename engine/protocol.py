@@ -20,7 +20,6 @@ import functools
 import importlib.metadata
 import json
 import struct
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,10 +141,12 @@ def project_version() -> str:
     or an editable install), else the installed package's metadata, else "unknown"."""
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
     try:
+        import tomllib  # Python 3.11+; on 3.10 the installed metadata answers
+
         project = tomllib.loads(pyproject.read_text()).get("project", {})
         if project.get("name") == "voiceapp" and isinstance(project.get("version"), str):
             return project["version"]
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (ImportError, OSError, ValueError, UnicodeDecodeError):  # TOMLDecodeError is a ValueError
         pass
     try:
         return importlib.metadata.version("voiceapp")
