@@ -7,7 +7,7 @@ largest single cost of a fresh engine's start-up (docs/benchmarks/startup.json).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,8 +35,6 @@ class Qwen2Config:
     model_type: str = "qwen2"
     rope_scaling: dict[str, Any] | None = None
     use_sliding_window: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-    """The rest of config.json, unread."""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Qwen2Config":
@@ -45,12 +43,12 @@ class Qwen2Config:
         theta = raw.get("rope_theta", rope.get("rope_theta") if isinstance(rope, dict) else None)
         if theta is None:
             raise KeyError("rope_theta")
-        names = set(cls.__dataclass_fields__) - {"extra", "rope_theta"}
+        names = set(cls.__dataclass_fields__) - {"rope_theta"}
         known = {k: raw[k] for k in names if k in raw}
-        if known.get("rope_scaling") is None and isinstance(rope, dict) and rope.get("rope_type", "default") != "default":
+        scaled = isinstance(rope, dict) and rope.get("rope_type", "default") != "default"
+        if known.get("rope_scaling") is None and scaled:
             known["rope_scaling"] = rope
-        config = cls(rope_theta=float(theta), **known,
-                     extra={k: v for k, v in raw.items() if k not in names and k != "rope_theta"})
+        config = cls(rope_theta=float(theta), **known)
         for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
                      "intermediate_size", "vocab_size"):
             if not isinstance(getattr(config, name), int) or getattr(config, name) < 1:

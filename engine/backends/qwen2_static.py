@@ -63,9 +63,10 @@ class StaticQwen2:
     def __init__(self, model: torch.nn.Module | Qwen2Weights, max_len: int, device: torch.device | str,
                  dtype: torch.dtype, compile_layers: bool = False, own_cache: bool = True,
                  release: bool = False) -> None:
-        """`model`: a transformers Qwen2 model or its weights read from a checkpoint. `max_len`: positions covered (rotary tables, and the cache when `own_cache`; without it every forward
-        gets a cache from `new_cache`). `release`: free each transformers layer's weights once converted, so a
-        CPU holds one copy of the model, not two (the model cannot run by itself afterwards)."""
+        """`model`: a transformers Qwen2 model or its weights read from a checkpoint. `max_len`: positions covered
+        (rotary tables, and the cache when `own_cache`; without it every forward gets a cache from `new_cache`).
+        `release`: free each transformers layer's weights once converted, so a CPU holds one copy of the model, not
+        two (the model cannot run by itself afterwards)."""
         weights = model if isinstance(model, Qwen2Weights) else Qwen2Weights.from_module(model)
         cfg = weights.config
         _check_supported(cfg)
@@ -119,17 +120,15 @@ class StaticQwen2:
         """One layer's tensors (`tensor`: name -> tensor; names under `prefix`), concatenated and transposed where
         they will live (on a GPU that is faster than on the host)."""
         def get(name: str) -> torch.Tensor:
-            return tensor(prefix + name).detach().to(device=device, dtype=dtype)
-
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.contiguous()
+            return tensor(prefix + name).detach().to(device=device, dtype=dtype).contiguous()
 
         qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in "qkv"])
         bias = torch.cat([get(f"self_attn.{p}_proj.bias") for p in "qkv"])
         gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
-        return LayerWeights(ln1=put(get("input_layernorm.weight")), qkv_t=put(qkv.t()), qkv_bias=put(bias),
-                            o_t=put(get("self_attn.o_proj.weight").t()), ln2=put(get("post_attention_layernorm.weight")),
-                            gate_up_t=put(gate_up.t()), down_t=put(get("mlp.down_proj.weight").t()))
+        return LayerWeights(ln1=get("input_layernorm.weight"), qkv_t=qkv.t().contiguous(), qkv_bias=bias,
+                            o_t=get("self_attn.o_proj.weight").t().contiguous(),
+                            ln2=get("post_attention_layernorm.weight"), gate_up_t=gate_up.t().contiguous(),
+                            down_t=get("mlp.down_proj.weight").t().contiguous())
 
     def new_cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed keys and values for `length` positions: [layers, kv_heads, length, head_dim] each."""

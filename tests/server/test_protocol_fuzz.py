@@ -14,9 +14,9 @@ from tests.server.conftest import wait_for
 from tests.server.test_server import open_fds, still_serves
 
 TYPES = ["hello", "say", "text", "end", "cancel", "status", "ping", "bogus"]
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=50),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
-                                                                                       max_size=4), max_leaves=20)
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=50)
+JSON_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
 MESSAGES = st.builds(lambda kind, fields: {**fields, "type": kind}, st.sampled_from(TYPES),
                      st.dictionaries(st.sampled_from(["text", "voice", "seed", "options", "stream", "v", "x"]),
                                      JSON_VALUES, max_size=5))
