@@ -36,8 +36,8 @@ from engine.pipeline import Synthesizer, sentence_seed
 from engine.windowing import WindowSchedule
 
 MANIFEST_FORMAT = "voiceapp-export"
-MANIFEST_VERSION = 2
-"""2: parts hold 16-bit PCM (1 held float32)."""
+MANIFEST_VERSION = 3
+"""3: settings name the platform; 2: parts hold 16-bit PCM (1 held float32)."""
 PART_MAGIC = b"VAP2"
 PART_HEADER = struct.Struct("<4sIQI")
 """magic, sentence index, sample count, CRC-32 of the samples' bytes (16-bit little-endian PCM)."""
@@ -71,8 +71,11 @@ class ExportSettings:
     model_hash: str = ""
     backend: str = ""
     sample_rate: int = 0
+    platform: str = ""
+    """Where the arithmetic ran: device, driver and library versions (factory.describe_platform). The same seed
+    renders the same bytes only there."""
 
-    ENGINE_KEYS = ("model_hash", "backend", "sample_rate")
+    ENGINE_KEYS = ("model_hash", "backend", "sample_rate", "platform")
     """Known only once the engine is built; the rest is checked before loading the model."""
 
 
@@ -197,6 +200,10 @@ class Manifest:
         """Refuse to resume an export whose audio would differ: input, model, voice, seed or settings changed."""
         now = dataclasses.asdict(plan.settings)
         for key in keys:
+            if key == "platform" and data["settings"].get(key) != now[key]:
+                raise ManifestError(f"cannot resume {self.path.name}: its finished sentences were rendered on "
+                                    f"{data['settings'].get(key)!r}, this is {now[key]!r}, and the bytes would "
+                                    f"differ; resume it there, or pass --restart to render everything here")
             if data["settings"].get(key) != now[key]:
                 what = "the input file changed" if key == "input_sha256" else \
                     f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"

@@ -52,10 +52,13 @@ class EngineConfig:
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
     takes the streams beyond the lane's rows (a lane of fewer than 32 rows also hands its streams to vLLM once
-    vLLM is busy). Never with `deterministic` (routing would change a seed's tokens)."""
+    vLLM is busy). A `deterministic` engine has a lane of its own kind (see there)."""
     deterministic: bool = False
-    """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume): vLLM
-    in batch-invariant mode (VLLM_BATCH_INVARIANT) and fixed cuDNN algorithms for the GPU decoder. Costs speed."""
+    """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume). On a GPU:
+    a graph lane of fixed shapes (GraphLane `fixed_shapes`: plain tensor code, nothing compiled or autotuned, so
+    the kernels are chosen alike in every process) in front of the torch generator for what it cannot take, never
+    vLLM (its batches change a sentence's arithmetic); the decoder with cuDNN's fixed algorithms and no graphs
+    (an export decodes whole sentences). On the CPU: the torch generator, which steps each request alone."""
     one_listener: bool = False
     """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
     GPU, the lane's rows carry everything it hears, so vLLM is not started: on a fresh H100, `voicectl say` took
@@ -273,14 +276,15 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
                                  deterministic=config.deterministic, autotune=config.decoder_autotune)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
         with phase("decoder_graphs", events):
-            seconds = gpu.warmup(lengths_for(config.schedule), batches)
+            # a deterministic engine renders whole sentences, whose lengths no captured window matches
+            seconds = 0.0 if config.deterministic else gpu.warmup(lengths_for(config.schedule), batches)
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device == "cuda":
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
         events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
         return BiCodecDecoder(info.bicodec_dir, device="cpu", num_threads=config.threads)
-    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({config_dtype_name(dtype)}, CUDA graphs "
-                  f"captured in {seconds:.1f} s)"))
+    graphs = "no CUDA graphs" if config.deterministic else f"CUDA graphs captured in {seconds:.1f} s"
+    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({config_dtype_name(dtype)}, {graphs})"))
     if config.decoder_device == "auto":
         gpu_s = probe_decoder(gpu, lengths_for(config.schedule)[0])
         if gpu_s > SLOW_GPU_DECODE_S:
@@ -320,6 +324,8 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     want_lane = config.graph_lane and not config.deterministic
     lane, tried = None, False
     gpu = _cuda() and (config.device != "cpu" or backend == "vllm")  # --compute cpu: the LLM stays on the CPU
+    if config.deterministic:
+        return _deterministic_generator(info, config, events, gpu)
     if backend == "auto" and config.one_listener and want_lane and gpu:
         lane, tried = _build_lane(info, events, rows=config.lane_rows), True
         if lane is not None:  # else vLLM below, as ever
@@ -343,20 +349,72 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     return _torch_generator(info, config, events, lane, build_lane=want_lane and not tried)
 
 
+def _deterministic_generator(info, config: EngineConfig, events: EventSink, gpu: bool):
+    """EngineConfig.deterministic's generator: on a GPU, the fixed-shape lane in front of the torch generator, which
+    takes only what the lane cannot hold (decided by the request alone, never by load); else the torch generator."""
+    from engine.errors import InputError
+
+    if config.backend == "vllm":
+        raise InputError("vLLM cannot reproduce a sentence's bytes across runs (its batches change the arithmetic); "
+                         "leave --backend at auto or torch")
+    lane = _build_fixed_lane(info, events) if gpu else None
+    if lane is None:
+        return _torch_generator(info, config, events)
+    import torch
+
+    from engine.backends.graph_gen import LaneRouter
+
+    fallback = _plain_torch_generator(info, config, events, torch.device("cuda"), lazy=True)
+    return LaneRouter(fallback, lane, others_limit=None, handoff_at=None, overflow=False, failover=False,
+                      events=events)
+
+
+def _build_fixed_lane(info, events: EventSink):
+    """A fixed-shape lane (GraphLane `fixed_shapes`) sized to the GPU, or None with a notice where it cannot run."""
+    import torch
+
+    from engine.backends.graph_gen import FIXED_MAX_LEN, GraphLane, row_bytes, rows_for
+    from engine.backends.qwen2_checkpoint import Qwen2Weights
+    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
+    from engine.prompt import semantic_allowed_ids
+
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability(device) < MIN_COMPUTE_CAPABILITY:
+        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer); the torch "
+                      "generator renders one step per sentence"))
+        return None
+    t0 = time.perf_counter()
+    model = Qwen2Weights.from_checkpoint(info.llm_dir)
+    rows = rows_for(torch.cuda.get_device_properties(device).total_memory,
+                    row_bytes(model.config, max_len=FIXED_MAX_LEN), None)
+    lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
+                     max_len=FIXED_MAX_LEN, fixed_shapes=True)
+    events(Notice(f"graph lane of fixed shapes ready in {time.perf_counter() - t0:.1f} s ({lane.rows} rows, CUDA "
+                  f"graphs captured in {lane.capture_s:.1f} s)"))
+    events(StartupPhase("lane", time.perf_counter() - t0))
+    return lane
+
+
 def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, build_lane: bool = False):
     """The torch generator, behind `lane` (or one built here with `build_lane`) on a GPU. Behind a lane it loads on
     its first request: it only takes what the lane cannot, which most processes never meet."""
     import torch
 
-    from engine.backends.torch_gen import TorchTokenGenerator, pick_device
+    from engine.backends.torch_gen import pick_device
 
     device = pick_device() if config.device == "auto" else torch.device(config.device)
     if device.type == "cuda" and lane is None and build_lane:
         lane = _build_lane(info, events, device, rows=config.lane_rows)
-    with phase("llm", events):
-        gen = TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
-                                  lazy=lane is not None)
+    gen = _plain_torch_generator(info, config, events, device, lazy=lane is not None)
     return gen if lane is None else lane_router(gen, lane, events)
+
+
+def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device, lazy: bool):
+    from engine.backends.torch_gen import TorchTokenGenerator
+
+    with phase("llm", events):
+        return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
+                                   lazy=lazy)
 
 
 def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False):
@@ -447,6 +505,50 @@ def _lane_in_front(generator) -> bool:
 
     graph_gen = sys.modules.get("engine.backends.graph_gen")  # never imported: no lane was built
     return graph_gen is not None and isinstance(generator, graph_gen.LaneRouter)
+
+
+def lane_rows(generator) -> int:
+    """Rows of the graph lane in front of this generator (0: none)."""
+    return generator.lane.rows if _lane_in_front(generator) else 0
+
+
+def describe_platform(synth: Synthesizer) -> str:
+    """What a deterministic engine's bytes depend on besides the checkpoint and the settings: where the LLM and the
+    decoder compute and the versions of what computes there, e.g. "cuda NVIDIA H200 sm90, driver 580.159.04, CUDA
+    13.0, cuDNN 91400, torch 2.11.0+cu130, lane 128x2048" or "cpu x86_64 AVX512, 2 threads, torch 2.11.0"."""
+    import platform
+    import sys
+
+    if "torch" not in sys.modules:  # the fake engine
+        return "fake"
+    import torch
+
+    parts = []
+    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if gpu:
+        major, minor = torch.cuda.get_device_capability()
+        parts += [f"cuda {torch.cuda.get_device_name()} sm{major}{minor}", f"driver {_nvidia_driver()}",
+                  f"CUDA {torch.version.cuda}", f"cuDNN {torch.backends.cudnn.version()}"]
+    if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
+        parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
+                  f"{torch.get_num_threads()} threads"]
+    parts.append(f"torch {torch.__version__}")
+    if lane_rows(synth.generator):
+        lane = synth.generator.lane
+        parts.append(f"lane {lane.rows}x{lane.max_len}")
+    return ", ".join(parts)
+
+
+def _nvidia_driver() -> str:
+    """The NVIDIA driver's version (Linux: from /proc), else the CUDA driver API version torch reports."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split()
+        return next(w for w in words if w[:1].isdigit() and w.count(".") >= 1)
+    except (OSError, StopIteration):
+        import torch
+
+        return f"API {torch._C._cuda_getDriverVersion()}"
 
 
 def _capture_decoder_batches(synth: Synthesizer, config: EngineConfig) -> bool:

@@ -59,6 +59,10 @@ def add_parser(sub) -> None:
                    help="skip the TTFA runs with other first-window schedules")
     p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
     add_startup_args(p)
+    p.add_argument("--export-check", action="store_true",
+                   help="instead: fresh `voicectl export` processes of one generated book (clean; other --jobs, "
+                        "killed and resumed; another order) compared byte for byte, with their speed end to end "
+                        f"(--export-sentences, default {EXPORT_CHECK_SENTENCES}: a text read in about an hour)")
     p.set_defaults(run=run)
 
 
@@ -82,6 +86,8 @@ EXPORT_SENTENCES = 512
 STARTUP_EXPORT_SENTENCES = 40
 """--export-sentences' default: the warm benchmark's, and the start-up benchmark's (long enough that the first
 sentence and the whole book are apart)."""
+EXPORT_CHECK_SENTENCES = 800
+"""--export-check's default book: ~9,000 words, an hour read aloud."""
 STARTUP_REPEATS = 3
 """--repeats' default."""
 STARTUP_TIMEOUT_S = 900.0
@@ -92,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
     from engine import bench
     from engine.errors import InputError
 
+    if args.startup and args.export_check:
+        raise InputError("--startup and --export-check exclude each other")
     if args.startup:
         return run_startup(args)
+    if args.export_check:
+        return run_export_check(args)
     given = [f"--{n.replace('_', '-')}" for n in ("repeats", "cases", "warm_json", "timeout") if getattr(args, n)]
     if given:
         raise InputError(f"{', '.join(given)}: only with --startup")
@@ -187,6 +197,35 @@ def run_startup(args: argparse.Namespace) -> int:
     if result["errors"]:
         raise CaseFailed(f"{len(result['errors'])} of {len(cases)} start-up cases failed: "
                          f"{', '.join(result['errors'])} (their errors are listed above)")
+    return 0
+
+
+def run_export_check(args: argparse.Namespace) -> int:
+    """voiceapp.export_check on fresh processes; the summary on stdout, the report to --json. Exits non-zero when
+    the exports differ."""
+    from voiceapp.export_check import export_check
+    from voiceapp.startup_cases import Bench, CaseFailed, describe_device, git_commit
+
+    sentences = EXPORT_CHECK_SENTENCES if args.export_sentences is None else args.export_sentences
+    timeout_s = STARTUP_TIMEOUT_S if args.timeout is None else args.timeout
+    if sentences < 4 or timeout_s <= 0:
+        raise CaseFailed("--export-sentences must be at least 4 and --timeout above 0 with --export-check")
+    started = datetime.datetime.now().astimezone()
+    with checkpoint_for(args, _log) as (model, checkpoint), \
+            tempfile.TemporaryDirectory(prefix="voiceapp-export-check-") as work:
+        device, _ = describe_device(timeout_s)
+        result = export_check(Bench(model, Path(work), 1, timeout_s, sentences, _log), Path(work) / "book.txt")
+    result = {"device": device, "date": started.date().isoformat(), "git": git_commit(),
+              "command": command_line(), "model": checkpoint, **result}
+    print(f"{device}: {result['processes_compared']} processes, identical: {result['resume_identical']}; "
+          f"{result['audio_s']:.0f} s of audio, {result['render_xrt']:.0f}x rendering, {result['e2e_xrt']:.0f}x "
+          f"end to end ({result['e2e_s']:.1f} s from launch), first sentence after "
+          f"{result['export_first_sentence_s']:.1f} s")
+    if args.json:
+        write_json(Path(args.json), result)
+    if not result["resume_identical"]:
+        raise CaseFailed("the exports differ: " + ", ".join(n for n, c in result["comparisons"].items()
+                                                            if not c["identical"]))
     return 0
 
 

@@ -12,19 +12,22 @@ import argparse
 import asyncio
 import dataclasses
 import errno
+import json
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
-from voiceapp.common import (add_engine_args, add_voice_args, engine_config, read_input_bytes, read_text_file,
-                             require_speakable, sampling_options)
+from voiceapp.common import (add_engine_args, add_voice_args, engine_config, process_start_perf, read_input_bytes,
+                             read_text_file, require_speakable, sampling_options)
 from voiceapp.wavout import check_output
 
-CPU_JOBS, GPU_JOBS = 4, 128
-"""Default --jobs: a CPU engine gains little from more; vLLM batches many sentences at once (on an H200 its
-throughput still grew from 64 to 128 requests: docs/benchmarks.md)."""
+CPU_JOBS = 4
+"""Default --jobs on the CPU, which gains little from more."""
+GPU_SPARE_JOBS = 32
+"""Default --jobs on a GPU: the lane's rows plus these, so a row that frees while its sentence decodes is taken
+at once by a sentence already waiting."""
 MAX_EPUB_BYTES = 512 * 1024 * 1024
 
 
@@ -36,7 +39,8 @@ def add_parser(sub) -> None:
                         "or DIR/ (one WAV per chapter)")
     p.add_argument("--split-chapters", action="store_true",
                    help="one WAV per chapter; with -o OUT.wav they are named 'OUT 01 - Title.wav'")
-    p.add_argument("--jobs", type=int, help=f"sentences rendered at once (default {CPU_JOBS}; {GPU_JOBS} with vLLM)")
+    p.add_argument("--jobs", type=int, help=f"sentences rendered at once (default {CPU_JOBS}; on a GPU, as many as "
+                                             f"its lane holds)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted export: keep its finished sentences, render the rest")
     p.add_argument("--restart", action="store_true", help="discard an interrupted export and start over")
@@ -44,6 +48,9 @@ def add_parser(sub) -> None:
                    help="scale the whole book to this RMS level (default -20 dBFS; the peak stays <= -3 dBFS)")
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
+    # the determinism check (voicectl bench --export) renders in another order to show order does not matter
+    p.add_argument("--render-order", choices=("index", "reverse"), default="index", help=argparse.SUPPRESS)
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -69,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
                                                                       and layout.split else "")
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
     print(f"wrote {what}: {stats['audio_s']:.1f} s of audio in {stats['wall_s']:.1f} s ({stats['xrt']:.1f}x real "
-          f"time, {len(plan.sentences)} sentences in {len(plan.book.chapters)} chapters{resumed})", file=sys.stderr)
+          f"time; {stats['e2e_s']:.1f} s since launch, {stats['e2e_xrt']:.1f}x; {len(plan.sentences)} sentences in "
+          f"{len(plan.book.chapters)} chapters{resumed})", file=sys.stderr)
+    if args.json:
+        print(json.dumps({**stats, "sentences": len(plan.sentences), "chapters": len(plan.book.chapters)}))
     return 0
 
 
@@ -221,11 +231,13 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
 def engine_checked(plan, synth, manifest, earlier: dict | None):
     """The plan completed with the engine's identity, checked against the manifest being resumed."""
     from engine.export_plan import ExportSettings
+    from engine.factory import describe_platform
     from engine.protocol import describe_engine
 
     engine = describe_engine(synth)
     settings = dataclasses.replace(plan.settings, model_hash=engine["model"]["hash"] if engine["model"] else "fake",
-                                   backend=engine["backend"], sample_rate=synth.sample_rate)
+                                   backend=engine["backend"], sample_rate=synth.sample_rate,
+                                   platform=describe_platform(synth))
     plan = dataclasses.replace(plan, settings=settings)
     if earlier is not None:
         manifest.check(earlier, plan, ExportSettings.ENGINE_KEYS)
@@ -235,13 +247,14 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
 async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
     from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, loudness_gain, make_batch_invariant,
                                     pause_samples, render_parts)
-    from engine.protocol import describe_engine
+    from engine.factory import lane_rows
 
     parts, tracks = manifest.parts, layout.tracks(plan)
     outputs = [str(t.path) for t in tracks]
     done = parts.finished(len(plan.sentences)) if parts.dir.is_dir() else set()
     resumed = len(done)
-    jobs = args.jobs or (GPU_JOBS if describe_engine(synth)["backend"] == "vllm" else CPU_JOBS)
+    rows = lane_rows(synth.generator)
+    jobs = args.jobs or (rows + GPU_SPARE_JOBS if rows else CPU_JOBS)
     make_batch_invariant(synth)
     progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
     try:
@@ -254,7 +267,8 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             manifest.save(plan, done, outputs, force=False)
 
         try:
-            await render_parts(synth, plan, parts, [i for i in range(len(plan.sentences)) if i not in done], jobs,
+            todo = [i for i in range(len(plan.sentences)) if i not in done]
+            await render_parts(synth, plan, parts, todo[::-1] if args.render_order == "reverse" else todo, jobs,
                                on_done)
         finally:
             progress.close()
@@ -271,10 +285,11 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
     manifest.remove()
-    wall = time.perf_counter() - progress.t0
+    end = time.perf_counter()
+    wall, e2e = end - progress.t0, end - process_start_perf()
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
     return {"audio_s": total / synth.sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
-            "resumed": resumed}
+            "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
 
 
 def interrupted(layout: Layout, total: int):

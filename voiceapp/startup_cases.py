@@ -370,34 +370,14 @@ def screen_line(tmux) -> str:
 
 def export_timings(bench: Bench, book: Path) -> tuple[float, float, float]:
     """(seconds to the first finished sentence on disk, seconds to exit, seconds of audio in the WAV)."""
-    import soundfile as sf
+    from voiceapp.export_check import export_run
 
-    from engine.export_plan import Parts
-    from voiceapp.cmd_export import Layout
-
-    out, log = bench.path("export", ".wav"), bench.path("export", ".log")
-    parts = Parts(Layout(out, directory=False, split=False).parts)
-    t0 = time.perf_counter()
-    proc = launch(bench.voicectl("export", str(book), "-o", str(out), "--no-progress"), bench.env(server=False),
-                  log)
-    first = None
-    try:
-        while proc.poll() is None:
-            if first is None and parts.written():
-                first = time.perf_counter() - t0
-            if time.perf_counter() - t0 > bench.timeout_s:
-                raise CaseFailed(f"export did not finish within {bench.timeout_s:g} s")
-            time.sleep(POLL_S)
-        total = time.perf_counter() - t0
-    finally:
-        end_process(proc)
-    if proc.returncode != 0:
-        raise CaseFailed(f"export failed (exit status {proc.returncode}): {last_line(log)}")
-    if first is None:
-        raise CaseFailed(f"no finished sentence was seen in {parts.dir} before export exited")
-    audio = sf.info(str(out)).duration
+    out = bench.path("export", ".wav")
+    run = export_run(bench, book, out)
     out.unlink(missing_ok=True)
-    return first, total, audio
+    if run.first_sentence_s is None:
+        raise CaseFailed("no finished sentence was seen on disk before export exited")
+    return run.first_sentence_s, run.exit_s, run.stats["audio_s"]
 
 
 # ---- where it ran ------------------------------------------------------------------------------------------
@@ -440,10 +420,10 @@ def git_commit() -> str | None:
 
 # ---- processes ---------------------------------------------------------------------------------------------
 
-def launch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start a process in its own session, stdout dropped, stderr to `log`."""
+def launch(argv: list[str], env: dict[str, str], log: Path, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    """Start a process in its own session, stdout to `stdout` (dropped by default), stderr to `log`."""
     with open(log, "wb") as err:
-        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err,
                                 start_new_session=True)
 
 

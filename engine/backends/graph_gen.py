@@ -91,6 +91,16 @@ HANDOFF_AT = 2
 """A small lane's stream moves to vLLM once vLLM runs this many: a crowd has arrived and joins one batch there."""
 CROWD_ROWS = 32
 """A lane of this many rows or more keeps its streams and takes new ones while it has rows (see LaneRouter)."""
+FIXED_SHAPES = "docs/lab/2026-11-25-h200-lane-invariance.json"
+"""Why `GraphLane(fixed_shapes=True)` is batch invariant: on the plain tensor code, a decode row's hidden state was
+bitwise the same whatever the other rows held, how many rows ran and in which order, but not over every span, and
+a prompt prefilled alone differed from the same prompt packed with others (lab/lane_invariance_probe.py). So a
+fixed-shape lane runs one span, one row count and one prompt per prefill; the per-request Gumbel noise already
+made the draws independent of the row."""
+FIXED_MAX_LEN = 2048
+"""Positions of a fixed-shape lane. Every step attends over all of them, so this is as short as a sentence allows:
+the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars) with its prompt fits; one that does not runs
+on the router's other generator, whose arithmetic is per request too."""
 
 
 def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) -> torch.Tensor:
@@ -200,12 +210,16 @@ class GraphLane:
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
                  plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
-                 capture_mode: str = "global") -> None:
+                 capture_mode: str = "global", fixed_shapes: bool = False) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
         `compile_layers`): Inductor compiles the prefills too; default only where some decode steps run the
-        tensor code (a lane whose every step is fused would compile just its prefills, once per shape)."""
+        tensor code (a lane whose every step is fused would compile just its prefills, once per shape).
+        `fixed_shapes`: every decode step runs all `rows` over a span of `max_len`, and every prefill holds one
+        prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES)."""
+        if fixed_shapes and (fused or compile_layers):
+            raise ValueError("fixed shapes run the plain tensor code: no fused kernels, no compiled layers")
         self.device = torch.device(device)
         self.token_ids = token_ids
         self._stop_ids = frozenset(token_ids.stop_ids)
@@ -214,6 +228,10 @@ class GraphLane:
         self.prefills = tuple(p for p in PREFILL_BUCKETS if p <= max_len)
         self.prefill_batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
         self.row_buckets = tuple(b for b in ROW_BUCKETS if b < rows) + (rows,)
+        self.fixed_shapes = fixed_shapes
+        if fixed_shapes:
+            self.spans, self.prefill_batches, self.row_buckets = (max_len,), (1,), (rows,)
+            fused = False
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.capture_mode = capture_mode
         """torch.cuda.graph's capture_error_mode: thread_local for a lane built while other threads use the GPU."""
@@ -713,11 +731,11 @@ class LaneRouter:
       streams move to vLLM (prompt plus the tokens so far, the rest of the budget) and join its batch.
 
     Same sampling distribution on every path; the random streams differ, so a seed is reproducible only on the
-    same path and, on the lane, in the same company (a batch's rows may round differently from a lone row);
-    deterministic engines have no lane."""
+    same path and, on the lane, in the same company (a batch's rows may round differently from a lone row), except
+    on a fixed-shape lane (GraphLane `fixed_shapes`), whose rows never depend on their company."""
 
     def __init__(self, primary: Any, lane: GraphLane, others_limit: int | None = OTHERS_LIMIT,
-                 handoff_at: int | None = HANDOFF_AT, overflow: bool = True,
+                 handoff_at: int | None = HANDOFF_AT, overflow: bool = True, failover: bool = True,
                  events: EventSink = ignore_events) -> None:
         self.primary, self.lane, self.events = primary, lane, events
         self.others_limit, self.handoff_at = others_limit, handoff_at
@@ -729,6 +747,9 @@ class LaneRouter:
         """False sends everything to the primary (the bench's A/B on one engine)."""
         self.failed = False
         """The lane failed once (out of memory, a failed replay): it takes no more streams."""
+        self.failover = failover
+        """A stream the lane fails goes on on the primary (False: the error reaches the caller; a deterministic
+        engine must not change generators mid-sentence)."""
         self.primary_live = 0
         self.lane_streams = 0
         self.handoffs = 0
@@ -765,6 +786,8 @@ class LaneRouter:
                 else:
                     return
             except GenerationError as err:  # out of GPU memory, a failed replay: the primary carries on
+                if not self.failover:
+                    raise
                 self.failed = True
                 self.events(Notice(f"graph lane stopped ({err}); every stream runs on "
                                    f"{type(self.primary).__name__} now"))

@@ -1,5 +1,6 @@
 """engine.export_plan in-process: parts, manifest, resume, concurrency independence, assembly, CUE, loudness."""
 import dataclasses
+import platform
 import json
 import wave
 
@@ -174,6 +175,27 @@ def test_manifest_round_trip_and_settings_checks(tmp_path):
     with pytest.raises(ManifestError, match="the input file changed"):
         manifest.check(data, make_plan(input_sha256="def"), keys)
     manifest.check(data, make_plan(model_hash="x"), ("seed",))  # only the keys asked for
+
+
+def test_a_manifest_from_another_platform_is_not_resumed(tmp_path):
+    """Bytes depend on the device and its software: parts from elsewhere are never mixed with parts from here."""
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.save(make_plan(platform="cuda NVIDIA H200 sm90, torch 2.11.0"), {0}, ["o.wav"])
+    data = manifest.load()
+    with pytest.raises(ManifestError, match=r"rendered on 'cuda NVIDIA H200 sm90, torch 2.11.0', this is 'cuda "
+                                            r"NVIDIA H100 sm90, torch 2.11.0'.*--restart"):
+        manifest.check(data, make_plan(platform="cuda NVIDIA H100 sm90, torch 2.11.0"), ExportSettings.ENGINE_KEYS)
+
+
+def test_cpu_platform_names_the_threads_and_torch(tiny_model, tmp_path):
+    import torch
+
+    from engine.factory import describe_platform
+
+    synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2, deterministic=True,
+                                           cache_dir=str(tmp_path / "cache")))
+    assert describe_platform(synth) == (f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}, "
+                                        f"2 threads, torch {torch.__version__}")
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}',

@@ -24,6 +24,7 @@ from engine.backends.graph_gen import (CANDIDATES, TOPK_CHUNKS, GraphLane, LaneR
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
 from engine.config import SamplingOptions, request_of, sentence_id
+from engine.errors import GenerationError
 from engine.fakes import ScriptedGenerator
 from engine.prompt import Prompt, semantic_allowed_ids
 from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
@@ -295,6 +296,53 @@ async def test_streams_side_by_side_get_what_each_gets_alone(model) -> None:
     assert max(steps) == 2 and len(steps) < sum(len(t) for t in alone) - 5  # rows really shared steps
     assert lane.load == 0 and lane._in_rows == [None, None]
     await lane.close()
+
+
+async def test_a_fixed_shape_lane_runs_one_decode_shape_and_one_prompt_per_prefill(model) -> None:
+    """fixed_shapes: whatever rows are busy and however long the sequences, every decode step is (rows, max_len) and
+    every prefill one prompt; each request still gets its lone tokens in company, in any order."""
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=384,
+                     rows=3, fixed_shapes=True)
+    prompts = [Prompt(PROMPT.ids[:2] + (9906 + 5 * i,) * (2 + 4 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
+               for i in range(5)]
+    opts = [SamplingOptions(max_tokens=30 + 25 * i, seed=10 + i) for i in range(5)]
+    alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
+    shapes = []
+    run = lane._run
+
+    def counted(kind: str, a: int, b: int = 0) -> None:
+        shapes.append((kind, a, b))
+        run(kind, a, b)
+
+    lane._run = counted
+    forward = await asyncio.gather(*(collect(lane, p, o, f"f{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
+    backward = await asyncio.gather(*(collect(lane, p, o, f"b{i}") for i, (p, o) in
+                                      reversed(list(enumerate(zip(prompts, opts))))))
+    assert forward == alone and backward == alone[::-1]
+    assert {s for s in shapes if s[0] == "decode"} == {("decode", 3, 384)}
+    assert {s[1] for s in shapes if s[0] == "prefill"} == {1}
+    await lane.close()
+
+
+def test_a_fixed_shape_lane_refuses_fused_or_compiled_steps(model) -> None:
+    for extra in ({"fused": True}, {"compile_layers": True}):
+        with pytest.raises(ValueError, match="fixed shapes"):
+            GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", fixed_shapes=True, **extra)
+
+
+async def test_a_strict_router_reports_a_failing_lane_instead_of_switching(lane, monkeypatch) -> None:
+    """failover=False (a deterministic engine): the other generator would draw other tokens, so the lane's failure
+    ends the stream with its error."""
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane, others_limit=None, handoff_at=None, overflow=False, failover=False)
+
+    def broken(rows: int, span: int) -> None:
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(lane, "_decode", broken)
+    with pytest.raises(GenerationError, match="out of GPU memory"):
+        await collect(router, PROMPT, SamplingOptions(max_tokens=30, seed=0), "r-0")
+    assert other.started == [] and not router.failed
 
 
 async def test_a_row_that_stops_or_leaves_frees_its_row_for_the_others(lane) -> None:
