@@ -1,5 +1,5 @@
-"""Provides the benchmark behind `voicectl bench`: our pipeline at 1..128 concurrent streams, export throughput,
-decoder precision/seams/speed, and the upstream reference pipeline (spark_tts_lib) on the same checkpoint.
+"""Provides the benchmark behind `voicectl bench`: our pipeline at 1..128 concurrent streams, decoder
+precision/seams/speed, and the upstream reference pipeline (spark_tts_lib) on the same checkpoint.
 
 Random weights never emit the stop token and sample all over the vocabulary, so every sentence is forced to a
 fixed token count: `FixedLengthGenerator` removes the stop ids from the allowed ids and sets max_tokens (the
@@ -425,38 +425,6 @@ def _router(gen: FixedLengthGenerator) -> Any:
     return inner if hasattr(inner, "lane") else None
 
 
-async def measure_export(synth: Any, sentences: int, concurrency: int, *, voice: str) -> dict[str, float]:
-    """Render `sentences` independent one-sentence requests, `concurrency` at a time (what a parallel export
-    does: every sentence is independent in the pipeline); x real time = audio seconds / wall seconds."""
-    sem = asyncio.Semaphore(concurrency)
-    audio = 0
-
-    async def one(i: int) -> None:
-        nonlocal audio
-        async with sem:
-            req = SynthesisRequest(SENTENCE, voice=voice, options=SamplingOptions(seed=i), request_id=f"exp-{i}")
-            async for chunk in synth.synthesize(req):
-                audio += len(chunk.samples)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(sentences)))
-    wall = time.perf_counter() - t0
-    seconds = audio / synth.sample_rate
-    return {"sentences": sentences, "concurrency": concurrency, "audio_s": seconds, "wall_s": wall,
-            "xrt": seconds / wall}
-
-
-async def measure_sequential_export(synth: Any, sentences: int, *, voice: str) -> dict[str, float]:
-    """One request of `sentences` sentences, as `voicectl export` renders a file today (sentence after sentence,
-    the next one's generation started early)."""
-    text = " ".join([SENTENCE] * sentences)
-    t0 = time.perf_counter()
-    audio = await synth.render(SynthesisRequest(text, voice=voice, options=SamplingOptions(seed=0)))
-    wall = time.perf_counter() - t0
-    seconds = len(audio) / synth.sample_rate
-    return {"sentences": sentences, "audio_s": seconds, "wall_s": wall, "xrt": seconds / wall}
-
-
 # ---- decoder precision, seams and speed -----------------------------------------------------------------------
 
 def stream_decode(decoder: Any, codes: Sequence[int], globals_: Sequence[int], schedule: WindowSchedule,
@@ -763,9 +731,6 @@ class BenchOptions:
     rounds_1: int = 8
     """Sequential repeats at 1 stream (TTFA percentiles need samples)."""
     preroll_s: float = 0.2
-    export_sentences: int = 512
-    export_concurrency: int = 128
-    sequential_export_sentences: int = 8
     reference: bool = True
     reference_tokens: int | None = None
     decoder_checks: bool = True
@@ -825,17 +790,6 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
             for name, (variant, levels) in opts.variants.items():
                 result.setdefault("variants", {})[name] = await _measure_variant(
                     synth, gen, variant, levels, opts, text=text, voice=voice, log=log, name=name, decodes=decodes)
-            if opts.export_sentences:
-                gen.tokens = opts.tokens
-                exp = await measure_export(synth, opts.export_sentences, opts.export_concurrency, voice=voice)
-                result["export"] = exp
-                log(f"  export: {exp['sentences']} sentences, {exp['audio_s']:.0f} s audio in {exp['wall_s']:.1f} s "
-                    f"= {exp['xrt']:.0f}x real time ({exp['concurrency']} at a time)")
-            if opts.sequential_export_sentences:
-                seq = await measure_sequential_export(synth, opts.sequential_export_sentences, voice=voice)
-                result["export_sequential"] = seq
-                log(f"  export, one request: {seq['audio_s']:.0f} s audio in {seq['wall_s']:.1f} s "
-                    f"= {seq['xrt']:.1f}x real time")
             lane = getattr(inner, "lane", None)
             if lane is not None:
                 result["lane"] = {"streams": inner.lane_streams, "served": lane.served,

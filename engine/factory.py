@@ -373,7 +373,7 @@ def _build_fixed_lane(info, events: EventSink):
     """A fixed-shape lane (GraphLane `fixed_shapes`) sized to the GPU, or None with a notice where it cannot run."""
     import torch
 
-    from engine.backends.graph_gen import FIXED_MAX_LEN, GraphLane, row_bytes, rows_for
+    from engine.backends.graph_gen import FIXED_MAX_LEN, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
     from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
     from engine.prompt import semantic_allowed_ids
@@ -385,8 +385,8 @@ def _build_fixed_lane(info, events: EventSink):
         return None
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
-    rows = rows_for(torch.cuda.get_device_properties(device).total_memory,
-                    row_bytes(model.config, max_len=FIXED_MAX_LEN), None)
+    rows = fixed_rows_for(torch.cuda.get_device_properties(device).total_memory,
+                          row_bytes(model.config, max_len=FIXED_MAX_LEN))
     lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
                      max_len=FIXED_MAX_LEN, fixed_shapes=True)
     events(Notice(f"graph lane of fixed shapes ready in {time.perf_counter() - t0:.1f} s ({lane.rows} rows, CUDA "

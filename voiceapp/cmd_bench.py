@@ -37,11 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--levels", default="1,8,32,64,128", help="concurrent stream counts (default 1,8,32,64,128)")
     p.add_argument("--rounds-1", type=int, default=8, help="sequential runs at 1 stream (default 8)")
     p.add_argument("--export-sentences", type=int,
-                   help=f"sentences in the export run (default {EXPORT_SENTENCES}, {STARTUP_EXPORT_SENTENCES} with "
-                        f"--startup; 0: skip)")
-    p.add_argument("--export-concurrency", type=int, default=128, help="sentences rendered at a time in export")
-    p.add_argument("--sequential-export", type=int, default=8,
-                   help="sentences in the one-request export run (0: skip)")
+                   help=f"sentences in the export run, a fresh `voicectl export` process (default "
+                        f"{EXPORT_SENTENCES}, {STARTUP_EXPORT_SENTENCES} with --startup; 0: skip)")
     p.add_argument("--no-reference", action="store_true", help="skip the spark_tts_lib reference pipeline")
     p.add_argument("--reference-tokens", type=int, help="tokens for the reference run (default: --tokens)")
     p.add_argument("--no-decoder-checks", action="store_true", help="skip decoder precision/speed (GPU only)")
@@ -301,14 +298,18 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
             raise InputError("--decoder-only needs a CUDA GPU")
         return result
     opts = bench.BenchOptions(model=model, tokens=args.tokens, sentences=args.sentences, levels=levels,
-                              rounds_1=args.rounds_1, export_sentences=args.export_sentences,
-                              export_concurrency=args.export_concurrency,
-                              sequential_export_sentences=args.sequential_export, backend=args.backend,
+                              rounds_1=args.rounds_1, backend=args.backend,
                               decoder_dtype=args.decoder_dtype, decoder_autotune=args.decoder_autotune,
                               schedule=schedule, threads=args.threads,
                               variants=variants)
     log(f"pipeline ({args.tokens} tokens x {args.sentences} sentences per stream)")
     result["pipeline"] = asyncio.run(bench.run_pipeline_bench(opts, log))
+    if args.export_sentences:
+        from voiceapp.export_check import export_speed
+
+        log(f"export: a fresh `voicectl export` of {args.export_sentences} sentences")
+        exp = _guard(lambda: export_speed(model, args.export_sentences, STARTUP_TIMEOUT_S, log), log)
+        result["pipeline"]["export"] = exp
     if not args.no_reference:
         log("reference pipeline (spark_tts_lib SparkTTS.inference)")
         result["reference"] = _guard(lambda: bench.reference_pipeline(

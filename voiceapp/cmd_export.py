@@ -189,13 +189,33 @@ async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: 
     manifest = Manifest(layout.manifest, Parts(layout.parts))
     earlier = previous_run(manifest, plan, args, str(layout.out))
     # deterministic: a sentence's bytes must not depend on what renders beside it (--jobs, where a resume
-    # restarts), nor on the process, or --resume would not reproduce an uninterrupted export
-    synth = build_synthesizer(dataclasses.replace(engine_config(args), deterministic=True), events=_print_notices)
+    # restarts), nor on the process, or --resume would not reproduce an uninterrupted export. No warm-up request:
+    # nobody listens for an export's first sentence, whose first-use costs it may as well pay itself.
+    phases = StartupPhases(_print_notices)
+    synth = build_synthesizer(dataclasses.replace(engine_config(args), deterministic=True, warm_up=False),
+                              events=phases)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
-        return await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
+        stats = await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
     finally:
         await synth.close()
+    return {**stats, "phases": phases.seconds}
+
+
+class StartupPhases:
+    """An event sink that keeps each StartupPhase's seconds (by name) and hands every other event on."""
+
+    def __init__(self, then) -> None:
+        self.then = then
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, event) -> None:
+        from engine.events import StartupPhase
+
+        if isinstance(event, StartupPhase):
+            self.seconds[event.name] = round(self.seconds.get(event.name, 0.0) + event.seconds, 3)
+        else:
+            self.then(event)
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:

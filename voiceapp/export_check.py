@@ -121,3 +121,19 @@ def compare(a: Path, b: Path) -> dict:
         result.update(samples=[len(xa), len(xb)], differing=int(diff.size),
                       first_difference_s=float(diff[0] / rate) if diff.size else None)
     return result
+
+
+def export_speed(model: Path, sentences: int, timeout_s: float, log) -> dict:
+    """One fresh `voicectl export` of a generated book of `sentences` sentences: its --json summary (render speed
+    `xrt`, and `e2e_xrt` from launch), launch to the first finished sentence and to exit. The warm benchmark's export
+    figure: the path users run, not one of the benchmark's own."""
+    import tempfile
+
+    from voiceapp.startup_bench import book_text
+
+    with tempfile.TemporaryDirectory(prefix="voiceapp-export-") as work:
+        bench = Bench(model, Path(work), 1, timeout_s, sentences, log)
+        book = Path(work) / "book.txt"
+        book.write_text(book_text(sentences), encoding="utf-8")
+        run = export_run(bench, book, Path(work) / "book.wav")
+    return {**run.stats, "first_sentence_s": run.first_sentence_s, "exit_s": run.exit_s}

@@ -97,6 +97,9 @@ bitwise the same whatever the other rows held, how many rows ran and in which or
 a prompt prefilled alone differed from the same prompt packed with others (lab/lane_invariance_probe.py). So a
 fixed-shape lane runs one span, one row count and one prompt per prefill; the per-request Gumbel noise already
 made the draws independent of the row."""
+FIXED_ROWS = 256
+"""Most rows of a fixed-shape lane (export's): every step runs all of them, and more rows cost a step less than
+they add (docs/lab/2026-11-25-h200-fixed-lane-steps.json); what ROW_MEMORY_SHARE allows on smaller GPUs."""
 FIXED_MAX_LEN = 2048
 """Positions of a fixed-shape lane. Every step attends over all of them, so this is as short as a sentence allows:
 the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars) with its prompt fits; one that does not runs
@@ -152,6 +155,12 @@ def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -
     """One row's KV cache: keys and values of every layer over `max_len` positions."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * dtype_bytes
+
+
+def fixed_rows_for(gpu_bytes: int, row_bytes: int) -> int:
+    """Rows of a fixed-shape lane: FIXED_ROWS where ROW_MEMORY_SHARE of the GPU holds their KV cache, else as many
+    as it holds (at least 1)."""
+    return max(1, min(FIXED_ROWS, int(ROW_MEMORY_SHARE * gpu_bytes // row_bytes)))
 
 
 def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None) -> int:

@@ -415,6 +415,15 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
     assert rows_for(141 * gib, row_bytes(spark), most=6) == 4  # a row bucket: graphs exist for it
 
 
+def test_fixed_lane_rows_fit_a_share_of_the_gpu() -> None:
+    from engine.backends.graph_gen import FIXED_ROWS, fixed_rows_for, row_bytes
+
+    spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+    gib, row = 1 << 30, row_bytes(spark, max_len=2048)
+    assert fixed_rows_for(80 * gib, row) == FIXED_ROWS == 256
+    assert fixed_rows_for(24 * gib, row) == 102 and fixed_rows_for(gib // 8, row) == 1
+
+
 def test_lane_rows_by_front_end() -> None:
     """In-process front ends get a 2-row lane (one listener); `voicectl serve` one sized to the GPU."""
     import argparse

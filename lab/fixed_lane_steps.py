@@ -1,0 +1,55 @@
+"""Time of one captured step of a fixed-shape lane (GraphLane `fixed_shapes`), by rows and positions.
+
+    python lab/fixed_lane_steps.py MODEL_DIR OUT.json
+
+For each (rows, max_len): ms per decode step (the whole captured step: forward, logits, draw), ms per one-prompt
+prefill at each prompt bucket, and the tokens per second the decode steps alone allow.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+def replay_ms(graph, n: int = 50) -> float:
+    graph.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        graph.replay()
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - t) / n * 1e3, 3)
+
+
+def main(model_dir: str, out: str) -> None:
+    from engine.backends.graph_gen import GraphLane
+    from engine.backends.qwen2_checkpoint import Qwen2Weights
+    from engine.model import load_model_info
+    from engine.prompt import semantic_allowed_ids
+
+    info = load_model_info(model_dir)
+    weights = Qwen2Weights.from_checkpoint(info.llm_dir)
+    result = {"device": torch.cuda.get_device_name(), "lanes": []}
+    for rows, max_len in ((128, 2048), (128, 1024), (192, 2048), (256, 2048), (256, 1024)):
+        t = time.perf_counter()
+        lane = GraphLane(weights, info.token_ids, semantic_allowed_ids(info.token_ids), device="cuda", rows=rows,
+                         max_len=max_len, fixed_shapes=True)
+        build = time.perf_counter() - t
+        with torch.inference_mode(), torch.cuda.stream(lane.cuda_stream):
+            step = replay_ms(lane._graphs[("decode", rows, max_len)])
+            prefill = {size: replay_ms(lane._graphs[("prefill", 1, size)], 20) for size in lane.prefills}
+        row = {"rows": rows, "max_len": max_len, "build_s": round(build, 2), "capture_s": round(lane.capture_s, 2),
+               "step_ms": step, "prefill_ms": prefill, "tokens_per_s": round(rows / step * 1e3)}
+        print(row, flush=True)
+        result["lanes"].append(row)
+        del lane
+        torch.cuda.empty_cache()
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
