@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--resume and --restart exclude each other")
     layout = Layout.from_args(args)
     plan = make_plan(args)
+    refuse_overwriting_input(args.input, layout, plan)
     show = "bar" if sys.stderr.isatty() else "lines"
     try:
         stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
@@ -109,18 +110,29 @@ class Layout:
             raise OutputError(f"{out}: directory is not writable")
         return cls(out, True, True)
 
+    def _beside(self, name: str) -> Path:
+        """`OUT.wav.NAME` beside a WAV output, `DIR/export.NAME` in a directory one."""
+        return self.out / f"export.{name}" if self.directory else self.out.with_name(f"{self.out.name}.{name}")
+
     @property
     def manifest(self) -> Path:
-        return self.out / "export.manifest.json" if self.directory else self.out.with_name(self.out.name +
-                                                                                          ".manifest.json")
+        return self._beside("manifest.json")
 
     @property
     def parts(self) -> Path:
-        return self.out / "export.parts" if self.directory else self.out.with_name(self.out.name + ".parts")
+        return self._beside("parts")
 
     @property
     def cue(self) -> Path:
         return self.out.with_suffix(".cue")
+
+    def has_cue(self, plan) -> bool:
+        """One WAV of several chapters gets a CUE sheet of them."""
+        return not self.split and len(plan.book.chapters) > 1
+
+    def files(self, plan) -> list[Path]:
+        """Every file the export writes (besides the parts)."""
+        return [*(t.path for t in self.tracks(plan)), *([self.cue] if self.has_cue(plan) else []), self.manifest]
 
     def tracks(self, plan):
         from engine.export_plan import Track
@@ -137,6 +149,30 @@ class Layout:
 
 def _file_title(title: str) -> str:
     return re.sub(r"[^\w ,.'()&-]+", "_", title).strip(" ._")[:60] or "chapter"
+
+
+def refuse_overwriting_input(source: str, layout: Layout, plan) -> None:
+    """Refuse an export that would replace its own input: an output file that is the input (same device and inode,
+    so hard links and symlinks count), or a parts folder (deleted at the end) that holds it."""
+    from engine.errors import InputError
+
+    source_id = None if source == "-" else _file_id(source)
+    if source_id is None:
+        return
+    for path in layout.files(plan):
+        if _file_id(path) == source_id:
+            raise InputError(f"{source}: the export would overwrite its own input (as {path}); choose another -o")
+    if Path(os.path.realpath(source)).is_relative_to(os.path.realpath(layout.parts)):
+        raise InputError(f"{source} is inside {layout.parts}, which the export deletes; move it or choose another -o")
+
+
+def _file_id(path: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of the file `path` names, links followed; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------
@@ -298,7 +334,7 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             gain = loudness_gain(parts, len(plan.sentences), args.normalize_loudness or LOUDNESS_TARGET_DBFS)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
         offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gain)
-        if not layout.split and len(plan.book.chapters) > 1:
+        if layout.has_cue(plan):
             marks = [(plan.book.chapters[plan.sentences[r.start].chapter].title, offsets[0][r.start])
                      for r in plan.chapter_ranges()]
             write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
