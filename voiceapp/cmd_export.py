@@ -4,7 +4,8 @@ Sentences render concurrently (--jobs), each with its own seed derived from --se
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
 bytes as an uninterrupted one. Outputs: one WAV (+ a CUE sheet of chapters when there are several), or one WAV
 per chapter (-o DIR/ or --split-chapters). Without --resume an earlier unfinished export is never discarded
-silently: --restart discards it.
+silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
+the output names the running one's pid).
 """
 from __future__ import annotations
 
@@ -69,10 +70,11 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     refuse_overwriting_input(args.input, layout, plan)
     show = "bar" if sys.stderr.isatty() else "lines"
-    try:
-        stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
-    except KeyboardInterrupt:
-        raise interrupted(layout, len(plan.sentences)) from None
+    with lock_output(layout):
+        try:
+            stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
+        except KeyboardInterrupt:
+            raise interrupted(layout, len(plan.sentences)) from None
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
                                                                       and layout.split else "")
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
@@ -123,6 +125,10 @@ class Layout:
         return self._beside("parts")
 
     @property
+    def lock(self) -> Path:
+        return self._beside("lock")
+
+    @property
     def cue(self) -> Path:
         return self.out.with_suffix(".cue")
 
@@ -132,7 +138,8 @@ class Layout:
 
     def files(self, plan) -> list[Path]:
         """Every file the export writes (besides the parts)."""
-        return [*(t.path for t in self.tracks(plan)), *([self.cue] if self.has_cue(plan) else []), self.manifest]
+        return [*(t.path for t in self.tracks(plan)), *([self.cue] if self.has_cue(plan) else []), self.manifest,
+                self.lock]
 
     def tracks(self, plan):
         from engine.export_plan import Track
@@ -173,6 +180,20 @@ def _file_id(path: str | Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def lock_output(layout: Layout):
+    """The output's lock, held for the whole export: a second export to the same output refuses at once."""
+    from engine.errors import OutputError
+    from voiceapp.lockfile import LockHeld, PidLock
+
+    try:
+        return PidLock.acquire(layout.lock)
+    except LockHeld as held:
+        raise OutputError(f"{layout.out}: another export to it is running (pid {held.pid}); wait for it to end, "
+                          f"or choose another -o") from None
+    except OSError as err:
+        raise OutputError(f"cannot create {layout.lock}: {err.strerror or err}") from None
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------

@@ -36,12 +36,18 @@ def clean(tmp_path_factory):
     return src, (d / "out.wav").read_bytes(), (d / "out.cue").read_text()
 
 
-def interrupt(args, parts: Path, sig, at_least=6):
-    """Start an export, wait until some sentences are finished, then send `sig`."""
-    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", *args], stderr=subprocess.PIPE)
+def start_export(args, parts: Path, at_least=6, **popen) -> subprocess.Popen:
+    """Start `voicectl ARGS` and return once `parts` holds at least `at_least` finished sentences."""
+    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", *args], stderr=subprocess.PIPE, **popen)
     end = time.monotonic() + 60
     while time.monotonic() < end and (not parts.is_dir() or len(list(parts.glob("*.part"))) < at_least):
         time.sleep(0.005)
+    return proc
+
+
+def interrupt(args, parts: Path, sig, at_least=6):
+    """Start an export, wait until some sentences are finished, then send `sig`."""
+    proc = start_export(args, parts, at_least)
     proc.send_signal(sig)
     err = proc.stderr.read().decode()
     return proc.wait(30), err
@@ -55,6 +61,7 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     code, err = interrupt(args, tmp_path / "out.wav.parts", sig)
     assert code == (-9 if sig == signal.SIGKILL else 130), err
     assert not out.exists() and (tmp_path / "out.wav.manifest.json").exists()
+    assert (tmp_path / "out.wav.lock").exists() == (sig == signal.SIGKILL)  # a killed export's lock file stays
     finished = len(list((tmp_path / "out.wav.parts").glob("*.part")))
     assert 6 <= finished < 60
     if sig == signal.SIGINT:

@@ -1,10 +1,12 @@
-"""`voicectl export` given bad input, in subprocesses: an output that is its own input. Each gets one line and a non-zero exit, and leaves the input and any earlier export's work as they were."""
+"""`voicectl export` given bad input, in subprocesses: an output that is its own input, two exports to one output.
+Each gets one line and a non-zero exit, and leaves the input and any earlier export's work as they were."""
 import os
+import subprocess
 
 import pytest
 
 from tests.cli_helpers import one_line_error, voicectl
-from tests.export.test_cli_export_book import BOOK, FAKE
+from tests.export.test_cli_export_book import BOOK, FAKE, clean, ok, start_export  # noqa: F401 - clean: a fixture
 
 
 def place_input(tmp_path, case):
@@ -43,3 +45,39 @@ def test_an_export_never_overwrites_its_own_input(tmp_path, case):
     assert "overwrite its own input" in err or "which the export deletes" in err, err
     assert src.read_text() == BOOK
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_second_export_to_the_same_output_refuses_at_once(clean, tmp_path):
+    src, want_wav, want_cue = clean
+    out = tmp_path / "out.wav"
+    first = start_export(["export", str(src), "-o", str(out), *FAKE, "--jobs", "1"], tmp_path / "out.wav.parts",
+                         at_least=3)
+    try:
+        for extra in ([], ["--restart"], ["--resume"]):
+            err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, *extra))
+            assert err == (f"voicectl: {out}: another export to it is running (pid {first.pid}); wait for it to "
+                           f"end, or choose another -o"), err
+            assert first.poll() is None, "the first export ended before the second was tried"
+        assert (tmp_path / "out.wav.lock").read_text() == f"{first.pid}\n"
+        assert first.wait(60) == 0, first.stderr.read().decode()
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # no manifest, parts or lock left
+    ok(voicectl("export", str(src), "-o", str(out), *FAKE, "--jobs", "16"))  # the lock is free again
+
+
+def test_exports_to_different_outputs_run_side_by_side(clean, tmp_path):
+    src, want_wav, _ = clean
+    first = start_export(["export", str(src), "-o", str(tmp_path / "a.wav"), *FAKE, "--jobs", "1"],
+                         tmp_path / "a.wav.parts", at_least=3)
+    try:
+        ok(voicectl("export", str(src), "-o", str(tmp_path / "b.wav"), *FAKE, "--jobs", "16"))
+        assert first.wait(60) == 0, first.stderr.read().decode()
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes() == want_wav
