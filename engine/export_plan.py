@@ -50,6 +50,10 @@ PEAK_CEILING_DBFS = -3.0
 """The gain never lifts the book's highest peak above this."""
 
 
+RESTART = "pass --restart to discard it and start over"
+"""What every message about an export that cannot be resumed says to do (--resume continues one that can)."""
+
+
 class ManifestError(InputError):
     """The manifest cannot be read or belongs to a different export."""
 
@@ -187,14 +191,15 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise self._corrupt("not a voiceapp export manifest")
         if data.get("version") != MANIFEST_VERSION:
-            raise self._corrupt(f"manifest version {data.get('version')!r}, expected {MANIFEST_VERSION}")
+            raise ManifestError(f"{self.path} was written by another version of voicectl (manifest version "
+                                f"{data.get('version')!r}; this one reads version {MANIFEST_VERSION}), so its "
+                                f"finished sentences cannot be resumed; {RESTART}")
         if not isinstance(data.get("settings"), dict) or not isinstance(data.get("sentences"), int):
             raise self._corrupt("settings or sentence count missing")
         return data
 
     def _corrupt(self, why: str) -> ManifestError:
-        return ManifestError(f"cannot resume: {self.path} is corrupt ({why}); delete it and {self.parts.dir}, "
-                             f"or run without --resume to start over")
+        return ManifestError(f"{self.path} is corrupt ({why}), so its export cannot be resumed; {RESTART}")
 
     def check(self, data: dict[str, Any], plan: ExportPlan, keys: tuple[str, ...]) -> None:
         """Refuse to resume an export whose audio would differ: input, model, voice, seed or settings changed."""
@@ -208,10 +213,10 @@ class Manifest:
                 what = "the input file changed" if key == "input_sha256" else \
                     f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"
                 raise ManifestError(f"cannot resume {self.path.name}: {what}; rerun with the original settings, "
-                                    f"or run without --resume to start over")
+                                    f"or {RESTART}")
         if data["sentences"] != len(plan.sentences):
             raise ManifestError(f"cannot resume: {self.path} lists {data['sentences']} sentences, the input has "
-                                f"{len(plan.sentences)}; run without --resume to start over")
+                                f"{len(plan.sentences)}; {RESTART}")
 
     def save(self, plan: ExportPlan, done: set[int], outputs: list[str], force: bool = True) -> None:
         """Write atomically (temp + fsync + rename); without `force`, at most every SAVE_EVERY_S seconds."""

@@ -276,9 +276,10 @@ class StartupPhases:
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
-    """The earlier run's manifest to resume, or None to start over (after refusing to drop finished work)."""
+    """The earlier run's manifest to resume, or None to start over. Only --restart discards an earlier export's
+    finished sentences; one that cannot be resumed (corrupt, another version, other settings) is refused."""
     from engine.errors import InputError
-    from engine.export_plan import ExportSettings, ManifestError
+    from engine.export_plan import ExportSettings
 
     if not manifest.exists():
         if args.resume:
@@ -288,14 +289,7 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
     if args.restart:
         manifest.remove()
         return None
-    try:
-        data = manifest.load()
-    except ManifestError:
-        if args.resume:
-            raise
-        _print_notices(f"{manifest.path} is corrupt: starting over")
-        manifest.remove()
-        return None
+    data = manifest.load()
     if not args.resume:
         raise InputError(f"{out}: an interrupted export is there ({len(data.get('done') or [])} of "
                          f"{data['sentences']} sentences recorded); pass --resume to continue it or --restart to "

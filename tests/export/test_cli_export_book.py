@@ -98,18 +98,24 @@ def test_resume_with_different_settings_is_refused(clean, tmp_path, change, matc
     else:
         extra = change
     err = one_line_error(voicectl("export", str(mine), "-o", str(out), *FAKE, "--resume", *extra))
-    assert match in err and "without --resume" in err
+    assert match in err and err.endswith("or pass --restart to discard it and start over"), err
+    ok(voicectl("export", str(mine), "-o", str(out), *FAST, "--restart", *extra))  # what the message says works
 
 
-def test_corrupt_manifest(clean, tmp_path):
+@pytest.mark.parametrize("flags", [["--resume"], []])
+def test_corrupt_manifest(clean, tmp_path, flags):
+    """With or without --resume, a corrupt manifest is refused (its finished sentences are not dropped unasked);
+    the message's --restart starts over."""
     src, want_wav, _ = clean
     out = tmp_path / "out.wav"
     interrupt(["export", str(src), "-o", str(out), *FAKE], tmp_path / "out.wav.parts", signal.SIGKILL)
     (tmp_path / "out.wav.manifest.json").write_text('{"format": "voiceapp-export", "vers')
-    err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, "--resume"))
-    assert "corrupt" in err and "delete it" in err and "without --resume" in err
-    err = ok(voicectl("export", str(src), "-o", str(out), *FAST))
-    assert "corrupt: starting over" in err and out.read_bytes() == want_wav
+    finished = sorted((tmp_path / "out.wav.parts").iterdir())
+    err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, *flags))
+    assert "corrupt" in err and err.endswith("; pass --restart to discard it and start over"), err
+    assert sorted((tmp_path / "out.wav.parts").iterdir()) == finished
+    ok(voicectl("export", str(src), "-o", str(out), *FAST, "--restart"))
+    assert out.read_bytes() == want_wav
 
 
 def test_resume_without_a_manifest_starts_from_the_beginning(clean, tmp_path):

@@ -1,12 +1,16 @@
-"""`voicectl export` given bad input, in subprocesses: an output that is its own input, two exports to one output.
-Each gets one line and a non-zero exit, and leaves the input and any earlier export's work as they were."""
+"""`voicectl export` given bad input, in subprocesses: an output that is its own input, two exports to one output,
+a manifest from another version. Each gets one line and a non-zero exit, and
+leaves the input and any earlier export's work as they were."""
+import json
 import os
-import subprocess
+import signal
 
 import pytest
 
+from engine.export_plan import MANIFEST_VERSION
 from tests.cli_helpers import one_line_error, voicectl
-from tests.export.test_cli_export_book import BOOK, FAKE, clean, ok, start_export  # noqa: F401 - clean: a fixture
+from tests.export.test_cli_export_book import (BOOK, FAKE, FAST, clean, interrupt, ok,  # noqa: F401 - clean: a fixture
+                                               start_export)
 
 
 def place_input(tmp_path, case):
@@ -66,7 +70,7 @@ def test_a_second_export_to_the_same_output_refuses_at_once(clean, tmp_path):
         first.stderr.close()
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # no manifest, parts or lock left
-    ok(voicectl("export", str(src), "-o", str(out), *FAKE, "--jobs", "16"))  # the lock is free again
+    ok(voicectl("export", str(src), "-o", str(out), *FAST))  # the lock is free again
 
 
 def test_exports_to_different_outputs_run_side_by_side(clean, tmp_path):
@@ -74,10 +78,32 @@ def test_exports_to_different_outputs_run_side_by_side(clean, tmp_path):
     first = start_export(["export", str(src), "-o", str(tmp_path / "a.wav"), *FAKE, "--jobs", "1"],
                          tmp_path / "a.wav.parts", at_least=3)
     try:
-        ok(voicectl("export", str(src), "-o", str(tmp_path / "b.wav"), *FAKE, "--jobs", "16"))
+        ok(voicectl("export", str(src), "-o", str(tmp_path / "b.wav"), *FAST))
         assert first.wait(60) == 0, first.stderr.read().decode()
     finally:
         first.kill()
         first.wait()
         first.stderr.close()
     assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes() == want_wav
+
+
+def interrupted_export(src, tmp_path):
+    """An export of `src` to tmp_path/out.wav, SIGKILLed once some sentences are finished: (out, manifest data)."""
+    out = tmp_path / "out.wav"
+    interrupt(["export", str(src), "-o", str(out), *FAKE], tmp_path / "out.wav.parts", signal.SIGKILL)
+    return out, json.loads((tmp_path / "out.wav.manifest.json").read_text())
+
+
+def test_a_manifest_of_another_version_is_refused_until_restart(clean, tmp_path):
+    src, want_wav, _ = clean
+    out, data = interrupted_export(src, tmp_path)
+    (tmp_path / "out.wav.manifest.json").write_text(json.dumps({**data, "version": 1}))
+    finished = sorted((tmp_path / "out.wav.parts").iterdir())
+    for flags in ([], ["--resume"]):
+        err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, *flags))
+        assert err == (f"voicectl: {tmp_path / 'out.wav.manifest.json'} was written by another version of voicectl "
+                       f"(manifest version 1; this one reads version {MANIFEST_VERSION}), so its finished sentences "
+                       f"cannot be resumed; pass --restart to discard it and start over")
+    assert sorted((tmp_path / "out.wav.parts").iterdir()) == finished and not out.exists()
+    ok(voicectl("export", str(src), "-o", str(out), *FAST, "--restart"))
+    assert out.read_bytes() == want_wav
