@@ -24,7 +24,7 @@ import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, get_type_hints
 from uuid import uuid4
 
 import numpy as np
@@ -194,8 +194,9 @@ class Manifest:
             raise ManifestError(f"{self.path} was written by another version of voicectl (manifest version "
                                 f"{data.get('version')!r}; this one reads version {MANIFEST_VERSION}), so its "
                                 f"finished sentences cannot be resumed; {RESTART}")
-        if not isinstance(data.get("settings"), dict) or not isinstance(data.get("sentences"), int):
-            raise self._corrupt("settings or sentence count missing")
+        problem = manifest_problem(data)
+        if problem:
+            raise self._corrupt(problem)
         return data
 
     def _corrupt(self, why: str) -> ManifestError:
@@ -239,6 +240,35 @@ class Manifest:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         self.parts.remove()
+
+
+MANIFEST_FIELDS = {"settings": dict, "sentences": int, "outputs": list, "parts": str, "chapters": list,
+                   "done": list}
+"""The fields Manifest.save writes besides format and version, and their JSON types."""
+
+
+def manifest_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's fields (missing, of the wrong type, out of range), or None."""
+    for key, kind in MANIFEST_FIELDS.items():
+        if not _is(data.get(key), kind):
+            return f"{key!r} is missing or of the wrong type (expected {kind.__name__})"
+    for key, kind in get_type_hints(ExportSettings).items():
+        if not _is(data["settings"].get(key), kind):
+            return f"setting {key!r} is missing or of the wrong type (expected {getattr(kind, '__name__', kind)})"
+    if not all(_is(path, str) for path in data["outputs"]):
+        return "'outputs' is not a list of file names"
+    count = data["sentences"]
+    if not all(isinstance(c, dict) and _is(c.get("title"), str) and _is(c.get("first"), int)
+               and 0 <= c["first"] < count for c in data["chapters"]):
+        return "'chapters' is not a list of titles and first sentences"
+    if not all(_is(i, int) and 0 <= i < count for i in data["done"]):
+        return f"'done' is not a list of sentence numbers below {count}"
+    return None
+
+
+def _is(value: Any, kind: type) -> bool:
+    """isinstance, where JSON's true and false are not ints."""
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
 
 
 # ---- rendering --------------------------------------------------------------------------------------------

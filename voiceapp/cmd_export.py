@@ -291,9 +291,8 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
         return None
     data = manifest.load()
     if not args.resume:
-        raise InputError(f"{out}: an interrupted export is there ({len(data.get('done') or [])} of "
-                         f"{data['sentences']} sentences recorded); pass --resume to continue it or --restart to "
-                         f"start over")
+        raise InputError(f"{out}: an interrupted export is there ({len(data['done'])} of {data['sentences']} "
+                         f"sentences recorded); pass --resume to continue it or --restart to start over")
     keys = tuple(f.name for f in dataclasses.fields(ExportSettings) if f.name not in ExportSettings.ENGINE_KEYS)
     manifest.check(data, plan, keys)
     return data

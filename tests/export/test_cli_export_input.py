@@ -1,5 +1,5 @@
 """`voicectl export` given bad input, in subprocesses: an output that is its own input, two exports to one output,
-a manifest from another version. Each gets one line and a non-zero exit, and
+a manifest with fields of the wrong type or from another version. Each gets one line and a non-zero exit, and
 leaves the input and any earlier export's work as they were."""
 import json
 import os
@@ -92,6 +92,16 @@ def interrupted_export(src, tmp_path):
     out = tmp_path / "out.wav"
     interrupt(["export", str(src), "-o", str(out), *FAKE], tmp_path / "out.wav.parts", signal.SIGKILL)
     return out, json.loads((tmp_path / "out.wav.manifest.json").read_text())
+
+
+@pytest.mark.parametrize("field,value,flags", [("done", 7, []), ("done", ["1"], ["--resume"]),
+                                               ("sentences", "65", [])])
+def test_a_manifest_field_of_the_wrong_type_is_one_line(clean, tmp_path, field, value, flags):
+    src, _, _ = clean
+    out, data = interrupted_export(src, tmp_path)
+    (tmp_path / "out.wav.manifest.json").write_text(json.dumps({**data, field: value}))
+    err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, *flags))
+    assert f"is corrupt ('{field}' " in err and err.endswith("pass --restart to discard it and start over"), err
 
 
 def test_a_manifest_of_another_version_is_refused_until_restart(clean, tmp_path):

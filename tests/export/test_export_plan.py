@@ -219,6 +219,35 @@ def test_a_manifest_of_another_version_names_both_versions(tmp_path, version):
                               f"cannot be resumed; pass --restart to discard it and start over")
 
 
+@pytest.mark.parametrize("field,value,why", [
+    ("done", 5, "'done' is missing or of the wrong type (expected list)"),
+    ("done", ["0"], "'done' is not a list of sentence numbers"),
+    ("done", [True], "'done' is not a list of sentence numbers"),
+    ("done", [10], "'done' is not a list of sentence numbers below 10"),
+    ("done", [-1], "'done' is not a list of sentence numbers below 10"),
+    ("sentences", "12", "'sentences' is missing or of the wrong type (expected int)"),
+    ("sentences", True, "'sentences' is missing or of the wrong type (expected int)"),
+    ("settings", [], "'settings' is missing or of the wrong type (expected dict)"),
+    ("settings", {"seed": 3}, "setting 'input_sha256' is missing or of the wrong type (expected str)"),
+    ("outputs", "o.wav", "'outputs' is missing or of the wrong type (expected list)"),
+    ("outputs", [1], "'outputs' is not a list of file names"),
+    ("parts", None, "'parts' is missing or of the wrong type (expected str)"),
+    ("chapters", [{"title": "x"}], "'chapters' is not a list of titles and first sentences"),
+    ("chapters", [{"title": "x", "first": 10}], "'chapters' is not a list of titles and first sentences"),
+])
+def test_manifest_fields_of_the_wrong_type_are_corrupt(tmp_path, field, value, why):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.save(plan, {0, 2}, ["o.wav"])
+    data = json.loads(manifest.path.read_text())
+    assert len(plan.sentences) == 10 and data[field] != value
+    manifest.path.write_text(json.dumps({**data, field: value}))
+    with pytest.raises(ManifestError) as err:
+        manifest.load()
+    assert str(err.value).startswith(f"{manifest.path} is corrupt ({why}") and "--restart" in str(err.value)
+
+
+
 def test_manifest_save_is_atomic_and_throttled(tmp_path):
     plan = make_plan()
     manifest = Manifest(tmp_path / "m.json", Parts(tmp_path / "p"))
