@@ -12,6 +12,7 @@ one. Assembly is a second pass, which is also where the optional loudness gain i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -109,6 +110,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@contextlib.contextmanager
+def replacing(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A hidden temp file beside `path` to write in the block: it replaces `path` when the block ends, and is
+    deleted when the block fails, so `path` is never seen half-written. Beside it, in the same directory, so the
+    rename never crosses filesystems."""
+    tmp = path.with_name(f".{path.name}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 # ---- parts ------------------------------------------------------------------------------------------------
 
 class Parts:
@@ -123,14 +137,9 @@ class Parts:
     def write(self, index: int, samples: np.ndarray) -> None:
         """Store float samples as the 16-bit PCM the WAV will hold (to_pcm16)."""
         data = to_pcm16(samples)
-        tmp = self.dir / f".{index:06d}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
-                f.write(data)
-            os.replace(tmp, self.path(index))
-        finally:
-            tmp.unlink(missing_ok=True)
+        with replacing(self.path(index)) as tmp, open(tmp, "wb") as f:
+            f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
+            f.write(data)
 
     def read(self, index: int) -> np.ndarray | None:
         """The sentence's 16-bit samples ("<i2"), or None when the part is missing, torn or corrupt."""
@@ -230,12 +239,10 @@ class Manifest:
                 "chapters": [{"title": plan.book.chapters[plan.sentences[r.start].chapter].title, "first": r.start}
                              for r in plan.chapter_ranges()],
                 "done": sorted(done)}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
+        with replacing(self.path) as tmp, open(tmp, "w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -366,25 +373,20 @@ def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
     Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
     offsets, total = [], 0
     for track in tracks:
-        tmp = track.path.with_name(f".{track.path.name}.partial")
         starts = []
-        try:
-            with wave.open(str(tmp), "wb") as w:
-                w.setnchannels(1)
-                w.setsampwidth(2)
-                w.setframerate(sample_rate)
-                written = 0
-                for i in track.sentences:
-                    if i != track.sentences.start:
-                        w.writeframes(bytes(2 * pause))
-                        written += pause
-                    starts.append(written)
-                    pcm = _part(parts, i)
-                    w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
-                    written += len(pcm)
-            os.replace(tmp, track.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with replacing(track.path, ".partial") as tmp, wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(sample_rate)
+            written = 0
+            for i in track.sentences:
+                if i != track.sentences.start:
+                    w.writeframes(bytes(2 * pause))
+                    written += pause
+                starts.append(written)
+                pcm = _part(parts, i)
+                w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
+                written += len(pcm)
         offsets.append(starts)
         total += written
     return offsets, total

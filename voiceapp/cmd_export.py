@@ -394,12 +394,10 @@ def output_error(err: OSError, manifest, done: set[int], out: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    from engine.export_plan import replacing
+
+    with replacing(path) as tmp:
         tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 PROGRESS_LINE_EVERY_S = 30.0

@@ -45,9 +45,9 @@ def start_export(args, parts: Path, at_least=6, **popen) -> subprocess.Popen:
     return proc
 
 
-def interrupt(args, parts: Path, sig, at_least=6):
+def interrupt(args, parts: Path, sig, at_least=6, **popen):
     """Start an export, wait until some sentences are finished, then send `sig`."""
-    proc = start_export(args, parts, at_least)
+    proc = start_export(args, parts, at_least, **popen)
     proc.send_signal(sig)
     err = proc.stderr.read().decode()
     return proc.wait(30), err
@@ -207,3 +207,20 @@ def test_disk_full_keeps_finished_parts_and_resume_completes(tmp_path):
         err = ok(voicectl("export", str(src), "-o", str(mnt / "o.wav"), *FAKE, "--resume"))
         assert "4 were already done" in err
         assert (mnt / "o.wav").read_bytes() == (tmp_path / "want.wav").read_bytes()
+
+
+def test_output_on_another_filesystem_than_the_current_directory_and_tmp(clean, tmp_path):
+    """Every temp file is made beside its output, so no rename crosses filesystems: here the output is on a tmpfs,
+    the current directory and $TMPDIR are not; killed, resumed, and to a directory."""
+    src, want_wav, want_cue = clean
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    with small_tmpfs(tmp_path / "mnt", "16m") as mnt:
+        args = ["export", str(src), "-o", "mnt/out.wav", *FAKE]
+        code, err = interrupt(args, mnt / "out.wav.parts", signal.SIGKILL, cwd=tmp_path, env=env)
+        assert code == -9, err
+        ok(voicectl(*args, "--resume", "--jobs", "16", cwd=tmp_path, env=env))
+        assert (mnt / "out.wav").read_bytes() == want_wav and (mnt / "out.cue").read_text() == want_cue
+        ok(voicectl("export", str(src), "-o", "mnt/book/", *FAST, cwd=tmp_path, env=env))
+        assert len(os.listdir(mnt / "book")) == 5
+        assert sorted(os.listdir(mnt)) == ["book", "out.cue", "out.wav"] and os.listdir(tmp_path / "tmp") == []

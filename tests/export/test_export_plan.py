@@ -1,7 +1,9 @@
 """engine.export_plan in-process: parts, manifest, resume, concurrency independence, assembly, CUE, loudness."""
 import dataclasses
-import platform
+import errno
 import json
+import os
+import platform
 import wave
 
 import numpy as np
@@ -257,6 +259,22 @@ def test_manifest_save_is_atomic_and_throttled(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
 
 
+
+def test_a_failed_manifest_save_keeps_the_last_one_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "m.json", Parts(tmp_path / "p"))
+    manifest.save(plan, {0}, [])
+    before = manifest.path.read_bytes()
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        manifest.save(plan, {0, 1}, [])
+    assert manifest.path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def full_disk(*_args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 # ---- assembly, CUE, loudness ------------------------------------------------------------------------------
 
 def test_assembly_puts_the_streaming_pause_between_sentences_and_splits_chapters(tmp_path):
@@ -276,6 +294,31 @@ def test_assembly_puts_the_streaming_pause_between_sentences_and_splits_chapters
                           16000, pause)
     assert offsets == [[0], [0, 200 + pause]]  # no pause at the start of a chapter file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "all.wav", "b.wav", "p"]
+
+
+def test_disk_full_while_assembling_leaves_only_complete_wavs(tmp_path, monkeypatch):
+    """The chapter written before the disk filled is whole; the one being written keeps its earlier WAV; no partial
+    file stays; the parts are all kept."""
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    for i in range(3):
+        parts.write(i, np.full(100, 0.1, np.float32))
+    (tmp_path / "b.wav").write_bytes(b"an earlier export's b.wav")
+    write, calls = wave.Wave_write.writeframes, []
+
+    def fills_up_in_b(self, data):  # a.wav takes one call (sentence 0); b.wav's first fails
+        calls.append(len(data))
+        if len(calls) > 1:
+            full_disk()
+        write(self, data)
+
+    monkeypatch.setattr(wave.Wave_write, "writeframes", fills_up_in_b)
+    with pytest.raises(OSError):
+        assemble(parts, [Track(tmp_path / "a.wav", range(0, 1)), Track(tmp_path / "b.wav", range(1, 3))], 16000, 10)
+    with wave.open(str(tmp_path / "a.wav")) as w:
+        assert w.readframes(w.getnframes()) == to_pcm16(np.full(100, 0.1, np.float32))
+    assert (tmp_path / "b.wav").read_bytes() == b"an earlier export's b.wav"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "b.wav", "p"] and parts.finished(3) == {0, 1, 2}
 
 
 def test_cue_sheet():
