@@ -1,6 +1,7 @@
 """`voicectl export` of books, in subprocesses: resume after a kill is byte-identical, chapters, CUE, split output,
 loudness, manifest errors, disk full keeping finished parts."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,37 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     assert f"{finished} were already done" in err
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # manifest and parts are gone
+
+
+def test_killed_twice_in_a_row_resumes_to_the_same_bytes(clean, tmp_path):
+    src, want_wav, want_cue = clean
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    args = ["export", str(src), "-o", str(out), *FAKE, "--jobs", "2"]
+    assert interrupt(args, parts, signal.SIGKILL)[0] == -9
+    first = len(list(parts.glob("*.part")))
+    code, err = interrupt([*args, "--resume"], parts, signal.SIGKILL, at_least=first + 6)
+    assert code == -9 and not out.exists(), err
+    second = len(list(parts.glob("*.part")))
+    assert first + 6 <= second < 65
+    err = ok(voicectl("export", str(src), "-o", str(out), *FAST, "--resume"))
+    assert f"{second} were already done" in err
+    assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
+
+
+@pytest.mark.parametrize("lost", ["every other part", "the parts folder"])
+def test_resume_renders_the_parts_that_were_deleted_again(clean, tmp_path, lost):
+    src, want_wav, _ = clean
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    interrupt(["export", str(src), "-o", str(out), *FAKE, "--jobs", "2"], parts, signal.SIGKILL, at_least=10)
+    finished = sorted(parts.glob("*.part"))
+    if lost == "the parts folder":
+        shutil.rmtree(parts)
+    for part in finished[::2] if lost == "every other part" else []:
+        part.unlink()
+    err = ok(voicectl("export", str(src), "-o", str(out), *FAST, "--resume"))
+    kept = len(finished) // 2 if lost == "every other part" else 0
+    assert (f"{kept} were already done" in err) == bool(kept), err
+    assert out.read_bytes() == want_wav
 
 
 def test_an_interrupted_export_is_not_discarded_without_asking(clean, tmp_path):
