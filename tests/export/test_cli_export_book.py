@@ -74,6 +74,28 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # manifest and parts are gone
 
 
+@pytest.mark.slow
+def test_killed_torch_export_resumes_to_the_same_bytes(tiny_model, tmp_path):
+    """The real engine on the CPU (the tiny checkpoint): rendering 3 sentences at once, its whole process group
+    SIGKILLed, then resumed one sentence at a time, it gives the bytes of a clean export with the default --jobs."""
+    src = tmp_path / "in.txt"
+    src.write_text(" ".join(f"Sentence number {i} is right here." for i in range(12)))
+    engine = ["--model", str(tiny_model), "--backend", "torch", "--max-tokens", "150"]
+    ok(voicectl("export", str(src), "-o", str(tmp_path / "clean.wav"), *engine))
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    proc = start_export(["export", str(src), "-o", str(out), *engine, "--jobs", "3"], parts, at_least=3,
+                        start_new_session=True)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.stderr.close()
+    assert proc.wait(30) == -9 and not out.exists()
+    finished = len(list(parts.glob("*.part")))
+    assert 3 <= finished < 12
+    err = ok(voicectl("export", str(src), "-o", str(out), *engine, "--resume", "--jobs", "1"))
+    assert f"{finished} were already done" in err
+    assert out.read_bytes() == (tmp_path / "clean.wav").read_bytes()
+
+
 def test_killed_twice_in_a_row_resumes_to_the_same_bytes(clean, tmp_path):
     src, want_wav, want_cue = clean
     out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
