@@ -12,6 +12,7 @@ one. Assembly is a second pass, which is also where the optional loudness gain i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,7 +25,7 @@ import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, get_type_hints
 from uuid import uuid4
 
 import numpy as np
@@ -48,6 +49,10 @@ LOUDNESS_TARGET_DBFS = -20.0
 """Default RMS target of --normalize-loudness (audiobook practice: -23..-18 dB RMS)."""
 PEAK_CEILING_DBFS = -3.0
 """The gain never lifts the book's highest peak above this."""
+
+
+RESTART = "pass --restart to discard it and start over"
+"""What every message about an export that cannot be resumed says to do (--resume continues one that can)."""
 
 
 class ManifestError(InputError):
@@ -105,6 +110,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@contextlib.contextmanager
+def replacing(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A hidden temp file beside `path` to write in the block: it replaces `path` when the block ends, and is
+    deleted when the block fails, so `path` is never seen half-written. Beside it, in the same directory, so the
+    rename never crosses filesystems."""
+    tmp = path.with_name(f".{path.name}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 # ---- parts ------------------------------------------------------------------------------------------------
 
 class Parts:
@@ -119,14 +137,9 @@ class Parts:
     def write(self, index: int, samples: np.ndarray) -> None:
         """Store float samples as the 16-bit PCM the WAV will hold (to_pcm16)."""
         data = to_pcm16(samples)
-        tmp = self.dir / f".{index:06d}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
-                f.write(data)
-            os.replace(tmp, self.path(index))
-        finally:
-            tmp.unlink(missing_ok=True)
+        with replacing(self.path(index)) as tmp, open(tmp, "wb") as f:
+            f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
+            f.write(data)
 
     def read(self, index: int) -> np.ndarray | None:
         """The sentence's 16-bit samples ("<i2"), or None when the part is missing, torn or corrupt."""
@@ -187,14 +200,16 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise self._corrupt("not a voiceapp export manifest")
         if data.get("version") != MANIFEST_VERSION:
-            raise self._corrupt(f"manifest version {data.get('version')!r}, expected {MANIFEST_VERSION}")
-        if not isinstance(data.get("settings"), dict) or not isinstance(data.get("sentences"), int):
-            raise self._corrupt("settings or sentence count missing")
+            raise ManifestError(f"{self.path} was written by another version of voicectl (manifest version "
+                                f"{data.get('version')!r}; this one reads version {MANIFEST_VERSION}), so its "
+                                f"finished sentences cannot be resumed; {RESTART}")
+        problem = manifest_problem(data)
+        if problem:
+            raise self._corrupt(problem)
         return data
 
     def _corrupt(self, why: str) -> ManifestError:
-        return ManifestError(f"cannot resume: {self.path} is corrupt ({why}); delete it and {self.parts.dir}, "
-                             f"or run without --resume to start over")
+        return ManifestError(f"{self.path} is corrupt ({why}), so its export cannot be resumed; {RESTART}")
 
     def check(self, data: dict[str, Any], plan: ExportPlan, keys: tuple[str, ...]) -> None:
         """Refuse to resume an export whose audio would differ: input, model, voice, seed or settings changed."""
@@ -208,10 +223,10 @@ class Manifest:
                 what = "the input file changed" if key == "input_sha256" else \
                     f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"
                 raise ManifestError(f"cannot resume {self.path.name}: {what}; rerun with the original settings, "
-                                    f"or run without --resume to start over")
+                                    f"or {RESTART}")
         if data["sentences"] != len(plan.sentences):
             raise ManifestError(f"cannot resume: {self.path} lists {data['sentences']} sentences, the input has "
-                                f"{len(plan.sentences)}; run without --resume to start over")
+                                f"{len(plan.sentences)}; {RESTART}")
 
     def save(self, plan: ExportPlan, done: set[int], outputs: list[str], force: bool = True) -> None:
         """Write atomically (temp + fsync + rename); without `force`, at most every SAVE_EVERY_S seconds."""
@@ -224,16 +239,43 @@ class Manifest:
                 "chapters": [{"title": plan.book.chapters[plan.sentences[r.start].chapter].title, "first": r.start}
                              for r in plan.chapter_ranges()],
                 "done": sorted(done)}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
+        with replacing(self.path) as tmp, open(tmp, "w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         self.parts.remove()
+
+
+MANIFEST_FIELDS = {"settings": dict, "sentences": int, "outputs": list, "parts": str, "chapters": list,
+                   "done": list}
+"""The fields Manifest.save writes besides format and version, and their JSON types."""
+
+
+def manifest_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's fields (missing, of the wrong type, out of range), or None."""
+    for key, kind in MANIFEST_FIELDS.items():
+        if not _is(data.get(key), kind):
+            return f"{key!r} is missing or of the wrong type (expected {kind.__name__})"
+    for key, kind in get_type_hints(ExportSettings).items():
+        if not _is(data["settings"].get(key), kind):
+            return f"setting {key!r} is missing or of the wrong type (expected {getattr(kind, '__name__', kind)})"
+    if not all(_is(path, str) for path in data["outputs"]):
+        return "'outputs' is not a list of file names"
+    count = data["sentences"]
+    if not all(isinstance(c, dict) and _is(c.get("title"), str) and _is(c.get("first"), int)
+               and 0 <= c["first"] < count for c in data["chapters"]):
+        return "'chapters' is not a list of titles and first sentences"
+    if not all(_is(i, int) and 0 <= i < count for i in data["done"]):
+        return f"'done' is not a list of sentence numbers below {count}"
+    return None
+
+
+def _is(value: Any, kind: type) -> bool:
+    """isinstance, where JSON's true and false are not ints."""
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
 
 
 # ---- rendering --------------------------------------------------------------------------------------------
@@ -331,25 +373,20 @@ def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
     Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
     offsets, total = [], 0
     for track in tracks:
-        tmp = track.path.with_name(f".{track.path.name}.partial")
         starts = []
-        try:
-            with wave.open(str(tmp), "wb") as w:
-                w.setnchannels(1)
-                w.setsampwidth(2)
-                w.setframerate(sample_rate)
-                written = 0
-                for i in track.sentences:
-                    if i != track.sentences.start:
-                        w.writeframes(bytes(2 * pause))
-                        written += pause
-                    starts.append(written)
-                    pcm = _part(parts, i)
-                    w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
-                    written += len(pcm)
-            os.replace(tmp, track.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with replacing(track.path, ".partial") as tmp, wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(sample_rate)
+            written = 0
+            for i in track.sentences:
+                if i != track.sentences.start:
+                    w.writeframes(bytes(2 * pause))
+                    written += pause
+                starts.append(written)
+                pcm = _part(parts, i)
+                w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
+                written += len(pcm)
         offsets.append(starts)
         total += written
     return offsets, total

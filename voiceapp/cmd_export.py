@@ -4,7 +4,8 @@ Sentences render concurrently (--jobs), each with its own seed derived from --se
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
 bytes as an uninterrupted one. Outputs: one WAV (+ a CUE sheet of chapters when there are several), or one WAV
 per chapter (-o DIR/ or --split-chapters). Without --resume an earlier unfinished export is never discarded
-silently: --restart discards it.
+silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
+the output names the running one's pid).
 """
 from __future__ import annotations
 
@@ -67,11 +68,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--resume and --restart exclude each other")
     layout = Layout.from_args(args)
     plan = make_plan(args)
+    refuse_overwriting_input(args.input, layout, plan)
     show = "bar" if sys.stderr.isatty() else "lines"
-    try:
-        stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
-    except KeyboardInterrupt:
-        raise interrupted(layout, len(plan.sentences)) from None
+    with lock_output(layout):
+        try:
+            stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
+        except KeyboardInterrupt:
+            raise interrupted(layout, len(plan.sentences)) from None
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
                                                                       and layout.split else "")
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
@@ -109,18 +112,34 @@ class Layout:
             raise OutputError(f"{out}: directory is not writable")
         return cls(out, True, True)
 
+    def _beside(self, name: str) -> Path:
+        """`OUT.wav.NAME` beside a WAV output, `DIR/export.NAME` in a directory one."""
+        return self.out / f"export.{name}" if self.directory else self.out.with_name(f"{self.out.name}.{name}")
+
     @property
     def manifest(self) -> Path:
-        return self.out / "export.manifest.json" if self.directory else self.out.with_name(self.out.name +
-                                                                                          ".manifest.json")
+        return self._beside("manifest.json")
 
     @property
     def parts(self) -> Path:
-        return self.out / "export.parts" if self.directory else self.out.with_name(self.out.name + ".parts")
+        return self._beside("parts")
+
+    @property
+    def lock(self) -> Path:
+        return self._beside("lock")
 
     @property
     def cue(self) -> Path:
         return self.out.with_suffix(".cue")
+
+    def has_cue(self, plan) -> bool:
+        """One WAV of several chapters gets a CUE sheet of them."""
+        return not self.split and len(plan.book.chapters) > 1
+
+    def files(self, plan) -> list[Path]:
+        """Every file the export writes (besides the parts)."""
+        return [*(t.path for t in self.tracks(plan)), *([self.cue] if self.has_cue(plan) else []), self.manifest,
+                self.lock]
 
     def tracks(self, plan):
         from engine.export_plan import Track
@@ -137,6 +156,44 @@ class Layout:
 
 def _file_title(title: str) -> str:
     return re.sub(r"[^\w ,.'()&-]+", "_", title).strip(" ._")[:60] or "chapter"
+
+
+def refuse_overwriting_input(source: str, layout: Layout, plan) -> None:
+    """Refuse an export that would replace its own input: an output file that is the input (same device and inode,
+    so hard links and symlinks count), or a parts folder (deleted at the end) that holds it."""
+    from engine.errors import InputError
+
+    source_id = None if source == "-" else _file_id(source)
+    if source_id is None:
+        return
+    for path in layout.files(plan):
+        if _file_id(path) == source_id:
+            raise InputError(f"{source}: the export would overwrite its own input (as {path}); choose another -o")
+    if Path(os.path.realpath(source)).is_relative_to(os.path.realpath(layout.parts)):
+        raise InputError(f"{source} is inside {layout.parts}, which the export deletes; move it or choose another -o")
+
+
+def _file_id(path: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of the file `path` names, links followed; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def lock_output(layout: Layout):
+    """The output's lock, held for the whole export: a second export to the same output refuses at once."""
+    from engine.errors import OutputError
+    from voiceapp.lockfile import LockHeld, PidLock
+
+    try:
+        return PidLock.acquire(layout.lock)
+    except LockHeld as held:
+        raise OutputError(f"{layout.out}: another export to it is running (pid {held.pid}); wait for it to end, "
+                          f"or choose another -o") from None
+    except OSError as err:
+        raise OutputError(f"cannot create {layout.lock}: {err.strerror or err}") from None
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------
@@ -219,9 +276,10 @@ class StartupPhases:
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
-    """The earlier run's manifest to resume, or None to start over (after refusing to drop finished work)."""
+    """The earlier run's manifest to resume, or None to start over. Only --restart discards an earlier export's
+    finished sentences; one that cannot be resumed (corrupt, another version, other settings) is refused."""
     from engine.errors import InputError
-    from engine.export_plan import ExportSettings, ManifestError
+    from engine.export_plan import ExportSettings
 
     if not manifest.exists():
         if args.resume:
@@ -231,18 +289,10 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
     if args.restart:
         manifest.remove()
         return None
-    try:
-        data = manifest.load()
-    except ManifestError:
-        if args.resume:
-            raise
-        _print_notices(f"{manifest.path} is corrupt: starting over")
-        manifest.remove()
-        return None
+    data = manifest.load()
     if not args.resume:
-        raise InputError(f"{out}: an interrupted export is there ({len(data.get('done') or [])} of "
-                         f"{data['sentences']} sentences recorded); pass --resume to continue it or --restart to "
-                         f"start over")
+        raise InputError(f"{out}: an interrupted export is there ({len(data['done'])} of {data['sentences']} "
+                         f"sentences recorded); pass --resume to continue it or --restart to start over")
     keys = tuple(f.name for f in dataclasses.fields(ExportSettings) if f.name not in ExportSettings.ENGINE_KEYS)
     manifest.check(data, plan, keys)
     return data
@@ -298,7 +348,7 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             gain = loudness_gain(parts, len(plan.sentences), args.normalize_loudness or LOUDNESS_TARGET_DBFS)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
         offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gain)
-        if not layout.split and len(plan.book.chapters) > 1:
+        if layout.has_cue(plan):
             marks = [(plan.book.chapters[plan.sentences[r.start].chapter].title, offsets[0][r.start])
                      for r in plan.chapter_ranges()]
             write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
@@ -344,12 +394,10 @@ def output_error(err: OSError, manifest, done: set[int], out: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    from engine.export_plan import replacing
+
+    with replacing(path) as tmp:
         tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 PROGRESS_LINE_EVERY_S = 30.0

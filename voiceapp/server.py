@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import stat
 import sys
@@ -28,6 +27,7 @@ from engine.tuning import Tuning
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
                              encode_message, error_message, event_message, project_version, read_frame)
 from voiceapp.client import lock_path, peer_credentials
+from voiceapp.lockfile import LockHeld, PidLock
 
 HELLO_TIMEOUT_S = 10.0
 """A connection that does not say hello within this is dropped."""
@@ -60,38 +60,16 @@ def prepare_socket_dir(path: Path, private: bool) -> None:
         os.chmod(path.parent, 0o700)
 
 
-class SocketLock:
+class SocketLock(PidLock):
     """An exclusive flock on `SOCKET.lock`, held for the server's life: a second server cannot start."""
-
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd, self.path = fd, path
 
     @classmethod
     def acquire(cls, socket_path: Path) -> "SocketLock":
-        path = lock_path(socket_path)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise VoiceError(f"a voicectl server is already running (pid {pid}, socket {socket_path}); "
-                                 f"stop it first (voicectl stop), or pass --socket to run another") from None
-            try:
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not unlinked by a server that just exited
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        return cls(fd, path)
-
-    def release(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)  # while still holding it: acquire() re-checks the inode
-        os.close(self.fd)
+        try:
+            return super().acquire(lock_path(socket_path))
+        except LockHeld as held:
+            raise VoiceError(f"a voicectl server is already running (pid {held.pid}, socket {socket_path}); "
+                             f"stop it first (voicectl stop), or pass --socket to run another") from None
 
 
 def remove_stale_socket(path: Path) -> None:

@@ -1,6 +1,7 @@
 """`voicectl export` of books, in subprocesses: resume after a kill is byte-identical, chapters, CUE, split output,
 loudness, manifest errors, disk full keeping finished parts."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,12 +37,18 @@ def clean(tmp_path_factory):
     return src, (d / "out.wav").read_bytes(), (d / "out.cue").read_text()
 
 
-def interrupt(args, parts: Path, sig, at_least=6):
-    """Start an export, wait until some sentences are finished, then send `sig`."""
-    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", *args], stderr=subprocess.PIPE)
+def start_export(args, parts: Path, at_least=6, **popen) -> subprocess.Popen:
+    """Start `voicectl ARGS` and return once `parts` holds at least `at_least` finished sentences."""
+    proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", *args], stderr=subprocess.PIPE, **popen)
     end = time.monotonic() + 60
     while time.monotonic() < end and (not parts.is_dir() or len(list(parts.glob("*.part"))) < at_least):
         time.sleep(0.005)
+    return proc
+
+
+def interrupt(args, parts: Path, sig, at_least=6, **popen):
+    """Start an export, wait until some sentences are finished, then send `sig`."""
+    proc = start_export(args, parts, at_least, **popen)
     proc.send_signal(sig)
     err = proc.stderr.read().decode()
     return proc.wait(30), err
@@ -55,6 +62,7 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     code, err = interrupt(args, tmp_path / "out.wav.parts", sig)
     assert code == (-9 if sig == signal.SIGKILL else 130), err
     assert not out.exists() and (tmp_path / "out.wav.manifest.json").exists()
+    assert (tmp_path / "out.wav.lock").exists() == (sig == signal.SIGKILL)  # a killed export's lock file stays
     finished = len(list((tmp_path / "out.wav.parts").glob("*.part")))
     assert 6 <= finished < 60
     if sig == signal.SIGINT:
@@ -64,6 +72,59 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     assert f"{finished} were already done" in err
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # manifest and parts are gone
+
+
+@pytest.mark.slow
+def test_killed_torch_export_resumes_to_the_same_bytes(tiny_model, tmp_path):
+    """The real engine on the CPU (the tiny checkpoint): rendering 3 sentences at once, its whole process group
+    SIGKILLed, then resumed one sentence at a time, it gives the bytes of a clean export with the default --jobs."""
+    src = tmp_path / "in.txt"
+    src.write_text(" ".join(f"Sentence number {i} is right here." for i in range(12)))
+    engine = ["--model", str(tiny_model), "--backend", "torch", "--max-tokens", "150"]
+    ok(voicectl("export", str(src), "-o", str(tmp_path / "clean.wav"), *engine))
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    proc = start_export(["export", str(src), "-o", str(out), *engine, "--jobs", "3"], parts, at_least=3,
+                        start_new_session=True)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.stderr.close()
+    assert proc.wait(30) == -9 and not out.exists()
+    finished = len(list(parts.glob("*.part")))
+    assert 3 <= finished < 12
+    err = ok(voicectl("export", str(src), "-o", str(out), *engine, "--resume", "--jobs", "1"))
+    assert f"{finished} were already done" in err
+    assert out.read_bytes() == (tmp_path / "clean.wav").read_bytes()
+
+
+def test_killed_twice_in_a_row_resumes_to_the_same_bytes(clean, tmp_path):
+    src, want_wav, want_cue = clean
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    args = ["export", str(src), "-o", str(out), *FAKE, "--jobs", "2"]
+    assert interrupt(args, parts, signal.SIGKILL)[0] == -9
+    first = len(list(parts.glob("*.part")))
+    code, err = interrupt([*args, "--resume"], parts, signal.SIGKILL, at_least=first + 6)
+    assert code == -9 and not out.exists(), err
+    second = len(list(parts.glob("*.part")))
+    assert first + 6 <= second < 65
+    err = ok(voicectl("export", str(src), "-o", str(out), *FAST, "--resume"))
+    assert f"{second} were already done" in err
+    assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
+
+
+@pytest.mark.parametrize("lost", ["every other part", "the parts folder"])
+def test_resume_renders_the_parts_that_were_deleted_again(clean, tmp_path, lost):
+    src, want_wav, _ = clean
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    interrupt(["export", str(src), "-o", str(out), *FAKE, "--jobs", "2"], parts, signal.SIGKILL, at_least=10)
+    finished = sorted(parts.glob("*.part"))
+    if lost == "the parts folder":
+        shutil.rmtree(parts)
+    for part in finished[::2] if lost == "every other part" else []:
+        part.unlink()
+    err = ok(voicectl("export", str(src), "-o", str(out), *FAST, "--resume"))
+    kept = len(finished) // 2 if lost == "every other part" else 0
+    assert (f"{kept} were already done" in err) == bool(kept), err
+    assert out.read_bytes() == want_wav
 
 
 def test_an_interrupted_export_is_not_discarded_without_asking(clean, tmp_path):
@@ -91,18 +152,24 @@ def test_resume_with_different_settings_is_refused(clean, tmp_path, change, matc
     else:
         extra = change
     err = one_line_error(voicectl("export", str(mine), "-o", str(out), *FAKE, "--resume", *extra))
-    assert match in err and "without --resume" in err
+    assert match in err and err.endswith("or pass --restart to discard it and start over"), err
+    ok(voicectl("export", str(mine), "-o", str(out), *FAST, "--restart", *extra))  # what the message says works
 
 
-def test_corrupt_manifest(clean, tmp_path):
+@pytest.mark.parametrize("flags", [["--resume"], []])
+def test_corrupt_manifest(clean, tmp_path, flags):
+    """With or without --resume, a corrupt manifest is refused (its finished sentences are not dropped unasked);
+    the message's --restart starts over."""
     src, want_wav, _ = clean
     out = tmp_path / "out.wav"
     interrupt(["export", str(src), "-o", str(out), *FAKE], tmp_path / "out.wav.parts", signal.SIGKILL)
     (tmp_path / "out.wav.manifest.json").write_text('{"format": "voiceapp-export", "vers')
-    err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, "--resume"))
-    assert "corrupt" in err and "delete it" in err and "without --resume" in err
-    err = ok(voicectl("export", str(src), "-o", str(out), *FAST))
-    assert "corrupt: starting over" in err and out.read_bytes() == want_wav
+    finished = sorted((tmp_path / "out.wav.parts").iterdir())
+    err = one_line_error(voicectl("export", str(src), "-o", str(out), *FAKE, *flags))
+    assert "corrupt" in err and err.endswith("; pass --restart to discard it and start over"), err
+    assert sorted((tmp_path / "out.wav.parts").iterdir()) == finished
+    ok(voicectl("export", str(src), "-o", str(out), *FAST, "--restart"))
+    assert out.read_bytes() == want_wav
 
 
 def test_resume_without_a_manifest_starts_from_the_beginning(clean, tmp_path):
@@ -194,3 +261,20 @@ def test_disk_full_keeps_finished_parts_and_resume_completes(tmp_path):
         err = ok(voicectl("export", str(src), "-o", str(mnt / "o.wav"), *FAKE, "--resume"))
         assert "4 were already done" in err
         assert (mnt / "o.wav").read_bytes() == (tmp_path / "want.wav").read_bytes()
+
+
+def test_output_on_another_filesystem_than_the_current_directory_and_tmp(clean, tmp_path):
+    """Every temp file is made beside its output, so no rename crosses filesystems: here the output is on a tmpfs,
+    the current directory and $TMPDIR are not; killed, resumed, and to a directory."""
+    src, want_wav, want_cue = clean
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    with small_tmpfs(tmp_path / "mnt", "16m") as mnt:
+        args = ["export", str(src), "-o", "mnt/out.wav", *FAKE]
+        code, err = interrupt(args, mnt / "out.wav.parts", signal.SIGKILL, cwd=tmp_path, env=env)
+        assert code == -9, err
+        ok(voicectl(*args, "--resume", "--jobs", "16", cwd=tmp_path, env=env))
+        assert (mnt / "out.wav").read_bytes() == want_wav and (mnt / "out.cue").read_text() == want_cue
+        ok(voicectl("export", str(src), "-o", "mnt/book/", *FAST, cwd=tmp_path, env=env))
+        assert len(os.listdir(mnt / "book")) == 5
+        assert sorted(os.listdir(mnt)) == ["book", "out.cue", "out.wav"] and os.listdir(tmp_path / "tmp") == []

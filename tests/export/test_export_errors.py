@@ -2,7 +2,9 @@
 while rendering or while assembling is one clear line, the finished sentences are kept, and --resume completes
 with the same bytes as an export that never failed. And the progress report (ETA, x real time)."""
 import errno
+import os
 import wave
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +91,28 @@ def test_progress_reports_eta_and_speed_from_this_runs_pace(capsys, monkeypatch)
     now[0] += cmd_export.PROGRESS_LINE_EVERY_S
     progress.update(3 * 16000)
     assert capsys.readouterr().err.startswith("voicectl: 31/100 sentences (31%), ")
+
+
+def test_every_temp_file_is_renamed_within_its_own_directory(tmp_path, capsys, monkeypatch):
+    """So that no os.replace crosses filesystems, wherever the current directory and $TMPDIR are."""
+    renames = []
+    replace = os.replace
+
+    def recording(src, dst):
+        renames.append((Path(src).name, Path(os.path.abspath(src)).parent, Path(os.path.abspath(dst)).parent))
+        replace(src, dst)
+
+    (tmp_path / "in.txt").write_text("Chapter 1\n\nOne here. Two there.\n\nChapter 2\n\nThree now. The last.\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(os, "replace", recording)
+    for out in ("../out/o.wav", "../out/book/"):
+        code, err = export(capsys, "../in.txt", "-o", out)
+        assert code == 0, err
+    names = {name for name, _, _ in renames}
+    assert {".o.wav.partial", ".o.cue.tmp", ".o.wav.manifest.json.tmp", ".000000.part.tmp",
+            ".01 - Chapter 1.wav.partial", ".export.manifest.json.tmp"} <= names, names
+    assert all(src == dst for _, src, dst in renames), renames
+    assert os.listdir(tmp_path / "elsewhere") == []

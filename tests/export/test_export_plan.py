@@ -1,7 +1,9 @@
 """engine.export_plan in-process: parts, manifest, resume, concurrency independence, assembly, CUE, loudness."""
 import dataclasses
-import platform
+import errno
 import json
+import os
+import platform
 import wave
 
 import numpy as np
@@ -10,8 +12,8 @@ import pytest
 from engine.book import book_sentences, read_book
 from engine.config import SamplingOptions
 from engine.errors import InputError
-from engine.export_plan import (ExportPlan, ExportSettings, Manifest, ManifestError, Parts, Track, assemble,
-                                cue_sheet, loudness_gain, make_batch_invariant, render_parts, to_pcm16)
+from engine.export_plan import (MANIFEST_VERSION, ExportPlan, ExportSettings, Manifest, ManifestError, Parts, Track,
+                                assemble, cue_sheet, loudness_gain, make_batch_invariant, render_parts, to_pcm16)
 from engine.factory import EngineConfig, build_synthesizer
 from engine.pipeline import JoinConfig
 
@@ -198,15 +200,54 @@ def test_cpu_platform_names_the_threads_and_torch(tiny_model, tmp_path):
                                         f"2 threads, torch {torch.__version__}")
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}',
-                                     '{"format": "voiceapp-export", "version": 99}',
-                                     '{"format": "voiceapp-export", "version": 1}', ""])
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}', ""])
 def test_corrupt_manifest_is_a_clear_error(tmp_path, content):
     manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
     manifest.path.write_text(content)
     with pytest.raises(ManifestError) as err:
         manifest.load()
-    assert "corrupt" in str(err.value) and "delete it" in str(err.value) and isinstance(err.value, InputError)
+    assert "corrupt" in str(err.value) and "pass --restart to discard it" in str(err.value)
+    assert isinstance(err.value, InputError)
+
+
+@pytest.mark.parametrize("version", [1, MANIFEST_VERSION - 1, 99, str(MANIFEST_VERSION), None])
+def test_a_manifest_of_another_version_names_both_versions(tmp_path, version):
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.path.write_text(json.dumps({"format": "voiceapp-export", "version": version}))
+    with pytest.raises(ManifestError) as err:
+        manifest.load()
+    assert str(err.value) == (f"{manifest.path} was written by another version of voicectl (manifest version "
+                              f"{version!r}; this one reads version {MANIFEST_VERSION}), so its finished sentences "
+                              f"cannot be resumed; pass --restart to discard it and start over")
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("done", 5, "'done' is missing or of the wrong type (expected list)"),
+    ("done", ["0"], "'done' is not a list of sentence numbers"),
+    ("done", [True], "'done' is not a list of sentence numbers"),
+    ("done", [10], "'done' is not a list of sentence numbers below 10"),
+    ("done", [-1], "'done' is not a list of sentence numbers below 10"),
+    ("sentences", "12", "'sentences' is missing or of the wrong type (expected int)"),
+    ("sentences", True, "'sentences' is missing or of the wrong type (expected int)"),
+    ("settings", [], "'settings' is missing or of the wrong type (expected dict)"),
+    ("settings", {"seed": 3}, "setting 'input_sha256' is missing or of the wrong type (expected str)"),
+    ("outputs", "o.wav", "'outputs' is missing or of the wrong type (expected list)"),
+    ("outputs", [1], "'outputs' is not a list of file names"),
+    ("parts", None, "'parts' is missing or of the wrong type (expected str)"),
+    ("chapters", [{"title": "x"}], "'chapters' is not a list of titles and first sentences"),
+    ("chapters", [{"title": "x", "first": 10}], "'chapters' is not a list of titles and first sentences"),
+])
+def test_manifest_fields_of_the_wrong_type_are_corrupt(tmp_path, field, value, why):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "o.wav.manifest.json", Parts(tmp_path / "o.wav.parts"))
+    manifest.save(plan, {0, 2}, ["o.wav"])
+    data = json.loads(manifest.path.read_text())
+    assert len(plan.sentences) == 10 and data[field] != value
+    manifest.path.write_text(json.dumps({**data, field: value}))
+    with pytest.raises(ManifestError) as err:
+        manifest.load()
+    assert str(err.value).startswith(f"{manifest.path} is corrupt ({why}") and "--restart" in str(err.value)
+
 
 
 def test_manifest_save_is_atomic_and_throttled(tmp_path):
@@ -216,6 +257,22 @@ def test_manifest_save_is_atomic_and_throttled(tmp_path):
     manifest.save(plan, {0, 1}, [], force=False)  # within SAVE_EVERY_S: skipped
     assert json.loads(manifest.path.read_text())["done"] == [0]
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+
+def test_a_failed_manifest_save_keeps_the_last_one_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    plan = make_plan()
+    manifest = Manifest(tmp_path / "m.json", Parts(tmp_path / "p"))
+    manifest.save(plan, {0}, [])
+    before = manifest.path.read_bytes()
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        manifest.save(plan, {0, 1}, [])
+    assert manifest.path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def full_disk(*_args):
+    raise OSError(errno.ENOSPC, "No space left on device")
 
 
 # ---- assembly, CUE, loudness ------------------------------------------------------------------------------
@@ -237,6 +294,31 @@ def test_assembly_puts_the_streaming_pause_between_sentences_and_splits_chapters
                           16000, pause)
     assert offsets == [[0], [0, 200 + pause]]  # no pause at the start of a chapter file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "all.wav", "b.wav", "p"]
+
+
+def test_disk_full_while_assembling_leaves_only_complete_wavs(tmp_path, monkeypatch):
+    """The chapter written before the disk filled is whole; the one being written keeps its earlier WAV; no partial
+    file stays; the parts are all kept."""
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    for i in range(3):
+        parts.write(i, np.full(100, 0.1, np.float32))
+    (tmp_path / "b.wav").write_bytes(b"an earlier export's b.wav")
+    write, calls = wave.Wave_write.writeframes, []
+
+    def fills_up_in_b(self, data):  # a.wav takes one call (sentence 0); b.wav's first fails
+        calls.append(len(data))
+        if len(calls) > 1:
+            full_disk()
+        write(self, data)
+
+    monkeypatch.setattr(wave.Wave_write, "writeframes", fills_up_in_b)
+    with pytest.raises(OSError):
+        assemble(parts, [Track(tmp_path / "a.wav", range(0, 1)), Track(tmp_path / "b.wav", range(1, 3))], 16000, 10)
+    with wave.open(str(tmp_path / "a.wav")) as w:
+        assert w.readframes(w.getnframes()) == to_pcm16(np.full(100, 0.1, np.float32))
+    assert (tmp_path / "b.wav").read_bytes() == b"an earlier export's b.wav"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "b.wav", "p"] and parts.finished(3) == {0, 1, 2}
 
 
 def test_cue_sheet():
