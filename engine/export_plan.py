@@ -7,7 +7,7 @@ directory, so the parts take as much disk as the finished WAV, no more; a JSON m
 what decides the audio (input, model, backend, voice, seed, sampling, join and window settings).
 `--resume` checks the manifest, keeps every valid part and renders only the rest; assembly then writes the parts
 in order with the streaming path's inter-sentence pause, so a resumed export is byte-identical to an uninterrupted
-one. Assembly is a second pass, which is also where the optional loudness gain is measured (over the whole book).
+one. Assembly is a second pass, which is also where the optional loudness gains are measured (one per chapter).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ SAVE_EVERY_S = 2.0
 LOUDNESS_TARGET_DBFS = -20.0
 """Default RMS target of --normalize-loudness (audiobook practice: -23..-18 dB RMS)."""
 PEAK_CEILING_DBFS = -3.0
-"""The gain never lifts the book's highest peak above this."""
+"""A chapter's gain never lifts its highest peak above this."""
 
 
 RESTART = "pass --restart to discard it and start over"
@@ -104,6 +104,10 @@ class ExportPlan:
         """Sentence indices of each chapter (every chapter of a parsed Book has at least one sentence)."""
         starts = [i for i, s in enumerate(self.sentences) if i == 0 or s.chapter != self.sentences[i - 1].chapter]
         return [range(a, b) for a, b in zip(starts, starts[1:] + [len(self.sentences)])]
+
+    def chapter_title(self, sentences: range) -> str:
+        """The title of the chapter that `sentences` (one of chapter_ranges()) belong to."""
+        return self.book.chapters[self.sentences[sentences.start].chapter].title
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -351,25 +355,54 @@ def pause_samples(pause_s: float, sample_rate: int) -> int:
     return int(pause_s * sample_rate)
 
 
-def loudness_gain(parts: Parts, count: int, target_dbfs: float, ceiling_dbfs: float = PEAK_CEILING_DBFS) -> float:
-    """One gain for the whole book: RMS over every sentence's samples (pauses excluded) to `target_dbfs`, limited
-    so the highest peak stays at or below `ceiling_dbfs`. Sums in float64 in index order: deterministic."""
+@dataclass(frozen=True, slots=True)
+class ChapterGain:
+    """--normalize-loudness for one chapter."""
+
+    gain: float
+    short_db: float = 0.0
+    """How far below the target the peak ceiling holds the chapter (0.0: it reaches the target)."""
+
+
+def chapter_gains(parts: Parts, chapters: list[range], target_dbfs: float,
+                  ceiling_dbfs: float = PEAK_CEILING_DBFS) -> list[ChapterGain]:
+    """Each chapter's gain: its RMS over its sentences' samples (pauses excluded) to `target_dbfs`, limited so its
+    highest peak stays at or below `ceiling_dbfs`. Per chapter, not one for the book, so that every chapter a
+    listener skips to plays at the target level, whatever was louder or quieter elsewhere in the book. Sums in
+    float64 in index order: deterministic, and a resumed export gets the same gains."""
+    return [_chapter_gain(parts, r, target_dbfs, ceiling_dbfs) for r in chapters]
+
+
+def _chapter_gain(parts: Parts, sentences: range, target_dbfs: float, ceiling_dbfs: float) -> ChapterGain:
     total, n, peak = 0.0, 0, 0.0
-    for i in range(count):
+    for i in sentences:
         x = _part(parts, i).astype(np.float64) / PCM_SCALE
         total += float(np.dot(x, x))
         n += len(x)
         peak = max(peak, float(np.max(np.abs(x))) if len(x) else 0.0)
     if n == 0 or total == 0.0:
-        return 1.0
-    rms = math.sqrt(total / n)
-    gain = 10 ** (target_dbfs / 20) / rms
-    return min(gain, 10 ** (ceiling_dbfs / 20) / peak)
+        return ChapterGain(1.0)  # silence stays silence
+    wanted = 10 ** (target_dbfs / 20) / math.sqrt(total / n)
+    limit = 10 ** (ceiling_dbfs / 20) / peak
+    return ChapterGain(wanted) if wanted <= limit else ChapterGain(limit, 20 * math.log10(wanted / limit))
+
+
+def ceiling_notice(gains: list[ChapterGain], titles: list[str], target_dbfs: float,
+                   ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3) -> str | None:
+    """One line naming the chapters the peak ceiling holds below the target (the first `most`), or None."""
+    short = [(n, title, g.short_db) for n, (g, title) in enumerate(zip(gains, titles), 1) if g.short_db > 0.0]
+    if not short:
+        return None
+    named = ", ".join(f'{n} "{title}" by {db:.1f} dB' for n, title, db in short[:most])
+    more = f" and {len(short) - most} more" if len(short) > most else ""
+    return (f"--normalize-loudness: the {ceiling_dbfs:g} dBFS peak ceiling holds {len(short)} of {len(gains)} "
+            f"chapters below {target_dbfs:g} dBFS RMS: {named}{more}")
 
 
 def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
-             gain: float = 1.0) -> tuple[list[list[int]], int]:
-    """Write each track's sentences in order, `pause` zeros between them, as 16-bit WAV (temp file, then rename).
+             gains: list[float] | None = None) -> tuple[list[list[int]], int]:
+    """Write each track's sentences in order, `pause` zeros between them, as 16-bit WAV (temp file, then rename);
+    `gains`, if given, holds one gain per sentence (its chapter's: chapter_gains).
     Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
     offsets, total = [], 0
     for track in tracks:
@@ -385,6 +418,7 @@ def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
                     written += pause
                 starts.append(written)
                 pcm = _part(parts, i)
+                gain = 1.0 if gains is None else gains[i]
                 w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
                 written += len(pcm)
         offsets.append(starts)

@@ -243,7 +243,7 @@ _ABBREVIATIONS = {
     "Col": "Colonel", "Rev": "Reverend", "Gov": "Governor", "Sen": "Senator", "Inc": "Incorporated",
     "Ltd": "Limited", "Corp": "Corporation", "Co": "Company", "Bros": "Brothers", "Ave": "Avenue",
     "Blvd": "Boulevard", "Rd": "Road", "Dept": "Department", "Fig": "Figure", "Vol": "Volume", "Ph.D": "P h D",
-    "Dr": "Doctor", "St": "Street",
+    "Dr": "Doctor", "St": "Street", "Messrs": "Messieurs",
     "etc": "et cetera", "vs": "versus", "approx": "approximately", "cf": "compare", "aka": "also known as",
     "a.k.a": "also known as", "e.g": "for example", "i.e": "that is", "esp": "especially", "incl": "including",
 }
@@ -254,8 +254,8 @@ _NEEDS_DOT = {"Co", "Rd", "Ave", "Fig", "Vol", "Col", "Gen", "Sen", "Rev", "Gov"
 """Also ordinary words: expanded only with their period."""
 _BEFORE_NAME = {"Col", "Gen", "Sen", "Rev", "Gov", "Capt", "Sgt", "Lt"}
 """Titles that are only expanded before a capitalized name."""
-_MID_SENTENCE = _BEFORE_NAME | {"Mr", "Mrs", "Ms", "Mx", "Prof", "Mt", "e.g", "i.e", "vs", "cf", "approx", "aka",
-                                "a.k.a", "esp", "incl"}
+_MID_SENTENCE = _BEFORE_NAME | {"Mr", "Mrs", "Ms", "Mx", "Messrs", "Prof", "Mt", "e.g", "i.e", "vs", "cf", "approx",
+                                "aka", "a.k.a", "esp", "incl"}
 """Never sentence-final, so their period is dropped; the others keep a period that ends the sentence."""
 _ABBREVIATION = re.compile(
     r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(_ABBREVIATIONS, key=len, reverse=True)) + r")(\.)?(?!\w)",
@@ -552,7 +552,9 @@ _DASH_GAP = re.compile(r"(?:(?<=\s)|^)-+(?=\s|$)|-{2,}")
 _EMPTY_PARENS = re.compile(r"\(\s*\)")
 _SPACES = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCT = re.compile(r" (?=[.,;:!?)])|(?<=\() ")
-_WEAK_BEFORE_STRONG = re.compile(r"[,;:]+ ?(?=[,;:.!?])")
+_WEAK_BESIDE_STRONG = re.compile(r"[,;:]+ ?(?=[,;:.!?])|(?<=[.!?])[,;:]+")
+"""A comma, semicolon or colon next to stronger punctuation goes: "one, ." and "Literature.--Nil" (whose dash
+became a comma) would otherwise read "Literature., Nil"."""
 _REPEATED = re.compile(r"([!?,;:])\1+|\.{4,}")
 _LEADING_PUNCT = re.compile(r"^[\s.,;:!?)]+")
 _WORD_CHAR = re.compile(r"[^\W_]")
@@ -568,7 +570,7 @@ def _tidy(text: str) -> str:
     text = _EMPTY_PARENS.sub(" ", text)
     text = _SPACES.sub(" ", text).strip()
     text = _SPACE_BEFORE_PUNCT.sub("", text)
-    text = _WEAK_BEFORE_STRONG.sub("", text)
+    text = _WEAK_BESIDE_STRONG.sub("", text)
     text = _REPEATED.sub(lambda m: "..." if m.group()[0] == "." else m.group(1), text)
     return _LEADING_PUNCT.sub("", text)
 
@@ -624,7 +626,7 @@ _LOOKBEHIND = 24
 _NOT_END, _UNDECIDED = -1, -2
 
 _NEVER_END = frozenset({
-    "mr", "mrs", "ms", "mx", "dr", "prof", "st", "mt", "capt", "sgt", "lt", "gen", "col", "rev", "gov", "sen",
+    "mr", "mrs", "ms", "mx", "messrs", "dr", "prof", "st", "mt", "capt", "sgt", "lt", "gen", "col", "rev", "gov", "sen",
     "vs", "e.g", "i.e", "cf", "approx", "ca", "viz", "esp", "incl", "a.k.a"})
 """Abbreviations always followed by more of the sentence (titles before names, "e.g.", "vs.")."""
 _BEFORE_NUMBER = frozenset({"no", "nos", "fig", "figs", "vol", "p", "pp", "ch", "sec", "art", "eq", "ref", "op"})

@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
                    help="continue an interrupted export: keep its finished sentences, render the rest")
     p.add_argument("--restart", action="store_true", help="discard an interrupted export and start over")
     p.add_argument("--normalize-loudness", nargs="?", type=float, const=-20.0, metavar="DBFS",
-                   help="scale the whole book to this RMS level (default -20 dBFS; the peak stays <= -3 dBFS)")
+                   help="scale each chapter to this RMS level, pauses excluded (default -20 dBFS); peaks stay "
+                        "<= -3 dBFS, and a notice names any chapter that this keeps below the level")
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
@@ -315,8 +316,7 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
 
 
 async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
-    from engine.export_plan import (LOUDNESS_TARGET_DBFS, assemble, cue_sheet, loudness_gain, make_batch_invariant,
-                                    pause_samples, render_parts)
+    from engine.export_plan import assemble, cue_sheet, make_batch_invariant, pause_samples, render_parts
     from engine.factory import lane_rows
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -343,14 +343,11 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
         finally:
             progress.close()
             _save_quietly(manifest, plan, done, outputs)
-        gain = 1.0
-        if args.normalize_loudness is not None:
-            gain = loudness_gain(parts, len(plan.sentences), args.normalize_loudness or LOUDNESS_TARGET_DBFS)
+        gains = None if args.normalize_loudness is None else loudness_gains(plan, parts, args.normalize_loudness)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
-        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gain)
+        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains)
         if layout.has_cue(plan):
-            marks = [(plan.book.chapters[plan.sentences[r.start].chapter].title, offsets[0][r.start])
-                     for r in plan.chapter_ranges()]
+            marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
             write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
@@ -360,6 +357,18 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
     return {"audio_s": total / synth.sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
             "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
+
+
+def loudness_gains(plan, parts, target_dbfs: float) -> list[float]:
+    """--normalize-loudness: one gain per sentence, its chapter's; a notice names chapters the ceiling holds back."""
+    from engine.export_plan import ceiling_notice, chapter_gains
+
+    ranges = plan.chapter_ranges()
+    gains = chapter_gains(parts, ranges, target_dbfs)
+    notice = ceiling_notice(gains, [plan.chapter_title(r) for r in ranges], target_dbfs)
+    if notice:
+        _print_notices(notice)
+    return [g.gain for g, r in zip(gains, ranges) for _ in r]
 
 
 def interrupted(layout: Layout, total: int):

@@ -12,8 +12,9 @@ import pytest
 from engine.book import book_sentences, read_book
 from engine.config import SamplingOptions
 from engine.errors import InputError
-from engine.export_plan import (MANIFEST_VERSION, ExportPlan, ExportSettings, Manifest, ManifestError, Parts, Track,
-                                assemble, cue_sheet, loudness_gain, make_batch_invariant, render_parts, to_pcm16)
+from engine.export_plan import (MANIFEST_VERSION, ChapterGain, ExportPlan, ExportSettings, Manifest, ManifestError,
+                                Parts, Track, assemble, ceiling_notice, chapter_gains, cue_sheet, make_batch_invariant,
+                                render_parts, to_pcm16)
 from engine.factory import EngineConfig, build_synthesizer
 from engine.pipeline import JoinConfig
 
@@ -328,15 +329,48 @@ def test_cue_sheet():
                    '  TRACK 02 AUDIO\n    TITLE "Chapter 2"\n    INDEX 01 01:01:37\n')
 
 
-def test_loudness_gain_reaches_the_target_rms_and_respects_the_peak_ceiling(tmp_path):
+def dbfs(x):
+    return 20 * np.log10(np.sqrt(np.mean(np.asarray(x, np.float64) ** 2)))
+
+
+def test_chapter_gains_bring_each_chapter_to_the_target_within_the_peak_ceiling(tmp_path):
+    """A loud and a quiet chapter both end at the target RMS (one gain for the book would leave them 17 dB apart);
+    the assembled WAV holds each chapter scaled by its own gain."""
     parts = Parts(tmp_path / "p")
     parts.dir.mkdir()
     t = np.arange(16000) / 16000
-    parts.write(0, (0.05 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
-    parts.write(1, (0.02 * np.sin(2 * np.pi * 330 * t)).astype(np.float32))
-    gain = loudness_gain(parts, 2, -20.0)
-    both = np.concatenate([parts.read(0), parts.read(1)]) / 32767 * gain
-    assert 20 * np.log10(np.sqrt(np.mean(both.astype(np.float64) ** 2))) == pytest.approx(-20.0, abs=0.01)
-    assert gain == loudness_gain(parts, 2, -20.0)  # deterministic
-    loud = loudness_gain(parts, 2, -6.0)  # would clip: limited by the -3 dBFS peak ceiling instead
-    assert 20 * np.log10(np.max(np.abs(both / gain * loud))) == pytest.approx(-3.0, abs=0.01)
+    levels = [0.05, 0.2, 0.02]  # chapter 0: sentences 0-1, chapter 1: sentence 2
+    for i, level in enumerate(levels):
+        parts.write(i, (level * np.sin(2 * np.pi * (220 + 110 * i) * t)).astype(np.float32))
+    chapters = [range(0, 2), range(2, 3)]
+    gains = chapter_gains(parts, chapters, -20.0)
+    assert gains == chapter_gains(parts, chapters, -20.0)  # deterministic
+    assert [g.short_db for g in gains] == [0.0, 0.0]
+    for g, r in zip(gains, chapters):
+        x = np.concatenate([parts.read(i) for i in r]) / 32767 * g.gain
+        assert dbfs(x) == pytest.approx(-20.0, abs=0.01)
+    per_sentence = [gains[0].gain, gains[0].gain, gains[1].gain]
+    assemble(parts, [Track(tmp_path / "all.wav", range(3))], 16000, 100, per_sentence)
+    with wave.open(str(tmp_path / "all.wav")) as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float64) / 32767
+    assert dbfs(pcm[:32100][np.r_[0:16000, 16100:32100]]) == pytest.approx(-20.0, abs=0.01)
+    assert dbfs(pcm[32200:]) == pytest.approx(-20.0, abs=0.01)
+
+
+def test_a_chapter_the_peak_ceiling_holds_back_is_reported(tmp_path):
+    parts = Parts(tmp_path / "p")
+    parts.dir.mkdir()
+    quiet_with_a_click = np.full(16000, 0.01, np.float32)
+    quiet_with_a_click[100] = 0.9  # its RMS is far below -6 dBFS, its peak already near full scale
+    parts.write(0, quiet_with_a_click)
+    parts.write(1, np.full(16000, 0.1, np.float32))
+    gains = chapter_gains(parts, [range(0, 1), range(1, 2)], -6.0)
+    assert 20 * np.log10(0.9 * gains[0].gain) == pytest.approx(-3.0, abs=0.01)  # held at the ceiling
+    assert gains[0].short_db == pytest.approx(-6.0 - dbfs(quiet_with_a_click * gains[0].gain), abs=0.01)
+    assert gains[1].short_db == 0.0 and dbfs(np.full(9, 0.1) * gains[1].gain) == pytest.approx(-6.0, abs=0.01)
+    notice = ceiling_notice(gains, ["Quiet", "Fine"], -6.0)
+    assert notice == (f'--normalize-loudness: the -3 dBFS peak ceiling holds 1 of 2 chapters below -6 dBFS RMS: '
+                      f'1 "Quiet" by {gains[0].short_db:.1f} dB')
+    assert ceiling_notice([ChapterGain(1.0)] * 2, ["a", "b"], -20.0) is None
+    many = ceiling_notice([ChapterGain(0.5, 1.25)] * 5, list("abcde"), -20.0)
+    assert many.endswith('2 "b" by 1.2 dB, 3 "c" by 1.2 dB and 2 more') and "\n" not in many
