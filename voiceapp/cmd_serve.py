@@ -1,8 +1,10 @@
-"""Provides `voicectl serve`: keep one engine warm and serve `say` (and other clients) over a Unix socket."""
+"""Provides `voicectl serve`: keep one engine warm and serve `say` (and other clients) over a Unix socket, and with
+--http the OpenAI-compatible speech API over HTTP (voiceapp.http_api) on the same engine."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -30,6 +32,17 @@ def add_parser(sub) -> None:
                    help="answer with the engine one listener gets and build nothing more (with --backend auto: "
                         "no lane sized for crowds, no vLLM)")
     p.add_argument("--auto-started", action="store_true", help=argparse.SUPPRESS)  # see first_config
+    g = p.add_argument_group("HTTP API (OpenAI-compatible: POST /v1/audio/speech)")
+    g.add_argument("--http", metavar="[HOST:]PORT",
+                   help="also serve the speech API over HTTP (host 127.0.0.1 unless given; any address other "
+                        "machines can reach needs an API key; port 0 picks a free one, the log says which)")
+    g.add_argument("--api-key", metavar="KEY",
+                   help="the key every HTTP request must carry (Authorization: Bearer KEY); default "
+                        "$VOICEAPP_API_KEY, which keeps it out of the process list. Without one, loopback only")
+    g.add_argument("--http-max-chars", type=int, default=4096, metavar="N",
+                   help="characters of text per HTTP request (default 4096, as OpenAI's API)")
+    g.add_argument("--http-max-streams", type=int, default=64, metavar="N",
+                   help="HTTP speech requests served at once; more get 429 (default 64)")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -58,8 +71,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.idle_timeout < 0:
         raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
-    asyncio.run(serve(args))
+    asyncio.run(serve(args, http_settings(args)))
     return 0
+
+
+def http_settings(args: argparse.Namespace):
+    """--http and its options as voiceapp.speech_api.HttpSettings, checked before anything starts; None without
+    --http."""
+    from voiceapp.speech_api import API_KEY_ENV, HttpLimits, http_settings as settings
+
+    if args.http is None:
+        return None
+    limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams)
+    return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits)
 
 
 def log(line: str) -> None:
@@ -67,7 +91,8 @@ def log(line: str) -> None:
     print(f"{LOG_PREFIX}{line}", file=sys.stderr, flush=True)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, http=None) -> None:
+    """`http`: the HTTP API's voiceapp.speech_api.HttpSettings (None: no HTTP API)."""
     from engine.factory import build_synthesizer, crowd_tuning
     from voiceapp.client import is_default_location, socket_path
     from voiceapp.server import EngineServer, SocketLock, prepare_socket_dir
@@ -77,15 +102,26 @@ async def serve(args: argparse.Namespace) -> None:
     private = is_default_location(path)
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
+    listener = None
     try:
+        if http is not None:  # bound now: a port in use fails before the model loads
+            from voiceapp.http_api import bind_listener
+
+            listener = bind_listener(http.host, http.port)
         log(f"loading the engine ({describe_flags(args)})")
         synth = build_synthesizer(first, events=log_notices)
     except BaseException:
+        if listener is not None:
+            listener.close()
         lock.release()
         raise
     tuning = crowd_tuning(synth, crowd, lambda event: synth.events(event)) if tunes(args) else None
     server = EngineServer(synth, path, lock=lock, private_dir=private, log=log, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
+    if listener is not None:
+        from voiceapp.http_api import HttpApi
+
+        server.http = HttpApi(server, listener, api_key=http.api_key, limits=http.limits, log=log)
     background = None
     try:
         if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)
@@ -98,6 +134,8 @@ async def serve(args: argparse.Namespace) -> None:
     finally:
         if background is not None:
             background.cancel()
+        if server.http is not None:
+            await server.http.close()
         await server.close()
 
 
@@ -110,9 +148,12 @@ async def listen(server) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    if server.http is not None:
+        await server.http.start()
     hello = server.hello()
     model = hello["model"]["path"] if hello["model"] else "no model"
-    log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}")
+    http = f" and {server.http.url}" if server.http is not None else ""
+    log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}{http}")
     stopped, idle = asyncio.create_task(stop.wait()), asyncio.create_task(server.wait_idle())
     await asyncio.wait({stopped, idle}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()

@@ -59,11 +59,22 @@ def describe(status: dict) -> list[str]:
         lines.append(describe_tuning(status["tuning"]))
     lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "
                  f"cancelled, {status['failed']} failed; {status['clients']} clients connected")
+    if status.get("http"):
+        lines.append(describe_http(status["http"]))
     for s in status["streams"]:
         ttfa = "-" if s["ttfa_ms"] is None else f"{s['ttfa_ms']:.0f} ms"
-        lines.append(f"  pid {s['client_pid']}: voice {s['voice']}, {s['chars']} chars, {s['audio_s']:.1f} s audio "
-                     f"in {s['age_s']:.1f} s, TTFA {ttfa}")
+        who = s.get("client") or f"pid {s['client_pid']}"
+        lines.append(f"  {who}: voice {s['voice']}, {s['chars']} chars, {s['audio_s']:.1f} s audio in "
+                     f"{s['age_s']:.1f} s, TTFA {ttfa}")
     return lines
+
+
+def describe_http(http: dict) -> str:
+    """One line: where the HTTP API listens and what became of its requests."""
+    key = "API key required" if http["api_key"] else "no API key"
+    return (f"HTTP API: {http['url']} ({key}; {', '.join(http['formats'])}); {http['live']} live of at most "
+            f"{http['max_streams']}, {http['served']} served, {http['cancelled']} cancelled, {http['failed']} "
+            f"failed, {http['rejected']} rejected, {http['busy']} turned away busy")
 
 
 def describe_tuning(tuning: dict) -> str:

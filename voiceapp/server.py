@@ -4,6 +4,8 @@ Safety: the socket directory is private (0700, ours), the socket is 0600, and co
 refused (SO_PEERCRED). A lock file beside the socket makes a second server refuse to start; a socket file left by
 a dead server is replaced. Every client gets its own request task; a client that cancels or disconnects has its
 request aborted. Malformed input gets an error frame and the connection is closed; the server keeps serving.
+Other front ends on the same engine (the HTTP API, voiceapp.http_api) run their requests through `stream`, so that
+status lists and counts them too.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from engine.events import Event, FirstAudio, Notice
 from engine.export_plan import keep_voice_globals
 from engine.pipeline import Synthesizer
 from engine.tuning import Tuning
+from engine.types import AudioChunk
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
                              encode_message, error_message, event_message, project_version, read_frame)
 from voiceapp.client import lock_path, peer_credentials
@@ -90,7 +93,10 @@ class _Live:
     """A request being served (what `voicectl status` lists)."""
 
     req: SynthesisRequest
-    conn: "_Conn"
+    conn: "_Conn | None"
+    """The socket client's connection; None for another front end's request."""
+    client: str | None = None
+    """Who asked, for a request of another front end ("http HOST:PORT")."""
     started: float = field(default_factory=time.monotonic)
     samples: int = 0
     ttfa_s: float | None = None
@@ -218,6 +224,8 @@ class EngineServer:
         self.log = log or (lambda line: print(f"voicectl serve: {line}", file=sys.stderr))
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
+        self.http: Any = None
+        """The HTTP API serving this engine too (voiceapp.http_api.HttpApi), shown by status; None: none."""
         self._live: dict[str, _Live] = {}
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -263,7 +271,8 @@ class EngineServer:
         if self._server is not None:
             self._server.close()
         for live in list(self._live.values()):
-            live.conn.send(error_message("shutdown", "the voicectl server was stopped during the request"))
+            if live.conn is not None:
+                live.conn.send(error_message("shutdown", "the voicectl server was stopped during the request"))
         self._live.clear()
         for task in list(self._handlers):
             task.cancel()
@@ -276,8 +285,9 @@ class EngineServer:
         await self.synth.close()
 
     def idle_s(self) -> float:
-        """Seconds since the last client went away (or since the start); 0 while a client is connected."""
-        return 0.0 if self._handlers else time.monotonic() - self._idle_since
+        """Seconds since the last client went away or request ended (or since the start); 0 while a client is
+        connected or a request runs."""
+        return 0.0 if self._handlers or self._live else time.monotonic() - self._idle_since
 
     async def wait_idle(self) -> None:
         """Return once no client (and so no request) has been connected for `idle_timeout_s`; never if it is 0."""
@@ -300,7 +310,7 @@ class EngineServer:
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
         streams = [{"voice": live.req.voice, "chars": len(live.req.text) + (live.text.received if live.text else 0),
-                    "client_pid": live.conn.peer_pid,
+                    "client_pid": live.conn.peer_pid if live.conn else None, "client": live.client,
                     "age_s": now - live.started, "audio_s": live.samples / self.synth.sample_rate,
                     "ttfa_ms": None if live.ttfa_s is None else live.ttfa_s * 1000,
                     "text_pending": live.text.chars if live.text else 0} for live in self._live.values()]
@@ -308,6 +318,7 @@ class EngineServer:
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
+                **({"http": self.http.status()} if self.http is not None else {}),
                 "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
 
     def _route(self, event: Event) -> None:
@@ -321,8 +332,30 @@ class EngineServer:
         if isinstance(event, FirstAudio):
             live.ttfa_s = event.ttfa_s
         message = event_message(event)
-        if message is not None:
+        if message is not None and live.conn is not None:
             live.conn.send(message)
+
+    # -- other front ends ---------------------------------------------------------------------------------
+
+    async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int]) -> AsyncIterator[AudioChunk]:
+        """Another front end's request: its audio, listed by status while it runs, counted (in `counts` too) when
+        it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end)."""
+        live = self._live[req.request_id] = _Live(req, None, client=client)
+        outcome = "cancelled"
+        try:
+            async with contextlib.aclosing(self.synth.synthesize(req)) as chunks:
+                async for chunk in chunks:
+                    live.samples += len(chunk.samples)
+                    yield chunk
+            outcome = "served"
+        except VoiceError:
+            outcome = "failed"
+            raise
+        finally:
+            self._live.pop(req.request_id, None)
+            self._idle_since = time.monotonic()
+            self.counts[outcome] += 1
+            counts[outcome] += 1
 
     # -- connections --------------------------------------------------------------------------------------
 

@@ -74,7 +74,8 @@ def fake_server(sock_path):
 
 
 def start_serve(*args, env=None):
-    """`voicectl serve` as a subprocess; returns once it listens (its stderr line says so)."""
+    """`voicectl serve` as a subprocess; returns once it listens (its stderr line says so, and is kept in the
+    process's `startup_log` with the lines before it)."""
     proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
     seen = b""
@@ -84,6 +85,7 @@ def start_serve(*args, env=None):
             proc.kill()
             raise AssertionError(f"server did not start: {seen.decode()}{proc.stderr.read().decode()}")
         seen += line
+    proc.startup_log = seen.decode()
     return proc
 
 

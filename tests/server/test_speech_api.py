@@ -1,0 +1,182 @@
+"""The HTTP API's pure parts: what a speech request means (voiceapp.speech_api) and how its audio is written
+(voiceapp.speech_formats), without a server."""
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+import soundfile
+
+from engine.errors import InputError
+from voiceapp.speech_api import (OPENAI_VOICES, ApiError, HttpLimits, authorized, http_settings, is_loopback,
+                                 parse_listen, parse_speech, resolve_voice, voices_body)
+from voiceapp.speech_formats import FORMATS, StreamEncoder, pcm16, supported_formats
+
+VOICES = ("ava", "emma", "leo", "max", "mia", "sam")
+ALL_FORMATS = tuple(FORMATS)
+
+
+def parse(limits=HttpLimits(), formats=ALL_FORMATS, **request):
+    return parse_speech(json.dumps(request).encode(), VOICES, formats, 16000, limits)
+
+
+def refused(status=400, **request) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parse(**request)
+    assert caught.value.status == status
+    body = caught.value.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"} and body["message"]
+    return caught.value
+
+
+def test_a_plain_openai_request_gets_mp3_at_the_engine_rate_and_a_mapped_voice():
+    p = parse(model="tts-1", input="Hello there.", voice="alloy")
+    assert (p.text, p.voice, p.response_format, p.sample_rate, p.seed) == ("Hello there.", "ava", "mp3", 16000, None)
+    assert parse(input="Hi.", formats=("wav", "pcm")).response_format == "wav"  # no MP3 here: WAV by default
+
+
+def test_pcm_is_24_khz_as_openai_documents_unless_sample_rate_says_otherwise():
+    assert parse(input="Hi.", response_format="pcm").sample_rate == 24000
+    assert parse(input="Hi.", response_format="pcm", sample_rate=16000).sample_rate == 16000
+    assert parse(input="Hi.", response_format="wav", sample_rate=48000, seed=7).sample_rate == 48000
+    assert refused(input="Hi.", sample_rate=44100).param == "sample_rate"
+
+
+def test_voices_ours_first_then_openai_names_case_insensitive():
+    assert resolve_voice("mia", VOICES) == "mia" and resolve_voice("default", VOICES) == "ava"
+    assert resolve_voice("Onyx", VOICES) == "max" and resolve_voice("nova", VOICES) == "emma"
+    assert resolve_voice("nova", (*VOICES, "nova")) == "nova"  # a user's voice of that name wins
+    assert set(OPENAI_VOICES.values()) <= set(VOICES)
+    err = refused(input="Hi.", voice="bogus")
+    assert (err.param, err.code) == ("voice", "invalid_voice") and "mia" in str(err) and "alloy" in str(err)
+
+
+@pytest.mark.parametrize("request_, param, code", [
+    ({}, "input", "missing_required_parameter"),
+    ({"input": "   "}, "input", "empty_input"),
+    ({"input": "*** !!"}, "input", "empty_input"),
+    ({"input": 5}, "input", "invalid_type"),
+    ({"input": "x" * 4097}, "input", "string_above_max_length"),
+    ({"input": "Hi.", "speed": 1.25}, "speed", "unsupported_value"),
+    ({"input": "Hi.", "speed": "fast"}, "speed", "invalid_type"),
+    ({"input": "Hi.", "instructions": "whisper"}, "instructions", "unsupported_value"),
+    ({"input": "Hi.", "stream_format": "sse"}, "stream_format", "unsupported_value"),
+    ({"input": "Hi.", "response_format": "aac"}, "response_format", "unsupported_value"),
+    ({"input": "Hi.", "seed": 1.5}, "seed", "invalid_type"),
+    ({"input": "Hi.", "seed": True}, "seed", "invalid_type"),
+    ({"input": "Hi.", "model": 3}, "model", "invalid_type"),
+    ({"input": "Hi.", "temperature": 0.5}, "temperature", "unknown_parameter"),
+])
+def test_each_bad_field_is_named_in_a_400(request_, param, code):
+    err = refused(**request_)
+    assert (err.param, err.code) == (param, code), str(err)
+
+
+def test_speed_one_and_empty_extras_are_fine_and_limits_are_configurable():
+    assert parse(input="Hi.", speed=1, instructions="", stream_format="audio", model="anything").text == "Hi."
+    assert parse(input="x y " * 1024, limits=HttpLimits(max_chars=4096)).text
+    assert refused(input="Hello there.", limits=HttpLimits(max_chars=5)).code == "string_above_max_length"
+    assert HttpLimits(max_chars=100).max_body_bytes >= 6 * 100  # any input of the limit fits as JSON escapes
+    with pytest.raises(InputError):
+        HttpLimits(max_streams=0)
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[1]", b"\xff\xfe", b"null", b"[" * 100000])
+def test_a_body_that_is_not_a_json_object_is_a_400(body):
+    with pytest.raises(ApiError) as caught:
+        parse_speech(body, VOICES, ALL_FORMATS, 16000)
+    assert caught.value.status == 400 and caught.value.code == "invalid_json"
+
+
+def test_the_api_key_is_checked_exactly_and_anything_goes_without_one():
+    assert authorized(None, None) and authorized("Bearer whatever", "")
+    assert authorized("Bearer s3cret", "s3cret") and authorized("bearer s3cret", "s3cret")
+    for header in (None, "", "Bearer", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"):
+        assert not authorized(header, "s3cret"), header
+
+
+def test_listen_addresses_and_which_need_a_key():
+    assert parse_listen("8000") == ("127.0.0.1", 8000)
+    assert parse_listen("0.0.0.0:80") == ("0.0.0.0", 80) and parse_listen("[::1]:0") == ("::1", 0)
+    for bad in ("", "host:", "::1:80", "127.0.0.1:65536", "127.0.0.1:http", ":80"):
+        with pytest.raises(InputError):
+            parse_listen(bad)
+    assert all(is_loopback(h) for h in ("localhost", "127.0.0.1", "127.8.0.1", "::1"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.2", "example.com"))
+    assert http_settings("9000", None).api_key is None
+    with pytest.raises(InputError, match="VOICEAPP_API_KEY"):
+        http_settings("0.0.0.0:9000", "")
+    assert http_settings("0.0.0.0:9000", "k").api_key == "k"
+
+
+def test_voice_listing_has_ours_and_the_openai_names_in_open_webuis_shape():
+    body = voices_body({"ava": "warm", "mia": "calm"})
+    ids = [v["id"] for v in body["voices"]]
+    assert ids[:2] == ["ava", "mia"] and "alloy" in ids and "onyx" not in ids  # onyx means max, absent here
+    assert all({"id", "name"} <= set(v) for v in body["voices"])
+
+
+# ---- encoders ----------------------------------------------------------------------------------------------
+
+def tone(seconds=1.0, rate=16000):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def encode(fmt, samples, out_rate=16000, piece=1000):
+    enc = StreamEncoder(fmt, 16000, out_rate)
+    parts = [enc.encode(samples[i:i + piece]) for i in range(0, len(samples), piece)]
+    return parts, parts and b"".join(parts) + enc.finish()
+
+
+def test_pcm16_rounds_and_clips():
+    got = pcm16(np.array([0.0, 1.0, -1.0, 2.0, -3.0, 0.5, 1 / 65534, -1 / 65534], np.float32))
+    assert got.dtype == np.int16 and got.tolist() == [0, 32767, -32767, 32767, -32767, 16384, 0, 0]
+
+
+def test_wav_and_pcm_stream_exact_samples_from_the_first_chunk():
+    x = tone()
+    parts, wav = encode("wav", x)
+    assert parts[0][:4] == b"RIFF" and struct.unpack("<I", parts[0][40:44]) == (0xFFFFFFFF,)
+    assert all(len(p) == 2000 for p in parts[1:])  # every chunk goes out as it comes
+    data, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 16000 and np.array_equal(data, pcm16(x))
+    _, pcm = encode("pcm", x)
+    assert np.array_equal(np.frombuffer(pcm, "<i2"), pcm16(x))
+
+
+def test_resampled_pcm_is_the_one_shot_resample_within_a_step():
+    import soxr
+
+    x = tone(0.5)
+    _, pcm = encode("pcm", x, out_rate=24000, piece=777)
+    got = np.frombuffer(pcm, "<i2").astype(int)
+    want = pcm16(soxr.resample(x, 16000, 24000, quality="HQ")).astype(int)
+    assert abs(len(got) - len(want)) <= 1
+    n = min(len(got), len(want))
+    assert np.max(np.abs(got[:n] - want[:n])) <= 2
+
+
+@pytest.mark.parametrize("fmt", [f for f in ("flac", "mp3", "opus") if f in supported_formats()])
+def test_compressed_formats_stream_while_encoding_and_decode_with_ffmpeg(fmt):
+    av = pytest.importorskip("av")
+    x = tone(2.0)
+    parts, data = encode(fmt, x, piece=1600)
+    assert sum(1 for p in parts[:5] if p) >= 2, [len(p) for p in parts]  # bytes within the first 0.5 s of audio
+    with av.open(io.BytesIO(data)) as container:
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+        rate = container.streams.audio[0].rate
+    if fmt == "flac":
+        assert rate == 16000 and np.array_equal(decoded, pcm16(x))
+    else:  # lossy: the same tone, give or take the codec's delay and resampling
+        assert abs(len(decoded) / rate - 2.0) < 0.2
+        spectrum = np.abs(np.fft.rfft(decoded[: rate]))
+        assert abs(np.argmax(spectrum) * rate / (2 * (len(spectrum) - 1)) - 220) < 5
+
+
+def test_an_abandoned_encoder_closes_quietly():
+    enc = StreamEncoder("flac", 16000, 16000)
+    enc.encode(tone(0.1))
+    enc.close()
+    enc.close()

@@ -1,0 +1,309 @@
+"""Provides HttpApi: the OpenAI-compatible speech API of a `voicectl serve` process, served on the engine and the
+event loop of its Unix-socket server (voiceapp.server.EngineServer).
+
+A thin shell: Starlette routes, served by uvicorn on a socket bound before the model loads. What a request means
+is voiceapp.speech_api's, how its audio is written voiceapp.speech_formats'. Each speech response's audio is pulled
+from the engine and encoded by a task of its own (`_Pump`), a few pieces ahead of the client; whatever ends the
+response (its end, a client gone, the server stopping) stops that task, which closes the engine's stream (the engine
+aborts the request) and counts it. The first piece is awaited before the response starts, so a request the engine
+refuses gets an error status rather than a 200 with no audio, and the first bytes go out with the first audio.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from uuid import uuid4
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.errors import InputError, VoiceError, one_line
+from engine.types import AudioChunk
+from voiceapp.speech_api import ApiError, HttpLimits, authorized, models_body, parse_speech, voices_body
+from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
+
+if TYPE_CHECKING:
+    from voiceapp.server import EngineServer
+
+BODY_TIMEOUT_S = 10.0
+"""A request body must arrive within this (a client that sends it slowly holds a connection, never the engine)."""
+PIECES_AHEAD = 2
+"""Encoded pieces a response's pump may hold ahead of its client: past that the engine waits, as for a slow
+socket client."""
+CLOSE_GRACE_S = 1.0
+"""On stop, how long uvicorn lets responses end before it cancels them."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The HTTP API's listening socket, bound now (so that a port in use fails before the model loads)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as err:
+        raise InputError(f"--http {host}:{port}: cannot listen there ({err.strerror or err})") from None
+
+
+class HttpApi:
+    """Serves POST /v1/audio/speech, GET /v1/models, /v1/audio/models, /v1/audio/voices and /health for `server`'s
+    engine. With an API key, every request must carry it (Authorization: Bearer KEY)."""
+
+    def __init__(self, server: EngineServer, sock: socket.socket, *, api_key: str | None = None,
+                 limits: HttpLimits = HttpLimits(), log: Callable[[str], None] = print) -> None:
+        self.server, self.sock, self.api_key, self.limits, self.log = server, sock, api_key, limits, log
+        self.formats = supported_formats()
+        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0, "busy": 0}
+        """Speech requests by how they ended (served, cancelled: the client left, failed: the engine's error), and
+        requests refused with 429 (busy) or another 4xx (rejected)."""
+        self.created = int(time.time())
+        self._pumps: set[_Pump] = set()
+        self._uvicorn: _Uvicorn | None = None
+        self._task: asyncio.Task | None = None
+        self._log_handler = _LogLines(log)
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+    def status(self) -> dict[str, Any]:
+        return {"url": self.url, "api_key": bool(self.api_key), "formats": list(self.formats),
+                "live": len(self._pumps), "max_streams": self.limits.max_streams,
+                "max_chars": self.limits.max_chars, **self.counts}
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        routes = [Route("/v1/audio/speech", self._guard(self._speech), methods=["POST"]),
+                  Route("/v1/models", self._guard(self._models)),
+                  Route("/v1/audio/models", self._guard(self._audio_models)),
+                  Route("/v1/audio/voices", self._guard(self._voices)),
+                  Route("/health", self._guard(self._health))]
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                           Exception: self._internal_error})
+
+    async def start(self) -> None:
+        """Serve on the bound socket, on this event loop (no signal handlers of uvicorn's: `serve` owns those)."""
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addHandler(self._log_handler)
+        uvicorn_log.propagate = False
+        config = uvicorn.Config(self.app(), lifespan="off", log_config=None, log_level="warning", access_log=False,
+                                server_header=False, timeout_graceful_shutdown=CLOSE_GRACE_S)
+        self._uvicorn = _Uvicorn(config)
+        self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self.sock]))
+        while not self._uvicorn.started:
+            if self._task.done():
+                self._task.result()
+                raise VoiceError(f"the HTTP API did not start on {self.url}")
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        """Stop listening; responses still streaming are cut (their clients see the stream end early)."""
+        if self._task is None:
+            self.sock.close()
+            return
+        self._uvicorn.should_exit = True
+        if self._pumps:
+            self.log(f"HTTP: {len(self._pumps)} responses cut short")
+        for pump in list(self._pumps):
+            pump.stop()
+        with contextlib.suppress(asyncio.TimeoutError, SystemExit):
+            await asyncio.wait_for(self._task, CLOSE_GRACE_S + 5)
+        logging.getLogger("uvicorn.error").removeHandler(self._log_handler)
+
+    # -- requests -----------------------------------------------------------------------------------------
+
+    def _guard(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """The API key check every route has, and refusals as OpenAI-style errors (counted)."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                if not authorized(request.headers.get("authorization"), self.api_key):
+                    raise ApiError(401, "invalid API key: send Authorization: Bearer KEY with the key the server "
+                                        "was started with", "invalid_api_key")
+                return await handler(request)
+            except ApiError as err:
+                self.counts["busy" if err.status == 429 else "rejected"] += 1
+                return error_response(err)
+        return endpoint
+
+    async def _speech(self, request: Request) -> Response:
+        synth = self.server.synth
+        params = parse_speech(await self._body(request), synth.voices.all(), self.formats, synth.sample_rate,
+                              self.limits)
+        if len(self._pumps) >= self.limits.max_streams:
+            raise ApiError(429, f"this server is speaking {len(self._pumps)} requests, the most it takes at once "
+                                f"(--http-max-streams); try again shortly", "too_many_requests", "rate_limit_error")
+        req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
+                               request_id=uuid4().hex)
+        client = f"http {request.client.host}:{request.client.port}" if request.client else "http"
+        encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate)
+        pump = _Pump(self.server.stream(req, client, self.counts), encoder)
+        self._pumps.add(pump)
+        pump.task.add_done_callback(lambda _: self._pumps.discard(pump))
+        try:
+            first = await pump.next()
+        except VoiceError as err:  # refused by the engine before any audio (counted there as failed)
+            status, kind = (400, "invalid_request_error") if isinstance(err, InputError) else (500, "server_error")
+            return error_response(ApiError(status, str(err), "engine_error", kind))
+        except BaseException:
+            pump.stop()
+            raise
+        return _SpeechResponse(pump, first or b"", FORMATS[params.response_format].media_type)
+
+    async def _body(self, request: Request) -> bytes:
+        """The request body, at most `limits.max_body_bytes` (413 past that, 408 when it does not come)."""
+        limit = self.limits.max_body_bytes
+        too_big = ApiError(413, f"the request body exceeds {limit} bytes", "request_too_large")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_big
+        body = bytearray()
+
+        async def read() -> None:
+            async for piece in request.stream():
+                body.extend(piece)
+                if len(body) > limit:
+                    raise too_big
+
+        try:
+            await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", "timeout") from None
+        return bytes(body)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse(models_body(self.created))
+
+    async def _audio_models(self, request: Request) -> Response:
+        """Open WebUI's list of speech models ({"models": [{"id"}]})."""
+        return JSONResponse({"models": [{"id": m["id"]} for m in models_body(self.created)["data"]]})
+
+    async def _voices(self, request: Request) -> Response:
+        voices = {name: voice.description for name, voice in self.server.synth.voices.all().items()}
+        return JSONResponse(voices_body(voices))
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams})
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals (no such path, wrong method) in OpenAI's error shape."""
+        status = getattr(exc, "status_code", 400)
+        detail = getattr(exc, "detail", "") or "bad request"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "bad_request")
+        self.counts["rejected"] += 1
+        return error_response(ApiError(status, f"{request.method} {request.url.path}: {detail}", code))
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        """Whatever else the app raised (Starlette calls this for every such exception, also once a response has
+        started, and uvicorn then cuts the connection): one log line."""
+        if isinstance(exc, VoiceError):  # the engine failed mid-stream
+            self.log(f"HTTP: {request.method} {request.url.path}: the audio was cut short: {exc}")
+        elif not isinstance(exc, (StreamStopped, ClientDisconnect)):  # (a client gone while it sent its body)
+            self.log(f"HTTP: internal error on {request.method} {request.url.path}: {one_line(exc)}")
+        return error_response(ApiError(500, f"internal server error: {type(exc).__name__}", "internal_error",
+                                       "server_error"))
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class StreamStopped(Exception):
+    """The server stopped while a response was streaming."""
+
+
+class _Pump:
+    """One response's audio: a task pulls chunks from the engine and encodes them, at most PIECES_AHEAD pieces
+    ahead of the client. `stop` cancels that task, and the engine's stream is closed inside it, undisturbed by the
+    cancellation of the response itself (Starlette cancels a response whose client left, again and again until it
+    ends)."""
+
+    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder) -> None:
+        self._pieces: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(PIECES_AHEAD)
+        self.task = asyncio.create_task(self._run(chunks, encoder))
+
+    async def _run(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder) -> None:
+        end: BaseException | None = StreamStopped("the server was stopped during the request")
+        try:
+            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                async for chunk in chunks:
+                    await self._put(encoder.encode(chunk.samples))
+            await self._put(encoder.finish())
+            end = None
+        except Exception as err:  # the engine's VoiceError (or a bug): the response ends with it
+            end = err
+        finally:
+            encoder.close()
+            self._pieces.put_nowait(end)
+
+    async def _put(self, piece: bytes) -> None:
+        if piece:
+            await self._room.acquire()
+            self._pieces.put_nowait(piece)
+
+    async def next(self) -> bytes | None:
+        """The next piece; None at the end. Raises what ended the audio early (the engine's VoiceError, or
+        StreamStopped), and again on every later call."""
+        piece = await self._pieces.get()
+        if piece is None or isinstance(piece, BaseException):
+            self._pieces.put_nowait(piece)
+            if piece is not None:
+                raise piece
+            return None
+        self._room.release()
+        return piece
+
+    async def pieces(self, first: bytes) -> AsyncIterator[bytes]:
+        yield first
+        while (piece := await self.next()) is not None:
+            yield piece
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+class _SpeechResponse(StreamingResponse):
+    """Streams a pump's pieces; however the response ends, the pump stops."""
+
+    def __init__(self, pump: _Pump, first: bytes, media_type: str) -> None:
+        super().__init__(pump.pieces(first), media_type=media_type, headers={"Cache-Control": "no-store"})
+        self.pump = pump
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):
+            pass  # the client left (servers of ASGI 2.4 say so by raising): the pump stops below
+        finally:
+            self.pump.stop()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: `voicectl serve` owns SIGTERM and SIGINT, and stops the API itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+class _LogLines(logging.Handler):
+    """uvicorn's warnings and errors as one line each in the server's log, except its reports of exceptions raised
+    in the app: HttpApi._internal_error has logged those already."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info is None:
+            self._log(f"HTTP: {record.getMessage().strip()}")
