@@ -357,23 +357,33 @@ def _deterministic_generator(info, config: EngineConfig, events: EventSink, gpu:
     if config.backend == "vllm":
         raise InputError("vLLM cannot reproduce a sentence's bytes across runs (its batches change the arithmetic); "
                          "leave --backend at auto or torch")
-    lane = _build_fixed_lane(info, events) if gpu else None
-    if lane is None:
+    lanes = _build_fixed_lanes(info, events) if gpu else []
+    if not lanes:
         return _torch_generator(info, config, events)
     import torch
 
+    fallback = _plain_torch_generator(info, config, events, torch.device("cuda"), lazy=True)
+    return fixed_lane_chain(fallback, lanes, events)
+
+
+def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events):
+    """`lanes` (shortest first) in front of `fallback`: a request runs on the first lane that holds it, else on
+    `fallback`; decided by the request alone (never by load), and a lane's failure is the request's error."""
     from engine.backends.graph_gen import LaneRouter
 
-    fallback = _plain_torch_generator(info, config, events, torch.device("cuda"), lazy=True)
-    return LaneRouter(fallback, lane, others_limit=None, handoff_at=None, overflow=False, failover=False,
-                      events=events)
+    generator = fallback
+    for lane in reversed(lanes):
+        generator = LaneRouter(generator, lane, others_limit=None, handoff_at=None, overflow=False, failover=False,
+                               events=events)
+    return generator
 
 
-def _build_fixed_lane(info, events: EventSink):
-    """A fixed-shape lane (GraphLane `fixed_shapes`) sized to the GPU, or None with a notice where it cannot run."""
+def _build_fixed_lanes(info, events: EventSink) -> list:
+    """The fixed-shape lanes of FIXED_LANES (GraphLane `fixed_shapes`), each sized to the GPU; none, with a notice,
+    where they cannot run."""
     import torch
 
-    from engine.backends.graph_gen import FIXED_MAX_LEN, GraphLane, fixed_rows_for, row_bytes
+    from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
     from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
     from engine.prompt import semantic_allowed_ids
@@ -382,17 +392,19 @@ def _build_fixed_lane(info, events: EventSink):
     if torch.cuda.get_device_capability(device) < MIN_COMPUTE_CAPABILITY:
         events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer); the torch "
                       "generator renders one step per sentence"))
-        return None
+        return []
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
-    rows = fixed_rows_for(torch.cuda.get_device_properties(device).total_memory,
-                          row_bytes(model.config, max_len=FIXED_MAX_LEN))
-    lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
-                     max_len=FIXED_MAX_LEN, fixed_shapes=True)
-    events(Notice(f"graph lane of fixed shapes ready in {time.perf_counter() - t0:.1f} s ({lane.rows} rows, CUDA "
-                  f"graphs captured in {lane.capture_s:.1f} s)"))
+    memory = torch.cuda.get_device_properties(device).total_memory
+    lanes = [GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device,
+                       rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most),
+                       max_len=positions, fixed_shapes=True)
+             for positions, most in FIXED_LANES]
+    events(Notice(f"graph lanes of fixed shapes ready in {time.perf_counter() - t0:.1f} s ("
+                  f"{', '.join(f'{lane.rows} rows x {lane.max_len} positions' for lane in lanes)}; CUDA graphs "
+                  f"captured in {sum(lane.capture_s for lane in lanes):.1f} s)"))
     events(StartupPhase("lane", time.perf_counter() - t0))
-    return lane
+    return lanes
 
 
 def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, build_lane: bool = False):
@@ -508,8 +520,12 @@ def _lane_in_front(generator) -> bool:
 
 
 def lane_rows(generator) -> int:
-    """Rows of the graph lane in front of this generator (0: none)."""
-    return generator.lane.rows if _lane_in_front(generator) else 0
+    """Rows of the graph lanes in front of this generator (0: none); a deterministic engine chains several."""
+    return generator.lane.rows + lane_rows(generator.primary) if _lane_in_front(generator) else 0
+
+
+def _lanes(generator) -> list:
+    return [generator.lane, *_lanes(generator.primary)] if _lane_in_front(generator) else []
 
 
 def describe_platform(synth: Synthesizer) -> str:
@@ -533,9 +549,7 @@ def describe_platform(synth: Synthesizer) -> str:
         parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
                   f"{torch.get_num_threads()} threads"]
     parts.append(f"torch {torch.__version__}")
-    if lane_rows(synth.generator):
-        lane = synth.generator.lane
-        parts.append(f"lane {lane.rows}x{lane.max_len}")
+    parts += [f"lane {lane.rows}x{lane.max_len}" for lane in _lanes(synth.generator)]
     return ", ".join(parts)
 
 

@@ -97,13 +97,13 @@ bitwise the same whatever the other rows held, how many rows ran and in which or
 a prompt prefilled alone differed from the same prompt packed with others (lab/lane_invariance_probe.py). So a
 fixed-shape lane runs one span, one row count and one prompt per prefill; the per-request Gumbel noise already
 made the draws independent of the row."""
-FIXED_ROWS = 256
-"""Most rows of a fixed-shape lane (export's): every step runs all of them, and more rows cost a step less than
-they add (docs/lab/2026-11-25-h200-fixed-lane-steps.json); what ROW_MEMORY_SHARE allows on smaller GPUs."""
-FIXED_MAX_LEN = 2048
-"""Positions of a fixed-shape lane. Every step attends over all of them, so this is as short as a sentence allows:
-the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars) with its prompt fits; one that does not runs
-on the router's other generator, whose arithmetic is per request too."""
+FIXED_LANES = ((1024, 256), (2048, 64))
+"""(positions, most rows) of each fixed-shape lane of a deterministic engine, shortest first: a sentence runs on the
+first whose positions hold its prompt and token budget. Every step attends over all of a lane's positions and runs
+all its rows, so most sentences take the short lane and the long ones (up to the longest sentence the pipeline
+cuts, JoinConfig.max_sentence_chars) the other; what fits neither runs on the router's last generator, whose
+arithmetic is per request too. More rows cost a step less than they add
+(docs/lab/2026-11-25-h200-fixed-lane-steps.json); ROW_MEMORY_SHARE caps each lane on smaller GPUs."""
 
 
 def gumbel(steps: int, candidates: int, seed: int | None, device: torch.device) -> torch.Tensor:
@@ -157,10 +157,10 @@ def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * dtype_bytes
 
 
-def fixed_rows_for(gpu_bytes: int, row_bytes: int) -> int:
-    """Rows of a fixed-shape lane: FIXED_ROWS where ROW_MEMORY_SHARE of the GPU holds their KV cache, else as many
-    as it holds (at least 1)."""
-    return max(1, min(FIXED_ROWS, int(ROW_MEMORY_SHARE * gpu_bytes // row_bytes)))
+def fixed_rows_for(gpu_bytes: int, row_bytes: int, most: int) -> int:
+    """Rows of a fixed-shape lane: `most` where ROW_MEMORY_SHARE of the GPU holds their KV cache, else as many as it
+    holds (at least 1)."""
+    return max(1, min(most, int(ROW_MEMORY_SHARE * gpu_bytes // row_bytes)))
 
 
 def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None) -> int:

@@ -324,6 +324,23 @@ async def test_a_fixed_shape_lane_runs_one_decode_shape_and_one_prompt_per_prefi
     await lane.close()
 
 
+async def test_a_chain_of_fixed_lanes_routes_by_the_request_alone(model) -> None:
+    """A request takes the first lane whose positions hold its prompt and budget, else the fallback, however busy
+    the lanes are; `lane_rows` counts every lane of the chain."""
+    from engine.factory import fixed_lane_chain, lane_rows
+
+    short, long = (GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=n,
+                             rows=r, fixed_shapes=True) for n, r in ((64, 3), (160, 2)))
+    fallback = ScriptedGenerator(IDS, delay_s=0.001)
+    chain = fixed_lane_chain(fallback, [short, long])
+    budgets = [20, 100, 200, 30, 120]  # prompt (8 ids) + budget: short lane, long lane, neither, short, long
+    got = await asyncio.gather(*(collect(chain, PROMPT, SamplingOptions(max_tokens=n, seed=i), f"r{i}-0")
+                                 for i, n in enumerate(budgets)))
+    assert [len(g) for g in got] == budgets and fallback.started == ["r2-0"]
+    assert (short.served, long.served) == (2, 2) and lane_rows(chain) == 5
+    await chain.close()
+
+
 def test_a_fixed_shape_lane_refuses_fused_or_compiled_steps(model) -> None:
     for extra in ({"fused": True}, {"compile_layers": True}):
         with pytest.raises(ValueError, match="fixed shapes"):
@@ -416,12 +433,12 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
 
 
 def test_fixed_lane_rows_fit_a_share_of_the_gpu() -> None:
-    from engine.backends.graph_gen import FIXED_ROWS, fixed_rows_for, row_bytes
+    from engine.backends.graph_gen import fixed_rows_for, row_bytes
 
     spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
     gib, row = 1 << 30, row_bytes(spark, max_len=2048)
-    assert fixed_rows_for(80 * gib, row) == FIXED_ROWS == 256
-    assert fixed_rows_for(24 * gib, row) == 102 and fixed_rows_for(gib // 8, row) == 1
+    assert fixed_rows_for(80 * gib, row, 256) == 256 and fixed_rows_for(80 * gib, row, 64) == 64
+    assert fixed_rows_for(24 * gib, row, 256) == 102 and fixed_rows_for(gib // 8, row, 256) == 1
 
 
 def test_lane_rows_by_front_end() -> None:
