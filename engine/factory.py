@@ -340,7 +340,7 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
                 raise ImportError("vllm is not installed")
             lane = _build_lane(info, events, rows=config.lane_rows) if want_lane and not tried else None
             with phase("vllm", events):
-                gen = VllmTokenGenerator(info, events=events, batch_invariant=config.deterministic)
+                gen = VllmTokenGenerator(info, events=events)
             return gen if lane is None else lane_router(gen, lane, events)
         except (ImportError, VoiceError, RuntimeError) as err:
             if backend == "vllm":

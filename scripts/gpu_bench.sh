@@ -32,6 +32,3 @@ if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   grep -E "passed|failed|FAILED|streamed vs|^E " "$OUT/gpu_tests.log" | tail -20
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
-if [ "${GPU_PROBE:-0}" = 1 ]; then
-  timeout 170 python3 scripts/vllm_ttft_probe.py "$VOICEAPP_GPU_MODEL" --json "$OUT/probe.json" 2>&1 | grep "case"
-fi

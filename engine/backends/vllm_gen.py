@@ -31,10 +31,7 @@ from engine.prompt import Prompt, semantic_allowed_ids
 GIB = 1 << 30
 ALLOWED_RUNS_KEY = "voiceapp_allowed_runs"
 """SamplingParams.extra_args key: the request's allowed ids as [[lo, hi), ...] (engine.backends.vllm_logits)."""
-TOP_K_TOP_P_KEY = "voiceapp_top_k_top_p"
-"""SamplingParams.extra_args key: [top_k, top_p] applied by our batch-invariant processor instead of vLLM's."""
-LOGITS_PROCESSORS = ["engine.backends.vllm_logits:AllowedRunsLogitsProcessor",
-                     "engine.backends.vllm_logits:TopKTopPLogitsProcessor"]
+LOGITS_PROCESSORS = ["engine.backends.vllm_logits:AllowedRunsLogitsProcessor"]
 WARMUP_BATCHES = (1, 8, 32, 64, 128)
 """Concurrent request counts warmed up at start (what the benchmark and real traffic use)."""
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -126,15 +123,12 @@ class VllmTokenGenerator:
 
     concurrent_streams = True
     """Runs many streams at once in one batch: the pipeline may start a request's next sentence early."""
-    batch_invariant = False
-    own_top_k_top_p = False
-    _top_k_top_p_loaded = False
 
     def __init__(self, info: Any, *, events: EventSink = ignore_events, max_num_seqs: int = 256,
                  max_model_len: int = 4096, decoder_reserve_gib: float = 12.0, want_gib: float = 24.0,
                  gpu_memory_utilization: float | None = None, warmup_batches: Sequence[int] = WARMUP_BATCHES,
-                 enforce_eager: bool = False, start_timeout_s: float = 900.0, batch_invariant: bool = False,
-                 own_top_k_top_p: bool | None = None, **engine_kwargs: Any) -> None:
+                 enforce_eager: bool = False, start_timeout_s: float = 900.0,
+                 **engine_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
@@ -143,8 +137,6 @@ class VllmTokenGenerator:
         # Allowed ids go through our logits processor (engine.backends.vllm_logits), which vLLM 0.26 runs on its
         # V1 model runner only (its V2 runner also caps allowed_token_ids at 1024 ids; we need 8195).
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        if batch_invariant:
-            os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read by vLLM's engine process, started below
         import torch
         import vllm  # noqa: F401  (ImportError -> the factory falls back to torch)
 
@@ -160,26 +152,12 @@ class VllmTokenGenerator:
                                                      int(want_gib * GIB))
         self.gpu_memory_utilization = gpu_memory_utilization
         self.info = info
-        self.batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT") == "1"
-        """Batch-invariant mode (`batch_invariant`, from EngineConfig.deterministic, or set in the environment). vLLM's
-        own top-k/top-p is not batch invariant even then (it sorts on the GPU below 8 requests and runs a Triton
-        kernel from 8 up: measured on an H200, 0 of 8 seeded requests kept their tokens when 16 others joined,
-        against 8 of 8 with temperature only), so in this mode top-k/top-p go to
-        engine.backends.vllm_logits.TopKTopPLogitsProcessor instead (8 of 8 kept). That processor is loaded only in
-        this mode (or with `own_top_k_top_p`): in the one bench run with it loaded (unused) vLLM stepped ~17% slower
-        than in the run before (cause not isolated: docs/benchmarks.md, runs 4 and 5)."""
-        # batch-invariant mode always needs our processor (vLLM's sampler would break determinism)
-        self._top_k_top_p_loaded = self.batch_invariant or bool(own_top_k_top_p)
-        self.own_top_k_top_p = self._top_k_top_p_loaded
-        """Top-k/top-p through our processor instead of vLLM's sampler. Only honoured while the processor is
-        loaded (batch-invariant mode, or `own_top_k_top_p=True` at start); scripts/vllm_ttft_probe.py flips it
-        per case to time both on one engine."""
         self._setup(info.token_ids, events, max_num_seqs)
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
                            disable_log_stats=True,
-                           logits_processors=LOGITS_PROCESSORS if self._top_k_top_p_loaded else LOGITS_PROCESSORS[:1],
+                           logits_processors=LOGITS_PROCESSORS,
                            **engine_kwargs)
         t0 = time.perf_counter()
         events(Notice(f"starting vLLM on {torch.cuda.get_device_name()} (model load, compile, CUDA graphs; "
@@ -249,13 +227,8 @@ class VllmTokenGenerator:
         extra: dict[str, Any] = {}
         if prompt.allowed_ids is not None:
             extra[ALLOWED_RUNS_KEY] = id_runs(prompt.allowed_ids)
-        top_k, top_p = opts.top_k, opts.top_p
-        ours = self.batch_invariant or (self.own_top_k_top_p and self._top_k_top_p_loaded)
-        if ours and opts.temperature > 0 and (top_k or top_p < 1):
-            extra[TOP_K_TOP_P_KEY] = [top_k, top_p]
-            top_k, top_p = 0, 1.0
         return SamplingParams(
-            n=1, temperature=opts.temperature, top_k=top_k, top_p=top_p, max_tokens=opts.max_tokens,
+            n=1, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, max_tokens=opts.max_tokens,
             seed=opts.seed, stop_token_ids=list(self._stop_ids), extra_args=extra or None,
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False)
 

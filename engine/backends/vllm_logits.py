@@ -1,6 +1,5 @@
-"""Provides two vLLM (V1 model runner) logits processors: AllowedRunsLogitsProcessor restricts a request to runs of
-allowed token ids, named in `SamplingParams.extra_args[ALLOWED_RUNS_KEY]` as [[lo, hi), ...];
-TopKTopPLogitsProcessor applies top-k/top-p batch-invariantly (extra_args[TOP_K_TOP_P_KEY], see its docstring).
+"""Provides a vLLM (V1 model runner) logits processor: AllowedRunsLogitsProcessor restricts a request to runs of
+allowed token ids, named in `SamplingParams.extra_args[ALLOWED_RUNS_KEY]` as [[lo, hi), ...].
 
 Why not `allowed_token_ids`: a semantic-only request allows 8195 ids. vLLM 0.26's V2 runner refuses more than
 1024, and its V1 runner builds a bool row over the whole 166k vocabulary per request and copies the batch's
@@ -20,10 +19,9 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from engine.backends.vllm_gen import ALLOWED_RUNS_KEY, TOP_K_TOP_P_KEY
+from engine.backends.vllm_gen import ALLOWED_RUNS_KEY
 
 Runs = tuple[tuple[int, int], ...]
-TopKP = tuple[int, float]
 
 
 class _PerRequestProcessor(LogitsProcessor):
@@ -129,49 +127,3 @@ class AllowedRunsLogitsProcessor(_PerRequestProcessor):
                 row[lo:min(hi, logits.shape[-1])] = 0
             self._bias[key] = row
         return row
-
-
-class TopKTopPLogitsProcessor(_PerRequestProcessor):
-    """Top-k then top-p (nucleus) masking whose result for a row never depends on the other rows, for
-    `VllmTokenGenerator.batch_invariant`. vLLM runs it where it runs its own top-k/top-p: after the temperature
-    (argmax-invariant processors come after it), before sampling. Top-k keeps every logit >= the k-th largest
-    (torch.topk selects exact values); top-p keeps the largest of those while the mass before them is < p, with
-    the mass computed in float64 over the k survivors only (tiny, and far from any rounding boundary)."""
-
-    KEY = TOP_K_TOP_P_KEY
-
-    @classmethod
-    def setting(cls, raw: Any) -> TopKP:
-        try:
-            k, p = int(raw[0]), float(raw[1])
-            ok = len(raw) == 2 and k >= 0 and 0 < p <= 1
-        except (TypeError, ValueError, IndexError):
-            ok = False
-        if not ok:
-            raise ValueError(f"{TOP_K_TOP_P_KEY} must be [top_k >= 0, 0 < top_p <= 1], got {raw!r}")
-        return k, p
-
-    def is_argmax_invariant(self) -> bool:
-        return True  # the most likely token always survives, so greedy requests may skip it
-
-    def apply_rows(self, logits: torch.Tensor, setting: TopKP) -> None:
-        mask_top_k_top_p(logits, *setting)
-
-
-def mask_top_k_top_p(logits: torch.Tensor, k: int, p: float) -> None:
-    """In place: -inf for every logit outside each row's top-k, then outside its top-p nucleus."""
-    vocab = logits.shape[-1]
-    k = vocab if k <= 0 else min(k, vocab)
-    if k == vocab and p >= 1.0:
-        return
-    top = torch.topk(logits, k, dim=-1).values  # [rows, k], descending
-    if p < 1.0:
-        x = top.double()
-        e = torch.exp(x - x[:, :1])
-        probs = e / e.sum(dim=-1, keepdim=True)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above each one
-        keep = (before < p).sum(dim=-1).clamp(min=1)  # the first token always stays
-        threshold = top.gather(1, (keep - 1).unsqueeze(1))
-    else:
-        threshold = top[:, -1:]
-    logits.masked_fill_(logits < threshold, float("-inf"))

@@ -515,3 +515,36 @@ def test_prefetching_changes_no_value_bf16(cuda):
         got, total = dk.add_matmul(x, add, w_qkv, prefetch=regions, **kw)
         torch.cuda.synchronize()
         assert torch.equal(got, want) and torch.equal(total, want_total)
+
+
+async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_model, tmp_path):
+    """Export's engine (fixed-shape lanes, no vLLM): each sentence's PCM rendered alone, all at once, and in reverse
+    order beside unrelated requests is the same bytes; its platform names the lanes. (Across processes:
+    `voicectl bench --export-check`.)"""
+    import asyncio
+    import hashlib
+
+    from engine.config import SamplingOptions, SynthesisRequest
+    from engine.export_plan import make_batch_invariant, to_pcm16
+    from engine.factory import EngineConfig, build_synthesizer, describe_platform, lane_rows
+    from engine.pipeline import sentence_seed
+
+    synth = build_synthesizer(EngineConfig(model=str(gpu_model), deterministic=True, warm_up=False,
+                                           cache_dir=str(tmp_path / "cache")))
+    make_batch_invariant(synth)
+    texts = [f"Sentence number {i} goes {'on and on ' * (i % 4)}to the harbour." for i in range(12)]
+
+    async def render(i: int, seed: int = 0) -> str:
+        req = SynthesisRequest(texts[i], options=SamplingOptions(seed=sentence_seed(seed, i), max_tokens=150),
+                               request_id=f"det-{i}-{seed}-{id(object())}")
+        return hashlib.sha256(to_pcm16(await synth.render(req))).hexdigest()
+
+    try:
+        alone = [await render(i) for i in range(len(texts))]
+        together = await asyncio.gather(*(render(i) for i in range(len(texts))))
+        mixed = await asyncio.gather(*(render(i) for i in reversed(range(len(texts)))),
+                                     *(render(i, seed=99) for i in range(len(texts))))
+        assert alone == together == mixed[:len(texts)][::-1]
+        assert lane_rows(synth.generator) > 1 and "lane " in describe_platform(synth)
+    finally:
+        await synth.close()

@@ -84,59 +84,18 @@ def test_fewer_rows_than_logits_is_not_the_broadcast_case(processor):
     assert torch.equal(out[2], before[2])
 
 
-def _nucleus(row: torch.Tensor, k: int, p: float) -> set[int]:
-    """Reference: the k largest, then the fewest of them (largest first) whose probability reaches p."""
-    order = torch.argsort(row, descending=True)[:k]
-    probs = torch.softmax(row[order].double(), dim=-1)
-    kept, mass = [], 0.0
-    for token, prob in zip(order.tolist(), probs.tolist()):
-        kept.append(token)
-        mass += prob
-        if mass >= p:
-            break
-    return set(kept)
-
-
-@pytest.mark.parametrize("k,p", [(50, 0.95), (5, 1.0), (0, 0.5), (300, 0.9), (1, 0.9)])
-def test_top_k_top_p_keeps_the_nucleus(module, k, p):
-    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(k)) * 3
-    want = [_nucleus(row, k or 300, p) for row in logits]
-    module.mask_top_k_top_p(logits, k, p)
-    for row, kept in zip(logits, want):
-        assert set(_allowed(row)) == kept
-
-
-def test_top_k_top_p_row_is_independent_of_the_batch(module):
-    logits = torch.randn(32, 1000, generator=torch.Generator().manual_seed(1)) * 2
-    alone = logits[5:6].clone()
-    module.mask_top_k_top_p(alone, 50, 0.95)
-    module.mask_top_k_top_p(logits, 50, 0.95)
-    assert torch.equal(alone[0], logits[5])
-
-
-def test_top_k_top_p_processor_groups_rows_by_their_knobs(module):
-    proc = module.TopKTopPLogitsProcessor(None, torch.device("cpu"), False)
-    proc.rows = {0: (2, 1.0), 2: (1, 1.0)}  # row 1 has no top-k/top-p of ours
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 3)
-    out = proc.apply(logits)
-    assert _allowed(out[0]) == [1, 3] and _allowed(out[2]) == [1] and _allowed(out[1]) == [0, 1, 2, 3]
-    assert proc.is_argmax_invariant()
-
-
 def test_settings_come_from_extra_args_and_bad_ones_are_refused(module):
-    from engine.backends.vllm_gen import ALLOWED_RUNS_KEY, TOP_K_TOP_P_KEY
+    from engine.backends.vllm_gen import ALLOWED_RUNS_KEY
 
-    params = types.SimpleNamespace(extra_args={ALLOWED_RUNS_KEY: [[2, 4]], TOP_K_TOP_P_KEY: [1, 0.9]})
+    params = types.SimpleNamespace(extra_args={ALLOWED_RUNS_KEY: [[2, 4]]})
     update = types.SimpleNamespace(added=[(0, params, [], [])], removed=[], moved=[])
     runs = module.AllowedRunsLogitsProcessor(None, torch.device("cpu"), False)
-    topk = module.TopKTopPLogitsProcessor(None, torch.device("cpu"), False)
     runs.update_state(update)
-    topk.update_state(update)
-    assert runs.rows == {0: ((2, 4),)} and topk.rows == {0: (1, 0.9)}
-    out = topk.apply(runs.apply(torch.tensor([[9.0, 0.0, 1.0, 2.0, 8.0]])))
-    assert _allowed(out[0]) == [3]
-    for cls, bad in ((module.AllowedRunsLogitsProcessor, [[4, 2]]), (module.AllowedRunsLogitsProcessor, []),
-                     (module.TopKTopPLogitsProcessor, [5, 1.5]), (module.TopKTopPLogitsProcessor, "x")):
+    assert runs.rows == {0: ((2, 4),)}
+    out = runs.apply(torch.tensor([[9.0, 0.0, 1.0, 2.0, 8.0]]))
+    assert _allowed(out[0]) == [2, 3]
+    for bad in ([[4, 2]], [], "x"):
         with pytest.raises(ValueError):
-            cls.validate_params(types.SimpleNamespace(extra_args={cls.KEY: bad}))
-    module.TopKTopPLogitsProcessor.validate_params(types.SimpleNamespace(extra_args=None))  # not ours: accepted
+            module.AllowedRunsLogitsProcessor.validate_params(
+                types.SimpleNamespace(extra_args={module.AllowedRunsLogitsProcessor.KEY: bad}))
+    module.AllowedRunsLogitsProcessor.validate_params(types.SimpleNamespace(extra_args=None))  # not ours: accepted
