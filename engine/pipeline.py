@@ -15,11 +15,12 @@ from typing import AsyncIterable, AsyncIterator, Callable
 
 import numpy as np
 
-from engine.backends.base import AudioSink, CodecDecoder, DecodeItem, TokenGenerator
+from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for, widen_left
 from engine.config import SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import Crossfader, fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
+from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
                            RequestStarted, SentenceFinished, ignore_events)
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
@@ -161,7 +162,7 @@ class _AheadRender:
             pass
 
 
-class Synthesizer:
+class Synthesizer(UtteranceFolds):
     """Streams speech for requests. One instance per loaded model; safe for concurrent requests."""
 
     def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, token_ids: TokenIds,
@@ -421,26 +422,6 @@ class Synthesizer:
     def _pause_chunk(self, req: SynthesisRequest, index: int, progress: _Progress) -> AudioChunk:
         silence = np.zeros(int(self.join.pause_s * self.sample_rate), np.float32)
         return self._emit(req, index, silence, False, progress, pause=True)
-
-    # ---- folds --------------------------------------------------------------------------------------
-
-    async def render(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None = None) -> np.ndarray:
-        """The whole utterance as one float32 array."""
-        async with aclosing(self.synthesize(req, text_stream)) as chunks:
-            parts = [chunk.samples async for chunk in chunks]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
-
-    async def speak(self, req: SynthesisRequest, sink: AudioSink,
-                    text_stream: AsyncIterable[str] | None = None) -> None:
-        """Play through a sink (awaits its backpressure), then wait until the sink has played everything."""
-        try:
-            async with aclosing(self.synthesize(req, text_stream)) as chunks:
-                async for chunk in chunks:
-                    await sink.write(chunk.samples)
-            await sink.drain()
-        except BaseException:
-            sink.clear()
-            raise
 
     async def warm_up(self, voice: str | None = None) -> float:
         """One short request through the whole pipeline, its audio and events dropped (nothing is listening yet):

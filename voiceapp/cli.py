@@ -25,7 +25,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+"""numpy's OpenBLAS starts a thread per core as numpy is imported, a tenth of a second of a client's start-up on a
+2-core machine (docs/startup.md), and voicectl multiplies no matrices with numpy. Only on x86-64, whose torch wheels
+bring MKL: elsewhere torch's own matrix products may run on OpenBLAS. A user's own setting wins."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
+    import platform
+
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for name, value in BLAS_THREADS.items():
+            os.environ.setdefault(name, value)
     from engine.errors import VoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)

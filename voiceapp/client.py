@@ -18,7 +18,7 @@ from engine import errors
 from engine.config import SynthesisRequest
 from engine.errors import VoiceError
 from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
-from engine.pipeline import Synthesizer
+from engine.folds import UtteranceFolds
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
                              parse_event, project_version, read_frame)
 from engine.types import AudioChunk
@@ -181,7 +181,7 @@ async def server_status(path: Path) -> dict[str, Any] | None:
 
 # ---- the Synthesizer lookalike ----------------------------------------------------------------------------
 
-class RemoteSynthesizer:
+class RemoteSynthesizer(UtteranceFolds):
     """Streams a request's audio from the server. One request at a time per instance.
 
     Events: RequestStarted and FirstAudio are measured here (so TTFA includes the socket); the server's
@@ -201,10 +201,6 @@ class RemoteSynthesizer:
     async def connect(cls, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
         conn = await Connection.open(path)
         return None if conn is None else cls(conn, path, events)
-
-    # The folds are the Synthesizer's own: they only call self.synthesize.
-    render = Synthesizer.render
-    speak = Synthesizer.speak
 
     async def synthesize(self, req: SynthesisRequest,
                          text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
