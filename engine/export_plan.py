@@ -305,19 +305,6 @@ def keep_voice_globals(synth: Synthesizer) -> None:
         synth.globals_cache = MemoryGlobalsCache()  # type: ignore[assignment]
 
 
-def make_batch_invariant(synth: Synthesizer) -> None:
-    """Decode one window per decoder call, and each sentence whole (WindowSchedule.whole: one call for up to 15 s,
-    no seams; an export need not stream). Cross-stream decode batching changes a window's float output with
-    what it is batched with (measured on the CPU BiCodec: concurrent renders differed from sequential ones),
-    which would make an export's bytes depend on --jobs and on where a resumed run restarted; one-window-per-call
-    is then the decoder's throughput limit, and whole sentences need ~8x fewer calls than streaming windows."""
-    batcher = getattr(synth, "batcher", None)
-    if batcher is not None:
-        batcher.max_batch = 1
-    if hasattr(synth, "schedule"):
-        synth.schedule = WindowSchedule.whole()
-
-
 async def render_parts(synth: Synthesizer, plan: ExportPlan, parts: Parts, todo: list[int], jobs: int,
                        on_done: Callable[[int, int], None]) -> None:
     """Render `todo` with up to `jobs` requests in flight (lowest index first); each finished sentence is written

@@ -119,13 +119,20 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
                         join=config.join, events=events,
-                        eager_lookahead=getattr(generator, "concurrent_streams", False))
+                        eager_lookahead=getattr(generator, "concurrent_streams", False),
+                        decode_batch=_decode_batch(config))
     synth.model_info = info  # type: ignore[attr-defined]
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
             _freeze_heap()
     return synth
+
+
+def _decode_batch(config: EngineConfig) -> int | None:
+    """One window per decoder call for a deterministic engine: a batch's rows may round differently from a lone
+    window (measured on the CPU BiCodec: concurrent renders differed from sequential ones)."""
+    return 1 if config.deterministic else None
 
 
 @contextmanager
@@ -224,7 +231,7 @@ def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> S
     ids = TokenIds()
     synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
                         lambda text: [ord(c) % 151643 for c in text], voices, None, schedule=config.schedule,
-                        join=config.join, events=events)
+                        join=config.join, events=events, decode_batch=_decode_batch(config))
     _warm_up_if_asked(synth, config, events)
     return synth
 

@@ -168,7 +168,10 @@ class Synthesizer(UtteranceFolds):
     def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, token_ids: TokenIds,
                  encode: Callable[[str], list[int]], voices: VoiceBank, globals_cache: GlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
-                 events: EventSink = ignore_events, eager_lookahead: bool = False) -> None:
+                 events: EventSink = ignore_events, eager_lookahead: bool = False,
+                 decode_batch: int | None = None) -> None:
+        """`decode_batch`: most windows in one decoder call (None: what the decoder takes, its `batch_limit`); 1
+        makes a window's samples independent of what it would have been batched with (a deterministic engine)."""
         self.generator, self.decoder, self.token_ids, self.encode = generator, decoder, token_ids, encode
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
@@ -179,7 +182,8 @@ class Synthesizer(UtteranceFolds):
         self.active_requests = 0
         """Requests being synthesized now (picks the busy window schedule)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
-        self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=getattr(decoder, "batch_limit", 128),
+        self.batcher = DecodeBatcher(decoder, self._decode_pool,
+                                     max_batch=decode_batch or getattr(decoder, "batch_limit", 128),
                                      one_length=getattr(decoder, "fixed_shapes", False))
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
         self._shape_lengths = lengths_for(schedule) if getattr(decoder, "fixed_shapes", False) else ()

@@ -22,8 +22,9 @@ async def main(model: str, out: str, n: int) -> None:
     from engine.book import book_sentences, read_book
     from engine.config import SamplingOptions
     from engine.events import StartupPhase
-    from engine.export_plan import ExportPlan, ExportSettings, Parts, make_batch_invariant, render_parts
+    from engine.export_plan import ExportPlan, ExportSettings, Parts, render_parts
     from engine.factory import EngineConfig, build_synthesizer
+    from voiceapp.cmd_export import export_config
     from voiceapp.startup_bench import book_text
 
     phases: dict[str, float] = {}
@@ -33,9 +34,8 @@ async def main(model: str, out: str, n: int) -> None:
             phases[e.name] = round(phases.get(e.name, 0.0) + e.seconds, 3)
 
     t0 = time.perf_counter()
-    synth = build_synthesizer(EngineConfig(model=model, deterministic=True), events=on_event)
+    synth = build_synthesizer(export_config(EngineConfig(model=model)), events=on_event)
     result = {"build_s": round(time.perf_counter() - t0, 2), "phases": phases}
-    make_batch_invariant(synth)
     book = read_book("b.txt", book_text(n))
     sentences = tuple(book_sentences(book, 280))
     settings = ExportSettings(input_sha256="x", voice="ava", voice_fingerprint="x", seed=0, sampling="x", join="x",

@@ -222,7 +222,7 @@ def make_plan(args: argparse.Namespace):
         input_sha256=sha256_bytes(data if isinstance(data, bytes) else data.encode()), voice=voice.name,
         voice_fingerprint=repr(voice.global_tokens) if voice.global_tokens else voice.fingerprint, seed=args.seed,
         sampling=repr(dataclasses.replace(options, seed=None)), join=repr(config.join),
-        schedule=repr(WindowSchedule.whole()))  # what make_batch_invariant gives the engine
+        schedule=repr(WindowSchedule.whole()))  # the engine's (export_config)
     return ExportPlan(book, tuple(sentences), settings, options)
 
 
@@ -250,14 +250,22 @@ async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: 
     # restarts), nor on the process, or --resume would not reproduce an uninterrupted export. No warm-up request:
     # nobody listens for an export's first sentence, whose first-use costs it may as well pay itself.
     phases = StartupPhases(_print_notices)
-    synth = build_synthesizer(dataclasses.replace(engine_config(args), deterministic=True, warm_up=False),
-                              events=phases)
+    synth = build_synthesizer(export_config(engine_config(args)), events=phases)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
         stats = await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
     finally:
         await synth.close()
     return {**stats, "phases": phases.seconds}
+
+
+def export_config(config):
+    """The engine an export renders on: deterministic (a sentence's bytes depend on nothing that renders beside it,
+    nor on the process) and decoding each sentence whole (WindowSchedule.whole: one decoder call for up to 15 s, no
+    seams; an export need not stream)."""
+    from engine.windowing import WindowSchedule
+
+    return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=WindowSchedule.whole())
 
 
 class StartupPhases:
@@ -316,7 +324,7 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
 
 
 async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
-    from engine.export_plan import assemble, cue_sheet, make_batch_invariant, pause_samples, render_parts
+    from engine.export_plan import assemble, cue_sheet, pause_samples, render_parts
     from engine.factory import lane_rows
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -325,7 +333,6 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     resumed = len(done)
     rows = lane_rows(synth.generator)
     jobs = args.jobs or (rows + GPU_SPARE_JOBS if rows else CPU_JOBS)
-    make_batch_invariant(synth)
     progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
     try:
         parts.dir.mkdir(exist_ok=True)

@@ -13,10 +13,11 @@ from engine.book import book_sentences, read_book
 from engine.config import SamplingOptions
 from engine.errors import InputError
 from engine.export_plan import (MANIFEST_VERSION, ChapterGain, ExportPlan, ExportSettings, Manifest, ManifestError,
-                                Parts, Track, assemble, ceiling_notice, chapter_gains, cue_sheet, make_batch_invariant,
+                                Parts, Track, assemble, ceiling_notice, chapter_gains, cue_sheet,
                                 render_parts, to_pcm16)
 from engine.factory import EngineConfig, build_synthesizer
 from engine.pipeline import JoinConfig
+from voiceapp.cmd_export import export_config
 
 TEXT = "Chapter 1\n\n" + " ".join(f"Line {i} is here." for i in range(6)) + "\n\nChapter 2\n\nLast words. The end."
 
@@ -106,11 +107,10 @@ async def test_output_does_not_depend_on_jobs(tmp_path):
 
 
 async def test_tiny_checkpoint_resume_and_jobs_are_byte_identical(tiny_model, tmp_path):
-    """The real model path (torch generator + BiCodec, with decode batching neutralized as export does)."""
+    """The real model path (torch generator + BiCodec) on export's engine."""
     plan = make_plan("One short line. Two more words here. Third sentence now. And a fourth.", max_tokens=40)
-    synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
-                                           cache_dir=str(tmp_path / "cache")))
-    make_batch_invariant(synth)
+    synth = build_synthesizer(export_config(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
+                                                         cache_dir=str(tmp_path / "cache"))))
     one = Parts(tmp_path / "one")
     one.dir.mkdir()
     await render_all(synth, plan, one, jobs=1)
@@ -124,18 +124,17 @@ async def test_tiny_checkpoint_resume_and_jobs_are_byte_identical(tiny_model, tm
 
 
 async def test_export_decodes_each_sentence_whole(tiny_model, tmp_path):
-    """After make_batch_invariant a sentence is one decoder pass: its audio is the one-shot decode of its codes
-    (edge fades aside), not crossfaded streaming windows."""
+    """On export's engine a sentence is one decoder pass: its audio is the one-shot decode of its codes (edge fades
+    aside), not crossfaded streaming windows; and one window per decoder call."""
     from engine.backends.base import DecodeItem
     from engine.crossfade import fade_edges
     from engine.events import ChunkDecoded
     from engine.windowing import WindowSchedule
 
     events = []
-    synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
-                                           cache_dir=str(tmp_path / "cache")), events=events.append)
-    make_batch_invariant(synth)
-    assert synth.schedule == WindowSchedule.whole()
+    synth = build_synthesizer(export_config(EngineConfig(model=str(tiny_model), backend="torch", threads=2,
+                                                         cache_dir=str(tmp_path / "cache"))), events=events.append)
+    assert synth.schedule == WindowSchedule.whole() and synth.batcher.max_batch == 1
     recorded = []
     stream = synth.generator.stream
 

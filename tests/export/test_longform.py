@@ -23,12 +23,13 @@ import pytest
 
 from engine.book import book_sentences, read_book
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.export_plan import make_batch_invariant, pause_samples, to_pcm16
+from engine.export_plan import pause_samples, to_pcm16
 from engine.factory import EngineConfig, build_synthesizer
 from engine.fakes import ScriptedGenerator, ToneDecoder
 from engine.pipeline import JoinConfig, sentence_seed
 from engine.text import normalize, sentence_token_cap
 from engine.voices import VoiceBank
+from voiceapp.cmd_export import export_config
 from tests.cli_helpers import voicectl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,9 +145,8 @@ def fake_sentence_samples(text: str) -> int:
 def expected(sentences) -> list[np.ndarray]:
     """Each sentence rendered on its own through the library, as export's request for that index (seed 0, the
     default voice), as the 16-bit samples a WAV holds."""
-    synth = build_synthesizer(EngineConfig(backend="fake"))
+    synth = build_synthesizer(export_config(EngineConfig(backend="fake")))  # as export renders
     synth.generator.delay_s = 0.0  # pacing only: the tokens do not depend on it
-    make_batch_invariant(synth)  # as export renders: one decode per sentence
     voice = VoiceBank().get("default").name
 
     async def render_all() -> list[np.ndarray]:

@@ -525,13 +525,12 @@ async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_
     import hashlib
 
     from engine.config import SamplingOptions, SynthesisRequest
-    from engine.export_plan import make_batch_invariant, to_pcm16
+    from engine.export_plan import to_pcm16
     from engine.factory import EngineConfig, build_synthesizer, describe_platform, lane_rows
     from engine.pipeline import sentence_seed
+    from voiceapp.cmd_export import export_config
 
-    synth = build_synthesizer(EngineConfig(model=str(gpu_model), deterministic=True, warm_up=False,
-                                           cache_dir=str(tmp_path / "cache")))
-    make_batch_invariant(synth)
+    synth = build_synthesizer(export_config(EngineConfig(model=str(gpu_model), cache_dir=str(tmp_path / "cache"))))
     texts = [f"Sentence number {i} goes {'on and on ' * (i % 4)}to the harbour." for i in range(12)]
 
     async def render(i: int, seed: int = 0) -> str:
