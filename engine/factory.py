@@ -120,8 +120,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
-                        decode_batch=_decode_batch(config))
-    synth.model_info = info  # type: ignore[attr-defined]
+                        decode_batch=_decode_batch(config), model_info=info)
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
@@ -504,7 +503,7 @@ def crowd_tuning(synth: Synthesizer, config: EngineConfig, events: EventSink = i
     in when ready (engine.tuning). Nothing on an engine without a GPU lane."""
     from engine.tuning import Tuning, TuningStep
 
-    info = getattr(synth, "model_info", None)
+    info = synth.model_info
     if info is None or not _lane_in_front(synth.generator):
         return Tuning([], events)
     steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, config)),

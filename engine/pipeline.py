@@ -11,7 +11,7 @@ from collections import deque
 from contextlib import aclosing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 import numpy as np
 
@@ -169,10 +169,12 @@ class Synthesizer(UtteranceFolds):
                  encode: Callable[[str], list[int]], voices: VoiceBank, globals_cache: GlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
                  events: EventSink = ignore_events, eager_lookahead: bool = False,
-                 decode_batch: int | None = None) -> None:
+                 decode_batch: int | None = None, model_info: Any = None) -> None:
         """`decode_batch`: most windows in one decoder call (None: what the decoder takes, its `batch_limit`); 1
         makes a window's samples independent of what it would have been batched with (a deterministic engine)."""
         self.generator, self.decoder, self.token_ids, self.encode = generator, decoder, token_ids, encode
+        self.model_info = model_info
+        """The checkpoint this engine runs (engine.model.ModelInfo; None for the fake engine)."""
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
         self.eager_lookahead = eager_lookahead

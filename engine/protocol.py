@@ -130,7 +130,7 @@ def describe_engine(synth: Any) -> dict[str, Any]:
     """What identifies a Synthesizer's output: backend name and checkpoint (path, hash; None for the fake)."""
     gen = synth.generator
     name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
-    info = getattr(synth, "model_info", None)
+    info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
     return {"backend": BACKEND_NAMES.get(name, name),
             "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None}
 
