@@ -1,9 +1,10 @@
 #!/bin/sh
-# Installs what real-playback tests (PortAudio + a private PulseAudio null sink, parec) and the TUI tmux
-# test need. Idempotent: apt-get skips packages already installed. Needs root (or sudo) and apt.
+# Installs what real-playback tests (PortAudio + a private PulseAudio null sink, parec), the TUI tmux
+# test and the speech-dispatcher module's tests (the daemon, sd_generic and spd-say) need. Idempotent:
+# apt-get skips packages already installed. Needs root (or sudo) and apt.
 set -eu
 
-PACKAGES="libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins sox tmux"
+PACKAGES="libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins sox tmux speech-dispatcher"
 
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
 

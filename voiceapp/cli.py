@@ -5,7 +5,8 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui")
+COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
+            "speechd")
 """Subcommand modules `voiceapp.cmd_<name>`; each defines add_parser(subparsers) and run(args) -> int."""
 
 

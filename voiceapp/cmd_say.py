@@ -17,14 +17,18 @@ def add_parser(sub) -> None:
     p = sub.add_parser("say", help='speak text: voicectl say "Hello" | voicectl say - (stdin)')
     p.add_argument("text", nargs="+", help="text to speak, or - to speak stdin as it arrives")
     p.add_argument("--out", metavar="FILE.wav", help="write a WAV file instead of playing")
-    p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
-    p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
+    add_playback_args(p)
     p.add_argument("--stats", action="store_true", help="print one line of metrics at the end (stderr)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on stdout")
     add_server_args(p, "say")
     add_voice_args(p, default_seed=None)
     add_engine_args(p)
     p.set_defaults(run=run)
+
+
+def add_playback_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
+    p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
 
 
 @dataclass

@@ -31,6 +31,17 @@ def die_with_parent(args: list[str]) -> list[str]:
     return ["setpriv", "--pdeathsig", "TERM", *args] if shutil.which("setpriv") else args
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM a child (by its PID), SIGKILL it after 5 s, and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait(5)
+
+
 def _skip_or_fail(reason: str) -> None:
     if os.environ.get("VOICEAPP_REQUIRE_AUDIO") == "1":
         pytest.fail(f"{reason} (VOICEAPP_REQUIRE_AUDIO=1; run .ci/audio-setup.sh)")
@@ -50,13 +61,7 @@ class PulseServer:
 
     def stop(self, before_cleanup: Callable[[], None] | None = None) -> None:
         """Stop by PID (never by name), run `before_cleanup`, then remove its folder."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         if before_cleanup is not None:
             with contextlib.suppress(Exception):
                 before_cleanup()
@@ -171,12 +176,7 @@ def record_monitor(pulse_server: PulseServer, tmp_path: Path) -> Callable[..., c
             yield cap
             time.sleep(0.3)
         finally:
-            proc.terminate()  # always, or an orphaned parec keeps writing
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)  # always, or an orphaned parec keeps writing
         cap.data = np.fromfile(cap.path, np.float32)
 
     return rec
