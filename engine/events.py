@@ -57,14 +57,6 @@ class SentenceFinished:
 
 
 @dataclass(frozen=True, slots=True)
-class Underrun:
-    request_id: str
-    frames: int
-    """Frames zero-filled by the playback callback."""
-    t: float = field(default_factory=_now)
-
-
-@dataclass(frozen=True, slots=True)
 class RequestFinished:
     request_id: str
     audio_s: float
@@ -103,7 +95,7 @@ class StartupPhase:
     t: float = field(default_factory=_now)
 
 
-Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceFinished, Underrun,
+Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceFinished,
               RequestFinished, RequestFailed, Notice, StartupPhase]
 EventSink = Callable[[Event], None]
 
