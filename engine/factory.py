@@ -30,6 +30,10 @@ class EngineConfig:
     """BiCodec precision on CUDA: auto (= GPU_DECODER_DTYPE) | fp32 | bf16. The CPU always decodes in fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
+    quantize: str = "auto"
+    """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
+    | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache: 4-5x the
+    fp32 tokens/s on 2 cores, docs/cpu.md). An LLM on a GPU is never quantised."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     join: JoinConfig = field(default_factory=JoinConfig)
     voices: VoiceBank | None = None
@@ -80,6 +84,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
             raise ValueError(f"unknown backend {self.backend!r}")
+        if self.quantize not in ("auto", "none", "int8"):
+            raise ValueError(f"unknown quantize {self.quantize!r}")
         if self.decoder_dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
         if self.decoder_autotune not in DECODER_AUTOTUNE:
@@ -429,10 +435,25 @@ def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, b
 
 def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device, lazy: bool):
     from engine.backends.torch_gen import TorchTokenGenerator
+    from engine.voices import user_cache_dir
 
+    quantize = _quantize(config, device)
+    int8_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize == "int8" else None
     with phase("llm", events):
         return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
-                                   lazy=lazy)
+                                   lazy=lazy, quantize=quantize, int8_dir=int8_dir, events=events)
+
+
+def _quantize(config: EngineConfig, device) -> str:
+    """EngineConfig.quantize for an LLM on `device`: auto is int8 on the CPU where ONNX Runtime is installed."""
+    from engine.backends import qwen2_ort
+    from engine.errors import InputError
+
+    if device.type != "cpu":
+        if config.quantize == "int8":
+            raise InputError("--quantize int8 is the LLM's CPU path; add --compute cpu, or leave it out on a GPU")
+        return "none"
+    return ("int8" if qwen2_ort.supported() else "none") if config.quantize == "auto" else config.quantize
 
 
 def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False):
@@ -554,6 +575,8 @@ def describe_platform(synth: Synthesizer) -> str:
     if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
         parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
                   f"{torch.get_num_threads()} threads"]
+    if getattr(synth.generator, "quantize", "none") == "int8":  # fp32 (left unsaid, as before) renders other bytes
+        parts.append(f"LLM {synth.generator.llm_path()}")
     parts.append(f"torch {torch.__version__}")
     parts += [f"lane {lane.rows}x{lane.max_len}" for lane in _lanes(synth.generator)]
     return ", ".join(parts)

@@ -1,8 +1,9 @@
 """CPU figures for the closing notes: torch generator tok/s, BiCodec decode speed, TTFA / RTF / seam error.
 
-Usage: python -m scripts.cpu_figures --size tiny|full [--threads 2] [--tokens 150]
-Builds the synthetic checkpoint in a temporary directory (deleted afterwards) and runs the real pipeline
-(torch generator + our BiCodec decoder) on the CPU. Prints one JSON object.
+Usage: python -m scripts.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8]
+       [--model DIR]
+Builds the synthetic checkpoint in a temporary directory (deleted afterwards; or uses --model's) and runs the real
+pipeline (torch generator + our BiCodec decoder) on the CPU. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 
-async def measure(model: Path, threads: int, tokens: int) -> dict:
+async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto") -> dict:
     from engine.backends.base import DecodeItem
     from engine.backends.torch_gen import measure_throughput
     from engine.config import SamplingOptions, SynthesisRequest
@@ -32,7 +33,7 @@ async def measure(model: Path, threads: int, tokens: int) -> dict:
 
     events: list = []
     synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads,
-                                           cache_dir=tempfile.mkdtemp()), events=events.append)
+                                           cache_dir=tempfile.mkdtemp(), quantize=quantize), events=events.append)
     globals_ = await synth.voice_globals("leo")
     text = "Measuring the real pipeline on the processor, one sentence at a time."
     prompt = build_globals_prompt(text, globals_, synth.token_ids, synth.encode)
@@ -58,9 +59,10 @@ async def measure(model: Path, threads: int, tokens: int) -> dict:
     fade = int(synth.join.fade_s * synth.sample_rate)
     seam = seam_error_db(streamed, fade_edges(pcm, fade, fade))
     await synth.close()
-    return {"threads": threads, "generator_tok_s": round(tok_s, 1), "decode": decode,
-            "ttfa_ms": round(ttfa * 1000, 1), "rtf": round(done.rtf, 3), "audio_s": round(done.audio_s, 2),
-            "seam_error_db": round(seam, 1), "tokens": tokens, "load_avg_1m": os.getloadavg()[0]}
+    return {"threads": threads, "llm": synth.generator.llm_path(), "generator_tok_s": round(tok_s, 1),
+            "decode": decode, "ttfa_ms": round(ttfa * 1000, 1), "rtf": round(done.rtf, 3),
+            "audio_s": round(done.audio_s, 2), "seam_error_db": round(seam, 1), "tokens": tokens,
+            "load_avg_1m": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -68,13 +70,15 @@ def main() -> None:
     ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=150)
+    ap.add_argument("--quantize", choices=["auto", "none", "int8"], default="auto", help="the LLM's weights")
+    ap.add_argument("--model", type=Path, help="a synthetic checkpoint of --size already written (kept)")
     args = ap.parse_args()
     from engine.synthetic import write_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="cpu-figures-"))
     try:
-        write_checkpoint(tmp / "m", size=args.size, seed=0)
-        result = asyncio.run(measure(tmp / "m", args.threads, args.tokens))
+        model = args.model or write_checkpoint(tmp / "m", size=args.size, seed=0)
+        result = asyncio.run(measure(model, args.threads, args.tokens, args.quantize))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"size": args.size, **result}))

@@ -23,9 +23,22 @@ def voicectl(*args: str, stdin: bytes | str | None = None, env: dict[str, str] |
                           text=text, env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
+START_NOTICES = ("voicectl: LLM on the CPU: ", "voicectl: converting the LLM to int8",
+                 "voicectl: LLM converted to int8")
+"""What an engine on the CPU says while it starts (which LLM path it took; its int8 conversion, once per
+checkpoint): notices, before and apart from any error."""
+
+
+def without_start_notices(stderr: bytes | str) -> str:
+    """stderr without the engine's start-up notices (START_NOTICES)."""
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    return "\n".join(line for line in text.splitlines() if not line.startswith(START_NOTICES)).strip()
+
+
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The process failed with exactly one `voicectl: ...` line on stderr and no traceback; returns that line."""
-    err = (proc.stderr.decode() if isinstance(proc.stderr, bytes) else proc.stderr).strip()
+    """The process failed with exactly one `voicectl: ...` line on stderr (besides the engine's start-up notices)
+    and no traceback; returns that line."""
+    err = without_start_notices(proc.stderr)
     assert proc.returncode != 0, err
     assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
     return err

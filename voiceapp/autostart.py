@@ -75,6 +75,8 @@ def serve_command(path: Path, config: EngineConfig, idle_s: float) -> list[str]:
         cmd += ["--model", str(config.model)]
     if config.threads is not None:
         cmd += ["--threads", str(config.threads)]
+    if config.quantize != "auto":
+        cmd += ["--quantize", config.quantize]
     if not config.graph_lane:
         cmd.append("--no-graph-lane")
     if config.warm_up is False:

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import torch
 from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
@@ -19,8 +19,12 @@ from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.qwen2_static import supported as static_supported
 from engine.config import SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
+from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
 from engine.tokens import TokenIds
+
+if TYPE_CHECKING:
+    from engine.backends.qwen2_ort import OrtQwen2
 
 
 def pick_device() -> torch.device:
@@ -36,6 +40,9 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     """bf16 on cuda, fp32 elsewhere. Never fp16: Spark's LLM produces garbage in fp16."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
+
+QUANTIZE = ("none", "int8")
+"""LLM weights on the CPU: fp32 (StaticQwen2) or int8 (qwen2_ort.OrtQwen2, through ONNX Runtime)."""
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""
@@ -104,9 +111,10 @@ class _Request:
     """This request's RNG: same seed -> same ids, however streams interleave."""
     allowed: torch.Tensor | None
     """Allowed vocabulary ids [A] (None = whole vocabulary); logits are computed for these rows only."""
-    head: torch.Tensor | None
+    head: Any
     """Output-embedding rows of the allowed ids [A, H]: 8195 of 166000 rows for globals-prefixed prompts,
-    which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs)."""
+    which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs). With int8
+    weights, a callable hidden -> logits over those rows (qwen2_ort.OrtHead)."""
     cache: Any = None
     """A transformers DynamicCache, or a _StaticCache."""
     pos: int = 0
@@ -121,12 +129,13 @@ class _StaticCache:
     keys: torch.Tensor
     values: torch.Tensor
 
-    def fit(self, length: int, model: StaticQwen2) -> tuple[torch.Tensor, torch.Tensor]:
-        capacity = self.keys.shape[2]
+    def fit(self, length: int, model: StaticQwen2 | OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
+        axis = getattr(model, "cache_axis", 2)  # positions: [layers, kv, positions, D] in StaticQwen2's caches
+        capacity = self.keys.shape[axis]
         if length > capacity:
             keys, values = model.new_cache(max(length, 2 * capacity))
-            keys[:, :, :capacity].copy_(self.keys)
-            values[:, :, :capacity].copy_(self.values)
+            keys.narrow(axis, 0, capacity).copy_(self.keys)
+            values.narrow(axis, 0, capacity).copy_(self.values)
             self.keys, self.values = keys, values
         return self.keys, self.values
 
@@ -136,8 +145,14 @@ class TorchTokenGenerator:
 
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
-                 lazy: bool = False) -> None:
-        """`lazy`: load the model on the first request, not now (a fallback most processes never use)."""
+                 lazy: bool = False, quantize: str = "none", int8_dir: Path | None = None,
+                 events: EventSink = ignore_events) -> None:
+        """`lazy`: load the model on the first request, not now (a fallback most processes never use).
+        `quantize` "int8": a checkpoint on the CPU steps through ONNX Runtime with int8 weights
+        (engine.backends.qwen2_ort), converted once into `int8_dir` (one folder per checkpoint); `events` hears the
+        conversion's progress and which forward was picked."""
+        if quantize not in QUANTIZE:
+            raise ValueError(f"quantize must be one of {QUANTIZE}, not {quantize!r}")
         if threads is not None:
             torch.set_num_threads(threads)
         if dtype == torch.float16:
@@ -147,17 +162,19 @@ class TorchTokenGenerator:
         self._stop_ids = token_ids.stop_ids
         self.model: Any = None
         """The transformers model, where steps run through its forward (None when `static` took the weights)."""
-        self.static: StaticQwen2 | None = None
+        self.static: StaticQwen2 | OrtQwen2 | None = None
         """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches. On 2 CPU
         threads (full-size model, fp32) it decoded 19.6 tokens/s against 15.7 through transformers' forward
         (docs/cpu.md). A checkpoint is read straight into it (transformers is never imported); a given model's
-        layers are released as they are converted (one copy of the model in memory)."""
+        layers are released as they are converted (one copy of the model in memory). With `quantize` int8, the
+        same steps through qwen2_ort.OrtQwen2 (docs/cpu.md: 45-58 tokens/s against 11 in fp32 on 2 cores)."""
+        self.quantize, self._int8_dir, self.events = quantize, int8_dir, events
         self._source = (model_or_dir, dtype, static)
         self._loaded = False
         if not lazy:
             self._load_once()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
-        self._heads: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._heads: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
 
@@ -169,7 +186,10 @@ class TorchTokenGenerator:
         owned = isinstance(model_or_dir, (str, Path))
         if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
             static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
-        if static and owned:
+        int8 = self._int8_from_checkpoint(model_or_dir) if self.quantize == "int8" else None
+        if int8 is not None:
+            self.static, self.dtype = int8, torch.float32
+        elif static and owned:
             self.dtype = dtype or pick_dtype(self.device)
             self.static = _static_from_checkpoint(Path(model_or_dir), self.device, self.dtype)
         else:
@@ -180,7 +200,46 @@ class TorchTokenGenerator:
             self.static = StaticQwen2(self.model, max_len, self.device, self.dtype, own_cache=False)
         self._vocab_size = (self.static.vocab_size if self.static is not None
                             else self.model.get_output_embeddings().weight.shape[0])
+        if self.device.type == "cpu" and owned:
+            self.events(Notice(f"LLM on the CPU: {self.llm_path()}"))
         self._source, self._loaded = None, True
+
+    def _int8_from_checkpoint(self, model_or_dir: Any) -> OrtQwen2 | None:
+        """The int8 model of a checkpoint on the CPU, converted on first use (progress and the outcome as notices);
+        None (and `quantize` none) where the conversion cannot be written."""
+        from engine.backends import qwen2_ort
+
+        if not isinstance(model_or_dir, (str, Path)) or self.device.type != "cpu" or self._int8_dir is None:
+            raise ValueError("quantize int8 needs a checkpoint directory, the CPU and an int8_dir")
+        llm_dir = Path(model_or_dir)
+        if not static_supported(read_config(llm_dir)):
+            raise ModelFormatError(f"the LLM in {llm_dir} is not Spark's Qwen2: no int8 path (--quantize none)")
+        path = qwen2_ort.cached_path(self._int8_dir)
+        if not path.is_file():
+            t0 = time.perf_counter()
+            self.events(Notice(f"converting the LLM to int8 for the CPU (once for this checkpoint) into {path.parent}"))
+            try:
+                qwen2_ort.convert(llm_dir, path, progress=self._conversion_progress)
+            except OSError as err:  # a read-only or full cache folder: fp32 still works
+                self.events(Notice(f"cannot write the int8 LLM ({err.strerror or err}); it computes in fp32"))
+                self.quantize = "none"
+                return None
+            self.events(Notice(f"LLM converted to int8 in {time.perf_counter() - t0:.1f} s"))
+        return qwen2_ort.load(path, llm_dir, threads=torch.get_num_threads())
+
+    def llm_path(self) -> str:
+        """How the LLM computes, in words (for notices and a deterministic export's platform)."""
+        if self.quantize == "int8":
+            from engine.backends import qwen2_ort
+
+            return qwen2_ort.describe()
+        kind = "static forward" if self.static is not None else "transformers forward"
+        return f"{str(self.dtype).removeprefix('torch.')} weights, {kind}"
+
+    def _conversion_progress(self, done: int, total: int) -> None:
+        """A notice at each quarter of the layers converted."""
+        if done < total and done * 4 // total != (done - 1) * 4 // total:
+            self.events(Notice(f"converting the LLM to int8: {done} of {total} layers"))
 
     def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
         if isinstance(model_or_dir, (str, Path)):
@@ -206,7 +265,7 @@ class TorchTokenGenerator:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: tuple[int, ...] | list[int],
-                head: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+                head: Any = None) -> tuple[torch.Tensor, Any]:
         """Run the whole prompt; return the last position's logits (fp32; [V], or [A] over `head`'s rows)
         and the filled cache."""
         if self.static is not None:
@@ -224,7 +283,7 @@ class TorchTokenGenerator:
 
     @torch.inference_mode()
     def decode_one_token(self, last_id: int, cache: Any, pos: int,
-                         head: torch.Tensor | None = None) -> torch.Tensor:
+                         head: Any = None) -> torch.Tensor:
         """Feed one token at position `pos` (appending to `cache` in place); return the next logits (fp32)."""
         if self.static is not None:
             ids = torch.tensor([last_id], dtype=torch.long, device=self.device)
@@ -235,7 +294,9 @@ class TorchTokenGenerator:
         position_ids = torch.tensor([[pos]], dtype=torch.long, device=self.device)  # [1, 1]
         return self._forward(input_ids, position_ids, cache, head)
 
-    def _logits(self, hidden: torch.Tensor, head: torch.Tensor | None) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, head: Any) -> torch.Tensor:
+        if callable(head):  # OrtQwen2's int8 rows
+            return head(hidden)
         weight = self.static.output if head is None else head  # type: ignore[union-attr]
         return (weight @ hidden).float()
 
@@ -268,15 +329,17 @@ class TorchTokenGenerator:
         req.pos += 1
         return self._next(req, logits)
 
-    def _restricted_head(self, allowed_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _restricted_head(self, allowed_ids: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
         """(ids [A], output-embedding rows [A, H]) for an allowed set, cached per set."""
         cached = self._heads.get(allowed_ids)
         if cached is None:
             if not allowed_ids or min(allowed_ids) < 0 or max(allowed_ids) >= self._vocab_size:
                 raise ValueError(f"allowed_ids must be non-empty ids in 0..{self._vocab_size - 1}")
             ids = torch.tensor(allowed_ids, dtype=torch.long, device=self.device)
-            weight = self.static.output if self.static is not None else self.model.get_output_embeddings().weight
-            cached = (ids, weight.index_select(0, ids).contiguous())
+            if self.static is not None:
+                cached = (ids, self.static.head_rows(ids))
+            else:
+                cached = (ids, self.model.get_output_embeddings().weight.index_select(0, ids).contiguous())
             self._heads[allowed_ids] = cached
         return cached
 

@@ -189,15 +189,18 @@ def test_a_manifest_from_another_platform_is_not_resumed(tmp_path):
         manifest.check(data, make_plan(platform="cuda NVIDIA H100 sm90, torch 2.11.0"), ExportSettings.ENGINE_KEYS)
 
 
-def test_cpu_platform_names_the_threads_and_torch(tiny_model, tmp_path):
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_cpu_platform_names_the_threads_the_int8_llm_and_torch(tiny_model, tmp_path, quantize):
+    import onnxruntime
     import torch
 
     from engine.factory import describe_platform
 
     synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2, deterministic=True,
-                                           cache_dir=str(tmp_path / "cache")))
+                                           cache_dir=str(tmp_path / "cache"), quantize=quantize))
+    llm = f"LLM int8 weights through onnxruntime {onnxruntime.__version__}, " if quantize == "int8" else ""
     assert describe_platform(synth) == (f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}, "
-                                        f"2 threads, torch {torch.__version__}")
+                                        f"2 threads, {llm}torch {torch.__version__}")
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}', ""])

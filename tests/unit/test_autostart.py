@@ -18,6 +18,7 @@ from voiceapp.common import engine_config
     [],
     ["--backend", "fake"],
     ["--model", "/models/tiny", "--backend", "torch", "--compute", "cpu", "--threads", "3"],
+    ["--backend", "torch", "--compute", "cpu", "--quantize", "none"],
     ["--backend", "vllm", "--compute", "cuda", "--no-graph-lane", "--no-warm-up"],
 ])
 def test_the_started_server_builds_the_engine_say_would_have_built(flags, tmp_path):

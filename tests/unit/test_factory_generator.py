@@ -20,6 +20,7 @@ from engine.factory import EngineConfig
 class FakeTorchGen:
     def __init__(self, *args, **kwargs) -> None:
         self.device = torch.device(kwargs.get("device") or "cuda")
+        self.kwargs = kwargs
 
 
 class FakeVllm:
@@ -50,7 +51,7 @@ def gpu(monkeypatch):
 
 def _generator(config: EngineConfig):
     notices = []
-    info = SimpleNamespace(llm_dir="llm", token_ids=None)
+    info = SimpleNamespace(llm_dir="llm", token_ids=None, checkpoint_hash="0123456789abcdef")
     gen = factory._build_generator(info, config, lambda e: notices.append(e))
     return gen, [n.message for n in notices if isinstance(n, Notice)]
 
@@ -110,6 +111,36 @@ def test_say_the_tui_and_their_servers_declare_one_listener_export_and_serve_do_
 def test_compute_cpu_keeps_the_llm_off_the_gpu(gpu) -> None:
     gen, _ = _generator(EngineConfig(device="cpu", one_listener=True))
     assert isinstance(gen, FakeTorchGen) and gpu.calls == 0  # no lane, no vLLM on the GPU it was told not to use
+
+
+def test_the_llm_on_the_cpu_is_int8_unless_told_otherwise_and_never_on_a_gpu(gpu, monkeypatch, tmp_path) -> None:
+    from engine.errors import InputError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    gen, _ = _generator(EngineConfig(device="cpu", backend="torch"))
+    assert gen.kwargs["quantize"] == "int8" and gen.kwargs["int8_dir"] == tmp_path / "voiceapp/llm/0123456789abcdef"
+    gen, _ = _generator(EngineConfig(device="cpu", backend="torch", quantize="none"))
+    assert gen.kwargs["quantize"] == "none" and gen.kwargs["int8_dir"] is None
+    gen, _ = _generator(EngineConfig(device="cuda", backend="torch", graph_lane=False))
+    assert gen.kwargs["quantize"] == "none"
+    with pytest.raises(InputError, match="--quantize int8 is the LLM's CPU path"):
+        _generator(EngineConfig(device="cuda", backend="torch", graph_lane=False, quantize="int8"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # ONNX Runtime not installed
+    gen, _ = _generator(EngineConfig(device="cpu", backend="torch"))
+    assert gen.kwargs["quantize"] == "none"
+
+
+def test_quantize_flag() -> None:
+    from voiceapp.cli import build_parser
+    from voiceapp.common import engine_config
+
+    def quantize(*argv: str) -> str:
+        return engine_config(build_parser().parse_args(list(argv))).quantize
+
+    assert quantize("say", "hi") == "auto" and quantize("say", "hi", "--quantize", "none") == "none"
+    assert quantize("export", "in.txt", "-o", "o.wav", "--quantize", "int8") == "int8"
+    with pytest.raises(ValueError, match="unknown quantize"):
+        EngineConfig(quantize="int4")
 
 
 def test_no_warm_up_turns_the_warm_up_request_off_and_its_absence_leaves_it_to_the_decoder_device() -> None:

@@ -1,0 +1,131 @@
+"""The int8 LLM of the CPU (engine.backends.qwen2_ort) on the tiny checkpoint: its graph is StaticQwen2's maths,
+its next-token distributions stay within the bound docs/cpu.md writes down, and the generator converts a
+checkpoint once, says which path it took, and streams through it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.backends import qwen2_ort
+from engine.backends.llm_agreement import TINY_BOUND, agreement, compare, real_prompts, reference_runs
+from engine.backends.qwen2_checkpoint import Qwen2Weights
+from engine.backends.qwen2_static import StaticQwen2
+from engine.backends.torch_gen import TorchTokenGenerator
+from engine.config import SamplingOptions
+from engine.prompt import Prompt
+from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
+
+IDS = TokenIds()
+POSITIONS = 40
+"""Per prompt: 5 prompts x 40 = 200 positions, as TINY_BOUND was measured."""
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tiny_model) -> Path:
+    return tiny_model / "LLM"
+
+
+@pytest.fixture(scope="module")
+def reference(llm_dir) -> StaticQwen2:
+    return StaticQwen2(Qwen2Weights.from_checkpoint(llm_dir), 1024, "cpu", torch.float32, own_cache=False)
+
+
+@pytest.fixture(scope="module")
+def runs(reference, llm_dir):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(llm_dir / "tokenizer.json"))
+    prompts = real_prompts(IDS, lambda s: tokenizer.encode(s, add_special_tokens=False).ids)
+    return reference_runs(reference, prompts, POSITIONS)
+
+
+def ort_model(llm_dir: Path, path: Path, quantize: str = "int8", builder=None) -> qwen2_ort.OrtQwen2:
+    model = qwen2_ort.build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, builder=builder)
+    path.write_bytes(model.SerializeToString())
+    return qwen2_ort.load(path, llm_dir, threads=2, int8_head=quantize == "int8")
+
+
+class CoarseBuilder(qwen2_ort.GraphBuilder):
+    """int8 codes on a 4-bit grid (15 levels): the negative control the bound must reject."""
+
+    def linear(self, x: str, w: torch.Tensor, name: str) -> str:
+        scale = w.abs().amax(-1, keepdim=True) / 7
+        return super().linear(x, torch.round(w / scale).clamp(-7, 7) * scale, name)
+
+
+def test_the_fp32_graph_is_static_qwen2s_maths(llm_dir, reference, runs, tmp_path) -> None:
+    fp32 = ort_model(llm_dir, tmp_path / "fp32.onnx", quantize="none")
+    measured = compare(fp32, runs)
+    assert measured.positions == 5 * POSITIONS
+    assert measured.kl_max < 1e-9 and measured.topk_min == 1.0 and measured.top1 == 1.0
+
+
+def test_int8_stays_within_the_bound_and_a_coarser_grid_does_not(llm_dir, runs, tmp_path) -> None:
+    measured = compare(ort_model(llm_dir, tmp_path / "int8.onnx"), runs)
+    assert measured.within(TINY_BOUND), measured
+    coarse = compare(ort_model(llm_dir, tmp_path / "coarse.onnx", builder=CoarseBuilder()), runs)
+    assert not coarse.within(TINY_BOUND), coarse
+
+
+def test_agreement_metric() -> None:
+    ref = torch.tensor([[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    same = agreement(ref, ref.clone(), k=2)
+    assert same.kl_max == pytest.approx(0.0, abs=1e-12) and same.topk_min == 1.0 and same.top1 == 1.0
+    swapped = agreement(ref, ref.flip(-1), k=2)
+    assert swapped.kl_mean > 1.0 and swapped.topk_mean == 0.0 and swapped.top1 == 0.0
+
+
+def test_the_cache_grows_without_changing_a_step(llm_dir, tmp_path) -> None:
+    from engine.backends.torch_gen import _StaticCache
+
+    model = ort_model(llm_dir, tmp_path / "int8.onnx")
+    ids = torch.arange(1000, 1040)
+    big, small = model.new_cache(64), _StaticCache(*model.new_cache(8))
+    model.forward(ids[:5], torch.arange(5), 5, big)
+    model.forward(ids[:5], torch.arange(5), 5, small.fit(5, model))
+    for pos in range(5, 40):
+        one = ids[pos:pos + 1], torch.tensor([pos]), pos + 1
+        assert torch.equal(model.forward(*one, big), model.forward(*one, small.fit(pos + 1, model)))
+    assert small.keys.shape[1] == 64 and torch.equal(small.keys, big[0][:, :64])
+
+
+async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> None:
+    notices: list[str] = []
+    semantic_only = tuple(range(IDS.semantic_base, IDS.semantic_base + SEMANTIC_CODEBOOK))  # no stop: 300 tokens
+    prompt = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 9906, 11,
+                     IDS.structural["end_content"], IDS.structural["start_semantic_token"]), semantic_only)
+    streams = []
+    for _ in range(2):
+        gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                                  int8_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
+        # past the first cache (prompt + 256 positions), which then doubles
+        opts = SamplingOptions(seed=1, max_tokens=300)
+        streams.append([t async for delta in gen.stream(prompt, opts, "r") for t in delta])
+        await gen.close()
+    assert streams[0] == streams[1] and len(streams[0]) == 300
+    assert sum(n.startswith("converting the LLM to int8 for the CPU") for n in notices) == 1, notices
+    assert sum(n.startswith("LLM on the CPU: int8 weights through onnxruntime") for n in notices) == 2, notices
+    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int8-v{qwen2_ort.FORMAT_VERSION}.onnx"]
+
+
+def test_quantize_is_checked() -> None:
+    with pytest.raises(ValueError, match="quantize"):
+        TorchTokenGenerator("x", IDS, device="cpu", quantize="int4", lazy=True)
+
+
+async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_dir, tmp_path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    notices: list[str] = []
+    gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                              int8_dir=tmp_path / "file" / "llm", events=lambda e: notices.append(e.message))
+    try:
+        assert gen.quantize == "none" and isinstance(gen.static, StaticQwen2)
+        assert any(n.startswith("cannot write the int8 LLM") for n in notices), notices
+        assert notices[-1] == "LLM on the CPU: float32 weights, static forward"
+        prompt = Prompt((IDS.structural["task_tts"], IDS.structural["start_semantic_token"]), (IDS.semantic_base,))
+        assert [t async for delta in gen.stream(prompt, SamplingOptions(max_tokens=3), "r") for t in delta] == \
+            [IDS.semantic_base] * 3
+    finally:
+        await gen.close()
