@@ -397,13 +397,10 @@ def _build_fixed_lanes(info, events: EventSink) -> list:
 
     from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
     from engine.prompt import semantic_allowed_ids
 
     device = torch.device("cuda")
-    if torch.cuda.get_device_capability(device) < MIN_COMPUTE_CAPABILITY:
-        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer); the torch "
-                      "generator renders one step per sentence"))
+    if not _lane_runs_on(device, events, "; the torch generator renders one step per sentence"):
         return []
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
@@ -461,11 +458,8 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None, b
     which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
     import torch
 
-    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
-
     device = torch.device(device or "cuda")
-    if torch.cuda.get_device_capability(device) < MIN_COMPUTE_CAPABILITY:
-        events(Notice("no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer)"))
+    if not _lane_runs_on(device, events):
         return None
     t0 = time.perf_counter()
     try:
@@ -486,6 +480,18 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None, b
                   f"captured in {lane.capture_s:.1f} s)"))
     events(StartupPhase("lane", time.perf_counter() - t0))
     return lane
+
+
+def _lane_runs_on(device, events: EventSink, then: str = "") -> bool:
+    """Whether a graph lane can run on `device` (bf16 needs compute capability 8.0); else a notice, ending `then`."""
+    import torch
+
+    from engine.backends.vllm_gen import MIN_COMPUTE_CAPABILITY
+
+    if torch.cuda.get_device_capability(device) >= MIN_COMPUTE_CAPABILITY:
+        return True
+    events(Notice(f"no graph lane: it needs bf16 (a GPU of compute capability 8.0 or newer){then}"))
+    return False
 
 
 def _new_lane(info, device, most_rows: int | None, compiled: bool, background: bool = False):
@@ -547,11 +553,12 @@ def _lane_in_front(generator) -> bool:
 
 
 def lane_rows(generator) -> int:
-    """Rows of the graph lanes in front of this generator (0: none); a deterministic engine chains several."""
-    return generator.lane.rows + lane_rows(generator.primary) if _lane_in_front(generator) else 0
+    """Rows of the graph lanes in front of this generator (0: none)."""
+    return sum(lane.rows for lane in _lanes(generator))
 
 
 def _lanes(generator) -> list:
+    """The graph lanes in front of this generator, first first (a deterministic engine chains several)."""
     return [generator.lane, *_lanes(generator.primary)] if _lane_in_front(generator) else []
 
 

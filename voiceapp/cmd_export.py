@@ -33,6 +33,8 @@ MAX_EPUB_BYTES = 512 * 1024 * 1024
 
 
 def add_parser(sub) -> None:
+    from engine.export_plan import LOUDNESS_TARGET_DBFS, PEAK_CEILING_DBFS
+
     p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to WAV; resumable")
     p.add_argument("input", help=".txt, .md or .epub file, or - for plain text on stdin")
     p.add_argument("-o", "--out", required=True,
@@ -45,13 +47,14 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted export: keep its finished sentences, render the rest")
     p.add_argument("--restart", action="store_true", help="discard an interrupted export and start over")
-    p.add_argument("--normalize-loudness", nargs="?", type=float, const=-20.0, metavar="DBFS",
-                   help="scale each chapter to this RMS level, pauses excluded (default -20 dBFS); peaks stay "
-                        "<= -3 dBFS, and a notice names any chapter that this keeps below the level")
+    p.add_argument("--normalize-loudness", nargs="?", type=float, const=LOUDNESS_TARGET_DBFS, metavar="DBFS",
+                   help=f"scale each chapter to this RMS level, pauses excluded (default {LOUDNESS_TARGET_DBFS:g} "
+                        f"dBFS); peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, and a notice names any chapter that this "
+                        f"keeps below the level")
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
-    # the determinism check (voicectl bench --export) renders in another order to show order does not matter
+    # the determinism check (voicectl bench --export-check) renders in another order to show order does not matter
     p.add_argument("--render-order", choices=("index", "reverse"), default="index", help=argparse.SUPPRESS)
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
