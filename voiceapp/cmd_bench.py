@@ -200,13 +200,14 @@ def run_startup(args: argparse.Namespace) -> int:
 def run_export_check(args: argparse.Namespace) -> int:
     """voiceapp.export_check on fresh processes; the summary on stdout, the report to --json. Exits non-zero when
     the exports differ."""
+    from engine.errors import InputError
     from voiceapp.export_check import export_check
     from voiceapp.startup_cases import Bench, CaseFailed, describe_device, git_commit
 
     sentences = EXPORT_CHECK_SENTENCES if args.export_sentences is None else args.export_sentences
     timeout_s = STARTUP_TIMEOUT_S if args.timeout is None else args.timeout
     if sentences < 4 or timeout_s <= 0:
-        raise CaseFailed("--export-sentences must be at least 4 and --timeout above 0 with --export-check")
+        raise InputError("--export-sentences must be at least 4 and --timeout above 0 with --export-check")
     started = datetime.datetime.now().astimezone()
     with checkpoint_for(args, _log) as (model, checkpoint), \
             tempfile.TemporaryDirectory(prefix="voiceapp-export-check-") as work:

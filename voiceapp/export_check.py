@@ -3,7 +3,7 @@
 Fresh `voicectl export` processes render one generated book, as a user runs them: a clean export (default
 --jobs); a second with other --jobs, killed (SIGKILL, whole process group) once a quarter of its sentences are
 finished, then resumed with default --jobs; a third rendering the sentences in reverse order with yet other --jobs.
-The WAVs (and CUE sheets) are compared byte for byte. Each process is timed from launch to its first finished
+The WAVs are compared byte for byte (the generated book has one chapter: no CUE sheet). Each process is timed from launch to its first finished
 sentence and to its exit, and reports its own render speed, so the same runs give the export's speed end to end
 (start-up included) and while rendering. The report's keys are docs/benchmarks/export.json's.
 """
