@@ -32,8 +32,8 @@ class EngineConfig:
     """CPU threads for torch (None = torch's default)."""
     quantize: str = "auto"
     """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
-    | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache: 4-5x the
-    fp32 tokens/s on 2 cores, docs/cpu.md). An LLM on a GPU is never quantised."""
+    | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
+    than fp32 where the step is bound by reading weights: docs/cpu.md). An LLM on a GPU is never quantised."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     join: JoinConfig = field(default_factory=JoinConfig)
     voices: VoiceBank | None = None

@@ -27,9 +27,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
-"""numpy's OpenBLAS starts a thread per core as numpy is imported, a tenth of a second of a client's start-up on a
-2-core machine (docs/startup.md), and voicectl multiplies no matrices with numpy. Only on x86-64, whose torch wheels
-bring MKL: elsewhere torch's own matrix products may run on OpenBLAS. A user's own setting wins."""
+"""numpy's OpenBLAS starts a thread per core as numpy is imported, which a client pays at every start-up, and
+voicectl multiplies no matrices with numpy. Only on x86-64, whose torch wheels bring MKL: elsewhere torch's own
+matrix products may run on OpenBLAS. A user's own setting wins (docs/startup.md)."""
 
 
 def main(argv: list[str] | None = None) -> int:

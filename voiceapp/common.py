@@ -22,7 +22,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, help="CPU threads for torch")
     g.add_argument("--quantize", choices=["none", "int8"],
                    help="the LLM's weights on the CPU: int8 (default there; converted once per checkpoint, "
-                        "4-5x the fp32 tokens/s) or none (fp32). A GPU's LLM is never quantised")
+                        "faster) or none (fp32). A GPU's LLM is never quantised")
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
                         "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, no graph "
