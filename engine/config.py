@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from uuid import uuid4
 
+MODEL_ENV = "VOICEAPP_MODEL"
+"""The checkpoint folder used when --model is not given."""
 DECODER_AUTOTUNE = ("batch1", "all", "none")
 """GPU decoder graphs captured with cuDNN's timed algorithms: batch-1 ones only, all, or none (fixed ones).
 See engine.backends.bicodec.BiCodecDecoder._pick_algorithms for what each measured."""

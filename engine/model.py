@@ -16,13 +16,14 @@ from typing import Any, Mapping
 
 import yaml
 
+from engine.config import MODEL_ENV
 from engine.errors import ModelFormatError, ModelNotFound
 from engine.tokens import GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK, TokenIds, tok
 
 DEFAULT_REPO = "SparkAudio/Spark-TTS-0.5B"
 """Hugging Face repo id of the released checkpoint (looked up in the local cache; fetched by `model download`)."""
 
-ENV_VAR = "VOICEAPP_MODEL"
+ENV_VAR = MODEL_ENV
 
 LLM_ARCHITECTURE = "Qwen2ForCausalLM"
 EMBED_KEY = "model.embed_tokens.weight"

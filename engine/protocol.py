@@ -1,4 +1,5 @@
-"""Provides the engine server's wire format: length-prefixed frames over a stream socket. Pure (stdlib + numpy).
+"""Provides the engine server's wire format: length-prefixed frames over a stream socket. Pure (stdlib + numpy, which
+only audio frames import, so that a client can send its first request before importing it).
 
 A frame is a 5-byte header (kind: 1 byte, payload length: uint32 big-endian) and the payload:
 - kind `J`: one UTF-8 JSON object with a "type" key (requests, replies, engine events);
@@ -14,19 +15,21 @@ also names its project "version", which a client compares with its own), then ca
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
-import importlib.metadata
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from engine import events as ev
+
+if TYPE_CHECKING:
+    import asyncio
+
+    import numpy as np
 
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; client and server must agree exactly."""
@@ -81,6 +84,8 @@ def encode_message(message: dict[str, Any]) -> bytes:
 def encode_audio(sentence_index: int, samples: np.ndarray, sentence_end: bool = False,
                  pause: bool = False) -> list[bytes]:
     """Audio frames for one chunk: split when longer than a frame holds; flags go on the last piece only."""
+    import numpy as np
+
     x = np.ascontiguousarray(samples, dtype="<f4").reshape(-1)
     pieces = [x[i:i + MAX_AUDIO_SAMPLES] for i in range(0, len(x), MAX_AUDIO_SAMPLES)] or [x]
     frames = []
@@ -108,7 +113,7 @@ def event_message(event: ev.Event) -> dict[str, Any] | None:
 
 def _finite(data: dict[str, Any]) -> dict[str, Any]:
     """JSON has no inf/nan: send them as null (e.g. the RTF of a request that produced no audio)."""
-    return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in data.items()}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
 
 
 def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
@@ -148,6 +153,8 @@ def project_version() -> str:
             return project["version"]
     except (ImportError, OSError, ValueError, UnicodeDecodeError):  # TOMLDecodeError is a ValueError
         pass
+    import importlib.metadata  # only where the source tree does not answer
+
     try:
         return importlib.metadata.version("voiceapp")
     except importlib.metadata.PackageNotFoundError:
@@ -193,6 +200,8 @@ def parse_payload(kind: bytes, payload: bytes) -> dict[str, Any] | AudioFrame:
 def _parse_audio(payload: bytes) -> AudioFrame:
     if len(payload) < AUDIO_PREFIX.size or (len(payload) - AUDIO_PREFIX.size) % 4:
         raise ProtocolError("bad-frame", f"audio frame of {len(payload)} bytes is not prefix + float32 samples")
+    import numpy as np
+
     index, flags = AUDIO_PREFIX.unpack_from(payload)
     samples = np.frombuffer(payload, dtype="<f4", offset=AUDIO_PREFIX.size).astype(np.float32, copy=False)
     return AudioFrame(index, samples, bool(flags & FLAG_SENTENCE_END), bool(flags & FLAG_PAUSE))
@@ -203,6 +212,8 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | AudioFram
 
     Raises ProtocolError on a malformed frame and asyncio.IncompleteReadError when the stream ends mid-frame.
     """
+    import asyncio  # here, so that a client sends its first request before importing it
+
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as err:

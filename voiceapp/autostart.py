@@ -15,15 +15,16 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import InputError, VoiceError
 from engine.events import EventSink, Notice, ignore_events
-from engine.factory import EngineConfig
 from voiceapp.cmd_serve import LOG_PREFIX
-from voiceapp.client import RemoteSynthesizer, ServerUnusable, connect_usable, is_default_location, lock_holder
+from voiceapp.client import RemoteSynthesizer, ServerUnusable, connect_usable
+from voiceapp.server_socket import NO_SERVER_ENV, is_default_location, lock_holder, server_disabled  # noqa: F401
 
-NO_SERVER_ENV = "VOICEAPP_NO_SERVER"
-"""Set to anything but "" or "0": never start nor use a server (as --no-server)."""
+if TYPE_CHECKING:
+    from engine.factory import EngineConfig
 IDLE_ENV = "VOICEAPP_IDLE_TIMEOUT"
 """Seconds a server started here waits with no client before it stops (0 = never)."""
 DEFAULT_IDLE_TIMEOUT_S = 600.0
@@ -35,12 +36,6 @@ nobody listens on fails at once, so trying often costs little, and the first req
 beyond the moment the server listens."""
 MAX_LOG_BYTES = 1 << 20
 """A log bigger than this when a server starts is moved aside (to LOG.1) first."""
-
-
-def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> bool:
-    """--no-server, or VOICEAPP_NO_SERVER set to anything but "" or "0"."""
-    env = os.environ if env is None else env
-    return no_server_flag or env.get(NO_SERVER_ENV, "") not in ("", "0")
 
 
 def idle_timeout(env: dict[str, str] | None = None) -> float:

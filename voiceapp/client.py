@@ -1,5 +1,5 @@
-"""Provides the engine server's client: where the socket lives, and RemoteSynthesizer, a Synthesizer lookalike
-(`synthesize` / `render` / `speak`) whose audio comes from a warm `voicectl serve` process.
+"""Provides the engine server's client: RemoteSynthesizer, a Synthesizer lookalike (`synthesize` / `render` /
+`speak`) whose audio comes from a warm `voicectl serve` process. Where the socket lives: voiceapp.server_socket.
 
 Audio plays in the client (its own Player), so `say` behaves the same whether the engine is in-process or not.
 """
@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import struct
 import time
 from pathlib import Path
 from typing import Any, AsyncIterable, AsyncIterator
@@ -20,13 +18,12 @@ from engine.errors import VoiceError
 from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
 from engine.folds import UtteranceFolds
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
-                             parse_event, project_version, read_frame)
+                             parse_event, read_frame)
 from engine.types import AudioChunk
+from voiceapp.server_socket import (CONNECT_TIMEOUT_S, SentSay, default_socket_path, is_default_location,  # noqa: F401
+                                    lock_holder, lock_path, peer_credentials, say_message, serve_pids,
+                                    server_mismatch, socket_path)
 
-SOCKET_ENV = "VOICEAPP_SOCKET"
-SOCKET_NAME = "engine.sock"
-CONNECT_TIMEOUT_S = 2.0
-"""Connect + hello; a live server answers in well under a millisecond."""
 
 
 class ServerGone(VoiceError):
@@ -41,64 +38,6 @@ class ServerGone(VoiceError):
 class ServerUnusable(VoiceError):
     """A server answers at the socket but cannot stand in for the engine asked for (another project or protocol
     version, backend or model; another user): the caller speaks in-process and leaves that server alone."""
-
-
-# ---- where the socket is ----------------------------------------------------------------------------------
-
-def default_socket_path(env: dict[str, str] | None = None) -> Path:
-    """$VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, else /tmp/voiceapp-$UID/engine.sock."""
-    env = os.environ if env is None else env
-    if env.get(SOCKET_ENV):
-        return Path(env[SOCKET_ENV]).expanduser()
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return Path(runtime) / "voiceapp" / SOCKET_NAME
-    return Path("/tmp") / f"voiceapp-{os.getuid()}" / SOCKET_NAME
-
-
-def socket_path(arg: str | None) -> Path:
-    return Path(arg).expanduser() if arg else default_socket_path()
-
-
-def is_default_location(path: Path) -> bool:
-    """`path` is where the socket lives when $VOICEAPP_SOCKET is not set: its directory must be ours and private."""
-    return path == default_socket_path({k: v for k, v in os.environ.items() if k != SOCKET_ENV})
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file a server holds beside its socket (it holds the server's pid)."""
-    return path.with_name(path.name + ".lock")
-
-
-def lock_holder(path: Path) -> int | None:
-    """The pid in the lock file of the socket at `path` while that process lives: the server listening there, or
-    one still loading its engine. None when there is no lock file, no pid in it yet, or its process is gone."""
-    try:
-        pid = int(lock_path(path).read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
-
-
-def serve_pids(socket_file: str | Path) -> list[int]:
-    """Live `voiceapp.cli serve` processes whose command line names `socket_file` (background servers do, and so
-    do servers still loading, which have no socket yet)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if "voiceapp.cli" in argv and "serve" in argv and str(socket_file) in argv:
-                pids.append(int(entry.name))
-    return pids
-
-
-def peer_credentials(sock: Any) -> tuple[int, int] | None:
-    """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED; None where unsupported)."""
-    if not hasattr(socket, "SO_PEERCRED"):
-        return None
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid, uid
 
 
 # ---- connection -------------------------------------------------------------------------------------------
@@ -196,6 +135,17 @@ class RemoteSynthesizer(UtteranceFolds):
         self.started_server = False
         """This client started the server (`voiceapp.autostart`); it keeps running after the client is done."""
         self._conn: Connection | None = conn
+        self._sent: SentSay | None = None
+        """A request already sent on `_conn` (`adopt`): the next `synthesize` reads its answer instead of asking."""
+
+    @classmethod
+    async def adopt(cls, sent: SentSay, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer":
+        """Take over a connection on which `voiceapp.server_socket.send_say` has sent a request: the next
+        `synthesize` call, with that same request, streams its answer."""
+        reader, writer = await asyncio.open_unix_connection(sock=sent.sock)
+        remote = cls(Connection(reader, writer, sent.info), path, events)
+        remote._sent = sent
+        return remote
 
     @classmethod
     async def connect(cls, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
@@ -208,14 +158,18 @@ class RemoteSynthesizer(UtteranceFolds):
         self._conn = None  # a connection left mid-request is closed, never reused
         if conn is None:
             raise ServerGone(f"the voicectl server at {self.path} is not running any more", audio_started=False)
-        t0 = time.perf_counter()
-        self.events(RequestStarted(req.request_id))
+        sent, self._sent = self._sent, None
+        t0 = sent.sent_perf if sent is not None else time.perf_counter()
+        self.events(RequestStarted(req.request_id, t0))
         pieces = [req.text[i:i + MAX_TEXT_PIECE] for i in range(0, len(req.text), MAX_TEXT_PIECE)] or [""]
         streamed = text_stream is not None or len(pieces) > 1
         sender = None
         state = _Received()
         try:
-            await conn.send(_say_message(req, pieces[0], streamed))
+            if sent is None:
+                await conn.send(say_message(req, pieces[0], streamed))
+            elif streamed:
+                raise ValueError("a request sent ahead carries its whole text: nothing may follow")
             if streamed:
                 sender = asyncio.create_task(_send_text(conn, pieces[1:], text_stream))
             try:
@@ -287,13 +241,6 @@ class _Received:
         self.chunks = 0
 
 
-def _say_message(req: SynthesisRequest, text: str, streamed: bool) -> dict[str, Any]:
-    o = req.options
-    return {"type": "say", "text": text, "voice": req.voice, "seed": o.seed, "stream": streamed,
-            "options": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
-                        "max_tokens": o.max_tokens}}
-
-
 async def _send_text(conn: Connection, pieces: list[str], text_stream: AsyncIterable[str] | None) -> None:
     """Send the rest of the text, then "end". On a failing stream (e.g. binary stdin) cancel the request; the
     error is re-raised by synthesize() once the server confirms."""
@@ -330,19 +277,3 @@ async def connect_usable(path: Path, backend: str, model: str | None,
         await remote.close()
         raise ServerUnusable(f"the running server {why}")
     return remote
-
-
-def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
-    """Why the server cannot stand in for an engine of this project version, backend and model (explicit --model
-    or $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
-    from engine.model import ENV_VAR
-
-    if info.get("version") != project_version():
-        return f"is voiceapp {info.get('version') or '(an older version)'}, not {project_version()} like this voicectl"
-    if backend != "auto" and backend != info.get("backend"):
-        return f"uses the {info.get('backend')} backend, not {backend}"
-    wanted = model or os.environ.get(ENV_VAR)
-    served = info.get("model")
-    if wanted and (served is None or Path(wanted).expanduser().resolve() != Path(served["path"]).resolve()):
-        return f"serves {served['path'] if served else 'no model'}, not {wanted}"
-    return None

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -90,18 +89,25 @@ class SayMetrics:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceapp.wavout import check_output
+    from engine.config import SynthesisRequest
 
     process_start_perf()  # fixes the clock's origin now where /proc cannot tell
     from_stdin = args.text == ["-"]
     text = "" if from_stdin else " ".join(args.text)
-    if not from_stdin:
-        require_speakable(text, "the text")
-    require_voice(args.voice)
-    if args.out:
-        check_output(Path(args.out))
+    req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
+    sent = send_ahead(args, req, from_stdin)
+    if sent is not None and not args.out:
+        preload_portaudio()
+    try:
+        check_input(args, text, speakable=not from_stdin and sent is None)
+    except BaseException:
+        if sent is not None:
+            sent.cancel()
+        raise
+    import asyncio
+
     metrics = SayMetrics()
-    asyncio.run(say(text, from_stdin, args, metrics))
+    asyncio.run(say(req, from_stdin, args, metrics, sent))
     if args.stats:
         print(metrics.line(), file=sys.stderr)
     if args.json:
@@ -109,27 +115,71 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics) -> None:
+def send_ahead(args: argparse.Namespace, req, from_stdin: bool):
+    """The request sent to a running server before this process imports its audio stack and checks its input
+    (`voiceapp.server_socket.send_say`), or None: stdin, no server wanted, none running, or one that cannot stand
+    in (the usual road then starts one or says why)."""
+    from engine.protocol import MAX_TEXT_PIECE
+    from voiceapp.server_socket import send_say, server_disabled, socket_path
+
+    if from_stdin or not req.text.strip() or len(req.text) > MAX_TEXT_PIECE or server_disabled(args.no_server):
+        return None
+    return send_say(socket_path(args.socket), args.backend, args.model, req)
+
+
+def preload_portaudio() -> None:
+    """Import sounddevice on a thread: its import starts PortAudio, which asks the sound system for its devices
+    with the GIL released, while this thread imports the rest (a failure is raised again where it is imported)."""
+    import threading
+
+    def load() -> None:
+        try:
+            import sounddevice  # noqa: F401
+        except (ImportError, OSError):
+            pass
+
+    threading.Thread(target=load, name="portaudio-preload", daemon=True).start()
+
+
+def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
+    """The one-line errors for an unknown voice, an unusable --out file and, with `speakable`, nothing to say. A
+    request sent ahead is checked for that by the server, whose pipeline refuses it the same way (and `say` then
+    words the error as here: `explain_refusal`), so that the text rules are not imported while it waits."""
+    from voiceapp.wavout import check_output
+
+    if speakable:
+        require_speakable(text, "the text")
+    require_voice(args.voice)
+    if args.out:
+        check_output(Path(args.out))
+
+
+async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics, sent=None) -> None:
     """Speak through a running `voicectl serve` (the audio still plays here), started in the background when none
-    runs; in-process with --no-server or VOICEAPP_NO_SERVER, or when no server can stand in.
+    runs; in-process with --no-server or VOICEAPP_NO_SERVER, or when no server can stand in. `sent`: the request,
+    already sent to a server (`send_ahead`).
 
     If the server dies before any audio arrived, a text argument is spoken in-process instead (stdin cannot be
     replayed: that is an error, like a server dying mid-speech).
     """
+    from engine.errors import InputError
     from engine.events import Notice
-    from engine.factory import build_synthesizer
     from voiceapp.client import ServerGone
 
-    if not args.out:
-        check_device(args)  # fail on a missing device before loading a model
     player = None
     try:
-        remote = await connect_server(args, metrics.on_event)
+        if not args.out:
+            check_device(args)  # fail on a missing device before loading a model
+        remote = await connect_server(args, metrics.on_event, sent)
+        sent = None
         if remote is not None:
             metrics.server_pid, metrics.server_started = remote.info.get("pid"), remote.started_server
             player = None if args.out else open_player(args)
             try:
-                return await speak_with(remote, text, from_stdin, args, metrics, player)
+                return await speak_with(remote, req, from_stdin, args, metrics, player)
+            except InputError:
+                explain_refusal(req.text, from_stdin)
+                raise
             except ServerGone as err:
                 if err.audio_started or from_stdin:
                     raise
@@ -137,28 +187,44 @@ async def say(text: str, from_stdin: bool, args: argparse.Namespace, metrics: Sa
                 metrics.server_pid, metrics.server_started = None, False
             finally:
                 await remote.close()
-        metrics.phases["launch"] = time.perf_counter() - process_start_perf()
-        synth = build_synthesizer(engine_config(args, one_listener=True), events=metrics.on_event)
-        if player is None and not args.out:
-            # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's
-            # callback and ALSA would report underruns of the silence it plays.
-            player = open_player(args)
-        try:
-            await speak_with(synth, text, from_stdin, args, metrics, player)
-        finally:
-            await synth.close()
+        await speak_in_process(req, from_stdin, args, metrics, player)
     finally:
+        if sent is not None:
+            sent.cancel()
         if player is not None:
             player.close()
 
 
-async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics,
+def explain_refusal(text: str, from_stdin: bool) -> None:
+    """A server refused a text argument sent ahead, unchecked: raise the error the local check gives, if any."""
+    if not from_stdin:
+        require_speakable(text, "the text")
+
+
+async def speak_in_process(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics, player) -> None:
+    """Build the engine here and speak `req`, on `player` or on one opened once the model has loaded."""
+    from engine.factory import build_synthesizer
+
+    metrics.phases["launch"] = time.perf_counter() - process_start_perf()
+    synth = build_synthesizer(engine_config(args, one_listener=True), events=metrics.on_event)
+    own = player is None and not args.out
+    if own:
+        # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's
+        # callback and ALSA would report underruns of the silence it plays.
+        player = open_player(args)
+    try:
+        await speak_with(synth, req, from_stdin, args, metrics, player)
+    finally:
+        await synth.close()
+        if own:
+            player.close()
+
+
+async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics,
                      player) -> None:
     """One request on `synth` (a Synthesizer or a RemoteSynthesizer): to the player, or to --out."""
-    from engine.config import SynthesisRequest
     from voiceapp.stdin_text import stdin_pieces
 
-    req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
     stream = stdin_pieces() if from_stdin else None
     if player is None:
         from voiceapp.wavout import write_wav
@@ -172,12 +238,15 @@ async def speak_with(synth, text: str, from_stdin: bool, args: argparse.Namespac
     metrics.underruns = player.underruns
 
 
-async def connect_server(args: argparse.Namespace, events):
-    """A RemoteSynthesizer on the running (or just started) server, or None (see
-    `voiceapp.autostart.connect_or_start`)."""
-    from voiceapp.autostart import connect_or_start, server_disabled
-    from voiceapp.client import socket_path
+async def connect_server(args: argparse.Namespace, events, sent=None):
+    """A RemoteSynthesizer on the server that `sent` went to, else on the running (or just started) server, or None
+    (see `voiceapp.autostart.connect_or_start`)."""
+    from voiceapp.autostart import connect_or_start
+    from voiceapp.client import RemoteSynthesizer
+    from voiceapp.server_socket import server_disabled, socket_path
 
+    if sent is not None:
+        return await RemoteSynthesizer.adopt(sent, socket_path(args.socket), events)
     if server_disabled(args.no_server):
         return None
     return await connect_or_start(socket_path(args.socket), engine_config(args, one_listener=True), events)

@@ -152,7 +152,9 @@ def speak(args: argparse.Namespace) -> int:
     from engine.text import is_speakable, normalize
     from engine.voices import DEFAULT_VOICE, VoiceBank, resolve_name
     from voiceapp import speechd
-    from voiceapp.cmd_say import SayMetrics, say
+    from engine.config import SynthesisRequest
+    from voiceapp.cmd_say import SayMetrics, say, send_ahead
+    from voiceapp.common import sampling_options
 
     text = speechd.decode_data(os.fsencode(args.text))
     if not text.strip() or not is_speakable(normalize(text)):
@@ -164,5 +166,6 @@ def speak(args: argparse.Namespace) -> int:
     args.voice = speechd.pick_voice(name, speechd.speechd_number(args.rate), speechd.speechd_number(args.pitch),
                                     voices)
     args.out = None
-    asyncio.run(say(text, False, args, SayMetrics()))
+    req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
+    asyncio.run(say(req, False, args, SayMetrics(), send_ahead(args, req, from_stdin=False)))
     return 0

@@ -1,0 +1,177 @@
+"""Provides the engine server's rendezvous for clients, on the standard library alone: where the socket lives, who
+holds it, whether a server can stand in for the engine asked for, and the first request sent before anything
+heavy is imported.
+
+`send_say` is what makes `say` through a warm server quick: the client connects, says hello and sends its request
+with blocking calls, then imports its audio stack and checks its input while the server already generates
+(`voiceapp.client.RemoteSynthesizer.adopt` takes the request over from there).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import MODEL_ENV, SynthesisRequest
+from engine.protocol import (HEADER, KIND_JSON, PROTOCOL_VERSION, ProtocolError, encode_message, parse_header,
+                             parse_payload, project_version)
+
+SOCKET_ENV = "VOICEAPP_SOCKET"
+SOCKET_NAME = "engine.sock"
+NO_SERVER_ENV = "VOICEAPP_NO_SERVER"
+"""Set to anything but "" or "0": never start nor use a server (as --no-server)."""
+CONNECT_TIMEOUT_S = 2.0
+"""Connect + hello; a live server answers in well under a millisecond."""
+
+
+def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> bool:
+    """--no-server, or VOICEAPP_NO_SERVER set to anything but "" or "0"."""
+    env = os.environ if env is None else env
+    return no_server_flag or env.get(NO_SERVER_ENV, "") not in ("", "0")
+
+
+# ---- where the socket is ----------------------------------------------------------------------------------
+
+def default_socket_path(env: dict[str, str] | None = None) -> Path:
+    """$VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, else /tmp/voiceapp-$UID/engine.sock."""
+    env = os.environ if env is None else env
+    if env.get(SOCKET_ENV):
+        return Path(env[SOCKET_ENV]).expanduser()
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "voiceapp" / SOCKET_NAME
+    return Path("/tmp") / f"voiceapp-{os.getuid()}" / SOCKET_NAME
+
+
+def socket_path(arg: str | None) -> Path:
+    return Path(arg).expanduser() if arg else default_socket_path()
+
+
+def is_default_location(path: Path) -> bool:
+    """`path` is where the socket lives when $VOICEAPP_SOCKET is not set: its directory must be ours and private."""
+    return path == default_socket_path({k: v for k, v in os.environ.items() if k != SOCKET_ENV})
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file a server holds beside its socket (it holds the server's pid)."""
+    return path.with_name(path.name + ".lock")
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid in the lock file of the socket at `path` while that process lives: the server listening there, or
+    one still loading its engine. None when there is no lock file, no pid in it yet, or its process is gone."""
+    try:
+        pid = int(lock_path(path).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def serve_pids(socket_file: str | Path) -> list[int]:
+    """Live `voiceapp.cli serve` processes whose command line names `socket_file` (background servers do, and so
+    do servers still loading, which have no socket yet)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if "voiceapp.cli" in argv and "serve" in argv and str(socket_file) in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+def peer_credentials(sock: Any) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED; None where unsupported)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+# ---- can it stand in ---------------------------------------------------------------------------------------
+
+def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
+    """Why the server cannot stand in for an engine of this project version, backend and model (explicit --model
+    or $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
+    if info.get("version") != project_version():
+        return f"is voiceapp {info.get('version') or '(an older version)'}, not {project_version()} like this voicectl"
+    if backend != "auto" and backend != info.get("backend"):
+        return f"uses the {info.get('backend')} backend, not {backend}"
+    wanted = model or os.environ.get(MODEL_ENV)
+    served = info.get("model")
+    if wanted and (served is None or Path(wanted).expanduser().resolve() != Path(served["path"]).resolve()):
+        return f"serves {served['path'] if served else 'no model'}, not {wanted}"
+    return None
+
+
+def say_message(req: SynthesisRequest, text: str, streamed: bool) -> dict[str, Any]:
+    """The `say` request for `req` with its first piece of `text` (more follows when `streamed`)."""
+    o = req.options
+    return {"type": "say", "text": text, "voice": req.voice, "seed": o.seed, "stream": streamed,
+            "options": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
+                        "max_tokens": o.max_tokens}}
+
+
+# ---- the first request, before the heavy imports -------------------------------------------------------------
+
+@dataclass
+class SentSay:
+    """A connection on which a whole `say` request (text included) has been sent and nothing read back yet."""
+
+    sock: socket.socket
+    info: dict[str, Any]
+    """The server's hello: pid, project version, model, backend, sample_rate."""
+    sent_perf: float
+    """time.perf_counter() when the request went out: the request's start for its TTFA."""
+
+    def cancel(self) -> None:
+        """Give the request up (the caller's own checks failed): the server aborts a request whose client left."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def send_say(path: Path, backend: str, model: str | None, req: SynthesisRequest) -> SentSay | None:
+    """Connect, exchange hellos and send `req` whole, blocking; None when no server answers at `path` or the one
+    that answers cannot stand in (the caller then takes the usual road, which starts a server or says why not)."""
+    if not path.exists():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.connect(str(path))
+        info = _hello(sock)
+        if info is None or server_mismatch(info, backend, model) is not None:
+            sock.close()
+            return None
+        sent = time.perf_counter()
+        sock.sendall(encode_message(say_message(req, req.text, streamed=False)))
+        return SentSay(sock, info, sent)
+    except (OSError, ProtocolError, ValueError):
+        sock.close()
+        return None
+
+
+def _hello(sock: socket.socket) -> dict[str, Any] | None:
+    """The server's hello reply; None from another user's server or a peer that does not answer with one."""
+    creds = peer_credentials(sock)
+    if creds is not None and creds[1] != os.getuid():
+        return None
+    sock.sendall(encode_message({"type": "hello", "v": PROTOCOL_VERSION}))
+    kind, length = parse_header(_read_exactly(sock, HEADER.size))
+    reply = parse_payload(kind, _read_exactly(sock, length)) if kind == KIND_JSON else None
+    return reply if isinstance(reply, dict) and reply.get("type") == "hello" else None
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            raise ConnectionError("the server closed the connection")
+        data += part
+    return data
