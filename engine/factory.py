@@ -51,7 +51,7 @@ class EngineConfig:
     another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
     fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
     (`voicectl serve`, the bench): 10% of its memory, 128 rows on an H100 or H200, 43 graphs (46 s of start-up in
-    run 21, docs/benchmarks.md) and 6 GB."""
+    run 21, docs/lab/run-log.md) and 6 GB."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
@@ -67,18 +67,18 @@ class EngineConfig:
     """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
     GPU, the lane's rows carry everything it hears, so vLLM is not started: on a fresh H100, `voicectl say` took
     85 s from launch to done this way and 170 s with vLLM started after it (vLLM 100 s, its warm-up 10 s), same
-    TTFA and RTF; 48 s once the small lane stopped compiling its prefills (docs/benchmarks.md). The torch
+    TTFA and RTF; 48 s once the small lane stopped compiling its prefills (docs/lab/run-log.md). The torch
     generator stands behind the lane for what the lane cannot take; the lane never hands a stream over to it."""
     freeze_heap: bool = True
     """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
     full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped: 166 ms
     on a 2-core CI machine with torch and transformers alone; the first crowd of 128 streams in runs 24-25 left
-    the graph lane's stream empty for ~0.5 s (docs/benchmarks.md). Objects created later are collected as ever."""
+    the graph lane's stream empty for ~0.5 s (docs/lab/run-log.md). Objects created later are collected as ever."""
     warm_up: bool | None = None
     """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
     the first request a user hears does not pay the process's first-use costs: fresh `voicectl say` processes on
     an H100 reached first audio in 23-25 ms with it (it took 0.09-0.15 s) and in 51-52 ms without, 72 ms with vLLM
-    started (docs/benchmarks.md, run 28). None: where the decoder runs on the GPU (on the CPU a request's compute
+    started (docs/lab/run-log.md, run 28). None: where the decoder runs on the GPU (on the CPU a request's compute
     dwarfs those costs, and the warm-up would cost a CPU machine seconds of start-up)."""
 
     def __post_init__(self) -> None:
@@ -96,14 +96,14 @@ class EngineConfig:
 
 GPU_DECODER_DTYPE = "fp32"
 """BiCodec precision on CUDA by default. fp32: bf16 measured -22.8 dB vs CPU fp32 (fp32 on the GPU: -47.5 dB) and
-its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/benchmarks.md); fp32 still decodes ~1000x
+its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/lab/run-log.md); fp32 still decodes ~1000x
 real time batched, far more than 128 streams need."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
 capture bicodec.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): 14 graphs instead of 42. A fresh `voicectl say` on an H100 (warm compile caches)
 captured them in 9.2 s instead of 14.1-14.7 and was done 31.6 s after launch instead of 38.3-38.6, with the same
-first audio (24-25 ms) and RTF (docs/benchmarks.md, run 28)."""
+first audio (24-25 ms) and RTF (docs/lab/run-log.md, run 28)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 
@@ -507,7 +507,7 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
     # compiled layers: 1.21 vs 1.39 ms per token on an H200; fused decode kernels for up to 16 rows: 0.91-0.99 ms
-    # (docs/benchmarks.md, run 21)
+    # (docs/lab/run-log.md, run 21)
     return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global")

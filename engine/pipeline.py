@@ -347,7 +347,7 @@ class Synthesizer(UtteranceFolds):
         side with this one (and its audio is rendered ahead too: `_AheadRender`, with `ahead`'s schedule).
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
-        its next windows (128 streams on the H200 all underran, docs/benchmarks.md run 4)."""
+        its next windows (128 streams on the H200 all underran, docs/lab/run-log.md run 4)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
         early = self._alone()

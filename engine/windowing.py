@@ -26,7 +26,7 @@ class WindowSchedule:
     first_new: int = 4
     """New codes in the first window: small so first audio comes after first_new + right LLM steps. It does
     not change seam quality (that is `right`): on the H200, 4 (with a second window of 12) gave TTFA p50 53 ms
-    at 1 stream vs 79 ms for 8 + 24 (docs/benchmarks.md)."""
+    at 1 stream vs 79 ms for 8 + 24 (docs/lab/run-log.md)."""
     new: int = 12
     """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
     must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
@@ -46,7 +46,7 @@ class WindowSchedule:
     busy_streams: int = 48
     """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
     stream generates slower and decode batches queue. Small first windows underran on the H200 at 128
-    streams, while 8 + 24 did not when both sentences of a stream started at once (docs/benchmarks.md, run
+    streams, while 8 + 24 did not when both sentences of a stream started at once (docs/lab/run-log.md, run
     1); with this switch and one sentence at a time, 128 streams still underran (run 4)."""
     solo_streams: int = 1
     """Up to this many concurrent requests (one listener), a request's next sentence starts with the current one
@@ -62,7 +62,7 @@ class WindowSchedule:
     """`busy()`'s second window (later ones grow by `growth` as usual). At 128 streams on the H200 the first
     128-stream run of a process underran on ~80 streams with 16 + 32 (run 9) and with 16 + 16 (run 10), while
     a later run in the same process played both without an underrun: the choice between them is inside that
-    spread (docs/benchmarks.md, runs 6-10); 24 + 48 and 24 + 24 underran on every stream."""
+    spread (docs/lab/run-log.md, runs 6-10); 24 + 48 and 24 + 24 underran on every stream."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 

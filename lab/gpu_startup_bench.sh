@@ -4,7 +4,7 @@
 # `voicectl bench --startup` on the synthetic full checkpoint, one group of cases per process (CASES:REPEATS:TIMEOUT)
 # so that each group's JSON comes back even if a later one runs out of time.
 set -u
-source scripts/device_env.sh || exit $?
+source lab/device_env.sh || exit $?
 write_model
 echo "model ready at $(( $(date +%s) - T0 )) s"
 if [ "${STARTUP_PREWARM:-1}" = 1 ]; then  # a bare machine has no compile caches: fill them once, untimed

@@ -322,7 +322,7 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
 
 REFERENCE_RUNS = 3
 """Timed runs of the reference (the median counts): its batch-1 `generate()` is bound by the host's Python, so one
-run moved between RTF 0.89 and 1.70 across machines and runs (docs/benchmarks.md)."""
+run moved between RTF 0.89 and 1.70 across machines and runs (docs/lab/run-log.md)."""
 
 VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
             "no_lane": (Variant(lane=False), (1, 32)),

@@ -171,7 +171,7 @@ class BiCodecDecoder:
     On CUDA every decode runs on the decoder's own stream (never the default stream, so it cannot serialize
     with other GPU work in this process); `warmup(lengths, batches)` captures CUDA graphs for those window
     shapes (a batch-1 decode is ~10 ms of kernel launches eagerly, ~1-2 ms as a graph replay); other shapes
-    run eagerly. `dtype=torch.bfloat16` halves memory traffic (see docs/benchmarks.md for its error vs fp32).
+    run eagerly. `dtype=torch.bfloat16` halves memory traffic (see docs/lab/run-log.md for its error vs fp32).
     """
 
     def __init__(
@@ -255,7 +255,7 @@ class BiCodecDecoder:
         On the H200, autotuning every captured shape made graph capture ~95-97 s of engine start-up against ~10 s for
         the batch-1 shapes only. Autotuned graphs were 10-20% faster at batch 1 (a lone stream's windows: TTFA);
         timed alone, batches of 8-64 were within a few percent, yet in the pipeline fixed algorithms decoded the
-        batched first windows ~20% slower at 8-32 streams (docs/benchmarks.md, runs 8a/8b). Hence `autotune`:
+        batched first windows ~20% slower at 8-32 streams (docs/lab/run-log.md, runs 8a/8b). Hence `autotune`:
         none for in-process front ends (the timing is redone in every process), all for the server."""
         torch.backends.cudnn.benchmark = autotune
         torch.backends.cudnn.deterministic = not autotune

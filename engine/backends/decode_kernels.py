@@ -1,7 +1,7 @@
 """Provides the graph lane's fused decode kernels: the small work around a decode step's GEMMs in fewer launches.
 
 Why: a decode step of Spark's 0.5B LLM on an H200 was 449 kernels taking 1.03 ms, of which reading the weights
-would take ~0.2 ms at the memory's speed (docs/benchmarks.md, lane profile). A step of a few rows is made of
+would take ~0.2 ms at the memory's speed (docs/lab/run-log.md, lane profile). A step of a few rows is made of
 its kernels' count and each one's floor (~4 us for any GEMM reading from memory, cuBLAS's included), not of
 arithmetic. So:
 
@@ -13,7 +13,7 @@ arithmetic. So:
   summing the splits (no reduce kernel);
 - on sm90+, each kernel is launched while the one before it runs (programmatic dependent launch).
 
-`FusedPlan` picks among these; `PLAN` is the fastest measured (docs/benchmarks.md, run 22: 0.77 ms a step at one
+`FusedPlan` picks among these; `PLAN` is the fastest measured (docs/lab/run-log.md, run 22: 0.77 ms a step at one
 row on an H200, against 0.91 for run 21's step and 1.19 for the compiled tensor code).
 
 Used on CUDA for decode steps of up to graph_gen.FUSE_ROWS rows, and by the unit tests under Triton's CPU
@@ -36,7 +36,7 @@ weights again."""
 ATTEND_BLOCK, ATTEND_WARPS, ATTEND_STAGES = 256, 4, 2
 """Cache positions per attention iteration, warps, pipelining depth: the fastest of 24 (H200, one layer of one row
 at position 250: 3.5 us against 4.4 for 64 positions and 11.7 for the tensor code's three kernels; at position
-900: 8.8, 11.9 and 14.9 us; scripts/decode_kernels_probe.py)."""
+900: 8.8, 11.9 and 14.9 us; lab/decode_kernels_probe.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ TILINGS = {"qkv": Tiling(block_n=16, block_k=256), "gate_up": Tiling(block_n=64,
            "head": Tiling(block_n=64, block_k=256),
            "o": Tiling(block_n=16, block_k=256), "o_split": Tiling(block_n=32, block_k=128),
            "down": Tiling(block_n=16, block_k=256), "down_split": Tiling(block_n=32, block_k=256)}
-"""The fastest of 12 tilings for each (H200, one row, scripts/decode_kernels_probe.py --sweep), and why each
+"""The fastest of 12 tilings for each (H200, one row, lab/decode_kernels_probe.py --sweep), and why each
 projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
 norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
 norm and a SwiGLU kernel; norm + head 8.1 us against 6.6 us plus a norm. Long K runs (256) per iteration were
@@ -67,7 +67,7 @@ PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split"
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
 """The tilings of a projection in `FusedPlan.preload` at up to PRELOAD_ROWS rows, whose programs hold their whole
 weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o as tried in a two-row
-lane (H100, scripts/decode_kernels_probe.py --lanes; docs/benchmarks.md, run 27): the o projection 16 columns a
+lane (H100, lab/decode_kernels_probe.py --lanes; docs/lab/run-log.md, run 27): the o projection 16 columns a
 program rather than 32 (-1%), q/k/v 16 within 0.5% of 8, both faster than 32 columns or 8 warps (+3-5%)."""
 
 
@@ -99,7 +99,7 @@ def supports(head_dim: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class FusedPlan:
     """Which variant of the fused decode step runs (each measured against the others in one process by
-    `scripts/decode_kernels_probe.py --plans`; docs/benchmarks.md, run 22)."""
+    `lab/decode_kernels_probe.py --plans`; docs/lab/run-log.md, run 22)."""
 
     pdl: bool = False
     """Programmatic dependent launch between our kernels (sm90+): each is launched while the one before it runs,
@@ -132,7 +132,7 @@ class FusedPlan:
     MLP's kernels read their weights from L2 (50 MB on an H100, a layer's MLP 26 MB). Measured, it does not pay:
     no placement was faster than none (H100, two-row lane, same process: 0.676 / 0.697 ms a step at 1 / 2 rows
     without; 0.680-0.721 / 0.699-0.768 with the MLP's, the down projection's, or o's and down's, from the q/k/v,
-    o or gate/up kernel; docs/benchmarks.md, run 28). Kept for the probe (scripts/decode_kernels_probe.py)."""
+    o or gate/up kernel; docs/lab/run-log.md, run 28). Kept for the probe (lab/decode_kernels_probe.py)."""
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
     attend_preload: bool = False
@@ -140,7 +140,7 @@ class FusedPlan:
     q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. H100,
     two-row lane, same process: 0.661 / 0.670 ms a step at 1 / 2 rows against 0.677 / 0.685 (attention's share
     of the step's critical path 94 us against 106-108); model step at position 900: 705 against 724 us, the same
-    logits (docs/benchmarks.md)."""
+    logits (docs/lab/run-log.md)."""
     late_sum: bool = False
     """The split-K down projection leaves its fp32 partials to the next layer's q/k/v kernel where that preloads
     (`preloads`) at up to LATE_SUM_ROWS rows, which sums them in its prologue while it adds the residual, in split
@@ -149,8 +149,8 @@ class FusedPlan:
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
     sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
     their partials are summed in place. (Gate/up's programs summing o's partials once into rows of their own, then
-    looping over those, was bit-exact but 1.5% faster a step at one row at best and slower at two: docs/
-    benchmarks.md, run 29.)"""
+    looping over those, was bit-exact but 1.5% faster a step at one row at best and slower at two: docs/lab/
+    run-log.md, run 29.)"""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -171,7 +171,7 @@ class FusedPlan:
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
                  one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True, attend_preload=True)
 """The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
-docs/benchmarks.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
+docs/lab/run-log.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
 the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
 embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). The q/k/v and o projections
 read their weights before they wait (`preload`; H100, two-row lane, same process: 0.679 / 0.702 ms a step at 1 /
@@ -506,7 +506,7 @@ def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torc
     """graph_gen.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
     (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
     moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels (~50 us of
-    a 0.77 ms step on an H200, docs/benchmarks.md). `topk`: select with `tl.topk` (ignored where Triton lacks
+    a 0.77 ms step on an H200, docs/lab/run-log.md). `topk`: select with `tl.topk` (ignored where Triton lacks
     it); the same keys come out."""
     rows, width = logits.shape
     _need_unit_stride(logits, state.allowed, state.tokens, state.steps, state.positions, state.ring)

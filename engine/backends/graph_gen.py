@@ -1,7 +1,7 @@
 """Provides GraphLane (up to 8 streams stepped together, each step one CUDA-graph launch) and LaneRouter.
 
 Why: at one stream vLLM took 42-57 ms to its 20th token (first audio needs ~20) at 1.45 ms per greedy step and
-1.74 with top-k/top-p (docs/benchmarks.md). The lane runs the LLM in this process (engine.backends.qwen2_static)
+1.74 with top-k/top-p (docs/lab/run-log.md). The lane runs the LLM in this process (engine.backends.qwen2_static)
 with everything for a step (forward, logits over the allowed ids only, top-k/top-p sampling) captured once per
 shape as a CUDA graph, so a step is one launch and the GPU never waits for Python (1.21 ms per token, 20th token at
 26 ms on an H200). The host launches a few steps ahead and reads tokens back in small bursts.
@@ -40,7 +40,7 @@ CANDIDATES = 64
 TOPK_CHUNKS = 16
 """The candidates are found in two rounds: top-k of each of this many slices of the logits, then of their union
 (the same values as one top-k). torch.topk over 8,195 logits is one thread block per row: 52 us of a 1.08 ms
-step on an H200 (docs/benchmarks.md, lane profile). The head's width is padded to a multiple of this."""
+step on an H200 (docs/lab/run-log.md, lane profile). The head's width is padded to a multiple of this."""
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 """Prompt lengths are padded up to one of these (one graph each); longer prompts go to vLLM. A sentence prompt
 is ~40 ids plus its text tokens."""
@@ -53,18 +53,18 @@ CROWD_BURSTS = ((8, BURST), (None, 8))
 """Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
 loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way). Bursts of 4 from 9
 rows, with every new request admitted at once (one prompt per prefill then), measured TTFA p95 at 32 streams
-192 ms against 149 (one run each, no_lane 147 and 192 in the same runs: docs/benchmarks.md)."""
+192 ms against 149 (one run each, no_lane 147 and 192 in the same runs: docs/lab/run-log.md)."""
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 ROWS = 8
 """Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). Steps over 1, 2, 4
-and 8 rows took 1.07, 1.03, 1.06 and 1.10 ms on an H200 (scripts/lane_profile.py): the weights are read once
+and 8 rows took 1.07, 1.03, 1.06 and 1.10 ms on an H200 (lab/lane_profile.py): the weights are read once
 whatever the rows."""
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
 FUSE_ROWS = 16
 """Decode steps of up to this many rows run the fused kernels (engine.backends.decode_kernels). Measured in one
-process on an H200 (scripts/decode_kernels_probe.py, ms per step, run 21's fused step vs compiled tensor code):
+process on an H200 (lab/decode_kernels_probe.py, ms per step, run 21's fused step vs compiled tensor code):
 0.91 vs 1.19 at 1 row, 0.99 vs 1.23 at 16, 1.26 vs 1.28 at 32, 1.58 vs 1.39 at 64, 2.34 vs 1.67 at 128 (run 22's
 plan: 0.77 at 1 row, 0.85 at 16). The fused projections' programs cover 16 rows each and read the weights again
 for every 16 rows; cuBLAS's batched GEMMs read them once."""
@@ -77,7 +77,7 @@ bursts."""
 PREFILL_BATCHES = (1, 2, 4, 8)
 """Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
 reads every weight once however many prompts it holds: eight prompts of 128 positions took 2.5 ms in one launch
-and 10.4 ms one at a time, time the other rows wait (H200, scripts/lane_profile.py)."""
+and 10.4 ms one at a time, time the other rows wait (H200, lab/lane_profile.py)."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 RING = 512

@@ -1,6 +1,6 @@
 """Fixtures for the GPU tests (`-m gpu`): they skip cleanly without CUDA or vLLM (CI has neither).
 
-The checkpoint is $VOICEAPP_GPU_MODEL if set (scripts/gpu_bench.sh writes a synthetic `full` one there), else a
+The checkpoint is $VOICEAPP_GPU_MODEL if set (lab/gpu_bench.sh writes a synthetic `full` one there), else a
 synthetic `full` checkpoint written once per session into a temporary folder (2.7 GB, ~15 s): vLLM's attention
 kernels need the real head size, so the `tiny` checkpoint cannot stand in here.
 """

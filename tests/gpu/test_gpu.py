@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 FP32_MAX_REL = 2e-2
 """GPU fp32 (cuDNN may use TF32 for convolutions) vs CPU fp32: max |diff| / rms."""
 BF16_RMS_DB = -20.0
-"""GPU bf16 vs CPU fp32: rms(diff) / rms(ref) in dB (docs/benchmarks.md has the measured value)."""
+"""GPU bf16 vs CPU fp32: rms(diff) / rms(ref) in dB (docs/lab/run-log.md has the measured value)."""
 STREAM_SEAM_DB = -25.0
 """Pipeline output on the GPU vs a one-shot decode of the same tokens by the same decoder (max |diff| / rms)."""
 

@@ -1,7 +1,7 @@
 """Measure BiCodec windowed-decode seam error vs context, and CPU decode speed; write a Markdown report.
 
-    python -m scripts.decoder_context_table --size full --seed 0 --out docs/decoder-context.md
-    python -m scripts.decoder_context_table --bicodec path/to/Spark-TTS-0.5B/BiCodec --out report.md
+    python -m lab.decoder_context_table --size full --seed 0 --out docs/decoder-context.md
+    python -m lab.decoder_context_table --bicodec path/to/Spark-TTS-0.5B/BiCodec --out report.md
 
 Without --bicodec it decodes a synthetic random-init checkpoint of --size (written to a temporary folder).
 Seam error = 20·log10(max|windowed - one-shot| / rms(one-shot)) over a whole utterance decoded in windows of
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, bicodec_dir: Path) -> str:
         "Produced by:",
         "",
         "```",
-        "python -m scripts.decoder_context_table " + " ".join(args.argv),
+        "python -m lab.decoder_context_table " + " ".join(args.argv),
         "```",
         "",
         "## Seam error vs context",

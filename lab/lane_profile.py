@@ -1,6 +1,6 @@
 """Where the graph lane's decode step goes (GPU): kernel time vs the gaps between kernels, and the top kernels.
 
-    python scripts/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
+    python lab/lane_profile.py MODEL_DIR [--no-compile] [--span 512] [--steps 50] [--json OUT]
 
 Also times the decode graph of every row count (1, 2, 4, 8 streams stepped at once) and the prefill graph of every
 prompt count (1, 2, 4, 8 prompts side by side) at 64 and 128 positions.

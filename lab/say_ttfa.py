@@ -1,8 +1,8 @@
 """Time to first audio of `voicectl say`: through a warm `voicectl serve` vs the engine in-process.
 
-    python scripts/say_ttfa.py --backend fake
-    python scripts/say_ttfa.py --backend torch --tiny          # a tiny random checkpoint, written to a temp dir
-    python scripts/say_ttfa.py --backend auto --model DIR      # a real checkpoint (on a GPU: vLLM)
+    python lab/say_ttfa.py --backend fake
+    python lab/say_ttfa.py --backend torch --tiny          # a tiny random checkpoint, written to a temp dir
+    python lab/say_ttfa.py --backend auto --model DIR      # a real checkpoint (on a GPU: vLLM)
 
 Each `voicectl say --out --json` run is a fresh process, as a user's is. Reported per mode (medians of --runs
 runs, after one untimed run): the request's TTFA (from the request's start, i.e. after the engine is ready) and

@@ -1,7 +1,7 @@
 """How long N requests arriving at once take to reach the token generator, and how long a long text's first chunk
 takes (host work only: no model runs).
 
-    python scripts/request_setup_probe.py [--streams 1,8,32,128] [--text-kb 10,100,1000]
+    python lab/request_setup_probe.py [--streams 1,8,32,128] [--text-kb 10,100,1000]
 
 Builds the tiny synthetic checkpoint with the real tokenizer and a stored voice, puts a recorder in place of the
 token generator (it notes when each sentence's prompt arrives and never answers), starts N two-sentence

@@ -2,9 +2,9 @@
 # One device call for work on the fused decode step, without vLLM (no install call: ~3 minutes of device time):
 # the GPU tests (vLLM's skip), a lane probe of the named plans, and `voicectl say` twice on the graph lane.
 #   run (carry [".devcarry/vllm-extra"], packed by ../shared/tools/device-vllm/prepare.sh as in gpu_bench.sh):
-#     bash scripts/gpu_kernels.sh
+#     bash lab/gpu_kernels.sh
 # Only the carried pure-Python packages are unpacked (deps.tar.xz: pytest-asyncio for the async tests, soundfile for
-# `say`'s WAV). Env: KERNELS_LANES (default "run28,attend_pre": scripts/decode_kernels_probe.py --lanes names),
+# `say`'s WAV). Env: KERNELS_LANES (default "run28,attend_pre": lab/decode_kernels_probe.py --lanes names),
 # KERNELS_ROWS (the probe's --rows, default 2), KERNELS_SKIP_TESTS=1, KERNELS_SKIP_SAY=1. Results under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +21,7 @@ if [ "${KERNELS_SKIP_TESTS:-0}" != 1 ]; then
   grep -E "^E |passed|failed|FAILED" "$OUT/gpu_tests.log" | tail -15
   echo "tests done at $(( $(date +%s) - T0 )) s"
 fi
-(cd scripts && timeout 300 python3 decode_kernels_probe.py --rows "${KERNELS_ROWS:-2}" \
+(cd lab && timeout 300 python3 decode_kernels_probe.py --rows "${KERNELS_ROWS:-2}" \
     --lanes "${KERNELS_LANES:-run28,attend_pre}" --json "$OUT/lanes.json" 2>&1 | grep -E "^lane|rows [0-9]")
 echo "lanes done at $(( $(date +%s) - T0 )) s"
 if [ "${KERNELS_SKIP_SAY:-0}" != 1 ]; then

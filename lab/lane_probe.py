@@ -1,6 +1,6 @@
 """Time the graph lane alone on a checkpoint's LLM (GPU): capture, first token, 20th token, ms per token.
 
-    python scripts/lane_probe.py MODEL_DIR [--compile] [--json OUT]
+    python lab/lane_probe.py MODEL_DIR [--compile] [--json OUT]
 
 One request at a time, 300 tokens each, semantic ids only (no stop), 5 repeats after 2 untimed; then 1, 2, 4, 8
 and 16 requests started together (the lane steps up to 8 as rows of one batch). With --compile also the variant

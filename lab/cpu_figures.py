@@ -1,6 +1,6 @@
 """CPU figures for the closing notes: torch generator tok/s, BiCodec decode speed, TTFA / RTF / seam error.
 
-Usage: python -m scripts.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8]
+Usage: python -m lab.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8]
        [--model DIR]
 Builds the synthetic checkpoint in a temporary directory (deleted afterwards; or uses --model's) and runs the real
 pipeline (torch generator + our BiCodec decoder) on the CPU. Prints one JSON object.
@@ -29,7 +29,7 @@ async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto"
     from engine.prompt import build_globals_prompt
     from engine.seams import seam_error_db
     from engine.tokens import parse_all
-    from scripts.decoder_context_table import timed
+    from lab.decoder_context_table import timed
 
     events: list = []
     synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads,

@@ -1,6 +1,6 @@
 """The fused decode kernels against the tensor-code step they replace (GPU; no vLLM, no checkpoint needed).
 
-    python scripts/decode_kernels_probe.py [--rows 8] [--max-len 1024] [--fuse-rows 16] [--json OUT] [--sweep]
+    python lab/decode_kernels_probe.py [--rows 8] [--max-len 1024] [--fuse-rows 16] [--json OUT] [--sweep]
                                            [--warps-sweep] [--no-attention]
 
 On a random Qwen2 of Spark's full shapes, in one process:
@@ -32,7 +32,7 @@ from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
-# scripts/ is on sys.path when a script runs
+# lab/ is on sys.path when a script runs
 from lane_profile import eager_kernels, graph_critical_path, graph_step_ms, replay_ms
 
 SPAN = 256

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# A/B on one machine (machine-to-machine spread was ~15-20% per LLM step between runs, docs/benchmarks.md):
+# A/B on one machine (machine-to-machine spread was ~15-20% per LLM step between runs, docs/lab/run-log.md):
 # the streaming bench with every decoder graph autotuned (--decoder-autotune all) and then with only batch-1
 # graphs autotuned (what in-process front ends use), plus the busy-window variants at 128 streams. Device call 2 of the usual two
 # (call 1: cp .devcarry/vllm-core/core.part-aa /tmp/), carrying .devcarry/vllm-extra. Results under $OUT.
 set -u
-source scripts/device_env.sh || exit $?
+source lab/device_env.sh || exit $?
 common="--synthetic full --backend vllm --no-decoder-checks --no-reference --export-sentences 0
         --sequential-export 0 --levels 1,8,32,64,128"
 for policy in all batch1; do

@@ -1,4 +1,4 @@
-# Sourced by the scripts/gpu_*.sh device scripts: unpacks vLLM (carried by ../shared/tools/device-vllm/prepare.sh
+# Sourced by the lab/gpu_*.sh device scripts: unpacks vLLM (carried by ../shared/tools/device-vllm/prepare.sh
 # into .devcarry/; call 1 copies core.part-aa to /tmp, the next call carries .devcarry/vllm-extra), sets the
 # environment, records the machine in $OUT/env.txt and writes the shared synthetic full checkpoint ($MODEL).
 # Returns 3 when the machine was replaced (repeat call 1), 4 when unpacking failed.

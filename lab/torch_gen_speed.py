@@ -1,9 +1,9 @@
 """Measure TorchTokenGenerator decode speed on a random-init Qwen2 of Spark-TTS-0.5B's LLM shape (or a tiny one).
 
-    python -m scripts.torch_gen_speed                      # full size, 2 threads, 60-token prompt, 200 tokens
-    python -m scripts.torch_gen_speed --tiny --threads 2
-    python -m scripts.torch_gen_speed --device cuda --dtype bf16
-    python -m scripts.torch_gen_speed --transformers-forward   # the CPU without the static forward
+    python -m lab.torch_gen_speed                      # full size, 2 threads, 60-token prompt, 200 tokens
+    python -m lab.torch_gen_speed --tiny --threads 2
+    python -m lab.torch_gen_speed --device cuda --dtype bf16
+    python -m lab.torch_gen_speed --transformers-forward   # the CPU without the static forward
 
 Random weights: the numbers measure the loop and the device, not speech. Sampling is restricted to semantic ids
 with no stop id (format (c) minus the stops), so every run produces exactly --tokens tokens.

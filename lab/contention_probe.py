@@ -1,7 +1,7 @@
 """How much a decoder running beside the graph lane slows its steps, and whether confining the decoder to a few SMs
 (a CUDA green context) gives them back (GPU; no vLLM).
 
-    python scripts/contention_probe.py CHECKPOINT [--sms 16,32,66] [--json OUT]
+    python lab/contention_probe.py CHECKPOINT [--sms 16,32,66] [--json OUT]
 
 CHECKPOINT: a synthetic full checkpoint (its BiCodec decoder; the LLM is a random Qwen2 of Spark's shapes, as in
 decode_kernels_probe.py). In one process, a two-row fused lane's step time (graph replays, 300 steps a round) is
@@ -29,7 +29,7 @@ from engine.tokens import TokenIds
 
 SPAN, WINDOW, PAUSE_S, STEPS = 256, 56, 0.008, 300
 """The lane's span bucket; the decoder's window (24 new codes + 32 of context: the pipeline's third window); the
-pause between windows (a lone stream's decoder is busy roughly a third of the time, docs/benchmarks.md run 27);
+pause between windows (a lone stream's decoder is busy roughly a third of the time, docs/lab/run-log.md run 27);
 lane steps a round."""
 
 

@@ -1,6 +1,6 @@
 """Write a seeded, book-shaped plain text for export benchmarks: chapters of ordinary English-like sentences.
 
-    python scripts/make_book.py OUT.txt --minutes 60      # ~9,000 words: an hour read aloud at 150 words/minute
+    python lab/make_book.py OUT.txt --minutes 60      # ~9,000 words: an hour read aloud at 150 words/minute
 
 The words are drawn from a fixed vocabulary, so the text is deterministic for a seed and free of copyright. With a
 random-weight checkpoint the audio's length is not the reading time: every sentence runs to its length cap

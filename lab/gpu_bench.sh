@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device calls that produced docs/benchmarks.md (vLLM carried by ../shared/tools/device-vllm/prepare.sh, packed with
+# Device calls that produced docs/lab/run-log.md (vLLM carried by ../shared/tools/device-vllm/prepare.sh, packed with
 # the reference pipeline's and the GPU tests' packages the image lacks:
 #   bash ../shared/tools/device-vllm/prepare.sh spark-tts-lib einx omegaconf antlr4-python3-runtime frozendict \
 #       soundfile cffi pycparser soxr retrying pytest-asyncio
@@ -7,13 +7,13 @@
 #   call 1: carry [".devcarry/vllm-core"],  command: cp .devcarry/vllm-core/core.part-aa /tmp/ &&
 #           python3 -m voiceapp.cmd_bench --synthetic full --decoder-only --json $OUT/decoder.json
 #           (decoder fp32/bf16 error, seams, eager vs graph speed: needs no vLLM)
-#   call 2: carry [".devcarry/vllm-extra"], command: bash scripts/gpu_bench.sh --no-decoder-checks
+#   call 2: carry [".devcarry/vllm-extra"], command: bash lab/gpu_bench.sh --no-decoder-checks
 # Call 2 unpacks vLLM, runs `voicectl bench` on a synthetic full checkpoint (pipeline at 1..128 streams, export,
 # reference), then the GPU tests and (GPU_PROBE=1) the vLLM-only TTFT probe on one shared synthetic checkpoint.
 # Env: GPU_BENCH_TIMEOUT (s, default 330), GPU_TEST_TIMEOUT (s, default 150), GPU_TEST_K (pytest -k), GPU_SKIP_TESTS=1,
 # GPU_SKIP_BENCH=1, GPU_PROBE=1. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced, repeat call 1.
 set -u
-source scripts/device_env.sh || exit $?
+source lab/device_env.sh || exit $?
 t0=$T0
 if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   set -o pipefail
