@@ -23,6 +23,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from engine.backends.base import DecodeItem
 from engine.backends.bicodec import BiCodecDecoder, _GraphCache
 from engine.backends.graph_gen import GraphLane
+from engine.backends.lane_runner import LaneRunner
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
@@ -58,13 +59,13 @@ class DecoderLoad:
         self.thread.join()
 
 
-def lane_ms(lane: GraphLane, rows: int) -> float:
-    graph = lane._graphs[("decode", rows, SPAN)]  # noqa: SLF001 - a measurement script
-    with torch.cuda.stream(lane.cuda_stream):
+def lane_ms(runner: LaneRunner, rows: int) -> float:
+    graph = runner.graphs[("decode", rows, SPAN)]
+    with torch.cuda.stream(runner.cuda_stream):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(STEPS):
-            lane.positions.fill_(SPAN // 2)
+            runner.positions.fill_(SPAN // 2)
             graph.replay()
         end.record()
     end.synchronize()
@@ -117,12 +118,12 @@ def main() -> None:
         for name in rounds:
             if name == "alone":
                 for rows in (1, 2):
-                    rounds[name][str(rows)].append(lane_ms(lane, rows))
+                    rounds[name][str(rows)].append(lane_ms(lane.runner, rows))
                 continue
             decoder._stream, decoder._graphs = streams_graphs[name]  # noqa: SLF001
             with DecoderLoad(decoder) as load:
                 for rows in (1, 2):
-                    rounds[name][str(rows)].append(lane_ms(lane, rows))
+                    rounds[name][str(rows)].append(lane_ms(lane.runner, rows))
             rounds[name]["decode_ms"] += [t * 1e3 for t in load.times[1:]]
     median = lambda xs: round(sorted(xs)[len(xs) // 2], 4) if xs else None  # noqa: E731
     out["step_ms"] = {name: {k: median(v) for k, v in r.items()} for name, r in rounds.items()}

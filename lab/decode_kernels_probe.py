@@ -8,7 +8,7 @@ On a random Qwen2 of Spark's full shapes, in one process:
    fused lane, and each lane's start-up (graph capture and compiles);
 2. their agreement on one step from the same caches (max |logit difference|, rows whose argmax agrees);
 3. the kernel count and kernel time of one fused step (torch.profiler);
-4. top-k over the padded head: one round (torch.topk) vs two (graph_gen.top_candidates);
+4. top-k over the padded head: one round (torch.topk) vs two (lane_runner.top_candidates);
 5. attention: `attend` per block size / warps / pipelining depth against the tensor code's three kernels, over
    24 layers' caches;
 6. with --sweep: every projection's time per `matmul` tiling, against cuBLAS, over as many weight copies as a
@@ -28,7 +28,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.backends import decode_kernels as dk
 from engine.backends.decode_kernels import TILINGS, FusedPlan, Tiling
-from engine.backends.graph_gen import CANDIDATES, GraphLane, top_candidates
+from engine.backends.graph_gen import GraphLane
+from engine.backends.lane_runner import CANDIDATES, LaneRunner, top_candidates
 from engine.prompt import semantic_allowed_ids
 from engine.synthetic.llm import llm_config
 from engine.tokens import TokenIds
@@ -49,7 +50,7 @@ def timed(fn, reps: int = 20, calls: int = 1) -> float:
     return replay_ms(graph, reps) / calls
 
 
-def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
+def agreement(plain: LaneRunner, fused: LaneRunner, rows: int) -> dict:
     """One step of both lanes' models from the same caches, tokens and positions."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.inference_mode():
@@ -58,7 +59,7 @@ def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
             b.copy_(a)
         tokens = torch.tensor(plain.allowed_now[:rows], device="cuda")
         positions = torch.arange(rows, device="cuda") * 29 + 20  # below SPAN for 8 rows
-        caches = lambda lane: (lane.k_rows[:, :rows], lane.v_rows[:, :rows])  # noqa: E731
+        caches = lambda runner: (runner.k_rows[:, :rows], runner.v_rows[:, :rows])  # noqa: E731
         want = plain._logits(plain.model.forward_rows(tokens, positions, SPAN, caches(plain)))  # noqa: SLF001
         got = fused.model.logits_fused(fused.model.forward_fused(tokens, positions, caches(fused)), fused.head_t,
                                        fused.head_bias)
@@ -71,12 +72,12 @@ def agreement(plain: GraphLane, fused: GraphLane, rows: int) -> dict:
                                        zip(want.topk(CANDIDATES).indices, got.topk(CANDIDATES).indices)) / rows, 1)}
 
 
-def kernels(lane: GraphLane, rows: int, steps: int = 20) -> dict:
-    kernel_ms, top = eager_kernels(lane, rows, SPAN, steps)
+def kernels(runner: LaneRunner, rows: int, steps: int = 20) -> dict:
+    kernel_ms, top = eager_kernels(runner, rows, SPAN, steps)
     out = {"rows": rows, "kernels_per_step": round(sum(r["per_step"] for r in top), 1),
            "kernel_sum_ms_per_step": round(kernel_ms, 3), "top": top[:14]}
-    if lane.fused:
-        out["critical_path_us"] = graph_critical_path(lane, rows, SPAN)
+    if runner.fused:
+        out["critical_path_us"] = graph_critical_path(runner, rows, SPAN)
     return out
 
 
@@ -222,22 +223,22 @@ PLANS = {
 """Variants of the fused step (decode_kernels.FusedPlan) timed side by side by --plans."""
 
 
-def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], plans: dict[str, FusedPlan],
+def plan_steps(runner: LaneRunner, rows_list: tuple[int, ...], plans: dict[str, FusedPlan],
                positions: tuple[int, ...] = (128, 300, 600, 900)) -> dict:
     """us per fused step (model only: forward_fused + logits_fused, no sampling) of every plan, per rows and
     position, and each plan's logits against the base plan's from the same caches (8 rows at position 300)."""
-    model, results, base = lane.model, {}, None
+    model, results, base = runner.model, {}, None
     gen = torch.Generator(device="cuda").manual_seed(1)
     with torch.inference_mode():
-        for cache in (lane.k_rows, lane.v_rows):
+        for cache in (runner.k_rows, runner.v_rows):
             cache.copy_(torch.randn(cache.shape, device="cuda", generator=gen, dtype=torch.float32).to(cache.dtype))
 
     def step(plan, rows, pos):
-        tokens = torch.tensor(lane.allowed_now[:rows], device="cuda")
+        tokens = torch.tensor(runner.allowed_now[:rows], device="cuda")
         at = torch.full((rows,), pos, device="cuda")
-        caches = (lane.k_rows[:, :rows], lane.v_rows[:, :rows])
-        return lambda: model.logits_fused(model.forward_fused(tokens, at, caches, plan), lane.head_for(plan),
-                                          lane.head_bias, plan)
+        caches = (runner.k_rows[:, :rows], runner.v_rows[:, :rows])
+        return lambda: model.logits_fused(model.forward_fused(tokens, at, caches, plan), runner.head_for(plan),
+                                          runner.head_bias, plan)
 
     for name, plan in plans.items():
         row: dict = {}
@@ -246,7 +247,7 @@ def plan_steps(lane: GraphLane, rows_list: tuple[int, ...], plans: dict[str, Fus
                 for rows in rows_list:
                     for pos in positions:
                         row[f"{rows}@{pos}"] = round(timed(step(plan, rows, pos), reps=50) * 1e3, 1)
-                logits = step(plan, min(8, max(rows_list)), 300)()[:, :len(lane.allowed_now)]
+                logits = step(plan, min(8, max(rows_list)), 300)()[:, :len(runner.allowed_now)]
                 if base is None:
                     base = logits
                 row["max_abs_diff_vs_base"] = round((logits - base).abs().max().item(), 4)
@@ -300,12 +301,14 @@ def main() -> None:
         lanes[name] = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, compile_layers=compiled,
                                 fused=fused, fuse_rows=args.fuse_rows)
         out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
-        out[f"{name}_step_ms"] = {n: round(graph_step_ms(lanes[name], n, SPAN, 50), 3) for n in lanes[name].row_buckets}
+        out[f"{name}_step_ms"] = {n: round(graph_step_ms(lanes[name].runner, n, SPAN, 50), 3)
+                                  for n in lanes[name].shapes.row_buckets}
         print(name, out[f"{name}_start_s"], out[f"{name}_step_ms"], flush=True)
         save(out, args.json)
-    out["agreement"] = [agreement(lanes["plain_compiled"], lanes["fused"], n) for n in (1, min(args.rows, 8))]
-    out["fused_kernels"] = [kernels(lanes["fused"], n) for n in (1, min(args.rows, 8))]
-    out["topk"] = topk_ms(lanes["fused"].allowed.numel())
+    out["agreement"] = [agreement(lanes["plain_compiled"].runner, lanes["fused"].runner, n)
+                        for n in (1, min(args.rows, 8))]
+    out["fused_kernels"] = [kernels(lanes["fused"].runner, n) for n in (1, min(args.rows, 8))]
+    out["topk"] = topk_ms(lanes["fused"].runner.head_width)
     save(out, args.json)
     if args.warps_sweep:
         variants = {name: [Tiling(t.block_n, t.block_k, warps, stages) for warps in (4, 8) for stages in (2, 3, 4, 5)]
@@ -333,7 +336,7 @@ def probe_plans(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
                      plan=FusedPlan())
     out["pdl_supported"] = dk.pdl_supported()
     plans = {k: v for k, v in PLANS.items() if not args.only or k in args.only.split(",")}
-    out["plans_us"] = plan_steps(lane, tuple(n for n in (1, 2, 4, 8, 16) if n <= args.rows), plans)
+    out["plans_us"] = plan_steps(lane.runner, tuple(n for n in (1, 2, 4, 8, 16) if n <= args.rows), plans)
     save(out, args.json)
     at = ("1@128", "1@300", "2@128", "2@300")  # a listener's sentences: one or two rows, positions ~100-350
     timed_ok = {k: sum(v[a] for a in at) for k, v in out["plans_us"].items() if all(a in v for a in at)}
@@ -346,8 +349,9 @@ def probe_plans(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
         lane = GraphLane(model, ids, allowed, rows=args.rows, max_len=args.max_len, fused=True,
                          fuse_rows=args.fuse_rows, plan=PLANS[name])
         out[f"lane_{name}_start_s"] = round(time.perf_counter() - t0, 1)
-        out[f"lane_{name}_step_ms"] = {n: round(graph_step_ms(lane, n, SPAN, 50), 3) for n in lane.row_buckets}
-        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, min(args.rows, 8))]
+        out[f"lane_{name}_step_ms"] = {n: round(graph_step_ms(lane.runner, n, SPAN, 50), 3)
+                                       for n in lane.shapes.row_buckets}
+        out[f"lane_{name}_kernels"] = [kernels(lane.runner, n) for n in (1, min(args.rows, 8))]
         print("lane", name, out[f"lane_{name}_start_s"], out[f"lane_{name}_step_ms"], flush=True)
         for listing in out[f"lane_{name}_kernels"]:
             print(" rows", listing["rows"], listing["kernels_per_step"], "kernels", listing["kernel_sum_ms_per_step"])
@@ -394,15 +398,15 @@ def probe_lanes(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dict)
     rounds: dict[str, dict[int, list[float]]] = {name: {} for name in lanes}
     for _ in range(7):
         for name, lane in lanes.items():
-            for n in lane.row_buckets:
-                rounds[name].setdefault(n, []).append(graph_step_ms(lane, n, SPAN, 50))
+            for n in lane.shapes.row_buckets:
+                rounds[name].setdefault(n, []).append(graph_step_ms(lane.runner, n, SPAN, 50))
     for name, lane in lanes.items():
         out[f"lane_{name}_step_ms"] = {n: round(sorted(t)[len(t) // 2], 4) for n, t in rounds[name].items()}
         print("lane", name, out[f"lane_{name}_start_s"], out[f"lane_{name}_step_ms"], flush=True)
         save(out, args.json)
     for name, lane in lanes.items():
         tilings_of(name)  # the eager listing runs the lane's kernels again, with its tilings
-        out[f"lane_{name}_kernels"] = [kernels(lane, n) for n in (1, 2)]
+        out[f"lane_{name}_kernels"] = [kernels(lane.runner, n) for n in (1, 2)]
         for listing in out[f"lane_{name}_kernels"]:
             print(name, "rows", listing["rows"], listing["kernels_per_step"], "kernels",
                   listing["kernel_sum_ms_per_step"], "critical path", listing.get("critical_path_us"))
@@ -426,9 +430,9 @@ def probe_prefill(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dic
         lane = GraphLane(model, ids, allowed, rows=2, max_len=args.max_len, compile_layers=True,
                          compile_prefill=compiled)
         out[f"{name}_start_s"] = round(time.perf_counter() - t0, 1)
-        with torch.cuda.stream(lane.cuda_stream):
-            out[f"{name}_ms"] = {f"{b}x{n}": round(replay_ms(lane._graphs[("prefill", b, n)], 20), 3)  # noqa: SLF001
-                                 for b in lane.prefill_batches for n in lane.prefills}
+        with torch.cuda.stream(lane.runner.cuda_stream):
+            out[f"{name}_ms"] = {f"{b}x{n}": round(replay_ms(lane.runner.graphs[("prefill", b, n)], 20), 3)
+                                 for b in lane.shapes.prefill_batches for n in lane.shapes.prefills}
         print(name, out[f"{name}_start_s"], out[f"{name}_ms"], flush=True)
         save(out, args.json)
         del lane
@@ -436,10 +440,10 @@ def probe_prefill(model, ids: TokenIds, allowed: tuple[int, ...], args, out: dic
 
 
 def sample_agreement(width: int, rows: int = 16, trials: int = 64, topk: bool = False) -> dict:
-    """decode_kernels.sample's draws against graph_gen.pick's on the GPU, same logits and noise (random logits
+    """decode_kernels.sample's draws against lane_runner.pick's on the GPU, same logits and noise (random logits
     of a trained model's spread, temperature 0.8, top-k 50, top-p 0.95, fresh noise each trial); then the
     kernel's time alone at 1, 2 and 16 rows (us)."""
-    from engine.backends.graph_gen import pick
+    from engine.backends.lane_runner import pick
 
     g = torch.Generator(device="cuda").manual_seed(0)
     same = total = 0

@@ -38,9 +38,10 @@ def main(model_dir: str, out: str) -> None:
         lane = GraphLane(weights, info.token_ids, semantic_allowed_ids(info.token_ids), device="cuda", rows=rows,
                          max_len=max_len, fixed_shapes=True)
         build = time.perf_counter() - t
-        with torch.inference_mode(), torch.cuda.stream(lane.cuda_stream):
-            step = replay_ms(lane._graphs[("decode", rows, max_len)])
-            prefill = {size: replay_ms(lane._graphs[("prefill", 1, size)], 20) for size in lane.prefills}
+        graphs = lane.runner.graphs
+        with torch.inference_mode(), torch.cuda.stream(lane.runner.cuda_stream):
+            step = replay_ms(graphs[("decode", rows, max_len)])
+            prefill = {size: replay_ms(graphs[("prefill", 1, size)], 20) for size in lane.shapes.prefills}
         row = {"rows": rows, "max_len": max_len, "build_s": round(build, 2), "capture_s": round(lane.capture_s, 2),
                "step_ms": step, "prefill_ms": prefill, "tokens_per_s": round(rows / step * 1e3)}
         print(row, flush=True)

@@ -21,26 +21,27 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 
 from engine.backends.graph_gen import GraphLane
+from engine.backends.lane_runner import LaneRunner
 from engine.model import load_model_info
 from engine.prompt import semantic_allowed_ids
 
 
-def graph_step_ms(lane: GraphLane, rows: int, span: int, steps: int) -> float:
-    graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
-    with torch.cuda.stream(lane.cuda_stream):
-        _replay_steps(lane, graph, span, 5)
+def graph_step_ms(runner: LaneRunner, rows: int, span: int, steps: int) -> float:
+    graph = runner.graphs[("decode", rows, span)]
+    with torch.cuda.stream(runner.cuda_stream):
+        _replay_steps(runner, graph, span, 5)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        _replay_steps(lane, graph, span, steps)
+        _replay_steps(runner, graph, span, steps)
         end.record()
     end.synchronize()
     return start.elapsed_time(end) / steps
 
 
-def _replay_steps(lane: GraphLane, graph: torch.cuda.CUDAGraph, span: int, steps: int) -> None:
+def _replay_steps(runner: LaneRunner, graph: torch.cuda.CUDAGraph, span: int, steps: int) -> None:
     """`steps` replays of a decode graph, each from the middle of its span (so that positions stay inside it)."""
     for _ in range(steps):
-        lane.positions.fill_(span // 2)
+        runner.positions.fill_(span // 2)
         graph.replay()
 
 
@@ -56,21 +57,21 @@ def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
-def prefill_ms(lane: GraphLane, batch: int, size: int, reps: int = 20) -> float:
-    with torch.cuda.stream(lane.cuda_stream):
-        return replay_ms(lane._graphs[("prefill", batch, size)], reps)  # noqa: SLF001 - a measurement script
+def prefill_ms(runner: LaneRunner, batch: int, size: int, reps: int = 20) -> float:
+    with torch.cuda.stream(runner.cuda_stream):
+        return replay_ms(runner.graphs[("prefill", batch, size)], reps)
 
 
-def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[float, list[dict]]:
-    with torch.cuda.stream(lane.cuda_stream), torch.inference_mode():
+def eager_kernels(runner: LaneRunner, rows: int, span: int, steps: int) -> tuple[float, list[dict]]:
+    with torch.cuda.stream(runner.cuda_stream), torch.inference_mode():
         for _ in range(3):
-            lane.positions.fill_(span // 2)
-            lane._decode(rows, span)  # noqa: SLF001
+            runner.positions.fill_(span // 2)
+            runner._decode_step(rows, span)  # noqa: SLF001
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                lane.positions.fill_(span // 2)
-                lane._decode(rows, span)  # noqa: SLF001
+                runner.positions.fill_(span // 2)
+                runner._decode_step(rows, span)  # noqa: SLF001
             torch.cuda.synchronize()
     totals: dict[str, list[float]] = collections.defaultdict(list)
     for ev in prof.events():
@@ -81,17 +82,17 @@ def eager_kernels(lane: GraphLane, rows: int, span: int, steps: int) -> tuple[fl
     return sum(r["us_per_step"] for r in rows) / 1e3, rows
 
 
-def graph_critical_path(lane: GraphLane, rows: int, span: int, steps: int = 30) -> dict[str, float]:
+def graph_critical_path(runner: LaneRunner, rows: int, span: int, steps: int = 30) -> dict[str, float]:
     """`critical_path_us` of the captured decode graph at `rows` (replays under the profiler: no host gaps, unlike
     an eager step's kernels, launched one by one from Python)."""
-    graph = lane._graphs[("decode", rows, span)]  # noqa: SLF001 - a measurement script
-    with torch.cuda.stream(lane.cuda_stream):
-        _replay_steps(lane, graph, span, 3)
+    graph = runner.graphs[("decode", rows, span)]
+    with torch.cuda.stream(runner.cuda_stream):
+        _replay_steps(runner, graph, span, 3)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _replay_steps(lane, graph, span, steps)
+            _replay_steps(runner, graph, span, steps)
             torch.cuda.synchronize()
-    return critical_path_us(prof, steps, len(lane.model.layers), layer_roles(lane.plan))
+    return critical_path_us(prof, steps, len(runner.model.layers), layer_roles(runner.plan))
 
 
 def layer_roles(plan) -> tuple[str, ...]:
@@ -128,12 +129,12 @@ def main() -> None:
     info = load_model_info(args.model)
     model = AutoModelForCausalLM.from_pretrained(str(info.llm_dir), dtype=torch.bfloat16)
     lane = GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), compile_layers=not args.no_compile)
-    by_rows = {n: round(graph_step_ms(lane, n, args.span, args.steps), 3) for n in lane.row_buckets}
+    by_rows = {n: round(graph_step_ms(lane.runner, n, args.span, args.steps), 3) for n in lane.shapes.row_buckets}
     graph_ms = by_rows[1]
-    prefills = {f"{batch}x{size}": round(prefill_ms(lane, batch, size), 3)
-                for size in (64, 128) for batch in lane.prefill_batches}
-    kernel_ms, rows = eager_kernels(lane, 1, args.span, args.steps)
-    kernel_ms_8, rows_8 = eager_kernels(lane, lane.rows, args.span, args.steps)
+    prefills = {f"{batch}x{size}": round(prefill_ms(lane.runner, batch, size), 3)
+                for size in (64, 128) for batch in lane.shapes.prefill_batches}
+    kernel_ms, rows = eager_kernels(lane.runner, 1, args.span, args.steps)
+    kernel_ms_8, rows_8 = eager_kernels(lane.runner, lane.rows, args.span, args.steps)
     out = {"device": torch.cuda.get_device_name(), "compiled": not args.no_compile, "span": args.span,
            "rows_step_ms": by_rows, "prefill_ms": prefills, "graph_step_ms": round(graph_ms, 3),
            "kernel_sum_ms_per_step": round(kernel_ms, 3),

@@ -458,10 +458,10 @@ def sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed
                   pos_ptr, ring_ptr, launch_ptr, keys_ptr, count_ptr, width, noise_row, noise_step, max_len, ring,
                   ring_stride, CHUNKS: tl.constexpr, SLICE: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr,
                   TOPK: tl.constexpr):
-    """A decode step's sampling in one kernel (graph_gen.pick's draw, then the step's bookkeeping). Program
+    """A decode step's sampling in one kernel (lane_runner.pick's draw, then the step's bookkeeping). Program
     (c, row) sorts slice c of the row's fp32 logits [rows, width] (SLICE >= width / CHUNKS) and keeps its top
     CANDIDATES in keys [rows, CHUNKS, CANDIDATES]; the last of the row's programs to finish (count[row]) sorts
-    their union, so it holds the row's top CANDIDATES largest first (graph_gen.top_candidates), and draws by
+    their union, so it holds the row's top CANDIDATES largest first (lane_runner.top_candidates), and draws by
     Gumbel-max: argmax(value / temperature + noise[row, step]) over the ranks that top-k and top-p keep. It writes
     allowed[pick] as the row's next token, into ring[launch % ring, row] too, moves the row's step and position
     on (clamped to the buffers) and sets its count back to 0; the last row to finish (count[rows], rows being the

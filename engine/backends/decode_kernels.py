@@ -16,7 +16,7 @@ arithmetic. So:
 `FusedPlan` picks among these; `PLAN` is the fastest measured (docs/lab/run-log.md, run 22: 0.77 ms a step at one
 row on an H200, against 0.91 for run 21's step and 1.19 for the compiled tensor code).
 
-Used on CUDA for decode steps of up to graph_gen.FUSE_ROWS rows, and by the unit tests under Triton's CPU
+Used on CUDA for decode steps of up to lane_runner.FUSE_ROWS rows, and by the unit tests under Triton's CPU
 interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
 plain tensor code.
 """
@@ -503,7 +503,7 @@ def can_sample(width: int, candidates: int) -> bool:
 
 def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torch.Tensor, *,
            pdl: bool = False, topk: bool = False) -> None:
-    """graph_gen.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
+    """lane_runner.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
     (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
     moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels (~50 us of
     a 0.77 ms step on an H200, docs/lab/run-log.md). `topk`: select with `tl.topk` (ignored where Triton lacks

@@ -306,7 +306,7 @@ async def test_graph_lane_replays_the_eager_steps(lanes, gpu_info, opts):
     """Captured graphs give the eager loop's tokens (300 tokens cross the 128, 256 and 512 spans), and a seed
     gives the same tokens twice."""
     captured, eager = lanes
-    assert captured._graphs and not eager._graphs
+    assert captured.runner.graphs and not eager.runner.graphs
     prompt = _prompt(gpu_info, n_text=40)
     busy, idle = captured.busy_ms, captured.idle_ms
     ours = await _ids(captured, prompt, opts, "g")
@@ -329,7 +329,7 @@ async def test_router_fills_the_lanes_rows_then_vllm_takes_the_rest(lanes, vllm_
     results = await asyncio.gather(*(_ids(router, _prompt(gpu_info, seed=i), opts, f"req{i}-0") for i in range(10)))
     assert router.lane_streams == lane.rows and all(len(r) == 60 for r in results)
     assert all(gpu_info.token_ids.semantic_index(t) is not None for r in results for t in r)
-    assert lane.load == 0 and not any(lane._in_rows)
+    assert lane.load == 0 and lane.scheduler.busy_rows == 0
 
 
 async def test_graph_lane_rows_side_by_side(lanes, gpu_info):
@@ -348,18 +348,17 @@ async def test_graph_lane_rows_side_by_side(lanes, gpu_info):
     print(f"bf16 lane, tokens equal before the first difference: {same_prefix}")
 
 
-async def test_graph_lane_fp32_side_by_side_equals_alone(gpu_info):
+async def test_graph_lane_fp32_side_by_side_equals_alone(gpu_info, monkeypatch):
     """Captured and compiled like the factory's lane but in fp32: three prompts of different lengths prefilled
     together (a batch of 2 and one alone) and stepped as rows give exactly each one's lone greedy tokens. This is
     where a GPU-only fault of the batched graphs (a cache write lost in a compiled layer, a wrong row) would
     show: it would change tokens from the first steps on."""
-    import threading
-
     import torch
     from transformers import AutoModelForCausalLM
 
     from engine.backends.graph_gen import GraphLane
     from engine.prompt import semantic_allowed_ids
+    from tests.lane_helpers import arriving_together
 
     model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.float32)
     lane = GraphLane(model, gpu_info.token_ids, semantic_allowed_ids(gpu_info.token_ids), dtype=torch.float32,
@@ -368,13 +367,9 @@ async def test_graph_lane_fp32_side_by_side_equals_alone(gpu_info):
         opts = SamplingOptions(temperature=0, max_tokens=150)
         prompts = [_prompt(gpu_info, n_text=15 + 25 * i, seed=i) for i in range(3)]
         alone = [await _ids(lane, p, opts, f"alone{i}") for i, p in enumerate(prompts)]
-        gate = threading.Event()
-        lane._executor.submit(gate.wait)  # all three wait before the worker admits any
-        crowd = asyncio.gather(*(_ids(lane, p, opts, f"both{i}") for i, p in enumerate(prompts)))
-        while lane.load < 3:
-            await asyncio.sleep(0.001)
-        gate.set()
-        together = await crowd
+        together = await arriving_together(  # all three wait before the worker admits any
+            lane, monkeypatch, prompts[0],
+            lambda: asyncio.gather(*(_ids(lane, p, opts, f"both{i}") for i, p in enumerate(prompts))), len(prompts))
         same_prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), 150)
                        for x, y in zip(alone, together)]
         assert same_prefix == [150] * 3, same_prefix

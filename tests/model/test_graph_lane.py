@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -17,17 +16,19 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.backends import decode_kernels, graph_gen
+from engine.backends import decode_kernels
 from engine.backends.decode_kernels import FusedPlan
-from engine.backends.graph_gen import (CANDIDATES, TOPK_CHUNKS, GraphLane, LaneRouter, _Job, bucket, gumbel, pick,
-                                        top_candidates)
+from engine.backends.graph_gen import GraphLane, LaneRouter
+from engine.backends.lane_runner import CANDIDATES, TOPK_CHUNKS, gumbel, pick, top_candidates
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
 from engine.config import SamplingOptions, request_of, sentence_id
 from engine.errors import GenerationError
 from engine.fakes import ScriptedGenerator
+from engine.lane_scheduler import BURST, CROWD_BURSTS, bucket
 from engine.prompt import Prompt, semantic_allowed_ids
 from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
+from tests.lane_helpers import arriving_together
 
 IDS = TokenIds()
 SEMANTIC_ONLY = tuple(range(IDS.semantic_base, IDS.semantic_base + SEMANTIC_CODEBOOK))
@@ -92,9 +93,9 @@ def test_prompts_prefilled_side_by_side_match_each_alone(model) -> None:
                 torch.testing.assert_close(got[:, i, :, :len(p)], want[:, :, :len(p)], atol=1e-5, rtol=1e-5)
 
 
-async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model) -> None:
+async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model, monkeypatch) -> None:
     """Seven requests at once on an eight-row lane: prefilled as 4 + 2 + 1 prompts (shortest first), and each
-    gets exactly its lone tokens, greedy and seeded."""
+    gets exactly its lone tokens, greedy and seeded (the scheduler's side: tests/unit/test_lane_scheduler.py)."""
     lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
                      rows=8)
     prompts = [Prompt(PROMPT.ids[:2] + (9906 + 5 * i,) * (1 + 6 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
@@ -103,57 +104,17 @@ async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model) -> N
             SamplingOptions(max_tokens=40, seed=i) for i in range(7)]
     alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
     prefills = []
-    prefill = lane._prefill
+    prefill = lane.runner.prefill
 
-    def counted(batch: int, size: int) -> None:
-        prefills.append((batch, size))
-        prefill(batch, size)
+    def counted(rows, prompts, options, size) -> None:
+        prefills.append((len(prompts), size))
+        prefill(rows, prompts, options, size)
 
-    lane._prefill = counted
-    gate = threading.Event()
-    lane._executor.submit(gate.wait)  # the lane's one worker thread starts once all seven are waiting
-    crowd = asyncio.gather(*(collect(lane, p, o, f"t{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
-    while lane.load < 7:
-        await asyncio.sleep(0.001)
-    gate.set()
-    together = await crowd
+    monkeypatch.setattr(lane.runner, "prefill", counted)
+    together = await arriving_together(lane, monkeypatch, PROMPT, lambda: asyncio.gather(
+        *(collect(lane, p, o, f"t{i}") for i, (p, o) in enumerate(zip(prompts, opts)))), len(prompts))
     assert together == alone and all(len(t) == o.max_tokens for t, o in zip(alone, opts))
-    assert prefills == [(4, 32), (2, 64), (1, 64)]
-    await lane.close()
-
-
-async def test_new_requests_are_admitted_together_before_later_sentences(model) -> None:
-    """Twenty two-sentence requests at once on a 64-row lane: the first admission prefills every first sentence
-    (8 + 8 + 4 prompts) and no second sentence; the second sentences follow, at most ADMIT per admission."""
-    from engine.backends.graph_gen import ADMIT
-
-    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
-                     rows=64)
-    prefills: list[list[str]] = []
-    start = lane._start
-
-    def recorded(jobs, unread) -> None:
-        prefills.append([job.request_id for job in jobs])
-        start(jobs, unread)
-
-    lane._start = recorded
-    opts = SamplingOptions(max_tokens=12, seed=0)
-    gate = threading.Event()
-    lane._executor.submit(gate.wait)
-    rids = [sentence_id(f"r{i}", k) for i in range(20) for k in range(2)]
-
-    async def sentence(rid: str) -> list[int]:
-        return [t async for delta in lane.stream(PROMPT, opts, rid, request_of(rid)) for t in delta]
-
-    crowd = asyncio.gather(*(sentence(rid) for rid in rids))
-    while lane.load < len(rids):
-        await asyncio.sleep(0.001)
-    gate.set()
-    assert [len(got) for got in await crowd] == [12] * len(rids)
-    first_round = [rid for launch in prefills[:3] for rid in launch]
-    assert [len(launch) for launch in prefills[:3]] == [8, 8, 4]
-    assert sorted(first_round) == sorted(sentence_id(f"r{i}", 0) for i in range(20))
-    assert all(len(launch) <= ADMIT for launch in prefills[3:]) and sum(map(len, prefills)) == len(rids)
+    assert prefills == [(1, 32), (4, 32), (2, 64), (1, 64)]  # the first holds the lane until all seven wait
     await lane.close()
 
 
@@ -234,14 +195,14 @@ async def test_supports_only_what_the_graphs_hold(lane) -> None:
 
 async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
     steps = []
-    decode = lane._decode
+    decode = lane.runner.decode
 
     def slow_decode(rows: int, span: int) -> None:  # 200 steps take over a second: an abort must cut them short
         steps.append(span)
         time.sleep(0.005)
         decode(rows, span)
 
-    monkeypatch.setattr(lane, "_decode", slow_decode)
+    monkeypatch.setattr(lane.runner, "decode", slow_decode)
     got = []
     async for delta in lane.stream(PROMPT, SamplingOptions(max_tokens=200, seed=2), "early"):
         got += delta
@@ -266,14 +227,14 @@ async def test_the_lane_reads_back_its_bursts_steps_at_a_time(lane) -> None:
     try:
         fives = await deltas(opts)
     finally:
-        lane.bursts = graph_gen.CROWD_BURSTS
+        lane.bursts = CROWD_BURSTS
     assert [len(d) for d in fives] == [1, 5, 5, 5, 5]
-    assert [len(d) for d in default] == [1] + [graph_gen.BURST] * (20 // graph_gen.BURST)
+    assert [len(d) for d in default] == [1] + [BURST] * (20 // BURST)
     assert sum(fives, []) == sum(default, [])
     assert lane.busy_ms == lane.idle_ms == 0.0  # timed on CUDA only
 
 
-async def test_streams_side_by_side_get_what_each_gets_alone(model) -> None:
+async def test_streams_side_by_side_get_what_each_gets_alone(model, monkeypatch) -> None:
     """Five requests on a lane of two rows: they share steps (rows at different positions and spans, rows freed
     and refilled mid-run) and each gets exactly its lone tokens, greedy and seeded."""
     lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=512,
@@ -284,21 +245,21 @@ async def test_streams_side_by_side_get_what_each_gets_alone(model) -> None:
             SamplingOptions(max_tokens=150 - 20 * i, seed=i) for i in range(5)]
     alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
     steps = []
-    decode = lane._decode
+    decode = lane.runner.decode
 
     def counted(rows: int, span: int) -> None:
         steps.append(rows)
         decode(rows, span)
 
-    lane._decode = counted
+    monkeypatch.setattr(lane.runner, "decode", counted)
     together = await asyncio.gather(*(collect(lane, p, o, f"t{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
     assert together == alone and [len(t) for t in alone] == [o.max_tokens for o in opts]
     assert max(steps) == 2 and len(steps) < sum(len(t) for t in alone) - 5  # rows really shared steps
-    assert lane.load == 0 and lane._in_rows == [None, None]
+    assert lane.load == 0 and lane.scheduler.row_jobs == [None, None]
     await lane.close()
 
 
-async def test_a_fixed_shape_lane_runs_one_decode_shape_and_one_prompt_per_prefill(model) -> None:
+async def test_a_fixed_shape_lane_runs_one_decode_shape_and_one_prompt_per_prefill(model, monkeypatch) -> None:
     """fixed_shapes: whatever rows are busy and however long the sequences, every decode step is (rows, max_len) and
     every prefill one prompt; each request still gets its lone tokens in company, in any order."""
     lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=384,
@@ -308,13 +269,18 @@ async def test_a_fixed_shape_lane_runs_one_decode_shape_and_one_prompt_per_prefi
     opts = [SamplingOptions(max_tokens=30 + 25 * i, seed=10 + i) for i in range(5)]
     alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
     shapes = []
-    run = lane._run
+    prefill, decode = lane.runner.prefill, lane.runner.decode
 
-    def counted(kind: str, a: int, b: int = 0) -> None:
-        shapes.append((kind, a, b))
-        run(kind, a, b)
+    def prefilled(rows, prompts, options, size) -> None:
+        shapes.append(("prefill", len(prompts), size))
+        prefill(rows, prompts, options, size)
 
-    lane._run = counted
+    def decoded(rows: int, span: int) -> None:
+        shapes.append(("decode", rows, span))
+        decode(rows, span)
+
+    monkeypatch.setattr(lane.runner, "prefill", prefilled)
+    monkeypatch.setattr(lane.runner, "decode", decoded)
     forward = await asyncio.gather(*(collect(lane, p, o, f"f{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
     backward = await asyncio.gather(*(collect(lane, p, o, f"b{i}") for i, (p, o) in
                                       reversed(list(enumerate(zip(prompts, opts))))))
@@ -356,7 +322,7 @@ async def test_a_strict_router_reports_a_failing_lane_instead_of_switching(lane,
     def broken(rows: int, span: int) -> None:
         raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr(lane, "_decode", broken)
+    monkeypatch.setattr(lane.runner, "decode", broken)
     with pytest.raises(GenerationError, match="out of GPU memory"):
         await collect(router, PROMPT, SamplingOptions(max_tokens=30, seed=0), "r-0")
     assert other.started == [] and not router.failed
@@ -383,7 +349,7 @@ async def test_a_row_that_stops_or_leaves_frees_its_row_for_the_others(lane) -> 
         if lane.load == 0:
             break
         await asyncio.sleep(0.01)
-    assert lane.load == 0 and not any(lane._in_rows)
+    assert lane.load == 0 and lane.scheduler.busy_rows == 0
 
 
 async def test_a_request_without_a_row_goes_before_later_sentences(model) -> None:
@@ -470,26 +436,52 @@ async def test_router_lone_stream_and_its_sentences_take_the_lane(lane) -> None:
     router = LaneRouter(other, lane)
     opts = SamplingOptions(max_tokens=20, seed=0)
     assert await collect(router, PROMPT, opts, "req-0") and router.lane_streams == 1 and not other.started
-    # while as many requests as rows are on the lane: a later sentence of one waits there, a new request goes
-    # elsewhere
-    busy = [_Job(PROMPT.ids, opts, SEMANTIC_ONLY, lambda *a: None, f"req{i}-0", f"req{i}") for i in range(lane.rows)]
-    lane._jobs.extend(busy)
-    try:
-        assert router._use_lane(PROMPT, opts, "req0") and not router._use_lane(PROMPT, opts, "other")
-        lane._jobs.pop()  # room for one more request
-        assert router._use_lane(PROMPT, opts, "other")
-        lane._jobs.extend([busy[-1]] * 3)  # its later sentences count as one request
-        assert not router._use_lane(PROMPT, opts, "other") and router._use_lane(PROMPT, opts, "req0")
-        router.primary_live = 1  # and nothing new goes to the lane while the other generator is busy
-        assert not router._use_lane(PROMPT, opts, "req0")
-        router.primary_live = 0
-        router.enabled = False
-        assert not router._use_lane(PROMPT, opts, "req0")
-    finally:
-        lane._jobs.clear()
-        router.enabled = True
     assert len(await collect(router, Prompt(PROMPT.ids, None), opts, "x-0")) > 0  # no allowed set: elsewhere
     assert router.lane_streams == 1 and other.started == ["x-0"]
+
+
+class HeldLane(ScriptedGenerator):
+    """A lane as LaneRouter sees it, holding the requests `held` names (a request's sentences repeat its name)."""
+
+    rows = 2
+
+    def __init__(self) -> None:
+        super().__init__(IDS)
+        self.held: list[str] = []
+
+    def groups(self) -> set[str]:
+        return set(self.held)
+
+    def supports(self, prompt: Prompt, opts: SamplingOptions) -> bool:
+        return prompt.allowed_ids is not None
+
+    async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str, group: str | None = None):
+        async for delta in super().stream(prompt, opts, request_id):
+            yield delta
+
+
+async def test_router_sends_a_full_lane_only_later_sentences_of_its_requests() -> None:
+    """While as many requests as rows are on the lane, a later sentence of one waits there and a new request goes
+    elsewhere; nothing new goes to the lane while the other generator is busy, or with the lane off."""
+    lane, other = HeldLane(), ScriptedGenerator(IDS)
+    router = LaneRouter(other, lane)
+
+    async def on_lane(request_id: str) -> bool:
+        await collect(router, PROMPT, SamplingOptions(max_tokens=3, seed=0), request_id)
+        return lane.started[-1:] == [request_id]
+
+    lane.held = ["req0", "req1"]
+    assert await on_lane("req0-1") and not await on_lane("other-0")
+    lane.held = ["req0"]  # room for one more request
+    assert await on_lane("other-1")
+    lane.held = ["req0", "req1", "req1", "req1"]  # its later sentences count as one request
+    assert not await on_lane("other-2") and await on_lane("req0-2")
+    router.primary_live = 1
+    assert not await on_lane("req0-3")
+    router.primary_live = 0
+    router.enabled = False
+    assert not await on_lane("req0-4")
+    assert other.started == ["other-0", "other-2", "req0-3", "req0-4"]
 
 
 def test_lane_refuses_ids_outside_the_vocabulary(lane) -> None:
@@ -499,16 +491,23 @@ def test_lane_refuses_ids_outside_the_vocabulary(lane) -> None:
     assert not lane.supports(Prompt((-1,) + PROMPT.ids, SEMANTIC_ONLY), opts)
 
 
-def test_the_allowed_set_every_sentence_shares_is_scanned_once(lane, monkeypatch) -> None:
+def test_the_allowed_set_every_sentence_shares_is_scanned_once(lane) -> None:
     """semantic_allowed_ids gives every sentence the same tuple, and the lane checks its 8,195 ids only once."""
     allowed = semantic_allowed_ids(IDS)
     assert semantic_allowed_ids(IDS) is allowed
-    scanned = []
-    check = lane._in_vocab
-    monkeypatch.setattr(lane, "_in_vocab", lambda ids: scanned.append(len(ids)) or check(ids))
+    class Scanned(tuple):
+        """Counts the passes over it (the vocabulary check takes two: min and max)."""
+
+        passes = 0
+
+        def __iter__(self):
+            self.passes += 1
+            return super().__iter__()
+
+    shared, ids = Scanned(allowed), Scanned(PROMPT.ids)
     opts = SamplingOptions(max_tokens=10)
-    assert all(lane.supports(Prompt(PROMPT.ids, allowed), opts) for _ in range(3))
-    assert scanned.count(len(allowed)) <= 1 and scanned.count(len(PROMPT.ids)) == 3
+    assert all(lane.supports(Prompt(ids, shared), opts) for _ in range(3))
+    assert shared.passes == 2 and ids.passes == 6
     bad = allowed[:-1] + (170000,)
     assert not lane.supports(Prompt(PROMPT.ids, bad), opts) and not lane.supports(Prompt(PROMPT.ids, bad), opts)
 
@@ -544,7 +543,7 @@ async def test_a_failing_lane_hands_its_stream_over_and_stops_taking_new_ones(la
         calls.append(span)
         raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr(lane, "_decode", broken)  # the prefill works, the first decode step fails
+    monkeypatch.setattr(lane.runner, "decode", broken)  # the prefill works, the first decode step fails
     got = await collect(router, PROMPT, SamplingOptions(max_tokens=30, seed=0), "r-0")
     assert calls and len(got) == 30 and router.handoffs == 1 and router.failed and router.enabled
     assert other.started == ["r-0"] and "graph lane stopped" in notices[0].message
@@ -688,20 +687,23 @@ async def test_fused_lane_streams_equal_the_plain_lane(wide_model) -> None:
 
 
 @needs_triton
-def test_a_lane_whose_every_step_is_fused_leaves_its_prefills_uncompiled(wide_model) -> None:
+def test_a_lane_whose_every_step_is_fused_leaves_its_prefills_uncompiled(wide_model, monkeypatch) -> None:
     """compile_layers compiles the prefills only where some decode steps run the tensor code (Inductor would
     otherwise compile once per prefill shape, for prefills that replay from CUDA graphs anyway)."""
-    def prefill_of(**kw):
-        lane = GraphLane(wide_model, IDS, SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES], device="cpu",
-                         dtype=torch.float32, max_len=128, compile_layers=True, **kw)
-        return lane.model._prefill_layer, lane.model._prefill_layer_step
+    calls = []
+    monkeypatch.setattr(StaticQwen2, "compile_layers", lambda self, prefill=True: calls.append(prefill))
 
-    compiled, plain = prefill_of(rows=2, fused=True)
-    assert compiled == plain  # every step fused: eager prefills
-    compiled, plain = prefill_of(rows=4, fused=True, fuse_rows=2)
-    assert compiled != plain  # steps of 4 rows run the compiled tensor code: so do the prefills
-    compiled, plain = prefill_of(rows=2, fused=True, compile_prefill=True)
-    assert compiled != plain
+    def compiled(**kw) -> list[bool]:
+        calls.clear()
+        GraphLane(wide_model, IDS, SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES], device="cpu", dtype=torch.float32,
+                  max_len=128, compile_layers=True, **kw)
+        return list(calls)
+
+    assert compiled(rows=2, fused=True) == []  # every step fused: nothing compiled, prefills eager
+    assert compiled(rows=4, fused=True, fuse_rows=2) == [True]  # steps of 4 rows run the compiled tensor code
+    assert compiled(rows=4, fused=True, fuse_rows=2, compile_prefill=False) == [False]
+    assert compiled(rows=2, fused=True, compile_prefill=True) == [True]
+    assert compiled(rows=2, fused=False) == [True]
 
 
 def test_two_round_top_k_equals_one() -> None:

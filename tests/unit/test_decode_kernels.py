@@ -323,7 +323,7 @@ def _step_state(rows, width, candidates, max_len=40, ring_rows=None, seed=0):
 @pytest.mark.parametrize("topk", [False, True])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_sample_draws_what_pick_draws_and_moves_the_step_on(rows, topk):
-    from engine.backends.graph_gen import CANDIDATES, pick
+    from engine.backends.lane_runner import CANDIDATES, pick
 
     width = 16 * 80  # slices of 80: padded to 128 inside
     gen = torch.Generator().manual_seed(rows)

@@ -1,0 +1,350 @@
+"""Provides LaneScheduler: which of the graph lane's jobs hold which rows, and what each launch and read-back does for
+them. Pure (ints, tuples and callbacks; no torch), so the policy is tested without a GPU: GraphLane
+(engine.backends.graph_gen) drives it, and its LaneRunner (engine.backends.lane_runner) launches what it plans.
+
+A job (one sentence of a request) waits for a free row, is prefilled there (its first token), is stepped with every
+other busy row in bursts of decode steps, and gets its tokens one read-back at a time. It ends at a stop id, at its
+token limit or when aborted; its row is free again once no more steps are launched for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from engine.config import SamplingOptions
+
+PREFILL_BUCKETS = (32, 64, 128, 256, 512)
+"""Prompt lengths are padded up to one of these (one graph each); longer prompts go to vLLM. A sentence prompt
+is ~40 ids plus its text tokens."""
+SPAN_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+"""Attention spans (one decode graph each): a step attends over the smallest span holding its position, so short
+sentences do not pay for the longest one."""
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
+PREFILL_BATCHES = (1, 2, 4, 8)
+"""Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
+reads every weight once however many prompts it holds, so the rows already running wait far less for a batch of
+prompts than for the same prompts one at a time (docs/lab/run-log.md, the lane's graphs)."""
+BURST = 2
+"""Steps per read-back: tokens reach the caller at most BURST - 1 steps late, and a read costs far less than a
+step."""
+CROWD_BURSTS = ((8, BURST), (None, 8))
+"""Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
+loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way). Larger bursts from
+fewer rows gave a crowd of 32 streams its first audio later (docs/lab/run-log.md)."""
+ADMIT = 8
+"""Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
+ADMIT_NEW = 32
+"""Requests with no row yet prefilled between two bursts: each is a listener waiting for first sound, and eight
+prompts share one launch (PREFILL_BATCHES), so a crowd of 32 gets its rows in one admission instead of over four
+rounds of bursts."""
+
+
+def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest size >= n (None when n exceeds them all)."""
+    return next((s for s in sizes if s >= n), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneShapes:
+    """The launch shapes a lane has graphs for: the runner captures them, the scheduler plans within them."""
+
+    rows: int
+    max_len: int
+    """Positions of every row's KV cache (prompt plus tokens)."""
+    spans: tuple[int, ...]
+    """Attention spans a decode step runs over."""
+    prefills: tuple[int, ...]
+    """Prompt lengths a prefill pads to."""
+    prefill_batches: tuple[int, ...]
+    """Prompts one prefill runs side by side."""
+    row_buckets: tuple[int, ...]
+    """Rows one decode step runs."""
+
+    @classmethod
+    def of(cls, rows: int, max_len: int, fixed: bool = False) -> LaneShapes:
+        """The shapes of a lane of `rows` rows over `max_len` positions. `fixed`: one span (every position), one
+        row count (every row) and one prompt per prefill, so a row's arithmetic never depends on its company
+        (graph_gen.FIXED_SHAPES says why that is enough)."""
+        prefills = tuple(p for p in PREFILL_BUCKETS if p <= max_len)
+        if fixed:
+            return cls(rows, max_len, (max_len,), prefills, (1,), (rows,))
+        spans = tuple(s for s in SPAN_BUCKETS if s < max_len) + (max_len,)
+        batches = tuple(b for b in PREFILL_BATCHES if b <= rows)
+        return cls(rows, max_len, spans, prefills, batches, tuple(b for b in ROW_BUCKETS if b < rows) + (rows,))
+
+
+@dataclass(slots=True, eq=False)
+class LaneJob:
+    """One sentence on the lane: what to run, where its tokens go, and how far the lane has got with it."""
+
+    ids: tuple[int, ...]
+    """Its prompt."""
+    opts: SamplingOptions
+    allowed: tuple[int, ...]
+    """The ids it may sample; all busy rows share one such set."""
+    deliver: Callable[..., None]
+    """Called on the lane's worker: ("tokens", ids, finished), ("end", None) or ("error", exception)."""
+    request_id: str
+    group: str
+    """Its request: a request's sentences share it."""
+    aborted: threading.Event = field(default_factory=threading.Event)
+    """Set from any thread: no more steps and no more tokens for it."""
+    row: int = -1
+    """Its row of the batch (and of the KV cache) once admitted."""
+    launched: int = 0
+    """Launches that sample a token for it (its prefill included)."""
+    delivered: int = 0
+    stopped: bool = False
+    """A stop id came back: no more steps for it."""
+    ended: bool = False
+    """Off the lane: its end (or error) was handed over."""
+
+    def wants_steps(self) -> bool:
+        return not self.stopped and self.launched < self.opts.max_tokens and not self.aborted.is_set()
+
+
+Launch = tuple[LaneJob, ...]
+"""The jobs one launch sampled a token for, each in its row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """One prefill launch: these jobs' prompts, padded to `size`, each into its row."""
+
+    jobs: Launch
+    size: int
+
+    @property
+    def rows(self) -> list[int]:
+        return [job.row for job in self.jobs]
+
+    @property
+    def prompts(self) -> list[tuple[int, ...]]:
+        return [job.ids for job in self.jobs]
+
+    @property
+    def options(self) -> list[SamplingOptions]:
+        return [job.opts for job in self.jobs]
+
+    @property
+    def allowed(self) -> tuple[int, ...]:
+        """The allowed set the jobs share (an admission never mixes two)."""
+        return self.jobs[0].allowed
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decode launch: rows [0, rows) over `span` positions; `jobs` want its tokens (other rows compute too)."""
+
+    jobs: Launch
+    rows: int
+    span: int
+
+
+class LaneScheduler:
+    """The lane's jobs and rows: admission (prefill plans), decode steps in bursts, what each read-back hands to
+    which job, and the end of a job (stop id, token limit, abort) that frees its row.
+
+    Jobs arrive and are aborted from the event loop's thread (`add`, `abort`); everything else runs on the lane's
+    one worker thread, which launches each plan and then reports it (`launched`)."""
+
+    def __init__(self, shapes: LaneShapes, stop_ids: Iterable[int], allowed: tuple[int, ...]) -> None:
+        self.shapes = shapes
+        self.stop_ids = frozenset(stop_ids)
+        self.allowed = allowed
+        """The allowed set the rows step with (the runner points its head at it before a prefill)."""
+        self.jobs: deque[LaneJob] = deque()
+        """Jobs waiting, running or draining, oldest first (the router reads their groups)."""
+        self.waiting: deque[LaneJob] = deque()
+        self.row_jobs: list[LaneJob | None] = [None] * shapes.rows
+        """The job each row steps (None: free; a freed row keeps computing, nobody reads it)."""
+        self.unread: list[Launch] = []
+        """Launches not read back yet, oldest first."""
+        self.bursts = CROWD_BURSTS
+        """Steps per read-back by rows running (the bench swaps it to measure other bursts)."""
+        self.served = 0
+        """Jobs that ended with all their tokens (a stop id or the token limit)."""
+
+    # ---- arrivals (any thread) ---------------------------------------------------------------------------------
+
+    def add(self, job: LaneJob) -> None:
+        """Queue a job for a row."""
+        self.jobs.append(job)
+        self.waiting.append(job)
+
+    def withdraw(self, job: LaneJob) -> None:
+        """Take back a job no worker will see (the lane is closed)."""
+        self.jobs.remove(job)
+        self.waiting.remove(job)
+
+    def abort(self, request_id: str) -> None:
+        """Abort the request's jobs: the worker ends them at its next sweep."""
+        for job in list(self.jobs):
+            if job.request_id == request_id:
+                job.aborted.set()
+
+    def abort_all(self) -> None:
+        for job in list(self.jobs):
+            job.aborted.set()
+
+    @property
+    def load(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def busy_rows(self) -> int:
+        return sum(job is not None for job in self.row_jobs)
+
+    def groups(self) -> set[str]:
+        return {job.group for job in list(self.jobs)}
+
+    # ---- admission ---------------------------------------------------------------------------------------------
+
+    def admit(self) -> list[Prefill]:
+        """Give waiting jobs free rows, in as few prefills as PREFILL_BATCHES allow: requests with no row yet first
+        (up to ADMIT_NEW: their first sound comes first), then later sentences in arrival order while fewer than
+        ADMIT jobs are admitted. All rows share one allowed set: a job with another waits until the rows are
+        empty."""
+        admitted: list[LaneJob] = []
+        new = 0
+        while self.waiting and None in self.row_jobs:
+            index = self._first_without_row()
+            if index is not None and new < ADMIT_NEW:
+                new += 1
+            elif len(admitted) < ADMIT:
+                index = 0
+            else:
+                break
+            job = self.waiting[index]
+            if not self._steps_with(job.allowed) and any(self.row_jobs):
+                break
+            del self.waiting[index]
+            self._seat(job)
+            admitted.append(job)
+        return self._prefills(admitted)
+
+    def _first_without_row(self) -> int | None:
+        """Where the oldest waiting job of a request that holds no row stands in the queue."""
+        running = {job.group for job in self.row_jobs if job is not None}
+        return next((i for i, job in enumerate(self.waiting) if job.group not in running), None)
+
+    def _steps_with(self, allowed: tuple[int, ...]) -> bool:
+        """Whether the rows step with these ids now (identity first: every sentence shares one 8,195-id tuple)."""
+        return allowed is self.allowed or allowed == self.allowed
+
+    def _seat(self, job: LaneJob) -> None:
+        self.allowed = job.allowed
+        job.row = self.row_jobs.index(None)
+        self.row_jobs[job.row] = job
+
+    def _prefills(self, jobs: list[LaneJob]) -> list[Prefill]:
+        """Admitted jobs as prefill launches of the captured batch sizes, similar lengths together (each prompt is
+        padded to its launch's longest)."""
+        jobs = sorted(jobs, key=lambda job: len(job.ids))
+        plans = []
+        while jobs:
+            batch = max(b for b in self.shapes.prefill_batches if b <= len(jobs))
+            launch, jobs = tuple(jobs[:batch]), jobs[batch:]
+            plans.append(Prefill(launch, bucket(max(len(job.ids) for job in launch), self.shapes.prefills)))
+        return plans
+
+    # ---- decode steps ------------------------------------------------------------------------------------------
+
+    def burst(self) -> Iterator[Step]:
+        """The decode steps of one burst (`bursts`: how many by the rows busy as it starts), each planned once the
+        one before was launched and reported; it ends early when no row wants a step."""
+        for _ in range(self._burst_length()):
+            step = self._next_step()
+            if step is None:
+                return
+            yield step
+
+    def _burst_length(self) -> int:
+        busy = self.busy_rows
+        return next(n for most, n in self.bursts if most is None or busy <= most)
+
+    def _next_step(self) -> Step | None:
+        jobs = tuple(job for job in self.row_jobs if job is not None and job.wants_steps())
+        if not jobs:
+            return None
+        rows = bucket(max(job.row for job in jobs) + 1, self.shapes.row_buckets)
+        # token k of a job feeds token k - 1 at position n + k - 1: its span must cover n + k positions
+        span = bucket(max(len(job.ids) + job.launched for job in jobs), self.shapes.spans)
+        return Step(jobs, rows, span)
+
+    def launched(self, jobs: Launch) -> None:
+        """A prefill or step sampling a token for these jobs was launched: it awaits a read-back, and a job that
+        wants no more steps frees its row (its launched tokens stay readable: a new job's prefill in that row runs
+        after them)."""
+        self.unread.append(jobs)
+        for job in jobs:
+            job.launched += 1
+            if not job.wants_steps() and self.row_jobs[job.row] is job:
+                self.row_jobs[job.row] = None
+
+    # ---- read-backs --------------------------------------------------------------------------------------------
+
+    def take_unread(self) -> list[Launch]:
+        """The launches not read back yet (the latest ones, oldest first); the next read-back covers them."""
+        unread, self.unread = self.unread, []
+        return unread
+
+    def deliver(self, launches: list[Launch], tokens: list[list[int]]) -> None:
+        """Hand each job its tokens from these launches (`tokens`: per launch, every row's), cut at a stop id; end
+        the jobs that are done, then the aborted ones."""
+        got: dict[LaneJob, list[int]] = {}
+        for jobs, by_row in zip(launches, tokens):
+            for job in jobs:
+                got.setdefault(job, []).append(by_row[job.row])
+        for job, new in got.items():
+            self._hand_over(job, new)
+        self.sweep()
+
+    def _hand_over(self, job: LaneJob, tokens: list[int]) -> None:
+        if job.ended or job.aborted.is_set():  # steps launched before it ended: nobody reads them
+            return
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.stop_ids), None)
+        if cut is not None:
+            tokens, job.stopped = tokens[:cut], True
+        job.delivered += len(tokens)
+        if job.stopped or job.delivered >= job.opts.max_tokens:
+            self.served += 1
+            self._end(job, tokens)
+        else:
+            job.deliver("tokens", tokens, False)
+
+    # ---- ends --------------------------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """End aborted jobs, waiting or running (their rows free at once: steps in flight for them are skipped)."""
+        for job in list(self.jobs):
+            if job.aborted.is_set() and not job.ended:
+                with contextlib.suppress(ValueError):
+                    self.waiting.remove(job)
+                self._end(job)
+
+    def fail(self, err: BaseException) -> None:
+        """Every job gets the error (the router hands their streams over); the rows start empty again."""
+        jobs = [job for job in list(self.jobs) if not job.ended]
+        self.waiting.clear()
+        self.row_jobs = [None] * self.shapes.rows
+        self.unread.clear()
+        for job in jobs:
+            job.deliver("error", err)
+            self._end(job)
+
+    def _end(self, job: LaneJob, last: list[int] | None = None) -> None:
+        """Take the job off the lane, then hand over its `last` tokens (marked finished) and the end: whoever
+        sees them sees the lane without it."""
+        job.ended = True
+        if 0 <= job.row < len(self.row_jobs) and self.row_jobs[job.row] is job:
+            self.row_jobs[job.row] = None
+        with contextlib.suppress(ValueError):
+            self.jobs.remove(job)
+        if last is not None:
+            job.deliver("tokens", last, True)
+        job.deliver("end", None)
