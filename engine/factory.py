@@ -27,7 +27,8 @@ class EngineConfig:
     decoder_device: str = "auto"
     """BiCodec device: auto (GPU if present and not slower than the CPU) | cpu | cuda."""
     decoder_dtype: str = "auto"
-    """BiCodec precision on CUDA: auto (= GPU_DECODER_DTYPE) | fp32 | bf16. The CPU always decodes in fp32."""
+    """BiCodec precision: auto | fp32 | bf16. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
+    bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
     quantize: str = "auto"
@@ -273,8 +274,7 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     if device == "auto":
         device = "cuda" if _cuda() else "cpu"
     if device != "cuda":
-        with phase("decoder", events):
-            return BiCodecDecoder(info.bicodec_dir, device=device, num_threads=config.threads)
+        return _cpu_decoder(info, config, events)
     import torch
 
     from engine.batching import lengths_for
@@ -294,19 +294,53 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
         if config.decoder_device == "cuda":
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
         events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
-        return BiCodecDecoder(info.bicodec_dir, device="cpu", num_threads=config.threads)
+        return _cpu_decoder(info, config, events)
     graphs = "no CUDA graphs" if config.deterministic else f"CUDA graphs captured in {seconds:.1f} s"
     events(Notice(f"decoder on {torch.cuda.get_device_name()} ({config_dtype_name(dtype)}, {graphs})"))
     if config.decoder_device == "auto":
         gpu_s = probe_decoder(gpu, lengths_for(config.schedule)[0])
         if gpu_s > SLOW_GPU_DECODE_S:
-            cpu = BiCodecDecoder(info.bicodec_dir, device="cpu", num_threads=config.threads)
+            cpu = _cpu_decoder(info, config, events)
             cpu_s = probe_decoder(cpu, lengths_for(config.schedule)[0])
             if cpu_s < gpu_s:
                 events(Notice(f"the GPU decodes slower than the CPU here ({gpu_s * 1e3:.0f} vs "
                               f"{cpu_s * 1e3:.0f} ms per window); decoding on the CPU"))
                 return cpu
     return gpu
+
+
+def _cpu_decoder(info, config: EngineConfig, events: EventSink):
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cpu_decoder_dtype(config)]
+    with phase("decoder", events):
+        decoder = BiCodecDecoder(info.bicodec_dir, device="cpu", dtype=dtype, num_threads=config.threads)
+    if dtype != torch.float32:
+        events(Notice(f"decoder on the CPU in {config_dtype_name(dtype)} (--quantize none: fp32)"))
+    return decoder
+
+
+def cpu_decoder_dtype(config: EngineConfig) -> str:
+    """The CPU decoder's precision: the one asked for, else bf16 where the CPU multiplies bf16 natively and the user
+    did not ask for full precision, else fp32. bf16 halves the bytes its convolutions and activations move and
+    doubles the products per instruction; its error against fp32 is bounded in docs/cpu.md (DECODER_BF16_SNR_DB)."""
+    if config.decoder_dtype != "auto":
+        return config.decoder_dtype
+    return "bf16" if config.quantize != "none" and cpu_decodes_bf16() else "fp32"
+
+
+def cpu_decodes_bf16() -> bool:
+    """The CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX); elsewhere bf16 would be emulated, slower
+    than fp32, and the decoder stays in fp32 (ARM's bf16 paths are not measured here)."""
+    import torch
+
+    checks = (torch.cpu._is_avx512_bf16_supported, torch.cpu._is_amx_tile_supported)  # private, hence the guard
+    try:
+        return any(check() for check in checks)
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def config_dtype_name(dtype) -> str:
@@ -582,11 +616,21 @@ def describe_platform(synth: Synthesizer) -> str:
     if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
         parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
                   f"{torch.get_num_threads()} threads"]
+        if _decoder_dtype(synth) != torch.float32:  # fp32 (left unsaid, as before) renders other bytes
+            parts.append(f"decoder {config_dtype_name(_decoder_dtype(synth))}")
     if getattr(synth.generator, "quantize", "none") == "int8":  # fp32 (left unsaid, as before) renders other bytes
         parts.append(f"LLM {synth.generator.llm_path()}")
     parts.append(f"torch {torch.__version__}")
     parts += [f"lane {lane.rows}x{lane.max_len}" for lane in _lanes(synth.generator)]
     return ", ".join(parts)
+
+
+def _decoder_dtype(synth: Synthesizer):
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    return synth.decoder.dtype if isinstance(synth.decoder, BiCodecDecoder) else torch.float32
 
 
 def _nvidia_driver() -> str:

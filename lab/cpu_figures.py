@@ -1,7 +1,7 @@
 """CPU figures for the closing notes: torch generator tok/s, BiCodec decode speed, TTFA / RTF / seam error.
 
 Usage: python -m lab.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8]
-       [--model DIR]
+       [--model DIR] [--decoder-dtype auto|fp32|bf16] [--schedule FIRST,NEW,GROWTH,MAX]
 Builds the synthetic checkpoint in a temporary directory (deleted afterwards; or uses --model's) and runs the real
 pipeline (torch generator + our BiCodec decoder) on the CPU. Prints one JSON object.
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 
-async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto") -> dict:
+async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto", decoder_dtype: str = "auto",
+                  schedule: str | None = None) -> dict:
     from engine.backends.base import DecodeItem
     from engine.backends.torch_gen import measure_throughput
     from engine.config import SamplingOptions, SynthesisRequest
@@ -32,8 +33,13 @@ async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto"
     from lab.decoder_context_table import timed
 
     events: list = []
-    synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads,
-                                           cache_dir=tempfile.mkdtemp(), quantize=quantize), events=events.append)
+    from engine.windowing import WindowSchedule
+
+    knobs = dict(zip(("first_new", "new", "growth", "max_new"), map(float, schedule.split(",")))) if schedule else {}
+    sched = WindowSchedule(**{k: (v if k == "growth" else int(v)) for k, v in knobs.items()})
+    synth = build_synthesizer(EngineConfig(model=str(model), backend="torch", threads=threads, schedule=sched,
+                                           cache_dir=tempfile.mkdtemp(), quantize=quantize,
+                                           decoder_dtype=decoder_dtype), events=events.append)
     globals_ = await synth.voice_globals("leo")
     text = "Measuring the real pipeline on the processor, one sentence at a time."
     prompt = build_globals_prompt(text, globals_, synth.token_ids, synth.encode)
@@ -59,7 +65,8 @@ async def measure(model: Path, threads: int, tokens: int, quantize: str = "auto"
     fade = int(synth.join.fade_s * synth.sample_rate)
     seam = seam_error_db(streamed, fade_edges(pcm, fade, fade))
     await synth.close()
-    return {"threads": threads, "llm": synth.generator.llm_path(), "generator_tok_s": round(tok_s, 1),
+    return {"threads": threads, "llm": synth.generator.llm_path(), "decoder": str(synth.decoder.dtype),
+            "schedule": schedule, "generator_tok_s": round(tok_s, 1),
             "decode": decode, "ttfa_ms": round(ttfa * 1000, 1), "rtf": round(done.rtf, 3),
             "audio_s": round(done.audio_s, 2), "seam_error_db": round(seam, 1), "tokens": tokens,
             "load_avg_1m": os.getloadavg()[0]}
@@ -72,13 +79,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=150)
     ap.add_argument("--quantize", choices=["auto", "none", "int8"], default="auto", help="the LLM's weights")
     ap.add_argument("--model", type=Path, help="a synthetic checkpoint of --size already written (kept)")
+    ap.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    ap.add_argument("--schedule", metavar="FIRST,NEW,GROWTH,MAX", help="the streaming windows (WindowSchedule)")
     args = ap.parse_args()
     from engine.synthetic import write_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="cpu-figures-"))
     try:
         model = args.model or write_checkpoint(tmp / "m", size=args.size, seed=0)
-        result = asyncio.run(measure(model, args.threads, args.tokens, args.quantize))
+        result = asyncio.run(measure(model, args.threads, args.tokens, args.quantize, args.decoder_dtype,
+                                     args.schedule))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"size": args.size, **result}))

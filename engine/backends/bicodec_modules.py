@@ -78,7 +78,7 @@ class AdaLayerNorm(nn.Module):
         self.shift = nn.Linear(condition_dim, dim)
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:  # x (B,T,C), cond (B,Cc)
-        x = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        x = F.layer_norm(x, (self.scale.out_features,), eps=self.eps)  # a constant shape: exportable to ONNX
         return x * self.scale(cond)[:, None] + self.shift(cond)[:, None]
 
 
