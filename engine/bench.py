@@ -770,7 +770,7 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
         build_s = time.perf_counter() - t0
         inner = synth.generator
         gen = FixedLengthGenerator(inner, opts.tokens, synth.token_ids.stop_ids)
-        synth.generator = gen
+        synth.swap_generator(gen)
         text = " ".join([SENTENCE] * opts.sentences)
         result: dict[str, Any] = {
             "generator": type(inner).__name__, "decoder_device": str(getattr(synth.decoder, "device", "?")),
@@ -840,7 +840,7 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
     if variant.switch_s is not None:
         sys.setswitchinterval(variant.switch_s)
     try:
-        if getattr(synth.decoder, "fixed_shapes", False):
+        if synth.decoder.fixed_shapes:
             synth.decoder.warmup(lengths_for(schedule))
             synth._shape_lengths = lengths_for(schedule)  # noqa: SLF001
         synth.schedule = schedule

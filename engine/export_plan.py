@@ -12,7 +12,6 @@ one. Assembly is a second pass, which is also where the optional loudness gains 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,6 +29,7 @@ from uuid import uuid4
 
 import numpy as np
 
+from engine.atomic import replacing
 from engine.book import Book, Sentence
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError
@@ -112,19 +112,6 @@ class ExportPlan:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@contextlib.contextmanager
-def replacing(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """A hidden temp file beside `path` to write in the block: it replaces `path` when the block ends, and is
-    deleted when the block fails, so `path` is never seen half-written. Beside it, in the same directory, so the
-    rename never crosses filesystems."""
-    tmp = path.with_name(f".{path.name}{suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ---- parts ------------------------------------------------------------------------------------------------
@@ -284,32 +271,10 @@ def _is(value: Any, kind: type) -> bool:
 
 # ---- rendering --------------------------------------------------------------------------------------------
 
-class MemoryGlobalsCache:
-    """Computed speaker globals kept in memory, by voice fingerprint (the GlobalsCache interface)."""
-
-    def __init__(self) -> None:
-        self._codes: dict[tuple[str, str], tuple[int, ...]] = {}
-
-    def get(self, voice) -> tuple[int, ...] | None:
-        return self._codes.get((voice.name, voice.fingerprint))
-
-    def put(self, voice, codes: tuple[int, ...]) -> None:
-        self._codes[(voice.name, voice.fingerprint)] = tuple(codes)
-
-
-def keep_voice_globals(synth: Synthesizer) -> None:
-    """Give a synthesizer without an on-disk globals cache (the fake engine) one in memory. Without it every
-    request recomputes its voice's globals under the synthesizer's globals lock, which serializes concurrent
-    requests (measured: --jobs made no difference to a fake export). Same globals either way: they are seeded."""
-    if getattr(synth, "globals_cache", None) is None:
-        synth.globals_cache = MemoryGlobalsCache()  # type: ignore[assignment]
-
-
 async def render_parts(synth: Synthesizer, plan: ExportPlan, parts: Parts, todo: list[int], jobs: int,
                        on_done: Callable[[int, int], None]) -> None:
     """Render `todo` with up to `jobs` requests in flight (lowest index first); each finished sentence is written
     to `parts` before `on_done(index, samples)`. The first failure cancels the rest and is raised."""
-    keep_voice_globals(synth)
     pending: Iterator[int] = iter(todo)
 
     async def worker() -> None:

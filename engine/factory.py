@@ -233,11 +233,13 @@ def _path(p: str | None):
 def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> Synthesizer:
     from engine.fakes import ScriptedGenerator, ToneDecoder
     from engine.tokens import TokenIds
+    from engine.voices import MemoryGlobalsCache
 
     ids = TokenIds()
     synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
-                        lambda text: [ord(c) % 151643 for c in text], voices, None, schedule=config.schedule,
-                        join=config.join, events=events, decode_batch=_decode_batch(config))
+                        lambda text: [ord(c) % 151643 for c in text], voices, MemoryGlobalsCache(),
+                        schedule=config.schedule, join=config.join, events=events,
+                        decode_batch=_decode_batch(config))
     _warm_up_if_asked(synth, config, events)
     return synth
 
@@ -667,9 +669,8 @@ def _vllm_installed() -> bool:
 async def _swap(synth: Synthesizer, events: EventSink, lane=None, primary=None) -> None:
     """A router over the new lane or primary (and the other part kept) takes the next sentences; the parts it
     replaced finish what they run, then close."""
-    old = synth.generator
-    new = lane_router(primary or old.primary, lane or old.lane, events)
-    synth.generator = new
+    new = lane_router(primary or synth.generator.primary, lane or synth.generator.lane, events)
+    old = synth.swap_generator(new)
     await _retire(old, keep=(new.lane, new.primary))
 
 

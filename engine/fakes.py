@@ -63,6 +63,10 @@ class ToneDecoder:
 
     sample_rate = 16000
     samples_per_code = 320
+    batch_limit = 128
+    """Any number of windows decodes in one call; this many keeps a call short."""
+    fixed_shapes = False
+    """Windows of any length decode together: none is widened."""
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         return [self._one(item) for item in items]

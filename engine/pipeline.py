@@ -11,7 +11,7 @@ from collections import deque
 from contextlib import aclosing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
 
 import numpy as np
 
@@ -24,10 +24,10 @@ from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
                            RequestStarted, SentenceFinished, ignore_events)
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
-from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap
+from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, text_pieces
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
 from engine.types import AudioChunk
-from engine.voices import GlobalsCache, Voice, VoiceBank, available_voice
+from engine.voices import GlobalsCache, MemoryGlobalsCache, Voice, VoiceBank, available_voice
 from engine.windowing import Window, WindowPlanner, WindowSchedule
 
 VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -166,7 +166,8 @@ class Synthesizer(UtteranceFolds):
     """Streams speech for requests. One instance per loaded model; safe for concurrent requests."""
 
     def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, token_ids: TokenIds,
-                 encode: Callable[[str], list[int]], voices: VoiceBank, globals_cache: GlobalsCache | None = None,
+                 encode: Callable[[str], list[int]], voices: VoiceBank,
+                 globals_cache: GlobalsCache | MemoryGlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
                  events: EventSink = ignore_events, eager_lookahead: bool = False,
                  decode_batch: int | None = None, model_info: Any = None) -> None:
@@ -184,13 +185,18 @@ class Synthesizer(UtteranceFolds):
         self.active_requests = 0
         """Requests being synthesized now (picks the busy window schedule)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
-        self.batcher = DecodeBatcher(decoder, self._decode_pool,
-                                     max_batch=decode_batch or getattr(decoder, "batch_limit", 128),
-                                     one_length=getattr(decoder, "fixed_shapes", False))
+        self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
+                                     one_length=decoder.fixed_shapes)
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
-        self._shape_lengths = lengths_for(schedule) if getattr(decoder, "fixed_shapes", False) else ()
+        self._shape_lengths = lengths_for(schedule) if decoder.fixed_shapes else ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""
         self._globals_lock = asyncio.Lock()
+
+    def swap_generator(self, generator: TokenGenerator) -> TokenGenerator:
+        """Hand the next sentences to `generator` (a server's tuned one); sentences already generating finish on
+        the one they started on. Returns the generator it replaced, for the caller to close once idle."""
+        old, self.generator = self.generator, generator
+        return old
 
     # ---- voices -------------------------------------------------------------------------------------
 
@@ -480,16 +486,16 @@ class _SentenceSource:
         self._splitter = SentenceSplitter(max_chars=max_chars)
         self._raw: deque[str] = deque()
         """Split sentences not yet normalized."""
-        self._text, self._fed = text, 0
+        self._pieces: Iterator[str] = text_pieces(text, FEED_CHARS)
+        """The text not yet split, a piece at a time."""
         self._stream = stream.__aiter__() if stream is not None else None
         self._flushed = False
 
     def _feed_text(self) -> bool:
-        """Split the next piece of the whole text; False once all of it is fed."""
-        if self._fed >= len(self._text):
+        """Split the next piece of the text; False once all of it is fed."""
+        piece = next(self._pieces, None)
+        if piece is None:
             return False
-        piece = self._text[self._fed:self._fed + FEED_CHARS]
-        self._fed += len(piece)
         self._raw.extend(self._splitter.feed(piece))
         return True
 
@@ -523,7 +529,8 @@ class _SentenceSource:
             except StopAsyncIteration:
                 self._finish()
                 continue
-            self._text, self._fed = self._text[self._fed:] + piece, 0  # split FEED_CHARS at a time too
+            # the text before it is all fed (next_nowait found no sentence): a large piece is fed a piece at a time too
+            self._pieces = text_pieces(piece, FEED_CHARS)
 
     async def close(self) -> None:
         close = getattr(self._stream, "aclose", None)

@@ -3,7 +3,8 @@
 Order: split first, then normalize each sentence (`[normalize(s) for s in split_sentences(raw)]`). The splitter sees
 the raw text, so "Dr. Smith", "3.14", "e.g. this" and "example.com" are visible as what they are; `normalize` then
 expands them inside the sentence. Both are pure str -> str (stdlib only) and never raise on odd input.
-`sentence_token_cap` bounds how long the model may speak one normalized sentence.
+`sentence_token_cap` bounds how long the model may speak one normalized sentence; `text_pieces` cuts a long text
+into the pieces it is fed in.
 
 Rules chosen by `normalize` (documented here once; the tests hold one example of each):
 - Unicode: ANSI escapes, control/format/zero-width/bidi characters, unpaired surrogates, combining marks left over
@@ -32,6 +33,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from re import Match
+from typing import Iterator
 
 # ---------------------------------------------------------------------------------------------------------------
 # Number words
@@ -838,6 +840,13 @@ def split_sentences(text: str, max_chars: int = 300, *, newline_breaks: bool = T
     """All sentences of a complete text: `SentenceSplitter.feed(text)` then `flush()`."""
     splitter = SentenceSplitter(max_chars, newline_breaks=newline_breaks)
     return splitter.feed(text) + splitter.flush()
+
+
+def text_pieces(text: str, size: int) -> Iterator[str]:
+    """`text` in consecutive pieces of `size` characters (the last one shorter), made as they are asked for: how a
+    long text is handed on a piece at a time. `SentenceSplitter` gives the same sentences however a text is cut."""
+    for start in range(0, len(text), size):
+        yield text[start:start + size]
 
 
 # ---- how long a sentence may run -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Provides voice presets (assets/voices/*.toml, user voices) and the on-disk cache of their speaker globals."""
+"""Provides voice presets (assets/voices/*.toml, user voices) and the caches of their computed speaker globals (on
+disk per checkpoint, or in memory)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.atomic import replacing
 from engine.errors import InputError, VoiceNotFound
 from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
 
@@ -136,9 +138,8 @@ class VoiceBank:
         if voice.model_hash:
             lines.append(f'model_hash = "{voice.model_hash}"')
         path = d / f"{voice.name}.toml"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        with replacing(path) as tmp:
+            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
 
 
@@ -163,11 +164,25 @@ class GlobalsCache:
     def put(self, voice: Voice, codes: tuple[int, ...]) -> None:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self._path(voice).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"fingerprint": voice.fingerprint, "global_tokens": list(codes)}))
-            tmp.replace(self._path(voice))
+            with replacing(self._path(voice)) as tmp:
+                tmp.write_text(json.dumps({"fingerprint": voice.fingerprint, "global_tokens": list(codes)}))
         except OSError:
             pass  # a read-only cache only costs a recompute next time
 
     def has(self, voice: Voice) -> bool:
         return self.get(voice) is not None
+
+
+class MemoryGlobalsCache:
+    """Computed speaker globals kept in memory for the engine's life, by voice name and fingerprint (GlobalsCache's
+    get/put), for an engine without a checkpoint to key an on-disk cache by (the fake engine). Without a cache every
+    request would recompute its voice's globals under the synthesizer's globals lock, one request at a time."""
+
+    def __init__(self) -> None:
+        self._codes: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def get(self, voice: Voice) -> tuple[int, ...] | None:
+        return self._codes.get((voice.name, voice.fingerprint))
+
+    def put(self, voice: Voice, codes: tuple[int, ...]) -> None:
+        self._codes[(voice.name, voice.fingerprint)] = tuple(codes)

@@ -47,7 +47,8 @@ class Recorder:
 
 
 async def first_sentences_ms(synth, voice: str, n: int) -> list[float]:
-    recorder = synth.generator = Recorder()
+    recorder = Recorder()
+    synth.swap_generator(recorder)
     text = " ".join([SENTENCE] * 2)
 
     async def start(i: int) -> None:

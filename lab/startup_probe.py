@@ -48,7 +48,6 @@ def main(variant: str, model: str) -> None:
     req = SynthesisRequest("Hello there. This is a start-up test of the engine.",
                            options=SamplingOptions(seed=1, max_tokens=150))
     async def run():
-        synth.events = on
         await synth.render(req)
         await synth.close()
 

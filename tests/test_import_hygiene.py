@@ -6,7 +6,7 @@ import pytest
 
 PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.crossfade",
         "engine.ringbuffer", "engine.events", "engine.errors", "engine.config", "engine.voices",
-        "engine.model", "engine.seams", "engine.lane_scheduler"]
+        "engine.model", "engine.seams", "engine.lane_scheduler", "engine.metrics", "engine.atomic"]
 HEAVY = ["torch", "vllm", "sounddevice", "textual", "transformers", "voiceapp"]
 
 

@@ -246,20 +246,26 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: str | None) -> dict:
     from engine.export_plan import Manifest, Parts
     from engine.factory import build_synthesizer
+    from engine.metrics import RequestMetrics
 
     manifest = Manifest(layout.manifest, Parts(layout.parts))
     earlier = previous_run(manifest, plan, args, str(layout.out))
     # deterministic: a sentence's bytes must not depend on what renders beside it (--jobs, where a resume
     # restarts), nor on the process, or --resume would not reproduce an uninterrupted export. No warm-up request:
     # nobody listens for an export's first sentence, whose first-use costs it may as well pay itself.
-    phases = StartupPhases(_print_notices)
-    synth = build_synthesizer(export_config(engine_config(args)), events=phases)
+    engine = RequestMetrics()  # its start-up phases are reported; the sentences' requests are counted by Progress
+
+    def on_event(event) -> None:
+        engine.apply(event)
+        _print_notices(event)
+
+    synth = build_synthesizer(export_config(engine_config(args)), events=on_event)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
         stats = await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
     finally:
         await synth.close()
-    return {**stats, "phases": phases.seconds}
+    return {**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}}
 
 
 def export_config(config):
@@ -269,22 +275,6 @@ def export_config(config):
     from engine.windowing import WindowSchedule
 
     return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=WindowSchedule.whole())
-
-
-class StartupPhases:
-    """An event sink that keeps each StartupPhase's seconds (by name) and hands every other event on."""
-
-    def __init__(self, then) -> None:
-        self.then = then
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, event) -> None:
-        from engine.events import StartupPhase
-
-        if isinstance(event, StartupPhase):
-            self.seconds[event.name] = round(self.seconds.get(event.name, 0.0) + event.seconds, 3)
-        else:
-            self.then(event)
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
@@ -413,7 +403,7 @@ def output_error(err: OSError, manifest, done: set[int], out: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    from engine.export_plan import replacing
+    from engine.atomic import replacing
 
     with replacing(path) as tmp:
         tmp.write_text(text)

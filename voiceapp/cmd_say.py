@@ -5,9 +5,11 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from engine.events import Notice
+from engine.metrics import RequestMetrics
 from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, process_start_perf,
                              require_speakable, require_voice, sampling_options)
 
@@ -31,61 +33,46 @@ def add_playback_args(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class SayMetrics:
-    """What `--stats` / `--json` report."""
+class SayMetrics(RequestMetrics):
+    """What `--stats` / `--json` report: the request's numbers (engine.metrics) and who spoke it. Its "phases"
+    also hold "launch": this process's start to an in-process engine's construction (the interpreter and the
+    imports before it)."""
 
-    t0: float = 0.0
-    ttfa_ms: float | None = None
-    """From the request's start (after the engine is ready) to its first audio."""
-    process_ttfa_ms: float | None = None
-    """From this process's start to the first audio: what the user waits for (model loading included when the
-    engine runs in-process; connecting included when a server speaks)."""
     server_pid: int | None = None
     """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
     server_started: bool = False
     """This command started that server (it keeps running in the background until idle)."""
-    onset_ms: float | None = None
-    rtf: float | None = None
-    audio_s: float = 0.0
-    wall_s: float = 0.0
-    underruns: int = 0
-    sentences: int = 0
-    notices: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    """Seconds of each step of building an in-process engine (StartupPhase events); "launch" is this process's
-    start to the engine's construction: the interpreter and the imports before it."""
 
     def on_event(self, event) -> None:
-        from engine.events import FirstAudio, Notice, RequestFinished, RequestStarted, SentenceFinished, StartupPhase
-
-        if isinstance(event, RequestStarted):
-            self.t0 = event.t
-        elif isinstance(event, FirstAudio):
-            self.ttfa_ms = event.ttfa_s * 1000
-            self.process_ttfa_ms = (event.t - process_start_perf()) * 1000
-        elif isinstance(event, SentenceFinished):
-            self.sentences += 1
-        elif isinstance(event, RequestFinished):
-            self.audio_s, self.wall_s = event.audio_s, event.wall_s
-            self.rtf = event.rtf if event.audio_s else None
-        elif isinstance(event, Notice):
-            self.notices.append(event.message)
+        """The engine's event sink: fold the event in; a Notice is also shown at once."""
+        self.apply(event)
+        if isinstance(event, Notice):
             print(f"voicectl: {event.message}", file=sys.stderr)
-        elif isinstance(event, StartupPhase):
-            self.phases[event.name] = self.phases.get(event.name, 0.0) + event.seconds
 
     def line(self) -> str:
+        d = self.as_dict()
+
         def ms(v):
             return "-" if v is None else f"{v:.0f} ms"
 
-        rtf = "-" if self.rtf is None else f"{self.rtf:.3f}"
+        rtf = "-" if d["rtf"] is None else f"{d['rtf']:.3f}"
         engine = "in-process" if self.server_pid is None else f"server pid {self.server_pid}"
-        return (f"TTFA {ms(self.ttfa_ms)} ({ms(self.process_ttfa_ms)} from launch, {engine}) | onset "
-                f"{ms(self.onset_ms)} | RTF {rtf} | underruns {self.underruns} | {self.audio_s:.2f} s audio, "
+        return (f"TTFA {ms(d['ttfa_ms'])} ({ms(d['process_ttfa_ms'])} from launch, {engine}) | onset "
+                f"{ms(d['onset_ms'])} | RTF {rtf} | underruns {self.underruns} | {self.audio_s:.2f} s audio, "
                 f"{self.sentences} sentences")
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "t0"}
+        """`--json`: TTFA from the request's start (after the engine is ready) and from this process's start
+        (what the user waits for: model loading included in-process, connecting when a server speaks), onset,
+        wall-time RTF, and the rest as folded."""
+        return {"ttfa_ms": _ms(self.ttfa_s), "process_ttfa_ms": _ms(self.process_ttfa_s(process_start_perf())),
+                "server_pid": self.server_pid, "server_started": self.server_started, "onset_ms": _ms(self.onset_s),
+                "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s, "underruns": self.underruns,
+                "sentences": self.sentences, "notices": self.notices, "phases": self.phases}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,7 +150,6 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
     replayed: that is an error, like a server dying mid-speech).
     """
     from engine.errors import InputError
-    from engine.events import Notice
     from voiceapp.client import ServerGone
 
     player = None
@@ -233,8 +219,7 @@ async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, met
         return
     player.mark_utterance_start()
     await synth.speak(req, player, stream)
-    onset = player.last_onset_perf
-    metrics.onset_ms = (onset - metrics.t0) * 1000 if onset else None
+    metrics.heard_at(player.last_onset_perf)
     metrics.underruns = player.underruns
 
 

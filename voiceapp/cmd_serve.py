@@ -95,13 +95,14 @@ async def serve(args: argparse.Namespace, http=None) -> None:
     """`http`: the HTTP API's voiceapp.speech_api.HttpSettings (None: no HTTP API)."""
     from engine.factory import build_synthesizer, crowd_tuning
     from voiceapp.client import is_default_location, socket_path
-    from voiceapp.server import EngineServer, SocketLock, prepare_socket_dir
+    from voiceapp.server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
 
     first, crowd = first_config(args), serve_config(args)  # bad engine flags fail before the socket is touched
     path = socket_path(args.socket)
     private = is_default_location(path)
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
+    requests = LiveRequests(log)  # the engine's events: Notices (while it loads too) to the log, the rest to clients
     listener = None
     try:
         if http is not None:  # bound now: a port in use fails before the model loads
@@ -109,14 +110,14 @@ async def serve(args: argparse.Namespace, http=None) -> None:
 
             listener = bind_listener(http.host, http.port)
         log(f"loading the engine ({describe_flags(args)})")
-        synth = build_synthesizer(first, events=log_notices)
+        synth = build_synthesizer(first, events=requests.route)
     except BaseException:
         if listener is not None:
             listener.close()
         lock.release()
         raise
-    tuning = crowd_tuning(synth, crowd, lambda event: synth.events(event)) if tunes(args) else None
-    server = EngineServer(synth, path, lock=lock, private_dir=private, log=log, idle_timeout_s=args.idle_timeout,
+    tuning = crowd_tuning(synth, crowd, requests.route) if tunes(args) else None
+    server = EngineServer(synth, path, requests, lock=lock, private_dir=private, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     if listener is not None:
         from voiceapp.http_api import HttpApi
@@ -159,14 +160,6 @@ async def listen(server) -> None:
     stopped.cancel()
     idle.cancel()
     log(f"no client for {idle_text(server.idle_timeout_s)}: stopping" if not stop.is_set() else "stopping")
-
-
-def log_notices(event) -> None:
-    """The engine's Notices while it loads (backend fallbacks and the like) go to the log."""
-    from engine.events import Notice
-
-    if isinstance(event, Notice):
-        log(event.message)
 
 
 def describe_flags(args: argparse.Namespace) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voiceapp.startup_cases import POLL_S, Bench, CaseFailed, end_process, last_line, launch
+from voiceapp.startup_cases import POLL_S, Bench, CaseFailed, end_process, last_line, launch, write_book
 
 OTHER_JOBS = (16, 50)
 """--jobs of the killed export and of the reversed one: both unlike the default (the lane's rows and some)."""
@@ -87,9 +87,7 @@ def export_run(bench: Bench, book: Path, out: Path, *extra: str, kill_at: int | 
 
 def export_check(bench: Bench, book: Path) -> dict:
     """The three exports (four processes) and their comparison: what docs/benchmarks/export.json holds."""
-    from voiceapp.startup_bench import book_text
-
-    book.write_text(book_text(bench.export_sentences), encoding="utf-8")
+    write_book(book, bench.export_sentences)
     outs = {name: bench.work / f"{name}.wav" for name in ("clean", "resumed", "reversed")}
     runs = [export_run(bench, book, outs["clean"], name="clean"),
             export_run(bench, book, outs["resumed"], "--jobs", str(OTHER_JOBS[0]), name="killed",
@@ -129,11 +127,8 @@ def export_speed(model: Path, sentences: int, timeout_s: float, log) -> dict:
     figure: the path users run, not one of the benchmark's own."""
     import tempfile
 
-    from voiceapp.startup_bench import book_text
-
     with tempfile.TemporaryDirectory(prefix="voiceapp-export-") as work:
         bench = Bench(model, Path(work), 1, timeout_s, sentences, log)
-        book = Path(work) / "book.txt"
-        book.write_text(book_text(sentences), encoding="utf-8")
+        book = write_book(Path(work) / "book.txt", sentences)
         run = export_run(bench, book, Path(work) / "book.wav")
     return {**run.stats, "first_sentence_s": run.first_sentence_s, "exit_s": run.exit_s}

@@ -22,8 +22,8 @@ from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
-from engine.events import Event, FirstAudio, Notice
-from engine.export_plan import keep_voice_globals
+from engine.events import Event, Notice
+from engine.metrics import RequestMetrics
 from engine.pipeline import Synthesizer
 from engine.tuning import Tuning
 from engine.types import AudioChunk
@@ -99,9 +99,40 @@ class _Live:
     """Who asked, for a request of another front end ("http HOST:PORT")."""
     started: float = field(default_factory=time.monotonic)
     samples: int = 0
-    ttfa_s: float | None = None
+    """Samples sent so far (pauses included)."""
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    """Its engine events, folded."""
     text: "_PendingText | None" = None
     """Streamed text not yet taken by the synthesizer (requests with "stream": true)."""
+
+
+def stderr_log(line: str) -> None:
+    """The server's default log: one line on stderr."""
+    print(f"voicectl serve: {line}", file=sys.stderr)
+
+
+class LiveRequests:
+    """The requests being served, by request id, and the engine's event sink that routes their events: build the
+    engine with `events=requests.route`, then serve it with the same `requests` (EngineServer)."""
+
+    def __init__(self, log: Callable[[str], None] = stderr_log) -> None:
+        self.log = log
+        """Where Notices go (the server's log)."""
+        self.live: dict[str, _Live] = {}
+
+    def route(self, event: Event) -> None:
+        """An event of a request being served is folded into its metrics and relayed to its client; Notices go to
+        the log; the rest (start-up phases, requests no longer served) is dropped."""
+        if isinstance(event, Notice):
+            self.log(event.message)
+            return
+        live = self.live.get(getattr(event, "request_id", ""))
+        if live is None:
+            return
+        live.metrics.apply(event)
+        message = event_message(event)
+        if message is not None and live.conn is not None:
+            live.conn.send(message)
 
 
 class _PendingText:
@@ -207,12 +238,13 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
 # ---- the server -------------------------------------------------------------------------------------------
 
 class EngineServer:
-    """Serves `synth` on a Unix socket. Takes over the synthesizer's event sink to route events to clients."""
+    """Serves `synth` on a Unix socket. `requests`: the LiveRequests whose `route` is the synthesizer's event sink
+    (so that each request's events reach its client)."""
 
-    def __init__(self, synth: Synthesizer, path: Path, *, lock: SocketLock | None = None, private_dir: bool = False,
-                 log: Callable[[str], None] | None = None, idle_timeout_s: float = 0.0,
+    def __init__(self, synth: Synthesizer, path: Path, requests: LiveRequests, *, lock: SocketLock | None = None,
+                 private_dir: bool = False, log: Callable[[str], None] | None = None, idle_timeout_s: float = 0.0,
                  auto_started: bool = False, tuning: Tuning | None = None) -> None:
-        self.synth, self.path, self.lock = synth, path, lock
+        self.synth, self.path, self.requests, self.lock = synth, path, requests, lock
         self.tuning = tuning
         """What the server builds while it answers (engine.tuning), shown by status; None: nothing."""
         self.private_dir = private_dir
@@ -221,20 +253,17 @@ class EngineServer:
         """`wait_idle` returns once no client has been connected for this long; 0 = never (shown by status)."""
         self.auto_started = auto_started
         """Started by `say` or the TUI rather than by hand (shown by status)."""
-        self.log = log or (lambda line: print(f"voicectl serve: {line}", file=sys.stderr))
+        self.log = log or requests.log
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
         self.http: Any = None
         """The HTTP API serving this engine too (voiceapp.http_api.HttpApi), shown by status; None: none."""
-        self._live: dict[str, _Live] = {}
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
         self._accept_failure_logged = -ACCEPT_FAILURE_LOG_S
         self._stopping = False
         self._idle_since = time.monotonic()
-        synth.events = self._route
-        keep_voice_globals(synth)  # a long-lived engine computes each voice's globals once
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -270,10 +299,10 @@ class EngineServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
-        for live in list(self._live.values()):
+        for live in list(self.requests.live.values()):
             if live.conn is not None:
                 live.conn.send(error_message("shutdown", "the voicectl server was stopped during the request"))
-        self._live.clear()
+        self.requests.live.clear()
         for task in list(self._handlers):
             task.cancel()
         if self._handlers:
@@ -287,7 +316,7 @@ class EngineServer:
     def idle_s(self) -> float:
         """Seconds since the last client went away or request ended (or since the start); 0 while a client is
         connected or a request runs."""
-        return 0.0 if self._handlers or self._live else time.monotonic() - self._idle_since
+        return 0.0 if self._handlers or self.requests.live else time.monotonic() - self._idle_since
 
     async def wait_idle(self) -> None:
         """Return once no client (and so no request) has been connected for `idle_timeout_s`; never if it is 0."""
@@ -312,8 +341,8 @@ class EngineServer:
         streams = [{"voice": live.req.voice, "chars": len(live.req.text) + (live.text.received if live.text else 0),
                     "client_pid": live.conn.peer_pid if live.conn else None, "client": live.client,
                     "age_s": now - live.started, "audio_s": live.samples / self.synth.sample_rate,
-                    "ttfa_ms": None if live.ttfa_s is None else live.ttfa_s * 1000,
-                    "text_pending": live.text.chars if live.text else 0} for live in self._live.values()]
+                    "ttfa_ms": None if live.metrics.ttfa_s is None else live.metrics.ttfa_s * 1000,
+                    "text_pending": live.text.chars if live.text else 0} for live in self.requests.live.values()]
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
@@ -321,26 +350,12 @@ class EngineServer:
                 **({"http": self.http.status()} if self.http is not None else {}),
                 "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
 
-    def _route(self, event: Event) -> None:
-        """Engine events -> the client whose request they belong to (Notices go to the log)."""
-        if isinstance(event, Notice):
-            self.log(event.message)
-            return
-        live = self._live.get(getattr(event, "request_id", ""))
-        if live is None:
-            return
-        if isinstance(event, FirstAudio):
-            live.ttfa_s = event.ttfa_s
-        message = event_message(event)
-        if message is not None and live.conn is not None:
-            live.conn.send(message)
-
     # -- other front ends ---------------------------------------------------------------------------------
 
     async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int]) -> AsyncIterator[AudioChunk]:
         """Another front end's request: its audio, listed by status while it runs, counted (in `counts` too) when
         it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end)."""
-        live = self._live[req.request_id] = _Live(req, None, client=client)
+        live = self.requests.live[req.request_id] = _Live(req, None, client=client)
         outcome = "cancelled"
         try:
             async with contextlib.aclosing(self.synth.synthesize(req)) as chunks:
@@ -352,7 +367,7 @@ class EngineServer:
             outcome = "failed"
             raise
         finally:
-            self._live.pop(req.request_id, None)
+            self.requests.live.pop(req.request_id, None)
             self._idle_since = time.monotonic()
             self.counts[outcome] += 1
             counts[outcome] += 1
@@ -419,7 +434,7 @@ class EngineServer:
             conn.send(error_message("bad-request", str(err), type(err).__name__))
             return True
         text = _PendingText() if message.get("stream") else None
-        live = self._live[req.request_id] = _Live(req, conn, text=text)
+        live = self.requests.live[req.request_id] = _Live(req, conn, text=text)
         producer = asyncio.create_task(self._produce(live, None if text is None else text.pieces()))
         control = asyncio.create_task(self._control(conn, text))
         try:
@@ -428,7 +443,7 @@ class EngineServer:
             for task in (producer, control):
                 task.cancel()
             await asyncio.gather(producer, control, return_exceptions=True)
-            self._live.pop(req.request_id, None)
+            self.requests.live.pop(req.request_id, None)
         outcome, error = producer.result() if not producer.cancelled() else (control.result(), None)
         self.counts[{"done": "served", "failed": "failed"}.get(outcome, "cancelled")] += 1
         if outcome == "failed":

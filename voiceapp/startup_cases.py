@@ -174,14 +174,20 @@ def tui(bench: Bench, outcome: CaseOutcome) -> None:
 
 def export(bench: Bench, outcome: CaseOutcome) -> None:
     """`voicectl export` of a generated book: launch to the first finished sentence on disk, and to exit."""
-    book = bench.path("book", ".txt")
-    book.write_text(book_text(bench.export_sentences), encoding="utf-8")
+    book = write_book(bench.path("book", ".txt"), bench.export_sentences)
     for _ in range(bench.repeats):
         first, total, audio = export_timings(bench, book)
         outcome.add("export_first_sentence_s", first)
         outcome.add("export_total_s", total)
         outcome.add("export_audio_s", audio)
         outcome.add("export_e2e_xrt", audio / total)
+
+
+def write_book(path: Path, sentences: int) -> Path:
+    """The generated book of `sentences` sentences (startup_bench.book_text) written to `path`, for an export to
+    read; returns `path`."""
+    path.write_text(book_text(sentences), encoding="utf-8")
+    return path
 
 
 CASE_RUNNERS: dict[str, Callable[[Bench, CaseOutcome], None]] = {

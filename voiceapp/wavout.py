@@ -1,4 +1,5 @@
-"""Provides atomic WAV writing of an audio chunk stream: a temp file beside the target, renamed when complete."""
+"""Provides atomic WAV writing of an audio chunk stream: a temp file beside the target, renamed when complete
+(engine.atomic)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+from engine.atomic import replacing
 from engine.errors import OutputError
 from engine.types import AudioChunk
 
@@ -33,14 +35,14 @@ def read_only(path: Path) -> bool:
     return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
 
 
-def create_partial(out: Path) -> str:
+def create_partial(out: Path) -> Path:
     """A new, empty temp file beside `out`, created with the umask's permissions (mkstemp's 0600 would stick to
     the finished WAV, unlike export's and the TUI's files); its name is hidden, unique and carries the writer's
     pid, so that partial files of writers killed before they could clean up are removed here."""
     parent = out.parent if str(out.parent) else Path(".")
     remove_orphaned_partials(parent, out.name)
     while True:
-        tmp = str(parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+        tmp = parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial"
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
             return tmp
@@ -79,26 +81,22 @@ async def write_wav(chunks: AsyncIterator[AudioChunk], out: Path, sample_rate: i
     (and no temp file): a WAV that exists is always complete."""
     import soundfile as sf
 
-    tmp = None
     samples = 0
     try:
-        tmp = create_partial(out)
-        with sf.SoundFile(tmp, "w", samplerate=sample_rate, channels=1, subtype=subtype, format="WAV") as f:
-            async for chunk in chunks:
-                f.write(chunk.samples)
-                samples += len(chunk.samples)
-                if on_chunk is not None:
-                    on_chunk(chunk)
-        if subtype == "FLOAT":
-            zero_peak_timestamp(tmp)
-        os.replace(tmp, out)
+        with replacing(out, tmp=create_partial(out)) as tmp:
+            with sf.SoundFile(str(tmp), "w", samplerate=sample_rate, channels=1, subtype=subtype,
+                              format="WAV") as f:
+                async for chunk in chunks:
+                    f.write(chunk.samples)
+                    samples += len(chunk.samples)
+                    if on_chunk is not None:
+                        on_chunk(chunk)
+            if subtype == "FLOAT":
+                zero_peak_timestamp(tmp)
     except (OSError, sf.SoundFileError) as err:
         if disk_full(err, out):
             raise OutputError(f"disk full while writing {out}; nothing was written") from None
         raise OutputError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
     return samples
 
 
@@ -117,7 +115,7 @@ def disk_full(err: BaseException, out: Path) -> bool:
         return False
 
 
-def zero_peak_timestamp(path: str) -> None:
+def zero_peak_timestamp(path: Path) -> None:
     """libsndfile stamps float WAVs' PEAK chunk with the wall-clock time; zero it so the same audio always
     gives the same bytes. PEAK layout: id, size, version (u32), timestamp (u32), then per-channel peaks."""
     with open(path, "r+b") as f:

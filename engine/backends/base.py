@@ -1,4 +1,5 @@
-"""Provides the Protocols the pipeline depends on: TokenGenerator, CodecDecoder, AudioSink. No device imports."""
+"""Provides the Protocols the pipeline and its front ends depend on: TokenGenerator, CodecDecoder, AudioSink and
+MonitoredSink. No device imports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +48,11 @@ class CodecDecoder(Protocol):
     sample_rate: int
     samples_per_code: int
     """Samples produced per semantic code (320 for BiCodec); read from the checkpoint config."""
+    batch_limit: int
+    """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher's batch size)."""
+    fixed_shapes: bool
+    """Windows of equal length decode together in one pass (or replay a captured graph): the pipeline widens its
+    windows to the schedule's standard lengths (engine.batching.lengths_for) and batches one length per call."""
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """Decode windows (batched where the device allows); returns float32 arrays of
@@ -73,4 +79,39 @@ class AudioSink(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class MonitoredSink(AudioSink, Protocol):
+    """An AudioSink that reports its playback: where each utterance starts, when it became audible, how full its
+    buffer is and how often it ran dry (what the TUI shows). Sinks that cannot tell report nothing buffered, no
+    underruns and no onset."""
+
+    device_rate: int
+    """Frames per second of the buffer counted by `fill_frames` (the device's rate, which may differ from
+    `sample_rate`)."""
+
+    def mark_utterance_start(self) -> object:
+        """Begin a new utterance at the current write position (its onset then shows in `last_onset_perf`)."""
+        ...
+
+    @property
+    def last_onset_perf(self) -> float | None:
+        """time.perf_counter() at which the current utterance became audible; None until then (or never)."""
+        ...
+
+    @property
+    def fill_frames(self) -> int:
+        """Frames buffered now."""
+        ...
+
+    @property
+    def capacity_frames(self) -> int:
+        """Buffer size in frames (0: no buffer to show)."""
+        ...
+
+    @property
+    def underruns(self) -> int:
+        """Times the buffer ran dry mid-utterance, since the sink opened."""
         ...

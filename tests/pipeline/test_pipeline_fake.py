@@ -4,7 +4,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine.backends.base import DecodeItem
+from engine.backends.base import CodecDecoder, DecodeItem
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import fade_edges
 from engine.errors import InputError, VoiceNotFound
@@ -362,3 +362,10 @@ async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_w
     events.clear()
     build_synthesizer(EngineConfig(backend="fake"), events=events.append)  # None: not on a CPU-only engine
     assert events == []
+
+
+def test_the_fake_decoder_states_its_capabilities():
+    decoder = ToneDecoder()
+    assert isinstance(decoder, CodecDecoder) and decoder.batch_limit > 1 and not decoder.fixed_shapes
+    synth = Synthesizer(ScriptedGenerator(IDS), decoder, IDS, encode, VoiceBank())
+    assert synth.batcher.max_batch == decoder.batch_limit and not synth.batcher.one_length

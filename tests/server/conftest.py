@@ -10,7 +10,7 @@ import pytest
 
 from engine.factory import EngineConfig, build_synthesizer
 from tests.cli_helpers import kill_servers
-from voiceapp.server import EngineServer
+from voiceapp.server import EngineServer, LiveRequests
 
 
 class ThreadServer:
@@ -25,7 +25,8 @@ class ThreadServer:
         self.synth = self.server.synth
 
     async def _start(self, config: EngineConfig) -> EngineServer:
-        server = EngineServer(build_synthesizer(config), self.path, log=lambda line: None)
+        requests = LiveRequests(log=lambda line: None)
+        server = EngineServer(build_synthesizer(config, events=requests.route), self.path, requests)
         await server.start()
         return server
 

@@ -26,7 +26,7 @@ def test_a_tuned_generator_takes_the_next_sentences_and_the_request_in_flight_fi
         release = threading.Event()
 
         async def swap(generator):
-            synth.generator = generator
+            synth.swap_generator(generator)
 
         server.server.tuning = Tuning([TuningStep("lane", lambda: release.wait(10) and new, swap)])
 

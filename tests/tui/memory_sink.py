@@ -15,11 +15,11 @@ from engine.ringbuffer import RingBuffer
 
 
 class MemorySink:
-    """AudioSink (engine.backends.base) + the Player's health properties, playing into `played`."""
+    """MonitoredSink (engine.backends.base), playing into `played`."""
 
     def __init__(self, sample_rate: int = 16000, buffer_s: float = 3.0, speed: float = 1.0, block_s: float = 0.01,
                  preroll_s: float = 0.05) -> None:
-        self.sample_rate = sample_rate
+        self.sample_rate = self.device_rate = sample_rate
         self.speed, self.block = speed, int(block_s * sample_rate)
         self._period_s = block_s / speed
         self._preroll = int(preroll_s * sample_rate)
@@ -63,7 +63,7 @@ class MemorySink:
         self._stop.set()
         self._thread.join(timeout=2)
 
-    # -- what the bridge reads from a Player ------------------------------------------------------------
+    # -- MonitoredSink: what the bridge reads from a Player ---------------------------------------------
 
     def mark_utterance_start(self) -> None:
         self.marks += 1

@@ -1,4 +1,4 @@
-"""The TUI's Textual-free parts: metrics folded from events, the bounded history, text pieces, the sinks."""
+"""The TUI's Textual-free parts: metrics folded from events, the bounded history, the sinks."""
 from __future__ import annotations
 
 import asyncio
@@ -6,8 +6,8 @@ import asyncio
 import numpy as np
 import soundfile as sf
 
+from engine.backends.base import MonitoredSink
 from engine.events import ChunkDecoded, FirstAudio, RequestFinished, RequestStarted
-from voiceapp.tui.bridge import text_pieces
 from voiceapp.tui.history import History, Metrics, Status, metrics_record
 from voiceapp.tui.sinks import Recorder, SilentSink, WavDirSink
 
@@ -73,21 +73,12 @@ def test_excerpt_is_one_short_line():
     assert history.add("short", "ava")[0].excerpt(20) == "short"
 
 
-def test_text_pieces_cut_at_spaces_and_lose_nothing():
-    text = " ".join(f"word{n}" for n in range(5000))
-
-    async def collect():
-        return [piece async for piece in text_pieces(text, size=1000)]
-
-    pieces = asyncio.run(collect())
-    assert "".join(pieces) == text
-    assert all(len(p) <= 1000 for p in pieces) and all(p.endswith(" ") for p in pieces[:-1])
-    assert asyncio.run(_pieces("")) == []
-    assert asyncio.run(_pieces("x" * 2500, 1000)) == ["x" * 1000, "x" * 1000, "x" * 500]
-
-
-async def _pieces(text: str, size: int = 1000) -> list[str]:
-    return [p async for p in text_pieces(text, size)]
+def test_the_tuis_sinks_report_playback_as_monitored_sinks(tmp_path, sink):
+    assert all(isinstance(s, MonitoredSink) for s in (WavDirSink(tmp_path, 16000), SilentSink(16000), sink))
+    silent = SilentSink(22050)
+    silent.mark_utterance_start()
+    assert (silent.device_rate, silent.fill_frames, silent.capacity_frames, silent.underruns) == (22050, 0, 0, 0)
+    assert silent.last_onset_perf is None
 
 
 def test_wav_dir_sink_writes_one_file_per_drain(tmp_path):

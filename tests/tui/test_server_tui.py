@@ -11,7 +11,7 @@ import pytest
 from tui_helpers import SIZE, ready, say, wait_until
 
 from engine.factory import EngineConfig, build_synthesizer
-from voiceapp.server import EngineServer
+from voiceapp.server import EngineServer, LiveRequests
 from voiceapp.tui.bridge import TuiOptions
 from voiceapp.tui.history import Status
 
@@ -26,7 +26,8 @@ def served():
     thread.start()
 
     async def start():
-        server = EngineServer(build_synthesizer(EngineConfig(backend="fake")), path, log=lambda line: None)
+        requests = LiveRequests(log=lambda line: None)
+        server = EngineServer(build_synthesizer(EngineConfig(backend="fake"), events=requests.route), path, requests)
         await server.start()
         return server
 

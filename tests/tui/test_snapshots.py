@@ -12,10 +12,14 @@ from voiceapp.tui.widgets.text_entry import TextEntry
 
 
 class FixedSink:
-    """AudioSink that drops audio and always reports the same buffer health (for stable pictures)."""
+    """MonitoredSink that drops audio and always reports the same buffer health (for stable pictures)."""
 
-    sample_rate = 16000
+    sample_rate = device_rate = 16000
     fill_frames, capacity_frames, underruns = 19200, 48000, 2
+    last_onset_perf = None
+
+    def mark_utterance_start(self) -> None:
+        pass
 
     async def write(self, samples: np.ndarray) -> None:
         pass

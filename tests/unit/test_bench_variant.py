@@ -16,7 +16,8 @@ from engine.windowing import WindowSchedule
 def _engine():
     lane = SimpleNamespace(bursts=((8, 2), (None, 8)))
     router = SimpleNamespace(lane=lane, enabled=True)
-    synth = SimpleNamespace(schedule=WindowSchedule(), _shape_lengths=(20,), decoder=SimpleNamespace())
+    synth = SimpleNamespace(schedule=WindowSchedule(), _shape_lengths=(20,),
+                            decoder=SimpleNamespace(fixed_shapes=False))
     return synth, SimpleNamespace(inner=router), lane, router
 
 

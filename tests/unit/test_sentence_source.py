@@ -40,13 +40,15 @@ def test_the_same_sentences_as_the_whole_text_split_up_front() -> None:
 
 
 def test_a_long_texts_first_sentence_costs_one_piece(monkeypatch) -> None:
-    calls = []
+    calls, fed = [], []
     monkeypatch.setattr(pipeline, "normalize", lambda s: calls.append(s) or normalize(s))
+    real = SentenceSplitter.feed
+    monkeypatch.setattr(SentenceSplitter, "feed", lambda self, text: fed.append(len(text)) or real(self, text))
     text = generated_text(20000, seed=2) * 50  # ~1 MB
     source = _SentenceSource(text, None, MAX_CHARS)
     first = asyncio.run(source.next())
+    assert fed == [FEED_CHARS] and len(calls) <= 3  # one piece split, the first sentence(s) normalized
     assert first == up_front(text[:FEED_CHARS])[0]
-    assert source._fed == FEED_CHARS and len(calls) <= 3  # one piece split, the first sentence(s) normalized
 
 
 def test_a_large_streamed_piece_is_split_a_piece_at_a_time(monkeypatch) -> None:

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, split_sentences
+from engine.text import (SentenceSplitter, is_speakable, normalize, sentence_token_cap, split_sentences,
+                         text_pieces)
 
 N = pytest.param
 
@@ -327,6 +328,16 @@ def test_chunking_invariance_on_random_texts():
         got = [s for chunk in chunk_randomly(text, rng) for s in sp.feed(chunk)] + sp.flush()
         assert got == whole, text
         assert re.sub(r"\s", "", "".join(whole)) == re.sub(r"\s", "", text)
+
+
+def test_text_pieces_lose_nothing_and_are_fed_as_the_whole_text():
+    text = generated_text(3000, seed=4)
+    pieces = list(text_pieces(text, 1000))
+    assert "".join(pieces) == text and [len(p) for p in pieces[:-1]] == [1000] * (len(pieces) - 1)
+    sp = SentenceSplitter(300)
+    assert [s for piece in pieces for s in sp.feed(piece)] + sp.flush() == split_sentences(text, 300)
+    assert list(text_pieces("", 1000)) == []
+    assert list(text_pieces("x" * 2500, 1000)) == ["x" * 1000, "x" * 1000, "x" * 500]
 
 
 def generated_text(words, seed=0):

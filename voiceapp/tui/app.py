@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Select
 
-from engine.backends.base import AudioSink
+from engine.backends.base import MonitoredSink
 from engine.voices import VoiceBank, available_voice
 from voiceapp.tui.bridge import Bridge, TuiOptions
 from voiceapp.tui.history import Status
@@ -39,7 +39,7 @@ class VoiceApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, options: TuiOptions = TuiOptions(), sink: AudioSink | None = None) -> None:
+    def __init__(self, options: TuiOptions = TuiOptions(), sink: MonitoredSink | None = None) -> None:
         super().__init__()
         self.options = options
         self.voices = sorted((options.engine.voices or VoiceBank()).all())

@@ -14,13 +14,12 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 import numpy as np
 from textual import work
 from textual.widget import Widget
 
-from engine.backends.base import AudioSink
+from engine.backends.base import MonitoredSink
 from engine.config import SynthesisRequest
 from engine.errors import VoiceError
 from engine.events import Event, Notice
@@ -30,9 +29,6 @@ from voiceapp.tui.messages import (EngineEvent, ModelFailed, ModelReady, Playbac
                                    Problem, UtterancesRemoved, UtteranceUpdated)
 from voiceapp.tui.sinks import Recorder, open_sink
 
-TEXT_PIECE_CHARS = 1000
-"""Text is handed to the synthesizer in pieces this long, so a huge paste is split and normalized a little at a
-time (sentence by sentence) instead of all at once on the UI loop."""
 POLL_S = 0.1
 """How often the sink's buffer fill and underruns are sampled."""
 REPLAY_BLOCK_S = 0.1
@@ -62,7 +58,7 @@ class Bridge(Widget):
 
     DEFAULT_CSS = "Bridge { display: none; }"
 
-    def __init__(self, options: TuiOptions, sink: AudioSink | None = None, history: History | None = None,
+    def __init__(self, options: TuiOptions, sink: MonitoredSink | None = None, history: History | None = None,
                  *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.options = options
@@ -72,7 +68,7 @@ class Bridge(Widget):
         self.requests: deque[SynthesisRequest] = deque(maxlen=100)
         """The latest requests sent to the synthesizer, oldest first."""
         self.synth = None
-        self.sink: AudioSink | None = None
+        self.sink: MonitoredSink | None = None
         self.load_error: str | None = None
         self._given_sink = sink
         self._jobs: deque[tuple[str, Utterance]] = deque()
@@ -132,7 +128,7 @@ class Bridge(Widget):
                 return
         self._load()
 
-    def _open_sink(self, sample_rate: int) -> tuple[AudioSink, str | None]:
+    def _open_sink(self, sample_rate: int) -> tuple[MonitoredSink, str | None]:
         if self._given_sink is not None:
             return self._given_sink, None
         return open_sink(sample_rate, self.options.out_dir, self.options.device, self.options.latency)
@@ -240,17 +236,19 @@ class Bridge(Widget):
     async def _speak(self, utt: Utterance) -> None:
         assert self.synth is not None and self.sink is not None
         sink = self.sink
-        req = SynthesisRequest("", voice=utt.voice, request_id=utt.request_id)
+        # the whole text: the synthesizer splits and normalizes it a piece at a time as its sentences are needed, so
+        # a huge paste never holds the UI loop
+        req = SynthesisRequest(utt.text, voice=utt.voice, request_id=utt.request_id)
         self.requests.append(req)
         utt.metrics.sample_rate = self.synth.sample_rate
         utt.status = Status.PLAYING
         self._changed(utt)
         self._recorder = recorder = Recorder(sink, int(self.history.max_audio_s * sink.sample_rate))
-        underruns_before = _underruns(sink)
-        self._start_utterance(sink)
+        underruns_before = sink.underruns
+        sink.mark_utterance_start()
         status, error = Status.DONE, None
         try:
-            await self.synth.speak(req, recorder, text_pieces(utt.text))
+            await self.synth.speak(req, recorder)
         except asyncio.CancelledError:
             status = self._cancel_as
             raise
@@ -261,7 +259,7 @@ class Bridge(Widget):
         finally:
             self._recorder = None
             utt.metrics.blocked_s = recorder.blocked_s
-            utt.metrics.underruns = _underruns(sink) - underruns_before
+            utt.metrics.underruns = sink.underruns - underruns_before
             if status is Status.DONE:
                 self._read_onset(utt)
                 self._keep_audio(utt, recorder.audio())
@@ -278,7 +276,7 @@ class Bridge(Widget):
         assert self.sink is not None and utt.audio is not None
         sink, audio = self.sink, utt.audio
         block = max(1, int(REPLAY_BLOCK_S * utt.metrics.sample_rate))
-        self._start_utterance(sink)
+        sink.mark_utterance_start()
         try:
             for start in range(0, len(audio), block):
                 await sink.write(audio[start:start + block])
@@ -289,11 +287,6 @@ class Bridge(Widget):
         except VoiceError as err:
             sink.clear()
             self.post_message(Problem(f"replay of #{utt.number} failed: {err}"))
-
-    def _start_utterance(self, sink: AudioSink) -> None:
-        mark = getattr(sink, "mark_utterance_start", None)
-        if mark is not None:
-            mark()
 
     def _finish(self, utt: Utterance, status: Status, error: str | None = None) -> None:
         utt.status, utt.error = status, error
@@ -344,21 +337,16 @@ class Bridge(Widget):
         sink = self.sink
         if sink is None:
             return
-        stats = (getattr(sink, "fill_frames", 0), getattr(sink, "capacity_frames", 0), _underruns(sink))
+        stats = (sink.fill_frames, sink.capacity_frames, sink.underruns)
         if stats != self._last_stats:
             self._last_stats = stats
-            rate = getattr(sink, "device_rate", None) or sink.sample_rate
-            self.post_message(PlaybackStats(stats[0], stats[1], rate, stats[2]))
+            self.post_message(PlaybackStats(stats[0], stats[1], sink.device_rate, stats[2]))
         if self._current is not None and self._current[0] == "speak":
             self._read_onset(self._current[1])
 
     def _read_onset(self, utt: Utterance) -> None:
         """Audible onset = the player's DAC time of the utterance's first sample, from the request start."""
-        if utt.metrics.onset_s is not None or utt.metrics.t0 is None or self.sink is None:
-            return
-        onset = getattr(self.sink, "last_onset_perf", None)
-        if onset is not None:
-            utt.metrics.onset_s = max(onset - utt.metrics.t0, 0.0)
+        if self.sink is not None and utt.metrics.heard_at(self.sink.last_onset_perf):
             self._changed(utt)
 
     def _post_state(self) -> None:
@@ -392,20 +380,3 @@ def log_metrics(utt: Utterance) -> None:
             f.write(json.dumps(metrics_record(utt, process_start_perf())) + "\n")
     except OSError:
         pass  # a measurement aid: never a reason to disturb the app
-
-
-async def text_pieces(text: str, size: int = TEXT_PIECE_CHARS) -> AsyncIterator[str]:
-    """`text` in pieces of about `size` characters, cut at whitespace; yields to the loop between pieces."""
-    start = 0
-    while start < len(text):
-        stop = min(start + size, len(text))
-        if stop < len(text):
-            space = text.rfind(" ", start + size // 2, stop)
-            stop = space + 1 if space > 0 else stop
-        yield text[start:stop]
-        start = stop
-        await asyncio.sleep(0)
-
-
-def _underruns(sink: AudioSink) -> int:
-    return int(getattr(sink, "underruns", 0) or 0)

@@ -8,7 +8,8 @@ from uuid import uuid4
 
 import numpy as np
 
-from engine.events import ChunkDecoded, Event, FirstAudio, FirstToken, RequestFinished, RequestStarted
+from engine.events import Event
+from engine.metrics import RequestMetrics
 
 
 class Status(str, Enum):
@@ -31,28 +32,14 @@ class Status(str, Enum):
 
 
 @dataclass
-class Metrics:
-    """One utterance's numbers, folded from engine events (`apply`) plus what the bridge measures itself."""
+class Metrics(RequestMetrics):
+    """One utterance's numbers: its request's, folded from engine events (engine.metrics), and how long its writes
+    waited on the sink (set by the bridge), which the compute time leaves out."""
 
-    sample_rate: int = 16000
-    t0: float | None = None
-    """perf_counter() at RequestStarted: every latency below is measured from it."""
-    ttft_s: float | None = None
-    ttfa_s: float | None = None
-    """Time to first audio: the first samples are ready (engine side)."""
-    first_audio_t: float | None = None
-    """perf_counter() at FirstAudio."""
-    onset_s: float | None = None
-    """Audible onset: the player's DAC time of the first sample (None for sinks that cannot tell)."""
-    audio_s: float = 0.0
-    tokens: int = 0
     compute_s: float = 0.0
     """Seconds spent synthesizing so far, excluding time spent waiting for the player's buffer."""
     blocked_s: float = 0.0
     """Seconds the synthesizer waited on the sink's backpressure (set by the bridge)."""
-    underruns: int = 0
-    """Player underruns during this utterance."""
-    finished: bool = False
 
     @property
     def rtf(self) -> float | None:
@@ -64,24 +51,12 @@ class Metrics:
         return self.tokens / self.compute_s if self.tokens and self.compute_s > 0 else None
 
     def apply(self, event: Event) -> None:
-        """Fold one engine event of this utterance's request into the numbers."""
-        if isinstance(event, RequestStarted):
-            self.t0 = event.t
-        elif isinstance(event, FirstToken):
-            self.ttft_s = event.ttft_s
-        elif isinstance(event, FirstAudio):
-            self.ttfa_s, self.first_audio_t = event.ttfa_s, event.t
-        elif isinstance(event, ChunkDecoded):
-            self.tokens += event.codes
-            self.audio_s += event.samples / self.sample_rate
-            self._elapsed(event.t)
-        elif isinstance(event, RequestFinished):
-            self.tokens, self.audio_s, self.finished = event.tokens, event.audio_s, True
-            self.compute_s = max(event.wall_s - self.blocked_s, 0.0)
-
-    def _elapsed(self, t: float) -> None:
-        if self.t0 is not None:
-            self.compute_s = max(t - self.t0 - self.blocked_s, 0.0)
+        """Fold one engine event of this utterance's request in; the compute time follows the elapsed time, less
+        the waits on the sink up to then."""
+        elapsed = self.elapsed_s
+        super().apply(event)
+        if self.elapsed_s != elapsed:
+            self.compute_s = max(self.elapsed_s - self.blocked_s, 0.0)
 
 
 @dataclass(eq=False)
@@ -169,10 +144,12 @@ def metrics_record(utt: Utterance, process_start: float) -> dict:
     """A finished utterance's outcome and latencies; process_ttfa_ms counts from `process_start` (perf_counter()
     at this process's launch) to its first audio, as `voicectl say --json` does."""
     m = utt.metrics
-    return {"number": utt.number, "status": utt.status.value, "error": utt.error,
-            "ttfa_ms": None if m.ttfa_s is None else m.ttfa_s * 1000,
-            "process_ttfa_ms": None if m.first_audio_t is None else (m.first_audio_t - process_start) * 1000,
-            "audio_s": m.audio_s}
+    return {"number": utt.number, "status": utt.status.value, "error": utt.error, "ttfa_ms": _ms(m.ttfa_s),
+            "process_ttfa_ms": _ms(m.process_ttfa_s(process_start)), "audio_s": m.audio_s}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _seconds(utt: Utterance) -> float:

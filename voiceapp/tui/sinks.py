@@ -1,19 +1,37 @@
 """Provides the TUI's audio sinks besides the speaker Player: one WAV file per utterance, a silent fallback, a
-recorder that tees what is played, and `open_sink`, which picks one."""
+recorder that tees what is played, and `open_sink`, which picks one. The first two are MonitoredSinks with nothing
+to report (no device clock)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from engine.backends.base import AudioSink
+from engine.atomic import replacing
+from engine.backends.base import AudioSink, MonitoredSink
 from engine.errors import AudioDeviceError, OutputError
 
 
-class WavDirSink:
+class Unmonitored:
+    """MonitoredSink's reports for a sink without a device clock: nothing buffered, no underruns, no onset."""
+
+    sample_rate: int
+    last_onset_perf: float | None = None
+    fill_frames: int = 0
+    capacity_frames: int = 0
+    underruns: int = 0
+
+    @property
+    def device_rate(self) -> int:
+        return self.sample_rate
+
+    def mark_utterance_start(self) -> None:
+        """Nothing to mark: no onset is ever known."""
+
+
+class WavDirSink(Unmonitored):
     """AudioSink that writes each utterance (the writes between two `drain()`s) to `<dir>/utterance-NNNN.wav`."""
 
     def __init__(self, out_dir: Path, sample_rate: int) -> None:
@@ -52,18 +70,14 @@ def _write_wav_atomic(path: Path, audio: np.ndarray, sample_rate: int) -> None:
     0600 mode would stick to the result; this file gets the user's usual permissions.)"""
     import soundfile as sf
 
-    tmp = path.with_name(f".{path.name}.partial")
     try:
-        sf.write(str(tmp), audio, sample_rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
+        with replacing(path, ".partial") as tmp:
+            sf.write(str(tmp), audio, sample_rate, subtype="PCM_16", format="WAV")
     except (OSError, sf.SoundFileError) as err:
         raise OutputError(f"cannot write {path}: {getattr(err, 'strerror', None) or err}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
-class SilentSink:
+class SilentSink(Unmonitored):
     """AudioSink that drops everything, at once: the app stays usable (metrics, history) without a device."""
 
     def __init__(self, sample_rate: int) -> None:
@@ -121,7 +135,7 @@ class Recorder:
 
 
 def open_sink(sample_rate: int, out_dir: Path | None, device: int | str | None,
-              latency: float) -> tuple[AudioSink, str | None]:
+              latency: float) -> tuple[MonitoredSink, str | None]:
     """The WAV-folder sink when `out_dir` is set, else the speaker Player; without a usable device, a silent
     sink and a notice saying how to get files instead. Blocking (PortAudio start-up): call it from a thread."""
     if out_dir is not None:
