@@ -9,6 +9,7 @@ from typing import Iterator
 from engine.config import DECODER_AUTOTUNE
 from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
+from engine.pacing import Pacer
 from engine.pipeline import JoinConfig, Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
 from engine.windowing import WindowSchedule
@@ -127,12 +128,22 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
-                        decode_batch=_decode_batch(config), model_info=info)
+                        decode_batch=_decode_batch(config), model_info=info,
+                        pacer=Pacer(probe_first=_may_lag(config, decoder)))
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
             _freeze_heap()
     return synth
+
+
+def _may_lag(config: EngineConfig, decoder) -> bool:
+    """The LLM or the decoder computes on the CPU (or on a GPU other than CUDA), where speech may come slower than
+    real time: `speak` then learns the speed from a request's first sentence before playing it (engine.pacing)."""
+    from engine.backends.bicodec import BiCodecDecoder
+
+    gpu_decoder = isinstance(decoder, BiCodecDecoder) and decoder.device.type == "cuda"
+    return not (gpu_decoder and config.device in ("auto", "cuda") and _cuda())
 
 
 def _decode_batch(config: EngineConfig) -> int | None:
@@ -320,7 +331,7 @@ def _cpu_decoder(info, config: EngineConfig, events: EventSink):
     with phase("decoder", events):
         decoder = BiCodecDecoder(info.bicodec_dir, device="cpu", dtype=dtype, num_threads=config.threads)
     if dtype != torch.float32:
-        events(Notice(f"decoder on the CPU in {config_dtype_name(dtype)} (--quantize none: fp32)"))
+        events(Notice(f"decoder on the CPU: {config_dtype_name(dtype)} (float32 with --quantize none)"))
     return decoder
 
 

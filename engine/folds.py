@@ -4,9 +4,13 @@ the warm server's client alike. A module of its own so that a client need not im
 from __future__ import annotations
 
 from contextlib import aclosing
+from time import perf_counter
 from typing import TYPE_CHECKING, AsyncIterable
 
 import numpy as np
+
+from engine.events import Notice
+from engine.pacing import Pacer
 
 if TYPE_CHECKING:
     from engine.backends.base import AudioSink
@@ -14,7 +18,10 @@ if TYPE_CHECKING:
 
 
 class UtteranceFolds:
-    """`render` and `speak` over the subclass's `synthesize`."""
+    """`render` and `speak` over the subclass's `synthesize`; the subclass sets `pacer` and `events`."""
+
+    pacer: Pacer
+    """How much of each sentence `speak` holds back from the sink (engine.pacing)."""
 
     async def render(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None = None) -> np.ndarray:
         """The whole utterance as one float32 array."""
@@ -24,12 +31,32 @@ class UtteranceFolds:
 
     async def speak(self, req: SynthesisRequest, sink: AudioSink,
                     text_stream: AsyncIterable[str] | None = None) -> None:
-        """Play through a sink (awaits its backpressure), then wait until the sink has played everything."""
+        """Play through a sink (awaits its backpressure), then wait until the sink has played everything. Audio is
+        written as it comes, or a whole sentence at a time where the engine is slower than real time (`pacer`)."""
+        self.pacer.start_request()
+        held: list[np.ndarray] = []
         try:
             async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
                 async for chunk in chunks:
-                    await sink.write(chunk.samples)
+                    held.append(chunk.samples)
+                    whole = len(held) > 1 and chunk.sentence_end
+                    if not self.pacer.arrived(chunk.seconds, chunk.sentence_end, perf_counter()):
+                        await self._release(held, sink)
+                        if whole:
+                            sink.allow_pause()  # the next sentence comes whole too: silence until then
+            await self._release(held, sink)
             await sink.drain()
         except BaseException:
             sink.clear()
             raise
+
+    async def _release(self, held: list[np.ndarray], sink: AudioSink) -> None:
+        """Write the held chunks, telling the pacer how long the sink kept us waiting."""
+        message = self.pacer.notice()
+        if message is not None:
+            self.events(Notice(message))  # type: ignore[attr-defined]
+        for samples in held:
+            t = perf_counter()
+            await sink.write(samples)
+            self.pacer.blocked(perf_counter() - t)
+        held.clear()

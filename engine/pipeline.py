@@ -23,6 +23,7 @@ from engine.errors import GenerationError, InputError, VoiceError
 from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
                            RequestStarted, SentenceFinished, ignore_events)
+from engine.pacing import Pacer
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
 from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, text_pieces
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
@@ -170,12 +171,13 @@ class Synthesizer(UtteranceFolds):
                  globals_cache: GlobalsCache | MemoryGlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
                  events: EventSink = ignore_events, eager_lookahead: bool = False,
-                 decode_batch: int | None = None, model_info: Any = None) -> None:
+                 decode_batch: int | None = None, model_info: Any = None, pacer: Pacer | None = None) -> None:
         """`decode_batch`: most windows in one decoder call (None: what the decoder takes, its `batch_limit`); 1
         makes a window's samples independent of what it would have been batched with (a deterministic engine)."""
         self.generator, self.decoder, self.token_ids, self.encode = generator, decoder, token_ids, encode
         self.model_info = model_info
         """The checkpoint this engine runs (engine.model.ModelInfo; None for the fake engine)."""
+        self.pacer = pacer or Pacer()
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
         self.eager_lookahead = eager_lookahead

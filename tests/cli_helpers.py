@@ -23,7 +23,7 @@ def voicectl(*args: str, stdin: bytes | str | None = None, env: dict[str, str] |
                           text=text, env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
-START_NOTICES = ("voicectl: LLM on the CPU: ", "voicectl: converting the LLM to int8",
+START_NOTICES = ("voicectl: LLM on the CPU: ", "voicectl: decoder on the CPU: ", "voicectl: converting the LLM to int8",
                  "voicectl: LLM converted to int8")
 """What an engine on the CPU says while it starts (which LLM path it took; its int8 conversion, once per
 checkpoint): notices, before and apart from any error."""

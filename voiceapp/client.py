@@ -17,6 +17,7 @@ from engine.config import SynthesisRequest
 from engine.errors import VoiceError
 from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
 from engine.folds import UtteranceFolds
+from engine.pacing import Pacer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
                              parse_event, read_frame)
 from engine.types import AudioChunk
@@ -132,6 +133,8 @@ class RemoteSynthesizer(UtteranceFolds):
         self.info = conn.info
         """The server's hello: pid, project version, model, backend, sample_rate."""
         self.sample_rate = int(conn.info.get("sample_rate", 16000))
+        self.pacer = Pacer(probe_first=bool(conn.info.get("paced_start")))
+        """Pacing of `speak`, the server's engine's (engine.pacing); it learns the speed in this client."""
         self.started_server = False
         """This client started the server (`voiceapp.autostart`); it keeps running after the client is done."""
         self._conn: Connection | None = conn

@@ -78,6 +78,11 @@ class AudioSink(Protocol):
         """Drop everything queued (stop / barge-in)."""
         ...
 
+    def allow_pause(self) -> None:
+        """What was written so far may run out before more comes without that being a gap: a whole sentence was
+        written (engine.pacing). A player waits for its pre-roll again before it goes on; other sinks ignore it."""
+        ...
+
     def close(self) -> None:
         ...
 

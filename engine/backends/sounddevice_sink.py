@@ -285,6 +285,12 @@ class Player:
                 return  # cleared while waiting: the rest is dropped too
             done += ring.write(x[done:])
 
+    def allow_pause(self) -> None:
+        """Running dry at the current write position is a pause, not an underrun; playback then waits for the
+        pre-roll (or the next such mark) before it resumes. The resampler keeps its few samples of delay until the
+        next write, which carries on from them."""
+        self._ring.mark_end()
+
     async def drain(self) -> None:
         """Flush the resampler, end the utterance, wait until it has been played, then let at least
         2x latency of silence follow, so the tail is never cut."""

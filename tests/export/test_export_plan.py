@@ -194,13 +194,14 @@ def test_cpu_platform_names_the_threads_the_int8_llm_and_torch(tiny_model, tmp_p
     import onnxruntime
     import torch
 
-    from engine.factory import describe_platform
+    from engine.factory import cpu_decodes_bf16, describe_platform
 
     synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2, deterministic=True,
                                            cache_dir=str(tmp_path / "cache"), quantize=quantize))
     llm = f"LLM int8 weights through onnxruntime {onnxruntime.__version__}, " if quantize == "int8" else ""
+    decoder = "decoder bfloat16, " if quantize == "int8" and cpu_decodes_bf16() else ""  # fp32 is left unsaid
     assert describe_platform(synth) == (f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}, "
-                                        f"2 threads, {llm}torch {torch.__version__}")
+                                        f"2 threads, {decoder}{llm}torch {torch.__version__}")
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other"}', ""])

@@ -25,6 +25,7 @@ from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
 from engine.config import SamplingOptions, request_of, sentence_id
 from engine.errors import GenerationError
 from engine.fakes import ScriptedGenerator
+from engine.pacing import Pacer
 from engine.lane_scheduler import BURST, CROWD_BURSTS, bucket
 from engine.prompt import Prompt, semantic_allowed_ids
 from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
@@ -572,6 +573,7 @@ def test_status_reports_the_lane(lane) -> None:
 
     class Synth:
         generator = router
+        pacer = Pacer()
 
     assert describe_engine(Synth())["backend"] == "fake"  # named after the generator behind the lane
     router.failed = True

@@ -59,6 +59,9 @@ class MemorySink:
         self.clears += 1
         self._ring.clear()
 
+    def allow_pause(self) -> None:
+        self._ring.mark_end()
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)

@@ -30,6 +30,9 @@ class FixedSink:
     def clear(self) -> None:
         pass
 
+    def allow_pause(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -30,6 +30,9 @@ class Unmonitored:
     def mark_utterance_start(self) -> None:
         """Nothing to mark: no onset is ever known."""
 
+    def allow_pause(self) -> None:
+        """Nothing plays in real time here: a pause means nothing."""
+
 
 class WavDirSink(Unmonitored):
     """AudioSink that writes each utterance (the writes between two `drain()`s) to `<dir>/utterance-NNNN.wav`."""
@@ -123,6 +126,9 @@ class Recorder:
 
     def clear(self) -> None:
         self.sink.clear()
+
+    def allow_pause(self) -> None:
+        self.sink.allow_pause()
 
     def close(self) -> None:
         """The wrapped sink lives for the session: closing one utterance's recorder leaves it open."""

@@ -1,0 +1,106 @@
+"""Provides Pacer: how much of a sentence `speak` holds back from the player, so that speech never stops mid-sentence
+on a machine that makes it slower than real time. Pure (no clocks: the caller passes the time).
+
+While audio comes faster than it plays, each chunk goes to the player as it arrives (the player's short pre-roll
+covers the jitter). Once the engine is measured slower than that, each sentence is held until it is complete and
+then played whole: the listener hears pauses between sentences instead of gaps inside them. The speed is the audio
+a sentence's chunks after its first carried over the time they took to come, not counting the time `speak` spent
+blocked on a full player (which would cap any engine at real time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+REALTIME_MARGIN = 1.15
+"""Stream a sentence as it is made only where audio comes at least this many times faster than it plays: below
+it, the jitter of a loaded machine empties the player's small pre-roll."""
+RECOVERED_MARGIN = 1.4
+"""A paced engine goes back to streaming after a sentence made this much faster than real time (the machine's
+load went away); higher than REALTIME_MARGIN so that it does not flip at every sentence."""
+MIN_EVIDENCE_S = 0.2
+"""Audio, after a sentence's first chunk, measured before a speed counts: the second window of the default
+schedule (engine.windowing) carries 0.24 s, so a probed first sentence is judged as its second chunk comes."""
+
+
+@dataclass
+class Pacer:
+    """One engine's pacing across its requests (the speed it measured carries over to the next request)."""
+
+    probe_first: bool = False
+    """Hold a request's first sentence until its second chunk gives a speed (engines that compute on the CPU, where
+    the first sentence could otherwise start playing and then stall)."""
+    slow: bool = False
+    """Measured slower than REALTIME_MARGIN: whole sentences from now on."""
+    speed: float | None = None
+    """The last measured speed: seconds of audio made per second of the engine's time."""
+    announced: bool = False
+    """The listener has been told (once) that sentences are held whole."""
+    _sentence: "_Sentence" = field(default_factory=lambda: _Sentence())
+    _first_sentence: bool = True
+
+    def start_request(self) -> None:
+        self._sentence, self._first_sentence = _Sentence(), True
+
+    def blocked(self, seconds: float) -> None:
+        """`speak` waited this long on a full player: not the engine's time."""
+        self._sentence.blocked_s += seconds
+
+    def arrived(self, seconds: float, sentence_end: bool, now: float) -> bool:
+        """A chunk of `seconds` of audio came at `now`: whether to hold it (and those held before it) back. A chunk
+        that is not held releases every held one before it; once part of a sentence plays, the rest follows as it
+        comes (holding it then would open a gap inside the sentence)."""
+        s = self._sentence
+        s.note(seconds, now)
+        if s.evidence_s >= MIN_EVIDENCE_S or (sentence_end and s.evidence_s > 0):
+            self._judge(s.speed())
+        if sentence_end:
+            self._sentence, self._first_sentence = _Sentence(), False
+            return False
+        if s.released:
+            return False
+        probing = self.probe_first and self._first_sentence and s.evidence_s < MIN_EVIDENCE_S
+        s.released = not (self.slow or probing)
+        return not s.released
+
+    def notice(self) -> str | None:
+        """What to tell the listener, once, when the engine turned out slower than real time."""
+        if not self.slow or self.announced or self.speed is None:
+            return None
+        self.announced = True
+        return (f"speech comes at {self.speed:.2f}x real time here, too slow to play while it is made: "
+                f"each sentence plays once it is complete (pauses between sentences, none within)")
+
+    def _judge(self, speed: float) -> None:
+        self.speed = speed
+        if not self.slow and speed < REALTIME_MARGIN:
+            self.slow = True
+        elif self.slow and speed >= RECOVERED_MARGIN:
+            self.slow = False
+
+
+@dataclass
+class _Sentence:
+    """The chunks of the sentence being made."""
+
+    chunks: int = 0
+    first_at: float = 0.0
+    last_at: float = 0.0
+    evidence_s: float = 0.0
+    """Audio of its chunks after the first."""
+    blocked_s: float = 0.0
+    """Time since its first chunk that `speak` spent blocked on the player."""
+    released: bool = False
+    """Some of it went to the player."""
+
+    def note(self, seconds: float, now: float) -> None:
+        if self.chunks == 0:
+            self.first_at = now
+            self.blocked_s = 0.0
+        else:
+            self.evidence_s += seconds
+        self.last_at = now
+        self.chunks += 1
+
+    def speed(self) -> float:
+        took = self.last_at - self.first_at - self.blocked_s
+        return float("inf") if took <= 0 else self.evidence_s / took
