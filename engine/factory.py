@@ -52,8 +52,9 @@ class EngineConfig:
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
     another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
     fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
-    (`voicectl serve`, the bench): 10% of its memory, 128 rows on an H100 or H200, 43 graphs (46 s of start-up in
-    run 21, docs/lab/run-log.md) and 6 GB."""
+    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 10% of its memory (`rows_for`; up to
+    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up
+    (docs/lab/run-log.md)."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
@@ -67,21 +68,21 @@ class EngineConfig:
     (an export decodes whole sentences). On the CPU: the torch generator, which steps each request alone."""
     one_listener: bool = False
     """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
-    GPU, the lane's rows carry everything it hears, so vLLM is not started: on a fresh H100, `voicectl say` took
-    85 s from launch to done this way and 170 s with vLLM started after it (vLLM 100 s, its warm-up 10 s), same
-    TTFA and RTF; 48 s once the small lane stopped compiling its prefills (docs/lab/run-log.md). The torch
-    generator stands behind the lane for what the lane cannot take; the lane never hands a stream over to it."""
+    GPU, the lane's rows carry everything it hears, so vLLM is not started: starting vLLM as well roughly doubled
+    a fresh `voicectl say`'s time from launch to done and left first audio and RTF as they were
+    (docs/lab/run-log.md). The torch generator stands behind the lane for what the lane cannot take; the lane
+    never hands a stream over to it."""
     freeze_heap: bool = True
     """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
-    full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped: 166 ms
-    on a 2-core CI machine with torch and transformers alone; the first crowd of 128 streams in runs 24-25 left
-    the graph lane's stream empty for ~0.5 s (docs/lab/run-log.md). Objects created later are collected as ever."""
+    full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped, long
+    enough to leave the graph lane's stream empty under a first crowd of streams (docs/lab/run-log.md). Objects
+    created later are collected as ever."""
     warm_up: bool | None = None
     """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
-    the first request a user hears does not pay the process's first-use costs: fresh `voicectl say` processes on
-    an H100 reached first audio in 23-25 ms with it (it took 0.09-0.15 s) and in 51-52 ms without, 72 ms with vLLM
-    started (docs/lab/run-log.md, run 28). None: where the decoder runs on the GPU (on the CPU a request's compute
-    dwarfs those costs, and the warm-up would cost a CPU machine seconds of start-up)."""
+    the first request a user hears does not pay the process's first-use costs: a fresh `voicectl say` reached
+    first audio in about half the time with it, for a fraction of a second of start-up (docs/lab/run-log.md).
+    None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the warm-up
+    would cost a CPU machine seconds of start-up)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
@@ -97,15 +98,14 @@ class EngineConfig:
 
 
 GPU_DECODER_DTYPE = "fp32"
-"""BiCodec precision on CUDA by default. fp32: bf16 measured -22.8 dB vs CPU fp32 (fp32 on the GPU: -47.5 dB) and
-its streaming seams -22.7 dB vs -45.6 dB, outside tolerance (docs/lab/run-log.md); fp32 still decodes ~1000x
-real time batched, far more than 128 streams need."""
+"""BiCodec precision on CUDA by default. fp32: bf16's error against the CPU's fp32 decode, and at its streaming
+seams, was outside the seam tolerance, and fp32 is already far faster than the streams need
+(docs/lab/run-log.md)."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
 capture bicodec.DECODE_BATCHES), whose windows come from at most two sentences at once
-(two replay the batch-4 graph): 14 graphs instead of 42. A fresh `voicectl say` on an H100 (warm compile caches)
-captured them in 9.2 s instead of 14.1-14.7 and was done 31.6 s after launch instead of 38.3-38.6, with the same
-first audio (24-25 ms) and RTF (docs/lab/run-log.md, run 28)."""
+(two replay the batch-4 graph): 14 graphs instead of 42, so a fresh `voicectl say` captures them in less time
+and is done sooner, with the same first audio and RTF (docs/lab/run-log.md)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 
@@ -553,8 +553,8 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
 
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
-    # compiled layers: 1.21 vs 1.39 ms per token on an H200; fused decode kernels for up to 16 rows: 0.91-0.99 ms
-    # (docs/lab/run-log.md, run 21)
+    # the compiled layers step faster than the plain tensor code, and the fused decode kernels faster still at the
+    # few rows they take (docs/lab/run-log.md)
     return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global")
@@ -611,8 +611,8 @@ def _lanes(generator) -> list:
 
 def describe_platform(synth: Synthesizer) -> str:
     """What a deterministic engine's bytes depend on besides the checkpoint and the settings: where the LLM and the
-    decoder compute and the versions of what computes there, e.g. "cuda NVIDIA H200 sm90, driver 580.159.04, CUDA
-    13.0, cuDNN 91400, torch 2.11.0+cu130, lane 128x2048" or "cpu x86_64 AVX512, 2 threads, torch 2.11.0"."""
+    decoder compute and the versions of what computes there, e.g. "cuda <GPU name> sm90, driver <version>, CUDA
+    <version>, cuDNN <version>, torch <version>, lane 128x2048" or "cpu x86_64 AVX512, 2 threads, torch <version>"."""
     import platform
     import sys
 
@@ -692,7 +692,7 @@ def lane_router(primary, lane, events: EventSink = ignore_events):
     from engine.backends.torch_gen import TorchTokenGenerator
 
     if isinstance(primary, TorchTokenGenerator):
-        # the torch generator steps eagerly (~9 ms a token on an H200 against the lane's ~1.1): the lane takes every
+        # the torch generator steps eagerly (several times the lane's time a token): the lane takes every
         # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
         return LaneRouter(primary, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
     if lane.rows >= CROWD_ROWS:  # the lane serves a crowd itself; vLLM takes what does not fit

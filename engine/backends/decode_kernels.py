@@ -1,9 +1,8 @@
 """Provides the graph lane's fused decode kernels: the small work around a decode step's GEMMs in fewer launches.
 
-Why: a decode step of Spark's 0.5B LLM on an H200 was 449 kernels taking 1.03 ms, of which reading the weights
-would take ~0.2 ms at the memory's speed (docs/lab/run-log.md, lane profile). A step of a few rows is made of
-its kernels' count and each one's floor (~4 us for any GEMM reading from memory, cuBLAS's included), not of
-arithmetic. So:
+Why: a decode step of Spark's 0.5B LLM was hundreds of small kernels taking several times what reading its
+weights at the memory's speed would (docs/lab/run-log.md). A step of a few rows is made of its kernels' count
+and each one's floor (any GEMM reading from memory has one, cuBLAS's included), not of arithmetic. So:
 
 - `rope_attend`: rotary embedding of queries and keys, the new keys and values written into the rows' cache, and
   grouped-query attention over each row's own length (online softmax: no span bucket to pad to), optionally in
@@ -13,8 +12,8 @@ arithmetic. So:
   summing the splits (no reduce kernel);
 - on sm90+, each kernel is launched while the one before it runs (programmatic dependent launch).
 
-`FusedPlan` picks among these; `PLAN` is the fastest measured (docs/lab/run-log.md, run 22: 0.77 ms a step at one
-row on an H200, against 0.91 for run 21's step and 1.19 for the compiled tensor code).
+`FusedPlan` picks among these; `PLAN` is the fastest measured, faster than the first fused step and than the
+compiled tensor code (docs/lab/run-log.md).
 
 Used on CUDA for decode steps of up to lane_runner.FUSE_ROWS rows, and by the unit tests under Triton's CPU
 interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
@@ -34,9 +33,9 @@ MAX_ROWS = 16
 """Rows one `matmul` program covers (tl.dot's smallest tile); more rows take more programs, each reading the
 weights again."""
 ATTEND_BLOCK, ATTEND_WARPS, ATTEND_STAGES = 256, 4, 2
-"""Cache positions per attention iteration, warps, pipelining depth: the fastest of 24 (H200, one layer of one row
-at position 250: 3.5 us against 4.4 for 64 positions and 11.7 for the tensor code's three kernels; at position
-900: 8.8, 11.9 and 14.9 us; lab/decode_kernels_probe.py)."""
+"""Cache positions per attention iteration, warps, pipelining depth: the fastest of those `lab/decode_kernels_probe.py`
+tried, ahead of smaller blocks and of the tensor code's three kernels at short and long positions alike
+(docs/lab/run-log.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +54,19 @@ TILINGS = {"qkv": Tiling(block_n=16, block_k=256), "gate_up": Tiling(block_n=64,
            "head": Tiling(block_n=64, block_k=256),
            "o": Tiling(block_n=16, block_k=256), "o_split": Tiling(block_n=32, block_k=128),
            "down": Tiling(block_n=16, block_k=256), "down_split": Tiling(block_n=32, block_k=256)}
-"""The fastest of 12 tilings for each (H200, one row, lab/decode_kernels_probe.py --sweep), and why each
-projection is ours rather than cuBLAS's: norm + q/k/v + bias 5.7 us against cuBLAS's GEMM 4.2 us plus a 2.4 us
-norm kernel and the 0.8 us copy its residual addmm needs; norm + gate/up + SwiGLU 9.3 us against 7.3 us plus a
-norm and a SwiGLU kernel; norm + head 8.1 us against 6.6 us plus a norm. Long K runs (256) per iteration were
-the best for every projection. The o and down projections stay cuBLAS GEMMs (4.1 and 7.8 us, ours 4.6 and 8.7)
-whose residual add rides in the next kernel's prologue. Gate/up's 64 columns make 76 programs on an H100's 132 SMs;
-grids matched to the SMs (fewer columns a program, masked in the tile) were slower (run 29)."""
+"""The fastest tiling for each projection (`lab/decode_kernels_probe.py --sweep`). q/k/v, gate/up and the head are
+ours rather than cuBLAS's because one kernel with the norm in its prologue and the bias, SwiGLU or residual in its
+epilogue beats cuBLAS's faster GEMM plus the small kernels around it. Long K runs (256) per iteration were the
+best for every projection. The o and down projections stay cuBLAS GEMMs (alone, cuBLAS's are faster than ours)
+whose residual add rides in the next kernel's prologue. Gate/up's 64 columns make fewer programs than a large GPU
+has SMs; grids matched to the SMs (fewer columns a program, masked in the tile) were slower (docs/lab/run-log.md)."""
 PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split": Tiling(block_n=16, block_k=128),
                    "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
 """The tilings of a projection in `FusedPlan.preload` at up to PRELOAD_ROWS rows, whose programs hold their whole
 weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o as tried in a two-row
-lane (H100, lab/decode_kernels_probe.py --lanes; docs/lab/run-log.md, run 27): the o projection 16 columns a
-program rather than 32 (-1%), q/k/v 16 within 0.5% of 8, both faster than 32 columns or 8 warps (+3-5%)."""
+lane (`lab/decode_kernels_probe.py --lanes`): 16 columns a program, faster than 32 columns or 8 warps, and for
+q/k/v about as fast as 8 (docs/lab/run-log.md)."""
 
 
 def interpreting() -> bool:
@@ -99,7 +97,7 @@ def supports(head_dim: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class FusedPlan:
     """Which variant of the fused decode step runs (each measured against the others in one process by
-    `lab/decode_kernels_probe.py --plans`; docs/lab/run-log.md, run 22)."""
+    `lab/decode_kernels_probe.py --plans`; docs/lab/run-log.md)."""
 
     pdl: bool = False
     """Programmatic dependent launch between our kernels (sm90+): each is launched while the one before it runs,
@@ -129,18 +127,16 @@ class FusedPlan:
     """Projections of a layer ("o", "gate_up", "down") whose weights one of its kernels (`prefetch_from`) asks the
     L2 cache for before it waits (sm90 bulk prefetch, `prefetches`). The idea: the q/k/v, attention and o kernels
     are bound by latency, not by the memory's bandwidth, which the prefetch would fill meanwhile, so that the
-    MLP's kernels read their weights from L2 (50 MB on an H100, a layer's MLP 26 MB). Measured, it does not pay:
-    no placement was faster than none (H100, two-row lane, same process: 0.676 / 0.697 ms a step at 1 / 2 rows
-    without; 0.680-0.721 / 0.699-0.768 with the MLP's, the down projection's, or o's and down's, from the q/k/v,
-    o or gate/up kernel; docs/lab/run-log.md, run 28). Kept for the probe (lab/decode_kernels_probe.py)."""
+    MLP's kernels read their weights from L2 (a large GPU's L2 holds a layer's MLP). Measured, it does not pay: no
+    placement (the MLP's, the down projection's, or o's and down's weights, from the q/k/v, o or gate/up kernel)
+    was faster than none (docs/lab/run-log.md). Kept for the probe (lab/decode_kernels_probe.py)."""
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
     attend_preload: bool = False
     """The attention kernel (rope_in_attention, attend_chunk) reads its chunk of the cache before it waits for the
-    q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. H100,
-    two-row lane, same process: 0.661 / 0.670 ms a step at 1 / 2 rows against 0.677 / 0.685 (attention's share
-    of the step's critical path 94 us against 106-108); model step at position 900: 705 against 724 us, the same
-    logits (docs/lab/run-log.md)."""
+    q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. It
+    shortens attention's share of the step's critical path and so the lane's step, with the same logits
+    (docs/lab/run-log.md)."""
     late_sum: bool = False
     """The split-K down projection leaves its fp32 partials to the next layer's q/k/v kernel where that preloads
     (`preloads`) at up to LATE_SUM_ROWS rows, which sums them in its prologue while it adds the residual, in split
@@ -149,8 +145,7 @@ class FusedPlan:
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
     sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
     their partials are summed in place. (Gate/up's programs summing o's partials once into rows of their own, then
-    looping over those, was bit-exact but 1.5% faster a step at one row at best and slower at two: docs/lab/
-    run-log.md, run 29.)"""
+    looping over those, was bit-exact but barely faster at one row and slower at two: docs/lab/run-log.md.)"""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -170,18 +165,14 @@ class FusedPlan:
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
                  one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True, attend_preload=True)
-"""The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process (H200,
-docs/lab/run-log.md run 22; model step at 1 row, position 300: 737 us against 860 for FusedPlan(), 750 without
-the splits; at position 900: 755 against 971, where the 256-position attention chunks count; the rotary
-embedding in the attention kernel: 730 against 735, 791 against 812 at 16 rows). The q/k/v and o projections
-read their weights before they wait (`preload`; H100, two-row lane, same process: 0.679 / 0.702 ms a step at 1 /
-2 rows against 0.742 / 0.764; preloading gate/up, down and the head too was slower, 0.743 / 0.888 in another
-process: their slices are large, so fewer programs fit beside the kernel they overlap). Costs a second, [N, K]
-copy of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]. The down
-projection's partials are summed by the next layer's q/k/v (`late_sum`; H100, two-row lane, same process, twice:
-0.671-0.672 / 0.678 ms at 1 / 2 rows against 0.678-0.679 / 0.691-0.692; down split 4 or 16 ways, no better), and
-the attention reads its chunk of the cache before it waits (`attend_preload`: 0.661 / 0.670 against 0.677 /
-0.685)."""
+"""The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process, each
+choice faster than going without it (docs/lab/run-log.md): o and down split over programs, 256-position
+attention chunks (which count at long positions) and the rotary embedding in the attention kernel. The q/k/v and o
+projections read their weights before they wait (`preload`); preloading gate/up, down and the head too was
+slower: their slices are large, so fewer programs fit beside the kernel they overlap. Costs a second, [N, K] copy
+of the layers' projections (0.7 GB for Spark's LLM): the tensor code keeps reading [K, N]. The down projection's
+partials are summed by the next layer's q/k/v (`late_sum`; splitting down 4 or 16 ways was no better than 8), and
+the attention reads its chunk of the cache before it waits (`attend_preload`)."""
 
 
 def plan_for(plan: FusedPlan = PLAN) -> FusedPlan:
@@ -284,8 +275,8 @@ PRELOAD_ROWS = 4
 looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
 LATE_SUM_ROWS = 2
 """Up to this many rows the down projection's partials are summed by the next q/k/v kernel (FusedPlan.late_sum):
-at four rows its preloading programs, holding seven partials of each row, made the lane's step slower (H100,
-same process: 0.767-0.773 against 0.729 ms), at one or two faster."""
+at four rows its preloading programs, holding seven partials of each row, made the lane's step slower, at one or
+two faster (docs/lab/run-log.md)."""
 
 
 def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
@@ -380,7 +371,7 @@ def _need_cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: i
 
 def _for_width(tiling: Tiling, size: int) -> Tiling:
     """The tiling for weights of `size` bytes: the tables are for bf16; fp32 (tests) takes half the K run and two
-    stages, or gate/up's tiles would need 346 kB of shared memory (an H200 has 227 kB)."""
+    stages, or gate/up's tiles would need 346 kB of shared memory (sm90 has 227 kB a block)."""
     return tiling if size <= 2 else Tiling(tiling.block_n, tiling.block_k // 2, tiling.warps, min(tiling.stages, 2))
 
 
@@ -505,8 +496,8 @@ def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torc
            pdl: bool = False, topk: bool = False) -> None:
     """lane_runner.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
     (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
-    moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels (~50 us of
-    a 0.77 ms step on an H200, docs/lab/run-log.md). `topk`: select with `tl.topk` (ignored where Triton lacks
+    moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels, a visible
+    share of a step (docs/lab/run-log.md). `topk`: select with `tl.topk` (ignored where Triton lacks
     it); the same keys come out."""
     rows, width = logits.shape
     _need_unit_stride(logits, state.allowed, state.tokens, state.steps, state.positions, state.ring)

@@ -34,9 +34,9 @@ from engine.prompt import Prompt
 AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 ROWS = 8
-"""Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). Steps over 1, 2, 4
-and 8 rows took 1.07, 1.03, 1.06 and 1.10 ms on an H200 (lab/lane_profile.py): the weights are read once
-whatever the rows."""
+"""Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). A step over 8 rows
+takes about as long as over 1 (lab/lane_profile.py; docs/lab/run-log.md): the weights are read once whatever the
+rows."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 OTHERS_LIMIT = 1

@@ -314,7 +314,7 @@ class Player:
 
     def clear(self) -> None:
         """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Blocks for
-        the stream's abort + restart (about 1-4 ms measured on the PulseAudio null sink)."""
+        the stream's abort + restart (a few milliseconds: docs/lab/run-log.md)."""
         self._clear_gen += 1
         self._utt_open = False
         self._utt_seq += 1
