@@ -8,7 +8,7 @@ import asyncio
 import hashlib
 import time
 from collections import deque
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
@@ -16,9 +16,9 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
 import numpy as np
 
 from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
-from engine.batching import DecodeBatcher, lengths_for, widen_left
+from engine.batching import DecodeBatcher, lengths_for
 from engine.config import SamplingOptions, SynthesisRequest, sentence_id
-from engine.crossfade import Crossfader, fade_edges
+from engine.crossfade import fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
@@ -29,7 +29,8 @@ from engine.text import SentenceSplitter, is_speakable, normalize, sentence_toke
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
 from engine.types import AudioChunk
 from engine.voices import GlobalsCache, MemoryGlobalsCache, Voice, VoiceBank, available_voice
-from engine.windowing import Window, WindowPlanner, WindowSchedule
+from engine.windowed_decode import WindowedDecode
+from engine.windowing import Window, WindowSchedule
 
 VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
 """Text of the controllable prompt used to compute a preset's speaker globals."""
@@ -190,8 +191,9 @@ class Synthesizer(UtteranceFolds):
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
                                      one_length=decoder.fixed_shapes)
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
-        self._shape_lengths = lengths_for(schedule) if decoder.fixed_shapes else ()
+        self._shape_lengths: tuple[int, ...] = ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""
+        self.use_schedule(schedule)
         self._globals_lock = asyncio.Lock()
 
     def swap_generator(self, generator: TokenGenerator) -> TokenGenerator:
@@ -199,6 +201,24 @@ class Synthesizer(UtteranceFolds):
         the one they started on. Returns the generator it replaced, for the caller to close once idle."""
         old, self.generator = self.generator, generator
         return old
+
+    def use_schedule(self, schedule: WindowSchedule) -> tuple[int, ...]:
+        """Plan the sentences that start from now on with `schedule` (those rendering keep theirs), their windows
+        widened to its standard lengths. Returns those lengths, empty where the decoder takes any shape; a decoder
+        that captures one graph per shape must be warmed up for them (CodecDecoder.warmup) before they come."""
+        self.schedule = schedule
+        self._shape_lengths = lengths_for(schedule) if self.decoder.fixed_shapes else ()
+        return self._shape_lengths
+
+    @contextmanager
+    def scheduled(self, schedule: WindowSchedule) -> Iterator[tuple[int, ...]]:
+        """`use_schedule` for the length of a with-block (a benchmark's variant); the schedule before comes back
+        after it."""
+        before = self.schedule
+        try:
+            yield self.use_schedule(schedule)
+        finally:
+            self.use_schedule(before)
 
     # ---- voices -------------------------------------------------------------------------------------
 
@@ -360,10 +380,9 @@ class Synthesizer(UtteranceFolds):
         busy = self.active_requests > self.schedule.busy_streams
         early = self._alone()
         schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule
-        planner, fader = WindowPlanner(schedule), Crossfader()
+        windows = WindowedDecode(schedule, globals_, self.decoder.samples_per_code, self._shape_lengths)
         codes: list[int] = []
         done, first_chunk = False, True
-        spc = self.decoder.samples_per_code
         fade = int(self.join.fade_s * self.sample_rate)
         try:
             while True:
@@ -372,15 +391,15 @@ class Synthesizer(UtteranceFolds):
                 if start_next is not None and (done or early or at_first_audio):
                     start_next()
                     start_next = None
-                window = planner.next_window(len(codes), done)
+                window = windows.next_window(len(codes), done)
                 if window is None:
                     if done:
                         break
                     delta = await feed.get()
                     done = self._consume(delta, parser, codes, progress, req.request_id)
                     continue
-                pcm = await self._decode(req, index, window, codes, globals_)
-                out = fader.push(pcm, window.head * spc, window.tail * spc)
+                pcm = await self._decode(req, index, window, windows.item(window, codes))
+                out = windows.join(window, pcm)
                 out = fade_edges(out, fade if first_chunk else 0, fade if window.final else 0)
                 first_chunk = False
                 yield out, window.final
@@ -410,12 +429,7 @@ class Synthesizer(UtteranceFolds):
         progress.tokens += len(new)
         return parser.done
 
-    async def _decode(self, req: SynthesisRequest, index: int, window: Window, codes: list[int],
-                      globals_: tuple[int, ...]) -> np.ndarray:
-        item = DecodeItem(tuple(codes[window.start:window.stop]), globals_,
-                          window.emit_start - window.start, window.emit_stop - window.start)
-        if self._shape_lengths:
-            item = widen_left(item, codes, window.start, self._shape_lengths)
+    async def _decode(self, req: SynthesisRequest, index: int, window: Window, item: DecodeItem) -> np.ndarray:
         t = time.perf_counter()
         pcm = await self.batcher.decode(item)
         final_codes = window.emit_stop - window.tail - window.emit_start

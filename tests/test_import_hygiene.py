@@ -4,9 +4,10 @@ import sys
 
 import pytest
 
-PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.crossfade",
-        "engine.ringbuffer", "engine.events", "engine.errors", "engine.config", "engine.voices",
-        "engine.model", "engine.seams", "engine.lane_scheduler", "engine.metrics", "engine.atomic"]
+PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.windowed_decode",
+        "engine.crossfade", "engine.ringbuffer", "engine.player_gate", "engine.events", "engine.errors",
+        "engine.config", "engine.voices", "engine.model", "engine.seams", "engine.lane_scheduler", "engine.metrics",
+        "engine.atomic", "engine.bench"]
 HEAVY = ["torch", "vllm", "sounddevice", "textual", "transformers", "voiceapp"]
 
 

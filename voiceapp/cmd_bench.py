@@ -272,10 +272,10 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
         from engine.batching import lengths_for
 
         log("decoder precision and seams (GPU fp32/bf16 vs CPU fp32)")
-        schedules = {"default": bench.WindowSchedule(), "first_new4": bench.WindowSchedule(first_new=4),
-                     "first_new2": bench.WindowSchedule(first_new=2),
-                     "first_right12": bench.WindowSchedule(first_right=12),
-                     "first_right8": bench.WindowSchedule(first_right=8)}
+        schedules = {"default": WindowSchedule(), "first_new4": WindowSchedule(first_new=4),
+                     "first_new2": WindowSchedule(first_new=2),
+                     "first_right12": WindowSchedule(first_right=12),
+                     "first_right8": WindowSchedule(first_right=8)}
         result["decoder_accuracy"] = _guard(lambda: bench.decoder_accuracy(model / "BiCodec", schedules), log)
         log(f"  {result['decoder_accuracy']}")
         log("decoder speed (eager vs CUDA graph)")

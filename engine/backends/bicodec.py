@@ -398,7 +398,11 @@ class _on:
 def context_windows(
     codes: Sequence[int], global_tokens: Sequence[int], *, new: int, context: int,
 ) -> list[DecodeItem]:
-    """Split `codes` into windows of `new` kept codes with up to `context` codes each side (clamped at the ends)."""
+    """Split `codes` into windows of `new` kept codes with up to `context` codes each side (clamped at the ends).
+
+    Not the pipeline's windows (engine.windowed_decode), on purpose: equal windows with symmetric context and hard
+    cuts, no crossfade, so the seam error it gives measures the decoder's receptive field alone (a test oracle:
+    with the full context it must equal one-shot decoding)."""
     codes, glob, n = tuple(codes), tuple(global_tokens), len(codes)
     items = []
     for start in range(0, n, new):

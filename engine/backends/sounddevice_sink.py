@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import AudioDeviceError
+from engine.player_gate import may_play, rebuffers_after
 from engine.ringbuffer import RingBuffer
 
 _FILE_HINT = "use --out FILE.wav to write a file instead"
@@ -184,16 +185,11 @@ class Player:
         seq, begin = self._utt  # after apply_clear: a seen clear implies its utterance tuple is seen
         out = outdata[:, 0]
         r0 = ring.read_count
-        if not ring.playing:
-            self._rebuffering = False
-        if ring.playing and not self._rebuffering:
-            go = True
-        else:  # pre-roll (new utterance) or re-buffer (after an underrun): wait for enough audio
-            threshold = self._rebuffer_frames if self._rebuffering else self._preroll_frames
-            go = ring.available >= threshold or ring.end_pending or ring.free <= 0
-        if go:
+        playing = ring.playing
+        if may_play(playing, self._rebuffering and playing, ring.available, self._preroll_frames,
+                    self._rebuffer_frames, ring.end_pending or ring.free <= 0):
             n = ring.read_into(out)
-            self._rebuffering = n < frames and ring.playing and self._rebuffer_frames > 0
+            self._rebuffering = rebuffers_after(n < frames, ring.playing, self._rebuffer_frames)
         else:
             out.fill(0.0)
             n = 0

@@ -369,3 +369,19 @@ def test_the_fake_decoder_states_its_capabilities():
     assert isinstance(decoder, CodecDecoder) and decoder.batch_limit > 1 and not decoder.fixed_shapes
     synth = Synthesizer(ScriptedGenerator(IDS), decoder, IDS, encode, VoiceBank())
     assert synth.batcher.max_batch == decoder.batch_limit and not synth.batcher.one_length
+
+
+def test_a_schedule_swapped_in_for_a_block_widens_to_its_lengths_and_comes_back():
+    from engine.batching import lengths_for
+    from engine.windowing import WindowSchedule
+
+    class GraphDecoder(ToneDecoder):
+        fixed_shapes = True
+
+    other = WindowSchedule(first_new=8)
+    synth = Synthesizer(ScriptedGenerator(IDS), GraphDecoder(), IDS, encode, VoiceBank())
+    with synth.scheduled(other) as lengths:
+        assert synth.schedule == other and lengths == lengths_for(other) != lengths_for(WindowSchedule())
+    assert synth.schedule == WindowSchedule() and synth.use_schedule(WindowSchedule()) == lengths_for(WindowSchedule())
+    plain = Synthesizer(ScriptedGenerator(IDS), ToneDecoder(), IDS, encode, VoiceBank())
+    assert plain.use_schedule(other) == () and plain.schedule == other

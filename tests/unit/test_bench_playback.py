@@ -3,6 +3,7 @@ fixed-delay player, and how the headline picks the largest real-time level."""
 import math
 
 from engine import bench
+from engine.bench.summary import _max_realtime
 
 SR = 1000  # 1 sample = 1 ms keeps the arithmetic readable
 
@@ -45,9 +46,9 @@ def test_a_stream_shorter_than_the_preroll_still_plays():
 def test_max_realtime_is_the_largest_level_with_every_smaller_one_real_time():
     levels = {1: {"realtime": True, "f": True}, 8: {"realtime": True, "f": False},
               32: {"realtime": False, "f": True}, 64: {"realtime": True, "f": True}}
-    assert bench._max_realtime(levels, "realtime") == 8
-    assert bench._max_realtime(levels, "f") == 1
-    assert bench._max_realtime({1: {}}, "realtime") == 0
+    assert _max_realtime(levels, "realtime") == 8
+    assert _max_realtime(levels, "f") == 1
+    assert _max_realtime({1: {}}, "realtime") == 0
 
 
 def test_summarize_splits_the_first_window_per_stream():

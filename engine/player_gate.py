@@ -1,0 +1,26 @@
+"""Provides the player's policy: when buffered audio may play, and when running short starts a re-buffer. Pure.
+
+The PortAudio callback (engine.backends.sounddevice_sink) asks it on every buffer and the benchmark's
+`simulate_player` on every chunk, so the bench counts underruns by the player's own rule. Plain functions of
+ints and bools: they allocate nothing and take no lock, as the callback requires.
+
+Counts are in frames (or samples): whatever unit the caller's buffer counts in.
+"""
+from __future__ import annotations
+
+
+def may_play(playing: bool, rebuffering: bool, queued: int, preroll: int, rebuffer: int, at_end: bool) -> bool:
+    """Whether the player plays now. Straight on while it plays without an underrun; otherwise, before an
+    utterance's first sample (`playing` False: the pre-roll) or after an underrun (`rebuffering`: the re-buffer),
+    once it holds that much audio, or when waiting cannot bring more (`at_end`: the producer marked the end of
+    what it writes, or the buffer is full)."""
+    if playing and not rebuffering:
+        return True
+    return queued >= (rebuffer if rebuffering else preroll) or at_end
+
+
+def rebuffers_after(short: bool, playing: bool, rebuffer: int) -> bool:
+    """Whether a read starts a re-buffer: it came up short while still playing (an underrun; a read that reaches
+    the producer's end mark stops playing instead, a pause) and the player re-buffers at all (`rebuffer` > 0:
+    with 0 it resumes with whatever arrives)."""
+    return short and playing and rebuffer > 0
