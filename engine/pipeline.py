@@ -123,9 +123,8 @@ class _SentenceStats:
 class _AheadRender:
     """A sentence's audio rendered in the background before its turn (a lone request's next sentence), so its
     windows decode while their tokens arrive, batched with the current sentence's, instead of one after another
-    once the current sentence has played out: a two-sentence request on the H200 spent ~20 ms after its last
-    token decoding the second sentence's six windows in a row (run 22). The pieces wait in memory (10 s of
-    audio is 640 kB)."""
+    once the current sentence has played out, after its last token (docs/lab/run-log.md). The pieces wait in
+    memory (10 s of audio is 640 kB)."""
 
     def __init__(self, pieces: AsyncIterator[tuple[np.ndarray, bool]], stats: _SentenceStats) -> None:
         self.stats = stats
@@ -375,7 +374,7 @@ class Synthesizer(UtteranceFolds):
         side with this one (and its audio is rendered ahead too: `_AheadRender`, with `ahead`'s schedule).
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
-        its next windows (128 streams on the H200 all underran, docs/lab/run-log.md run 4)."""
+        its next windows: crowds underran (docs/lab/run-log.md)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
         early = self._alone()

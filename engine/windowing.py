@@ -25,14 +25,13 @@ class WindowSchedule:
 
     first_new: int = 4
     """New codes in the first window: small so first audio comes after first_new + right LLM steps. It does
-    not change seam quality (that is `right`): on the H200, 4 (with a second window of 12) gave TTFA p50 53 ms
-    at 1 stream vs 79 ms for 8 + 24 (docs/lab/run-log.md)."""
+    not change seam quality (that is `right`), and a smaller first window measured a faster first audio
+    (docs/lab/run-log.md)."""
     new: int = 12
     """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
     must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
-    and the 200 ms pre-roll covers the rest. Small early windows cost decoder throughput (16 + 16 codes of
-    context per window): after a 4-code first window, both 12 and 24 here underran at 128 streams on the
-    H200, hence `busy_streams`."""
+    and the player's pre-roll covers the rest. Small early windows cost decoder throughput (`left` + `right`
+    codes of context per window), which crowds cannot afford: hence `busy_streams`."""
     growth: float = 2.0
     """Each later window is this many times larger (fewer decoder calls once playback is safely ahead)."""
     max_new: int = 96
@@ -45,24 +44,20 @@ class WindowSchedule:
     """Right context of the first window only (None = `right`); smaller trades first-seam quality for TTFA."""
     busy_streams: int = 48
     """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
-    stream generates slower and decode batches queue. Small first windows underran on the H200 at 128
-    streams, while 8 + 24 did not when both sentences of a stream started at once (docs/lab/run-log.md, run
-    1); with this switch and one sentence at a time, 128 streams still underran (run 4)."""
+    stream generates slower and decode batches queue, and small first windows underran where larger ones did
+    not (docs/lab/run-log.md)."""
     solo_streams: int = 1
     """Up to this many concurrent requests (one listener), a request's next sentence starts with the current one
     instead of at its first audio (with eager lookahead: batching backends). The two rows step side by side at
-    nearly one row's cost (the graph lane: 0.76 vs 0.79 ms a step, H200), so a two-sentence request finishes ~25
-    steps sooner; its first audio did not move (23.5 -> 23.7 ms, run 22)."""
+    nearly one row's cost on the graph lane, so a two-sentence request finishes sooner without moving its first
+    audio (docs/lab/run-log.md)."""
     busy_first_new: int = 16
-    """`busy()`'s first window. Under load the player cannot start before it holds its 200 ms pre-roll (10
-    codes) anyway, so a smaller first window only costs decoder throughput; what matters is that each window
-    arrives before the audio before it runs out, with decode batches queueing behind each other (128 streams,
-    run 5: ~146 tokens/s per stream and ~300 ms from a first window's tokens to its audio)."""
+    """`busy()`'s first window. Under load the player cannot start before it holds its pre-roll anyway, so a
+    smaller first window only costs decoder throughput; what matters is that each window arrives before the
+    audio before it runs out, with decode batches queueing behind each other (docs/lab/run-log.md)."""
     busy_new: int = 32
-    """`busy()`'s second window (later ones grow by `growth` as usual). At 128 streams on the H200 the first
-    128-stream run of a process underran on ~80 streams with 16 + 32 (run 9) and with 16 + 16 (run 10), while
-    a later run in the same process played both without an underrun: the choice between them is inside that
-    spread (docs/lab/run-log.md, runs 6-10); 24 + 48 and 24 + 24 underran on every stream."""
+    """`busy()`'s second window (later ones grow by `growth` as usual): the sizes measured around it differed
+    less than runs of the same size did, while larger ones underran (docs/lab/run-log.md)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -97,9 +92,9 @@ class WindowSchedule:
         """The schedule of a sentence decoded ahead of its turn (a lone request's next sentence, side by side
         with the current one): its audio is needed only once the current sentence has played, so it skips the
         small windows first sound needs and starts at this schedule's third window (+ `left` new codes in the
-        first, which has no left context). With the defaults its first window comes at 56 codes, not with the
-        current sentence's first (20): decoded together, that one took 5.2 ms instead of 3.4 and first audio came
-        2 ms later (H200, run 23). Every window keeps a length of this schedule's (the decoder's graphs)."""
+        first, which has no left context), so that it is not decoded together with the current sentence's first
+        window, which would delay first audio (docs/lab/run-log.md). Every window keeps a length of this
+        schedule's (the decoder's graphs)."""
         later = self.new_codes(2)
         return replace(self, first_new=max(self.first_new, later + self.left), new=max(self.new, later),
                        max_new=max(self.max_new, later), first_right=None)

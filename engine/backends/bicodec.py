@@ -252,11 +252,9 @@ class BiCodecDecoder:
 
     def _pick_algorithms(self, autotune: bool) -> None:
         """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
-        On the H200, autotuning every captured shape made graph capture ~95-97 s of engine start-up against ~10 s for
-        the batch-1 shapes only. Autotuned graphs were 10-20% faster at batch 1 (a lone stream's windows: TTFA);
-        timed alone, batches of 8-64 were within a few percent, yet in the pipeline fixed algorithms decoded the
-        batched first windows ~20% slower at 8-32 streams (docs/lab/run-log.md, runs 8a/8b). Hence `autotune`:
-        none for in-process front ends (the timing is redone in every process), all for the server."""
+        Autotuning every captured shape costs much start-up and is redone in every process; autotuned graphs were
+        faster at batch 1 and, in the pipeline, for batched first windows (docs/lab/run-log.md). Hence `autotune`:
+        none for in-process front ends, all for the server."""
         torch.backends.cudnn.benchmark = autotune
         torch.backends.cudnn.deterministic = not autotune
 
