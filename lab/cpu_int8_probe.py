@@ -13,7 +13,9 @@ Options: fp32 (StaticQwen2, today's CPU path) | bf16 (StaticQwen2 in bf16) | tor
 projections as torch._weight_int8pack_mm: int8 weights, per-channel scales, bf16 activations) | torch-dynamic
 (torch.ao quantize_dynamic's fbgemm kernels: int8 weights per channel, activations quantised per tensor) |
 ort-fp32 (the same graph as ort-int8, MatMul in fp32, fp32 head) | ort-int8 (engine.backends.qwen2_ort: MatMulNBits,
-8 bits, block 128, the head's rows too) | ort-int8-fp32head (its head in fp32) | ort-int8-b32 (block 32) |
+8 bits, block 128, the head's rows too, fused ONNX Runtime operators) | ort-int8-unfused (the same weights in
+the first graph, standard operators around MatMulNBits: lab/qwen2_ort_unfused.py) | ort-int8-fp32head (its head in
+fp32) | ort-int8-b32 (block 32) |
 ort-dynamic (MatMulIntegerToFloat: int8 weights per channel, activations quantised per tensor, as
 onnxruntime.quantization.quantize_dynamic makes; fp32 head) | ort-int4 (MatMulNBits, 4 bits, block 32: for
 comparison only, not an int8 option).
@@ -36,9 +38,10 @@ from engine.backends import qwen2_ort
 from engine.backends.llm_agreement import FULL_BOUND, compare, logits, real_prompts, reference_runs
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
+from lab.qwen2_ort_unfused import UnfusedOrtQwen2, build_unfused_model
 
-OPTIONS = ("fp32", "bf16", "torch-int8pack", "torch-dynamic", "ort-fp32", "ort-int8", "ort-int8-fp32head",
-           "ort-int8-b32", "ort-dynamic", "ort-int4")
+OPTIONS = ("fp32", "bf16", "torch-int8pack", "torch-dynamic", "ort-fp32", "ort-int8", "ort-int8-unfused",
+           "ort-int8-fp32head", "ort-int8-b32", "ort-dynamic", "ort-int4")
 MAX_LEN = 4096
 
 
@@ -105,40 +108,45 @@ def fbgemm_dynamic(w_t: torch.Tensor):
 class DynamicInt8Builder(qwen2_ort.GraphBuilder):
     """Projections as MatMulIntegerToFloat after DynamicQuantizeLinear of the input (ORT's dynamic int8)."""
 
-    def linear(self, x: str, w: torch.Tensor, name: str) -> str:
+    def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
         w_t = w.t().contiguous()  # [K, N]
         scales = (w_t.abs().amax(0).clamp_min(1e-12) / 127)
         codes = torch.round(w_t / scales).clamp(-127, 127).to(torch.int8).numpy()
         xq, xs, xz = self.op("DynamicQuantizeLinear", x, outputs=3)
+        extra = [] if bias is None else [self.const(f"{name}.bias", bias)]
         return self.op("MatMulIntegerToFloat", xq, self.const(f"{name}.q", codes),
                        xs, self.const(f"{name}.s", scales.numpy()), xz,
-                       self.const(f"{name}.z", np.zeros(w.shape[0], np.int8)), domain="com.microsoft")
+                       self.const(f"{name}.z", np.zeros(w.shape[0], np.int8)), *extra, domain="com.microsoft")
 
 
 class Int4Builder(qwen2_ort.GraphBuilder):
     """Projections as MatMulNBits of 4 bits, block 32 (zero point 8), for comparison."""
 
-    def linear(self, x: str, w: torch.Tensor, name: str) -> str:
+    def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
         n, k = w.shape
         blocks = w.float().reshape(n, k // 32, 32)
         scales = blocks.abs().amax(-1).clamp_min(1e-12) / 7
         codes = torch.round(blocks / scales[..., None]).clamp(-7, 7).add(8).to(torch.uint8)
         packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).numpy()
+        extra = [] if bias is None else ["", "", self.const(f"{name}.bias", bias)]
         return self.op("MatMulNBits", x, self.const(f"{name}.q", packed),
-                       self.const(f"{name}.scales", scales.reshape(-1).numpy()), domain="com.microsoft", K=k, N=n,
-                       bits=4, block_size=32, accuracy_level=qwen2_ort.ACCURACY_LEVEL)
+                       self.const(f"{name}.scales", scales.reshape(-1).numpy()), *extra, domain="com.microsoft",
+                       K=k, N=n, bits=4, block_size=32, accuracy_level=qwen2_ort.ACCURACY_LEVEL)
 
 
 def ort_model(weights_dir: Path, work: Path, kind: str, threads: int) -> qwen2_ort.OrtQwen2:
     path = work / f"{kind}.onnx"
     quantize = "none" if kind == "ort-fp32" else "int8"
     builder = {"ort-dynamic": DynamicInt8Builder, "ort-int4": Int4Builder}.get(kind, lambda: None)()
-    model = qwen2_ort.build_model(Qwen2Weights.from_checkpoint(weights_dir), quantize=quantize,
-                                  block=32 if kind.endswith("b32") else qwen2_ort.BLOCK, builder=builder)
+    unfused = kind == "ort-int8-unfused"
+    model = (build_unfused_model if unfused else qwen2_ort.build_model)(
+        Qwen2Weights.from_checkpoint(weights_dir), quantize=quantize,
+        block=32 if kind.endswith("b32") else qwen2_ort.BLOCK, builder=builder)
     path.write_bytes(model.SerializeToString())
     del model
-    int8_head = kind in ("ort-int8", "ort-int8-b32", "ort-int4")
-    return qwen2_ort.OrtQwen2(path, Qwen2Weights.from_checkpoint(weights_dir), threads=threads, int8_head=int8_head)
+    int8_head = kind in ("ort-int8", "ort-int8-unfused", "ort-int8-b32", "ort-int4")
+    runner = UnfusedOrtQwen2 if unfused else qwen2_ort.OrtQwen2
+    return runner(path, Qwen2Weights.from_checkpoint(weights_dir), threads=threads, int8_head=int8_head)
 
 
 def build(kind: str, llm_dir: Path, work: Path, threads: int):
@@ -154,22 +162,27 @@ def build(kind: str, llm_dir: Path, work: Path, threads: int):
 # ---- measuring -----------------------------------------------------------------------------------------------
 
 @torch.inference_mode()
-def decode_rate(model, prompt, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, prefill + first token s) of greedy steps with the restricted head."""
+def decode_rate(model, prompt, tokens: int) -> tuple[float, float, list[int]]:
+    """(decode tok/s, prefill + first token s, the greedy ids) of greedy steps with the restricted head."""
     allowed = torch.tensor(prompt.allowed_ids)
     head = model.head_rows(allowed)
     n = len(prompt.ids)
     cache = model.new_cache(n + tokens + 8)
     t0 = time.perf_counter()
     hidden = model.forward(torch.tensor(prompt.ids), torch.arange(n), n, cache)[-1]
-    token = int(allowed[logits(head, hidden).argmax()])
+    greedy = [int(allowed[logits(head, hidden).argmax()])]
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i in range(tokens):
         pos = n + i
-        hidden = model.forward(torch.tensor([token]), torch.tensor([pos]), pos + 1, cache)[0]
-        token = int(allowed[logits(head, hidden).argmax()])
-    return tokens / (time.perf_counter() - t0), first
+        hidden = model.forward(torch.tensor(greedy[-1:]), torch.tensor([pos]), pos + 1, cache)[0]
+        greedy.append(int(allowed[logits(head, hidden).argmax()]))
+    return tokens / (time.perf_counter() - t0), first, greedy
+
+
+def same_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids two greedy runs share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:
@@ -197,14 +210,18 @@ def main() -> None:
     for kind in kinds:
         t0 = time.perf_counter()
         models[kind] = build(kind, llm_dir, work, args.threads)
-        results[kind] = {"build_s": round(time.perf_counter() - t0, 1), "tok_s": [], "prefill_s": []}
+        results[kind] = {"build_s": round(time.perf_counter() - t0, 1), "tok_s": [], "prefill_s": [], "load_1m": []}
         print(kind, "built in", results[kind]["build_s"], "s", flush=True)
     for _ in range(args.rounds):
         for kind in kinds:
-            rate, first = decode_rate(models[kind], prompts[0], args.tokens)
+            rate, first, greedy = decode_rate(models[kind], prompts[0], args.tokens)
             results[kind]["tok_s"].append(round(rate, 1))
             results[kind]["prefill_s"].append(round(first, 3))
-            print(kind, f"{rate:.1f} tok/s, prefill {first * 1000:.0f} ms", flush=True)
+            results[kind]["load_1m"].append(os.getloadavg()[0])
+            results[kind]["greedy_same_as_first_option"] = same_prefix(greedy, results[kinds[0]].get("greedy", greedy))
+            results[kind].setdefault("greedy", greedy)
+            print(kind, f"{rate:.1f} tok/s, prefill {first * 1000:.0f} ms, greedy ids shared with {kinds[0]}: "
+                  f"{results[kind]['greedy_same_as_first_option']} of {len(greedy)}", flush=True)
     if args.quality and "fp32" in models:
         runs = reference_runs(models["fp32"], prompts, args.quality)
         for kind in (k for k in kinds if k != "fp32"):

@@ -7,16 +7,21 @@ an ONNX Runtime `MatMulNBits` node of 8-bit weights, blockwise scales along K (`
 products (`accuracy_level` 4: the activations are quantised per block as well). Embedding and LM head stay in
 torch, in fp32: a step reads one embedding row and the allowed head rows.
 
+Once the weights are int8, the other nodes' overhead is a large part of a step, so a layer is written with ONNX
+Runtime's fused CPU operators (domain com.microsoft, all in onnxruntime 1.23): `SkipSimplifiedLayerNormalization`
+(residual add + RMSNorm), `MatMulNBits` with its bias input, and `GroupQueryAttention` (rotary embedding from its
+own cos/sin tables, the KV cache update, grouped-query attention): about ten nodes a layer instead of thirty-five.
+
 The converted model is written once per checkpoint under the user's cache folder (`convert`, `cached_path`) and loaded
-from there afterwards. Keys and values live in torch tensors the caller owns ([layers, positions, kv heads, D]);
-each layer's past is handed to the graph as a view, and the graph returns the step's new keys and values, which
-are copied into the cache after the run.
+from there afterwards. Keys and values live in torch tensors the caller owns ([layers, kv heads, positions, D]);
+each layer's slice is bound (IO binding) as both the attention's past and its present, so the attention writes a
+step's keys and values into the cache in place: nothing is copied or concatenated per step.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,19 +30,24 @@ from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import _check_supported
 from engine.errors import ModelFormatError
 
-FORMAT_VERSION = 1
-"""Of the converted file: part of its cache key, so a change to the graph or the quantisation converts again."""
+FORMAT_VERSION = 2
+"""Of the converted file: part of its cache key, so a change to the graph or the quantisation converts again
+(2: fused operators and the cache bound in place)."""
 BLOCK = 128
 """Weights per int8 scale along K (the largest power of two up to this that divides K, for small test models).
-On 2 cores the full model stepped 52-60 tokens/s with 128 and 40-43 with 32, which agrees a little better with
-fp32 (docs/cpu.md)."""
+128 steps faster than 32 (fewer scales to apply) and stays within the agreement bound; 32 agrees a little better
+with fp32 (docs/cpu.md)."""
 ACCURACY_LEVEL = 4
 """MatMulNBits computes in int8 (activations quantised per block): level 0 (fp32 compute) has no fast 8-bit
-kernel on x86 and ran about 50x slower (docs/cpu.md)."""
+kernel on x86 and is far slower (docs/cpu.md)."""
 OPSETS = (("", 17), ("com.microsoft", 1))
 IR_VERSION = 8
 """Of the files written: opset 17's (onnx 1.13), which every ONNX Runtime we may meet reads (the onnx package
 would stamp its own, newer than older runtimes accept)."""
+
+BINDINGS = 16
+"""IO bindings kept (one per cache buffer, the most recently used): more than the streams a CPU engine interleaves;
+an evicted one is made again on its cache's next step."""
 
 Progress = Callable[[int, int], None]
 """(layers converted, layers in all)."""
@@ -120,12 +130,20 @@ class GraphBuilder:
         self.initializers: list = []
         self._names = 0
 
-    def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs) -> str | list[str]:
+    def fresh(self, kind: str) -> str:
+        """A new value name."""
+        self._names += 1
+        return f"{kind.lower()}_{self._names}"
+
+    def node(self, kind: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs) -> None:
+        """A node with named outputs ("" for an optional output not produced, as for a missing optional input)."""
         from onnx import helper
 
-        self._names += 1
-        names = [f"{kind.lower()}_{self._names}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(kind, list(inputs), names, domain=domain or None, **attrs))
+        self.nodes.append(helper.make_node(kind, inputs, outputs, domain=domain or None, **attrs))
+
+    def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs) -> str | list[str]:
+        names = [f"{self.fresh(kind)}_{i}" for i in range(outputs)]
+        self.node(kind, list(inputs), names, domain, **attrs)
         return names[0] if outputs == 1 else names
 
     def const(self, name: str, value: np.ndarray | torch.Tensor) -> str:
@@ -134,98 +152,118 @@ class GraphBuilder:
         return name
 
     def ints(self, *values: int) -> str:
-        self._names += 1
-        return self.const(f"shape_{self._names}", np.array(values, dtype=np.int64))
+        return self.const(self.fresh("shape"), np.array(values, dtype=np.int64))
 
-    def linear(self, x: str, w: torch.Tensor, name: str) -> str:
-        """x [T, K] @ w.T for a transformers weight w [N, K]: int8 MatMulNBits, or fp32 MatMul (quantize none)."""
+    def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
+        """x [..., K] @ w.T (+ bias) for a transformers weight w [N, K]: int8 MatMulNBits with the bias as its
+        input, or fp32 MatMul and Add (quantize none)."""
         n, k = w.shape
         if self.quantize == "none":
-            return self.op("MatMul", x, self.const(name, w.t().contiguous()))
+            y = self.op("MatMul", x, self.const(name, w.t().contiguous()))
+            return y if bias is None else self.op("Add", y, self.const(f"{name}.bias", bias))
         block = block_for(k, self.block)
         codes, scales = quantize_blocks(w, block)
-        return self.op("MatMulNBits", x, self.const(f"{name}.q", codes), self.const(f"{name}.scales", scales),
-                       domain="com.microsoft", K=k, N=n, bits=8, block_size=block, accuracy_level=ACCURACY_LEVEL)
+        inputs = [x, self.const(f"{name}.q", codes), self.const(f"{name}.scales", scales)]
+        if bias is not None:  # after the zero points and g_idx inputs, left out (symmetric codes, no reordering)
+            inputs += ["", "", self.const(f"{name}.bias", bias)]
+        return self.op("MatMulNBits", *inputs, domain="com.microsoft", K=k, N=n, bits=8, block_size=block,
+                       accuracy_level=ACCURACY_LEVEL)
 
 
 def build_model(weights: Qwen2Weights, quantize: str = "int8", block: int = BLOCK,
                 progress: Progress = lambda done, total: None, builder: GraphBuilder | None = None):
     """The step graph (an onnx ModelProto) of `weights`' decoder layers and final norm.
 
-    Inputs: x [T, H] (embedded ids), cos and sin [T, D] (StaticQwen2's tables at the T positions), bias [G*T, S]
-    (0 / -inf: which of the S = P + T keys each query sees, rows g-major) and, per layer l, past_k.l / past_v.l
-    [P, kv, D]. Outputs: hidden [T, H] (after the final norm) and present_k / present_v [L, T, kv, D]."""
+    Inputs: x [1, T, H] (embedded ids at positions S - T .. S - 1), seqlens_k [1] (int32: S - 1),
+    total_sequence_length (int32 scalar: S) and, per layer l, past_key.l / past_value.l [1, kv, C, D]: the
+    request's cache, C >= S positions. Outputs: hidden [1, T, H] (after the final norm) and present_key.l /
+    present_value.l, which the caller binds to the very buffers of past_key.l / past_value.l: GroupQueryAttention
+    then writes the T new keys and values at positions S - T .. S - 1 in place (its shared-buffer mode)."""
     from onnx import TensorProto, helper
 
     cfg = weights.config
-    _check_supported(cfg)
+    _check(cfg)
     g = builder or GraphBuilder(quantize, block)
-    heads, kvh, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
-    d = getattr(cfg, "head_dim", None) or hidden // heads
-    group, layers = heads // kvh, cfg.num_hidden_layers
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", hidden]),
-              helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["T", d]),
-              helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["T", d]),
-              helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["GT", "S"])]
-    cos, sin = g.op("Unsqueeze", "cos", g.ints(1)), g.op("Unsqueeze", "sin", g.ints(1))  # [T, 1, D]
-    halves = g.ints(d // 2, d // 2)
-
-    def norm(x: str, weight: str) -> str:
-        return g.op("SimplifiedLayerNormalization", x, weight, axis=-1, epsilon=cfg.rms_norm_eps,
-                    stash_type=1)
-
-    def rope(t: str, count: int) -> str:  # t [T, count * D] -> rotated [T, count, D]
-        t = g.op("Reshape", t, g.ints(-1, count, d))
-        low, high = g.op("Split", t, halves, axis=-1, outputs=2)
-        rolled = g.op("Concat", high, low, axis=-1)  # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]
-        return g.op("Add", g.op("Mul", t, cos), g.op("Mul", rolled, sin))
-
-    x, present_k, present_v = "x", [], []
+    d, layers = _head_dim(cfg), cfg.num_hidden_layers
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", cfg.hidden_size]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "T", cfg.hidden_size])]
     for i in range(layers):
-        name = f"model.layers.{i}."
-
-        def w(suffix: str) -> torch.Tensor:
-            return weights.tensor(name + suffix).detach().float()
-
-        qkv_w = torch.cat([w(f"self_attn.{p}_proj.weight") for p in "qkv"])
-        qkv_b = torch.cat([w(f"self_attn.{p}_proj.bias") for p in "qkv"])
-        h = norm(x, g.const(f"{name}ln1", w("input_layernorm.weight")))
-        qkv = g.op("Add", g.linear(h, qkv_w, f"{name}qkv"), g.const(f"{name}qkv.bias", qkv_b))
-        q, k, v = g.op("Split", qkv, g.ints(heads * d, kvh * d, kvh * d), axis=-1, outputs=3)
-        q, k = rope(q, heads), rope(k, kvh)
-        v = g.op("Reshape", v, g.ints(-1, kvh, d))
-        present_k.append(g.op("Unsqueeze", k, g.ints(0)))
-        present_v.append(g.op("Unsqueeze", v, g.ints(0)))
-        for past in (f"past_k.{i}", f"past_v.{i}"):
-            inputs.append(helper.make_tensor_value_info(past, TensorProto.FLOAT, ["P", kvh, d]))
-        keys = g.op("Transpose", g.op("Concat", f"past_k.{i}", k, axis=0), perm=[1, 2, 0])  # [kv, D, S]
-        values = g.op("Transpose", g.op("Concat", f"past_v.{i}", v, axis=0), perm=[1, 0, 2])  # [kv, S, D]
-        # grouped queries: the G query heads of one kv head become G*T rows against that head's keys
-        q = g.op("Reshape", g.op("Transpose", g.op("Reshape", q, g.ints(-1, kvh, group, d)), perm=[1, 2, 0, 3]),
-                 g.ints(kvh, -1, d))
-        scores = g.op("Add", g.op("Mul", g.op("MatMul", q, keys), g.const(f"{name}scale", np.float32(d ** -0.5))),
-                      "bias")
-        out = g.op("MatMul", g.op("Softmax", scores, axis=-1), values)  # [kv, G*T, D]
-        out = g.op("Reshape", g.op("Transpose", g.op("Reshape", out, g.ints(kvh, group, -1, d)), perm=[2, 0, 1, 3]),
-                   g.ints(-1, heads * d))
-        x = g.op("Add", x, g.linear(out, w("self_attn.o_proj.weight"), f"{name}o"))
-        h = norm(x, g.const(f"{name}ln2", w("post_attention_layernorm.weight")))
-        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
-        gate, up = g.op("Split", g.linear(h, gate_up, f"{name}gate_up"), g.ints(*[cfg.intermediate_size] * 2),
-                        axis=-1, outputs=2)
-        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
-        x = g.op("Add", x, g.linear(act, w("mlp.down_proj.weight"), f"{name}down"))
+        for kind in ("key", "value"):
+            shape = [1, cfg.num_key_value_heads, "C", d]
+            inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, shape))
+            outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", TensorProto.FLOAT, shape))
+    cos, sin = (g.const(name, table) for name, table in zip(("cos", "sin"), _rope_tables(cfg, d)))
+    residual, delta = "x", None
+    for i in range(layers):
+        residual, delta = decoder_layer(g, weights, i, residual, delta, cos, sin)
         progress(i + 1, layers)
-    g.nodes.append(helper.make_node("SimplifiedLayerNormalization",
-                                    [x, g.const("model.norm", weights.tensor("model.norm.weight"))], ["hidden"],
-                                    axis=-1, epsilon=cfg.rms_norm_eps, stash_type=1))
-    g.nodes.append(helper.make_node("Concat", present_k, ["present_k"], axis=0))
-    g.nodes.append(helper.make_node("Concat", present_v, ["present_v"], axis=0))
-    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["T", hidden]),
-               helper.make_tensor_value_info("present_k", TensorProto.FLOAT, [layers, "T", kvh, d]),
-               helper.make_tensor_value_info("present_v", TensorProto.FLOAT, [layers, "T", kvh, d])]
-    graph = helper.make_graph(g.nodes, "qwen2_step", inputs, outputs, g.initializers)
-    return _model(graph)
+    g.node("SkipSimplifiedLayerNormalization", [residual, delta, g.const("model.norm", weights.tensor(
+        "model.norm.weight"))], ["hidden"], domain="com.microsoft", epsilon=cfg.rms_norm_eps)
+    return _model(helper.make_graph(g.nodes, "qwen2_step", inputs, outputs, g.initializers))
+
+
+def decoder_layer(g: GraphBuilder, weights: Qwen2Weights, i: int, residual: str, delta: str | None, cos: str,
+                  sin: str) -> tuple[str, str]:
+    """Layer i's nodes. The residual stream is carried as (sum so far, delta not yet added): each norm adds the
+    pending delta as it normalises, and the last delta (the MLP's) is left to the next layer or the final norm."""
+    cfg, name = weights.config, f"model.layers.{i}."
+
+    def w(suffix: str) -> torch.Tensor:
+        return weights.tensor(name + suffix).detach().float()
+
+    h, residual = add_norm(g, residual, delta, g.const(f"{name}ln1", w("input_layernorm.weight")), cfg.rms_norm_eps)
+    h, residual = add_norm(g, residual, attention(g, cfg, w, i, h, cos, sin),
+                           g.const(f"{name}ln2", w("post_attention_layernorm.weight")), cfg.rms_norm_eps)
+    return residual, mlp(g, cfg, w, name, h)
+
+
+def attention(g: GraphBuilder, cfg, w: Callable[[str], torch.Tensor], i: int, h: str, cos: str, sin: str) -> str:
+    """Layer i's self-attention of the normed h: one projection to q|k|v with its bias, then GroupQueryAttention
+    on the packed result (key and value inputs left out): rotary embedding (rotate-half, as Qwen2's), the new keys
+    and values written into the bound cache, grouped-query attention; then the output projection."""
+    name = f"model.layers.{i}."
+    qkv = g.linear(h, torch.cat([w(f"self_attn.{p}_proj.weight") for p in "qkv"]), f"{name}qkv",
+                   torch.cat([w(f"self_attn.{p}_proj.bias") for p in "qkv"]))
+    attended = g.fresh("gqa")
+    g.node("GroupQueryAttention", [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
+                                   "total_sequence_length", cos, sin],
+           [attended, f"present_key.{i}", f"present_value.{i}"], domain="com.microsoft",
+           num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads, scale=_head_dim(cfg) ** -0.5,
+           do_rotary=1, rotary_interleaved=0)
+    return g.linear(attended, w("self_attn.o_proj.weight"), f"{name}o")
+
+
+def mlp(g: GraphBuilder, cfg, w: Callable[[str], torch.Tensor], name: str, h: str) -> str:
+    """SwiGLU of the normed h: gate and up in one projection (ONNX Runtime 1.23 has no fused SwiGLU on the CPU;
+    it fuses gate * sigmoid(gate) into one QuickGelu node itself)."""
+    gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
+    gate, up = g.op("Split", g.linear(h, gate_up, f"{name}gate_up"), g.ints(*[cfg.intermediate_size] * 2),
+                    axis=-1, outputs=2)
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+    return g.linear(act, w("mlp.down_proj.weight"), f"{name}down")
+
+
+def add_norm(g: GraphBuilder, residual: str, delta: str | None, weight: str, eps: float) -> tuple[str, str]:
+    """(RMSNorm(residual + delta), residual + delta) in one node; the first layer has no delta to add."""
+    if delta is None:
+        return g.op("SimplifiedLayerNormalization", residual, weight, axis=-1, epsilon=eps, stash_type=1), residual
+    normed, total = g.fresh("norm"), g.fresh("residual")
+    g.node("SkipSimplifiedLayerNormalization", [residual, delta, weight], [normed, "", "", total],
+           domain="com.microsoft", epsilon=eps)  # outputs: normed, mean, inv_std_var, input + skip
+    return normed, total
+
+
+def _check(cfg) -> None:
+    """StaticQwen2's checks, and GroupQueryAttention's rotary needs: a head dim that is a multiple of 16."""
+    _check_supported(cfg)
+    if _head_dim(cfg) % 16:
+        raise ModelFormatError(f"no int8 path for a head dim of {_head_dim(cfg)} (not a multiple of 16)")
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 # ---- running it ----------------------------------------------------------------------------------------------
@@ -234,27 +272,23 @@ class OrtQwen2:
     """StaticQwen2's stepping interface (`forward`, `new_cache`, `head_rows`, `output`, `vocab_size`) over the
     int8 graph; the cache's position axis is `cache_axis`, and `head_rows` gives a callable (OrtHead)."""
 
-    cache_axis = 1
+    cache_axis = 2
 
     def __init__(self, path: Path, weights: Qwen2Weights, threads: int | None = None, int8_head: bool = True) -> None:
         """`path`: a converted model (`convert`); `weights`: the same checkpoint (embedding, config). `int8_head`:
         `head_rows` in int8 (else fp32 rows, as StaticQwen2's)."""
-        import onnxruntime as ort
-
         cfg = weights.config
         self.layers, self.kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
-        self.heads, self.hidden = cfg.num_attention_heads, cfg.hidden_size
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.group = self.heads // self.kv_heads
+        self.hidden, self.head_dim = cfg.hidden_size, _head_dim(cfg)
         self.embed = weights.tensor("model.embed_tokens.weight").detach().float().contiguous()
         self.output = self.embed if weights.tied else weights.tensor("lm_head.weight").detach().float().contiguous()
         self.vocab_size = self.embed.shape[0]
-        self.cos, self.sin = _rope_tables(cfg, self.head_dim)
         self.threads, self.int8_head = threads or torch.get_num_threads(), int8_head
         try:
             self.session = _session(str(path), self.threads)
         except Exception as err:  # noqa: BLE001 - a truncated or foreign file: one user-facing line
             raise ModelFormatError(f"cannot load the int8 LLM {path}: {str(err).splitlines()[0]}") from err
+        self._bindings: dict[tuple[int, int, int], Any] = {}
 
     def head_rows(self, ids: torch.Tensor) -> "OrtHead | torch.Tensor":
         """The LM head restricted to vocabulary ids [A], in int8: a step's logits read 8195 x 896 bytes instead of
@@ -263,30 +297,48 @@ class OrtQwen2:
         return OrtHead(rows, self.threads) if self.int8_head else rows
 
     def new_cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zeroed keys and values for `length` positions: [layers, length, kv_heads, head_dim] each."""
-        shape = (self.layers, length, self.kv_heads, self.head_dim)
+        """Zeroed keys and values for `length` positions: [layers, kv_heads, length, head_dim] each, so that a
+        layer's slice is the [1, kv, C, D] buffer GroupQueryAttention reads and writes."""
+        shape = (self.layers, self.kv_heads, length, self.head_dim)
         return torch.zeros(shape), torch.zeros(shape)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int,
                 cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Hidden states [T, H] (after the final norm) for `ids` [T] at the consecutive `positions` [T] that end
-        at `span` - 1: attends over cache positions < positions[0] and the T new ones (causally), then writes the
-        new keys and values into `cache` ([layers, >= span, kv, D] each)."""
-        keys, values = cache
+        at `span` - 1: attends over cache positions < positions[0] and the T new ones (causally), and writes the
+        new keys and values into `cache` ([layers, kv, >= span, D] each) in place."""
         t, start = ids.shape[0], int(positions[0])
-        if span != start + t:
-            raise ValueError("OrtQwen2 steps consecutive positions ending at span - 1")
-        pos = positions.numpy()
-        feed = {"x": self.embed.index_select(0, ids).numpy(), "cos": self.cos[pos], "sin": self.sin[pos],
-                "bias": _causal_bias(start, t, self.group)}
-        k_np, v_np = keys.numpy(), values.numpy()
-        for layer in range(self.layers):
-            feed[f"past_k.{layer}"] = k_np[layer, :start]
-            feed[f"past_v.{layer}"] = v_np[layer, :start]
-        hidden, new_k, new_v = self.session.run(None, feed)
-        k_np[:, start:span] = new_k
-        v_np[:, start:span] = new_v
-        return torch.from_numpy(hidden)
+        if span != start + t or span > cache[0].shape[2]:
+            raise ValueError("OrtQwen2 steps consecutive positions ending at span - 1, within the cache")
+        x = self.embed.index_select(0, ids)[None]
+        hidden = torch.empty_like(x)
+        lengths = np.array([span - 1], np.int32), np.array(span, np.int32)  # alive until the run is over
+        binding = self._binding(cache)
+        _bind(binding.bind_input, "x", x)
+        binding.bind_cpu_input("seqlens_k", lengths[0])
+        binding.bind_cpu_input("total_sequence_length", lengths[1])
+        _bind(binding.bind_output, "hidden", hidden)
+        self.session.run_with_iobinding(binding)
+        return hidden[0]
+
+    def _binding(self, cache: tuple[torch.Tensor, torch.Tensor]):
+        """An IO binding with every layer's past and present bound to the cache's slices, made once per cache
+        buffer: binding 4 x layers buffers anew every step would be a noticeable share of the step (docs/cpu.md).
+        Kept for the most recent caches, keyed by address and size: a new cache at a freed one's address binds
+        the same way."""
+        keys, values = cache
+        key = (keys.data_ptr(), values.data_ptr(), keys.shape[2])
+        binding = self._bindings.pop(key, None)
+        if binding is None:
+            binding = self.session.io_binding()
+            for layer in range(self.layers):
+                for kind, buffer in (("key", keys[layer]), ("value", values[layer])):
+                    _bind(binding.bind_input, f"past_{kind}.{layer}", buffer[None])
+                    _bind(binding.bind_output, f"present_{kind}.{layer}", buffer[None])
+        self._bindings[key] = binding  # most recent last
+        while len(self._bindings) > BINDINGS:
+            self._bindings.pop(next(iter(self._bindings)))
+        return binding
 
 
 class OrtHead:
@@ -310,6 +362,11 @@ class OrtHead:
         return logits.reshape(*hidden.shape[:-1], -1)
 
 
+def _bind(bind: Callable, name: str, tensor: torch.Tensor) -> None:
+    """Bind a contiguous fp32 CPU tensor's memory (no copy) as an input or output of an IO binding."""
+    bind(name, "cpu", 0, np.float32, list(tensor.shape), tensor.data_ptr())
+
+
 def _model(graph):
     """A ModelProto of `graph` at our opsets and IR version."""
     from onnx import helper
@@ -331,19 +388,9 @@ def _session(model: str | bytes, threads: int):
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _rope_tables(cfg, d: int, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos [max_len, D] and sin with rotate-half's sign folded in, in fp32 (StaticQwen2's tables)."""
-    max_len = max_len or cfg.max_position_embeddings
-    theta = cfg.rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-    cos, sin = freqs.cos(), freqs.sin()
-    return torch.cat([cos, cos], -1).numpy(), torch.cat([-sin, sin], -1).numpy()
-
-
-def _causal_bias(start: int, t: int, group: int) -> np.ndarray:
-    """[G*T, start + T]: 0 where query row r (position start + r % T) may see key s (s <= its position)."""
-    keys = np.arange(start + t)
-    allowed = keys[None, :] <= (start + np.arange(t))[:, None]
-    bias = np.where(allowed, np.float32(0), np.float32(-np.inf)).astype(np.float32)
-    return np.tile(bias, (group, 1))
+def _rope_tables(cfg, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [max_position_embeddings, D / 2] in fp32, StaticQwen2's frequencies: GroupQueryAttention's
+    cos_cache and sin_cache (it picks the rows by position and applies rotate-half itself)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+    return freqs.cos().numpy(), freqs.sin().numpy()

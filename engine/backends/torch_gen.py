@@ -167,7 +167,7 @@ class TorchTokenGenerator:
         threads (full-size model, fp32) it decoded 19.6 tokens/s against 15.7 through transformers' forward
         (docs/cpu.md). A checkpoint is read straight into it (transformers is never imported); a given model's
         layers are released as they are converted (one copy of the model in memory). With `quantize` int8, the
-        same steps through qwen2_ort.OrtQwen2 (docs/cpu.md: 45-58 tokens/s against 11 in fp32 on 2 cores)."""
+        same steps through qwen2_ort.OrtQwen2 (docs/cpu.md, "Int8 LLM on the CPU")."""
         self.quantize, self._int8_dir, self.events = quantize, int8_dir, events
         self._source = (model_or_dir, dtype, static)
         self._loaded = False

@@ -50,9 +50,9 @@ def ort_model(llm_dir: Path, path: Path, quantize: str = "int8", builder=None) -
 class CoarseBuilder(qwen2_ort.GraphBuilder):
     """int8 codes on a 4-bit grid (15 levels): the negative control the bound must reject."""
 
-    def linear(self, x: str, w: torch.Tensor, name: str) -> str:
+    def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
         scale = w.abs().amax(-1, keepdim=True) / 7
-        return super().linear(x, torch.round(w / scale).clamp(-7, 7) * scale, name)
+        return super().linear(x, torch.round(w / scale).clamp(-7, 7) * scale, name, bias)
 
 
 def test_the_fp32_graph_is_static_qwen2s_maths(llm_dir, reference, runs, tmp_path) -> None:
@@ -88,7 +88,22 @@ def test_the_cache_grows_without_changing_a_step(llm_dir, tmp_path) -> None:
     for pos in range(5, 40):
         one = ids[pos:pos + 1], torch.tensor([pos]), pos + 1
         assert torch.equal(model.forward(*one, big), model.forward(*one, small.fit(pos + 1, model)))
-    assert small.keys.shape[1] == 64 and torch.equal(small.keys, big[0][:, :64])
+    axis = model.cache_axis
+    assert small.keys.shape[axis] == 64 and torch.equal(small.keys, big[0].narrow(axis, 0, 64))
+
+
+def test_interleaved_requests_and_a_prefill_after_a_past(llm_dir, tmp_path) -> None:
+    model = ort_model(llm_dir, tmp_path / "int8.onnx")
+    ids = torch.arange(1000, 1012)
+    alone, a, b = model.new_cache(16), model.new_cache(16), model.new_cache(16)
+    model.forward(ids[:5], torch.arange(5), 5, alone)
+    steps = [model.forward(ids[p:p + 1], torch.tensor([p]), p + 1, alone) for p in range(5, 12)]
+    model.forward(ids[:5], torch.arange(5), 5, a)
+    model.forward(ids[:3], torch.arange(3), 3, b)  # another request in between, on its own cache
+    chunk = model.forward(ids[5:12], torch.arange(5, 12), 12, a)
+    assert torch.allclose(chunk, torch.cat(steps), atol=1e-4)
+    assert torch.allclose(a[0], alone[0], atol=1e-5) and torch.allclose(a[1], alone[1], atol=1e-5)
+    assert not b[0][:, :, 3:].any()  # b's cache holds its 3 positions only
 
 
 async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> None:
