@@ -46,6 +46,15 @@ class ChunkDecoded:
 
 
 @dataclass(frozen=True, slots=True)
+class SentenceStarted:
+    request_id: str
+    sentence_index: int
+    planned_s: float
+    """The most audio the sentence may make (its token cap): what a paced `speak` pre-rolls against."""
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
 class SentenceFinished:
     request_id: str
     sentence_index: int
@@ -95,7 +104,7 @@ class StartupPhase:
     t: float = field(default_factory=_now)
 
 
-Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceFinished,
+Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceStarted, SentenceFinished,
               RequestFinished, RequestFailed, Notice, StartupPhase]
 EventSink = Callable[[Event], None]
 

@@ -32,18 +32,18 @@ class UtteranceFolds:
     async def speak(self, req: SynthesisRequest, sink: AudioSink,
                     text_stream: AsyncIterable[str] | None = None) -> None:
         """Play through a sink (awaits its backpressure), then wait until the sink has played everything. Audio is
-        written as it comes, or a whole sentence at a time where the engine is slower than real time (`pacer`)."""
+        written as it comes or, where the engine is slower than real time, each sentence once enough of it is there
+        to play through without a gap (`pacer`)."""
         self.pacer.start_request()
         held: list[np.ndarray] = []
         try:
             async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
                 async for chunk in chunks:
                     held.append(chunk.samples)
-                    whole = len(held) > 1 and chunk.sentence_end
-                    if not self.pacer.arrived(chunk.seconds, chunk.sentence_end, perf_counter()):
+                    if not self.pacer.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
                         await self._release(held, sink)
-                        if whole:
-                            sink.allow_pause()  # the next sentence comes whole too: silence until then
+                        if chunk.sentence_end and self.pacer.slow:
+                            sink.allow_pause()  # the next sentence is held back for a while: silence until then
             await self._release(held, sink)
             await sink.drain()
         except BaseException:

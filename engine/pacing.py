@@ -2,10 +2,12 @@
 on a machine that makes it slower than real time. Pure (no clocks: the caller passes the time).
 
 While audio comes faster than it plays, each chunk goes to the player as it arrives (the player's short pre-roll
-covers the jitter). Once the engine is measured slower than that, each sentence is held until it is complete and
-then played whole: the listener hears pauses between sentences instead of gaps inside them. The speed is the audio
-a sentence's chunks after its first carried over the time they took to come, not counting the time `speak` spent
-blocked on a full player (which would cap any engine at real time).
+covers the jitter). Once the engine is measured slower than that, at speed s, a sentence that may last D seconds
+plays through without a gap if D·(1 - s) of it is buffered before it starts (what is made meanwhile keeps ahead of
+what plays): each sentence is held until that much has come (with a margin), then streams; a sentence whose length
+is unknown is held until it is complete. The listener hears longer pauses between sentences instead of gaps inside
+them. The speed is the audio a sentence's chunks after its first carried over the time they took to come, not
+counting the time `speak` spent blocked on a full player (which would cap any engine at real time).
 """
 from __future__ import annotations
 
@@ -45,10 +47,10 @@ class Pacer:
         """`speak` waited this long on a full player: not the engine's time."""
         self._sentence.blocked_s += seconds
 
-    def arrived(self, seconds: float, sentence_end: bool, now: float) -> bool:
-        """A chunk of `seconds` of audio came at `now`: whether to hold it (and those held before it) back. A chunk
-        that is not held releases every held one before it; once part of a sentence plays, the rest follows as it
-        comes (holding it then would open a gap inside the sentence)."""
+    def arrived(self, seconds: float, sentence_end: bool, now: float, planned_s: float | None = None) -> bool:
+        """A chunk of `seconds` of audio came at `now` from a sentence that may last `planned_s`: whether to hold it
+        (and those held before it) back. A chunk that is not held releases every held one before it; once part of
+        a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
         s = self._sentence
         s.note(seconds, now)
         if s.evidence_s >= MIN_EVIDENCE_S or (sentence_end and s.evidence_s > 0):
@@ -59,16 +61,23 @@ class Pacer:
         if s.released:
             return False
         probing = self.probe_first and self._first_sentence and s.evidence_s < MIN_EVIDENCE_S
-        s.released = not (self.slow or probing)
+        s.released = not (probing or (self.slow and s.audio_s < self.preroll_s(planned_s)))
         return not s.released
+
+    def preroll_s(self, planned_s: float | None) -> float:
+        """Audio of a sentence to hold before it plays: D·(1 - s/margin) at the measured speed (all of it when D
+        is unknown)."""
+        if planned_s is None or self.speed is None:
+            return float("inf")
+        return planned_s * max(0.0, 1.0 - self.speed / REALTIME_MARGIN)
 
     def notice(self) -> str | None:
         """What to tell the listener, once, when the engine turned out slower than real time."""
         if not self.slow or self.announced or self.speed is None:
             return None
         self.announced = True
-        return (f"speech comes at {self.speed:.2f}x real time here, too slow to play while it is made: "
-                f"each sentence plays once it is complete (pauses between sentences, none within)")
+        return (f"speech comes at {self.speed:.2f}x real time here, too slow to play as it is made: each sentence "
+                f"starts once enough of it is ready to play through (pauses between sentences, none within)")
 
     def _judge(self, speed: float) -> None:
         self.speed = speed
@@ -85,6 +94,8 @@ class _Sentence:
     chunks: int = 0
     first_at: float = 0.0
     last_at: float = 0.0
+    audio_s: float = 0.0
+    """Audio of its chunks so far."""
     evidence_s: float = 0.0
     """Audio of its chunks after the first."""
     blocked_s: float = 0.0
@@ -98,6 +109,7 @@ class _Sentence:
             self.blocked_s = 0.0
         else:
             self.evidence_s += seconds
+        self.audio_s += seconds
         self.last_at = now
         self.chunks += 1
 

@@ -22,7 +22,7 @@ from engine.crossfade import fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
-                           RequestStarted, SentenceFinished, ignore_events)
+                           RequestStarted, SentenceFinished, SentenceStarted, ignore_events)
 from engine.pacing import Pacer
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
 from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, text_pieces
@@ -61,6 +61,8 @@ class _TokenFeed:
 
     def __init__(self, generator: TokenGenerator, prompt: Prompt, opts: SamplingOptions, request_id: str) -> None:
         self.request_id = request_id
+        self.max_tokens = opts.max_tokens
+        """The sentence's token cap: the most codes (so audio) it can make."""
         self.queue: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
         self._generator = generator
         self.task = asyncio.create_task(self._run(prompt, opts))
@@ -329,6 +331,8 @@ class Synthesizer(UtteranceFolds):
                     feeds.append((index, self._start(req, text, index, globals_), None))
                     index += 1
                 i, feed, ahead = feeds.pop(0)
+                planned_s = feed.max_tokens * self.decoder.samples_per_code / self.sample_rate
+                self.events(SentenceStarted(req.request_id, i, planned_s))
                 if i > 0:
                     yield self._pause_chunk(req, i, progress)
                 if ahead is None:
@@ -341,7 +345,7 @@ class Synthesizer(UtteranceFolds):
                     stats, parts = ahead.stats, ahead.parts()
                 async with aclosing(parts) as pieces:
                     async for samples, final in pieces:
-                        yield self._emit(req, i, samples, final, progress)
+                        yield self._emit(req, i, samples, final, progress, planned_s=planned_s)
                 self.events(SentenceFinished(req.request_id, i, tokens=stats.tokens, hit_limit=stats.hit_limit))
             if index == 0:
                 raise InputError("nothing to say: the text has no speakable words")
@@ -437,8 +441,9 @@ class Synthesizer(UtteranceFolds):
         return pcm
 
     def _emit(self, req: SynthesisRequest, index: int, samples: np.ndarray, last: bool, progress: _Progress,
-              pause: bool = False) -> AudioChunk:
-        chunk = AudioChunk(req.request_id, samples, self.sample_rate, index, progress.chunks, last, pause)
+              pause: bool = False, planned_s: float | None = None) -> AudioChunk:
+        chunk = AudioChunk(req.request_id, samples, self.sample_rate, index, progress.chunks, last, pause,
+                           planned_s)
         progress.chunks += 1
         progress.samples += len(samples)
         if not progress.first_audio and not pause:

@@ -47,8 +47,9 @@ MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
 BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
 """Generator class -> the --backend value that builds it."""
 
-FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceFinished,
-                                                  ev.RequestFinished, ev.RequestFailed, ev.Notice)}
+FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceStarted,
+                                                  ev.SentenceFinished, ev.RequestFinished, ev.RequestFailed,
+                                                  ev.Notice)}
 """Engine events the server relays to the client (RequestStarted and FirstAudio are measured client-side)."""
 
 

@@ -21,6 +21,8 @@ class AudioChunk:
     """True on the last chunk of a sentence."""
     pause: bool = False
     """True for the silence inserted between sentences."""
+    planned_s: float | None = None
+    """The most audio its sentence may make (engine.events.SentenceStarted), where known: for pacing."""
 
     @property
     def seconds(self) -> float:

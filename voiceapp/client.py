@@ -15,7 +15,7 @@ from typing import Any, AsyncIterable, AsyncIterator
 from engine import errors
 from engine.config import SynthesisRequest
 from engine.errors import VoiceError
-from engine.events import EventSink, FirstAudio, RequestStarted, ignore_events
+from engine.events import EventSink, FirstAudio, RequestStarted, SentenceStarted, ignore_events
 from engine.folds import UtteranceFolds
 from engine.pacing import Pacer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
@@ -197,10 +197,12 @@ class RemoteSynthesizer(UtteranceFolds):
                     self.events(FirstAudio(req.request_id, time.perf_counter() - t0))
                 state.audio = state.audio or not frame.pause
                 yield AudioChunk(req.request_id, frame.samples, self.sample_rate, frame.sentence_index,
-                                 state.chunks, frame.sentence_end, frame.pause)
+                                 state.chunks, frame.sentence_end, frame.pause, state.planned.get(frame.sentence_index))
                 state.chunks += 1
             elif frame["type"] == "event":
                 event = parse_event(frame, req.request_id)
+                if isinstance(event, SentenceStarted):
+                    state.planned[event.sentence_index] = event.planned_s
                 if event is not None:
                     self.events(event)
             elif frame["type"] == "done":
@@ -242,6 +244,8 @@ class _Received:
     def __init__(self) -> None:
         self.audio = False
         self.chunks = 0
+        self.planned: dict[int, float] = {}
+        """Sentence index -> its planned seconds (SentenceStarted), for the chunks' `planned_s`."""
 
 
 async def _send_text(conn: Connection, pieces: list[str], text_stream: AsyncIterable[str] | None) -> None:

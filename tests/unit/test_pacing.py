@@ -1,6 +1,8 @@
 """Pacer: stream while speech comes faster than it plays; once slower, whole sentences (pauses between sentences,
 none inside); the time spent blocked on a full player is not the engine's; a CPU engine's first sentence waits
 for its speed."""
+import pytest
+
 from engine.pacing import MIN_EVIDENCE_S, REALTIME_MARGIN, Pacer
 
 
@@ -56,3 +58,47 @@ def test_pacing_ends_when_the_machine_gets_fast_again():
     holds, t = feed(pacer, [3], speed=3.0)
     assert holds == [True, False, False] and not pacer.slow  # released as soon as its speed shows
     assert not any(feed(pacer, [3], speed=3.0, t=t)[0])
+
+
+def gapless(pacer, count, speed, planned_s, chunk_s=0.24):
+    """One sentence of `count` chunks made at `speed`, after the pacer has measured that speed: whether playing
+    from its release on keeps ahead of what plays (the audio made by each moment covers the audio played)."""
+    t, made, release = 0.0, [], None
+    for i in range(count):
+        t += chunk_s / speed
+        made.append((t, chunk_s))
+        if not pacer.arrived(chunk_s, i == count - 1, t, planned_s) and release is None:
+            release = t
+    start, have = release, 0.0
+    for at, seconds in made:  # each chunk must be there before the audio before it has played out
+        if at > start + have + 1e-9:
+            return False, release
+        have += seconds
+    return True, release
+
+
+def test_a_slow_engine_pre_rolls_what_its_speed_needs_and_plays_without_a_gap():
+    pacer = Pacer()
+    feed(pacer, [4], speed=0.8)  # measured
+    count = 20
+    ok, release = gapless(pacer, count, 0.8, planned_s=count * 0.24)
+    assert ok
+    whole = count * 0.24 / 0.8
+    assert release < whole / 2  # it started long before the sentence was complete
+    assert pacer.preroll_s(count * 0.24) == pytest.approx(count * 0.24 * (1 - pacer.speed / REALTIME_MARGIN))
+
+
+def test_less_pre_roll_would_open_a_gap():
+    pacer = Pacer()
+    feed(pacer, [4], speed=0.8)
+    ok, _ = gapless(pacer, 20, 0.8, planned_s=20 * 0.24 / 3)  # a plan too short: too little held
+    assert not ok
+
+
+def test_an_unknown_length_is_held_whole_and_a_fast_engine_never_pre_rolls():
+    slow = Pacer()
+    feed(slow, [4], speed=0.8)
+    assert slow.preroll_s(None) == float("inf")
+    fast = Pacer()
+    feed(fast, [4], speed=3.0)
+    assert fast.preroll_s(10.0) == 0.0
