@@ -7,7 +7,7 @@ import pytest
 PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.windowed_decode",
         "engine.crossfade", "engine.ringbuffer", "engine.player_gate", "engine.events", "engine.errors",
         "engine.config", "engine.voices", "engine.model", "engine.seams", "engine.lane_scheduler", "engine.metrics",
-        "engine.atomic", "engine.bench"]
+        "engine.atomic", "engine.bench", "engine.pacing"]
 HEAVY = ["torch", "vllm", "sounddevice", "textual", "transformers", "voiceapp"]
 
 

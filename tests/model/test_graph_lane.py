@@ -96,7 +96,7 @@ def test_prompts_prefilled_side_by_side_match_each_alone(model) -> None:
 
 async def test_a_crowd_arriving_at_once_is_prefilled_in_few_launches(model, monkeypatch) -> None:
     """Seven requests at once on an eight-row lane: prefilled as 4 + 2 + 1 prompts (shortest first), and each
-    gets exactly its lone tokens, greedy and seeded (the scheduler's side: tests/unit/test_lane_scheduler.py)."""
+    gets exactly its lone tokens, greedy and seeded (the scheduler's side: tests/pure/test_lane_scheduler.py)."""
     lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
                      rows=8)
     prompts = [Prompt(PROMPT.ids[:2] + (9906 + 5 * i,) * (1 + 6 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)

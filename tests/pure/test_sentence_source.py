@@ -7,7 +7,7 @@ import asyncio
 import engine.pipeline as pipeline
 from engine.pipeline import FEED_CHARS, _SentenceSource
 from engine.text import SentenceSplitter, is_speakable, normalize
-from tests.unit.test_text import generated_text
+from tests.pure.test_text import generated_text
 
 MAX_CHARS = 280
 

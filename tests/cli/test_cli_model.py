@@ -9,7 +9,7 @@ import pytest
 from tests import cli_helpers
 from tests.cli_helpers import one_line_error
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def voicectl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
