@@ -82,7 +82,7 @@ def check_triton() -> Check:
     """Triton compiles the graph lane's fused decode kernels (CUDA wheels of PyTorch bring it)."""
     if importlib.util.find_spec("triton") is None:
         return Check("triton", False, "not installed: on a GPU the graph lane steps without its fused decode "
-                     "kernels (about 20% slower per token)", "pip install triton", critical=False)
+                     "kernels, so each token takes longer", "pip install triton", critical=False)
     from importlib.metadata import version
 
     return Check("triton", True, version("triton"))
