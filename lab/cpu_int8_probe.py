@@ -1,7 +1,7 @@
 """Probe: the LLM's batch-1 decode step on the CPU in fp32, bf16 and int8 weights, several runtimes, same process.
 
-    python -m lab.cpu_int8_probe --model /tmp/full --threads 2 --tokens 100 --out docs/lab/....json
-    python -m lab.cpu_int8_probe --model /tmp/full --quality 200 --options fp32,ort-int8   # + agreement
+    python -m lab.cpu_int8_probe --model $MODEL --threads 2 --tokens 100 --out docs/lab/....json
+    python -m lab.cpu_int8_probe --model $MODEL --quality 200 --options fp32,ort-int8   # + agreement
 
 Each option steps a globals-prefixed prompt (engine.backends.llm_agreement.SENTENCES[0]) and then `--tokens`
 greedy ids, one at a time, with the restricted LM head (semantic + stop rows) as TorchTokenGenerator computes it;
