@@ -629,8 +629,9 @@ def describe_platform(synth: Synthesizer) -> str:
     if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
         parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
                   f"{torch.get_num_threads()} threads"]
-        if _decoder_dtype(synth) != torch.float32:  # fp32 (left unsaid, as before) renders other bytes
-            parts.append(f"decoder {config_dtype_name(_decoder_dtype(synth))}")
+        decoder_dtype = _decoder_dtype(synth)
+        if decoder_dtype != torch.float32:  # fp32 (left unsaid, as before) renders other bytes
+            parts.append(f"decoder {config_dtype_name(decoder_dtype)}")
     if getattr(synth.generator, "quantize", "none") == "int8":  # fp32 (left unsaid, as before) renders other bytes
         parts.append(f"LLM {synth.generator.llm_path()}")
     parts.append(f"torch {torch.__version__}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, AsyncIterable
 import numpy as np
 
 from engine.events import Notice
-from engine.pacing import Pacer
+from engine.pacing import Pacer, RequestPace
 
 if TYPE_CHECKING:
     from engine.backends.base import AudioSink
@@ -34,23 +34,23 @@ class UtteranceFolds:
         """Play through a sink (awaits its backpressure), then wait until the sink has played everything. Audio is
         written as it comes or, where the engine is slower than real time, each sentence once enough of it is there
         to play through without a gap (`pacer`)."""
-        self.pacer.start_request()
+        pace = self.pacer.request()
         held: list[np.ndarray] = []
         try:
             async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
                 async for chunk in chunks:
                     held.append(chunk.samples)
-                    if not self.pacer.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
-                        await self._release(held, sink)
+                    if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
+                        await self._release(held, sink, pace)
                         if chunk.sentence_end and self.pacer.slow:
                             sink.allow_pause()  # the next sentence is held back for a while: silence until then
-            await self._release(held, sink)
+            await self._release(held, sink, pace)
             await sink.drain()
         except BaseException:
             sink.clear()
             raise
 
-    async def _release(self, held: list[np.ndarray], sink: AudioSink) -> None:
+    async def _release(self, held: list[np.ndarray], sink: AudioSink, pace: RequestPace) -> None:
         """Write the held chunks, telling the pacer how long the sink kept us waiting."""
         message = self.pacer.notice()
         if message is not None:
@@ -58,5 +58,5 @@ class UtteranceFolds:
         for samples in held:
             t = perf_counter()
             await sink.write(samples)
-            self.pacer.blocked(perf_counter() - t)
+            pace.blocked(perf_counter() - t)
         held.clear()

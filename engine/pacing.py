@@ -11,7 +11,7 @@ counting the time `speak` spent blocked on a full player (which would cap any en
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 REALTIME_MARGIN = 1.15
 """Stream a sentence as it is made only where audio comes at least this many times faster than it plays: below
@@ -26,43 +26,22 @@ schedule (engine.windowing) carries 0.24 s, so a probed first sentence is judged
 
 @dataclass
 class Pacer:
-    """One engine's pacing across its requests (the speed it measured carries over to the next request)."""
+    """One engine's pacing: what it measured carries over from request to request; each `speak` call paces its own
+    sentences through `request()`."""
 
     probe_first: bool = False
     """Hold a request's first sentence until its second chunk gives a speed (engines that compute on the CPU, where
     the first sentence could otherwise start playing and then stall)."""
     slow: bool = False
-    """Measured slower than REALTIME_MARGIN: whole sentences from now on."""
+    """Measured slower than REALTIME_MARGIN: each sentence waits for its pre-roll (`preroll_s`) from now on."""
     speed: float | None = None
     """The last measured speed: seconds of audio made per second of the engine's time."""
     announced: bool = False
-    """The listener has been told (once) that sentences are held whole."""
-    _sentence: "_Sentence" = field(default_factory=lambda: _Sentence())
-    _first_sentence: bool = True
+    """The listener has been told (once) that sentences wait before they play."""
 
-    def start_request(self) -> None:
-        self._sentence, self._first_sentence = _Sentence(), True
-
-    def blocked(self, seconds: float) -> None:
-        """`speak` waited this long on a full player: not the engine's time."""
-        self._sentence.blocked_s += seconds
-
-    def arrived(self, seconds: float, sentence_end: bool, now: float, planned_s: float | None = None) -> bool:
-        """A chunk of `seconds` of audio came at `now` from a sentence that may last `planned_s`: whether to hold it
-        (and those held before it) back. A chunk that is not held releases every held one before it; once part of
-        a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
-        s = self._sentence
-        s.note(seconds, now)
-        if s.evidence_s >= MIN_EVIDENCE_S or (sentence_end and s.evidence_s > 0):
-            self._judge(s.speed())
-        if sentence_end:
-            self._sentence, self._first_sentence = _Sentence(), False
-            return False
-        if s.released:
-            return False
-        probing = self.probe_first and self._first_sentence and s.evidence_s < MIN_EVIDENCE_S
-        s.released = not (probing or (self.slow and s.audio_s < self.preroll_s(planned_s)))
-        return not s.released
+    def request(self) -> "RequestPace":
+        """The pacing of one `speak` call."""
+        return RequestPace(self)
 
     def preroll_s(self, planned_s: float | None) -> float:
         """Audio of a sentence to hold before it plays: D·(1 - s/margin) at the measured speed (all of it when D
@@ -79,12 +58,44 @@ class Pacer:
         return (f"speech comes at {self.speed:.2f}x real time here, too slow to play as it is made: each sentence "
                 f"starts once enough of it is ready to play through (pauses between sentences, none within)")
 
-    def _judge(self, speed: float) -> None:
+    def judge(self, speed: float) -> None:
+        """A sentence's measured speed: slow below REALTIME_MARGIN, fast again from RECOVERED_MARGIN."""
         self.speed = speed
         if not self.slow and speed < REALTIME_MARGIN:
             self.slow = True
         elif self.slow and speed >= RECOVERED_MARGIN:
             self.slow = False
+
+
+class RequestPace:
+    """One request's pacing: the sentence being made, and whether it is the request's first. What it measures goes
+    to its engine's Pacer, so concurrent requests on one engine each keep their own sentences."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+        self._sentence = _Sentence()
+        self._first_sentence = True
+
+    def blocked(self, seconds: float) -> None:
+        """`speak` waited this long on a full player: not the engine's time."""
+        self._sentence.blocked_s += seconds
+
+    def arrived(self, seconds: float, sentence_end: bool, now: float, planned_s: float | None = None) -> bool:
+        """A chunk of `seconds` of audio came at `now` from a sentence that may last `planned_s`: whether to hold it
+        (and those held before it) back. A chunk that is not held releases every held one before it; once part of
+        a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
+        pacer, s = self.pacer, self._sentence
+        s.note(seconds, now)
+        if s.evidence_s >= MIN_EVIDENCE_S or (sentence_end and s.evidence_s > 0):
+            pacer.judge(s.speed())
+        if sentence_end:
+            self._sentence, self._first_sentence = _Sentence(), False
+            return False
+        if s.released:
+            return False
+        probing = pacer.probe_first and self._first_sentence and s.evidence_s < MIN_EVIDENCE_S
+        s.released = not (probing or (pacer.slow and s.audio_s < pacer.preroll_s(planned_s)))
+        return not s.released
 
 
 @dataclass
@@ -106,7 +117,7 @@ class _Sentence:
     def note(self, seconds: float, now: float) -> None:
         if self.chunks == 0:
             self.first_at = now
-            self.blocked_s = 0.0
+            self.blocked_s = 0.0  # waits while the sentence before it was written are not its own
         else:
             self.evidence_s += seconds
         self.audio_s += seconds

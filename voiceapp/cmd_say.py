@@ -131,7 +131,7 @@ def preload_portaudio() -> None:
 def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
     """The one-line errors for an unknown voice, an unusable --out file and, with `speakable`, nothing to say. A
     request sent ahead is checked for that by the server, whose pipeline refuses it the same way (and `say` then
-    words the error as here: `explain_refusal`), so that the text rules are not imported while it waits."""
+    words the error as here), so that the text rules are not imported while it waits."""
     from voiceapp.wavout import check_output
 
     if speakable:
@@ -144,7 +144,7 @@ def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
 async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics, sent=None) -> None:
     """Speak through a running `voicectl serve` (the audio still plays here), started in the background when none
     runs; in-process with --no-server or VOICEAPP_NO_SERVER, or when no server can stand in. `sent`: the request,
-    already sent to a server (`send_ahead`).
+    already sent to a server (`send_ahead`), its text not checked here yet.
 
     If the server dies before any audio arrived, a text argument is spoken in-process instead (stdin cannot be
     replayed: that is an error, like a server dying mid-speech).
@@ -153,6 +153,7 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
     from voiceapp.client import ServerGone
 
     player = None
+    checked_later = sent is not None and not from_stdin
     try:
         if not args.out:
             check_device(args)  # fail on a missing device before loading a model
@@ -163,9 +164,6 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
             player = None if args.out else open_player(args)
             try:
                 return await speak_with(remote, req, from_stdin, args, metrics, player)
-            except InputError:
-                explain_refusal(req.text, from_stdin)
-                raise
             except ServerGone as err:
                 if err.audio_started or from_stdin:
                     raise
@@ -174,17 +172,15 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
             finally:
                 await remote.close()
         await speak_in_process(req, from_stdin, args, metrics, player)
+    except InputError:
+        if checked_later:  # the engine refused it: say why as the local check would have
+            require_speakable(req.text, "the text")
+        raise
     finally:
         if sent is not None:
             sent.cancel()
         if player is not None:
             player.close()
-
-
-def explain_refusal(text: str, from_stdin: bool) -> None:
-    """A server refused a text argument sent ahead, unchecked: raise the error the local check gives, if any."""
-    if not from_stdin:
-        require_speakable(text, "the text")
 
 
 async def speak_in_process(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics, player) -> None:

@@ -3,21 +3,26 @@ the listener told once, the sentence starting before it is complete; without pac
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.events import Notice, SentenceFinished
 from engine.fakes import ScriptedGenerator, ToneDecoder
-from engine.pacing import Pacer
+from engine.pacing import Pacer, RequestPace
 from engine.pipeline import Synthesizer
 from engine.tokens import TokenIds
 from engine.voices import MemoryGlobalsCache, VoiceBank
 from tests.tui.memory_sink import MemorySink
 
-SPEED = 0.8
-"""The fake engine's speed: 40 codes a second where playing needs 50."""
+SPEED = 0.6
+"""The fake engine's speed: 30 codes a second where playing needs 50 (clearly slow: the first sentence's speed is
+judged from its second chunk alone, which a late first chunk makes look faster)."""
 TEXT = "Slow words are spoken here at last."
 """One sentence: its cap (274 codes) is above what the fake makes (200), as a real sentence's is."""
 
 
 class Unpaced(Pacer):
-    def arrived(self, seconds, sentence_end, now, planned_s=None) -> bool:
-        return False
+    """Never holds anything back."""
+
+    def request(self) -> RequestPace:
+        pace = RequestPace(self)
+        pace.arrived = lambda seconds, sentence_end, now, planned_s=None: False
+        return pace
 
 
 def slow_synth(pacer: Pacer, events: list) -> Synthesizer:

@@ -6,15 +6,17 @@ import pytest
 from engine.pacing import MIN_EVIDENCE_S, REALTIME_MARGIN, Pacer
 
 
-def feed(pacer, sentences, speed, t=0.0, chunk_s=0.24, blocked_s=0.0):
-    """Sentences of `chunk_s` chunks made at `speed` x real time; returns (held per chunk, end time)."""
+def feed(pacer, sentences, speed, t=0.0, chunk_s=0.24, blocked_s=0.0, pace=None):
+    """Sentences of `chunk_s` chunks made at `speed` x real time, in a new request (or `pace`'s); returns (held per
+    chunk, end time)."""
+    pace = pace or pacer.request()
     holds = []
     for count in sentences:
         for i in range(count):
             t += chunk_s / speed + blocked_s
-            holds.append(pacer.arrived(chunk_s, i == count - 1, t))
+            holds.append(pace.arrived(chunk_s, i == count - 1, t))
             if not holds[-1]:
-                pacer.blocked(blocked_s)
+                pace.blocked(blocked_s)
     return holds, t
 
 
@@ -63,11 +65,11 @@ def test_pacing_ends_when_the_machine_gets_fast_again():
 def gapless(pacer, count, speed, planned_s, chunk_s=0.24):
     """One sentence of `count` chunks made at `speed`, after the pacer has measured that speed: whether playing
     from its release on keeps ahead of what plays (the audio made by each moment covers the audio played)."""
-    t, made, release = 0.0, [], None
+    pace, t, made, release = pacer.request(), 0.0, [], None
     for i in range(count):
         t += chunk_s / speed
         made.append((t, chunk_s))
-        if not pacer.arrived(chunk_s, i == count - 1, t, planned_s) and release is None:
+        if not pace.arrived(chunk_s, i == count - 1, t, planned_s) and release is None:
             release = t
     start, have = release, 0.0
     for at, seconds in made:  # each chunk must be there before the audio before it has played out
@@ -102,3 +104,12 @@ def test_an_unknown_length_is_held_whole_and_a_fast_engine_never_pre_rolls():
     fast = Pacer()
     feed(fast, [4], speed=3.0)
     assert fast.preroll_s(10.0) == 0.0
+
+
+def test_concurrent_requests_on_one_engine_keep_their_own_sentences():
+    pacer = Pacer()
+    feed(pacer, [4], speed=0.6)
+    a, b = pacer.request(), pacer.request()
+    assert a.arrived(0.24, False, 1.0, planned_s=0.9)  # held: its pre-roll is 0.9·(1 - 0.6/1.15) = 0.43 s
+    assert not b.arrived(0.24, True, 1.1, planned_s=0.9)  # b's sentence ends; a's goes on
+    assert not a.arrived(0.24, False, 1.4, planned_s=0.9)  # a holds 0.48 s of its sentence now: released
