@@ -7,7 +7,10 @@ plays through without a gap if D·(1 - s) of it is buffered before it starts (wh
 what plays): each sentence is held until that much has come (with a margin), then streams; a sentence whose length
 is unknown is held until it is complete. The listener hears longer pauses between sentences instead of gaps inside
 them. The speed is the audio a sentence's chunks after its first carried over the time they took to come, not
-counting the time `speak` spent blocked on a full player (which would cap any engine at real time).
+counting the time `speak` spent blocked on a full player (which would cap any engine at real time); it counts only
+once it rests on MIN_INTERVALS intervals between chunks, and it is the lower of that measured from the first chunk
+and that measured from the second, because a first chunk that comes late (a slow first decode, while the LLM went
+on) brings the next ones in a burst and makes the first interval, or any span that starts with it, look fast.
 """
 from __future__ import annotations
 
@@ -19,9 +22,13 @@ it, the jitter of a loaded machine empties the player's small pre-roll."""
 RECOVERED_MARGIN = 1.4
 """A paced engine goes back to streaming after a sentence made this much faster than real time (the machine's
 load went away); higher than REALTIME_MARGIN so that it does not flip at every sentence."""
+MIN_INTERVALS = 2
+"""Intervals between a sentence's chunks before its speed counts: one interval alone cannot tell a fast engine
+from a late chunk followed by a burst, so a speed never rests on the first one alone."""
 MIN_EVIDENCE_S = 0.2
-"""Audio, after a sentence's first chunk, measured before a speed counts: the second window of the default
-schedule (engine.windowing) carries 0.24 s, so a probed first sentence is judged as its second chunk comes."""
+"""Audio, after a sentence's second chunk, measured before its speed counts (unless the sentence ends first): the
+third window of the default schedule (engine.windowing) carries 0.48 s, so a probed first sentence is judged as
+its third chunk comes."""
 
 
 @dataclass
@@ -30,8 +37,9 @@ class Pacer:
     sentences through `request()`."""
 
     probe_first: bool = False
-    """Hold a request's first sentence until its second chunk gives a speed (engines that compute on the CPU, where
-    the first sentence could otherwise start playing and then stall)."""
+    """Hold a request's sentences until one of them gives a speed (MIN_INTERVALS, MIN_EVIDENCE_S): engines that
+    compute on the CPU, where the first sentence could otherwise start playing and then stall. Engines without it
+    (CUDA) stream from the first chunk and are paced only once measured slow."""
     slow: bool = False
     """Measured slower than REALTIME_MARGIN: each sentence waits for its pre-roll (`preroll_s`) from now on."""
     speed: float | None = None
@@ -68,13 +76,14 @@ class Pacer:
 
 
 class RequestPace:
-    """One request's pacing: the sentence being made, and whether it is the request's first. What it measures goes
-    to its engine's Pacer, so concurrent requests on one engine each keep their own sentences."""
+    """One request's pacing: the sentence being made, and whether the request still waits for a speed. What it
+    measures goes to its engine's Pacer, so concurrent requests on one engine each keep their own sentences."""
 
     def __init__(self, pacer: Pacer) -> None:
         self.pacer = pacer
         self._sentence = _Sentence()
-        self._first_sentence = True
+        self._probing = pacer.probe_first
+        """No sentence of this request has given a speed yet: hold each until its own does (or it ends)."""
 
     def blocked(self, seconds: float) -> None:
         """`speak` waited this long on a full player: not the engine's time."""
@@ -86,15 +95,17 @@ class RequestPace:
         a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
         pacer, s = self.pacer, self._sentence
         s.note(seconds, now)
-        if s.evidence_s >= MIN_EVIDENCE_S or (sentence_end and s.evidence_s > 0):
+        measured = s.measured(sentence_end)
+        if measured:
             pacer.judge(s.speed())
+            self._probing = False
         if sentence_end:
-            self._sentence, self._first_sentence = _Sentence(), False
+            self._sentence = _Sentence()
             return False
         if s.released:
             return False
-        probing = pacer.probe_first and self._first_sentence and s.evidence_s < MIN_EVIDENCE_S
-        s.released = not (probing or (pacer.slow and s.audio_s < pacer.preroll_s(planned_s)))
+        s.released = not ((self._probing and not measured)
+                          or (pacer.slow and s.audio_s < pacer.preroll_s(planned_s)))
         return not s.released
 
 
@@ -104,13 +115,18 @@ class _Sentence:
 
     chunks: int = 0
     first_at: float = 0.0
+    second_at: float = 0.0
     last_at: float = 0.0
     audio_s: float = 0.0
     """Audio of its chunks so far."""
     evidence_s: float = 0.0
     """Audio of its chunks after the first."""
+    later_s: float = 0.0
+    """Audio of its chunks after the second."""
     blocked_s: float = 0.0
     """Time since its first chunk that `speak` spent blocked on the player."""
+    blocked_at_second: float = 0.0
+    """`blocked_s` as its second chunk came."""
     released: bool = False
     """Some of it went to the player."""
 
@@ -120,10 +136,26 @@ class _Sentence:
             self.blocked_s = 0.0  # waits while the sentence before it was written are not its own
         else:
             self.evidence_s += seconds
+        if self.chunks == 1:
+            self.second_at, self.blocked_at_second = now, self.blocked_s
+        elif self.chunks >= 2:
+            self.later_s += seconds
         self.audio_s += seconds
         self.last_at = now
         self.chunks += 1
 
+    def measured(self, sentence_end: bool) -> bool:
+        """Whether its speed counts: MIN_INTERVALS intervals, and MIN_EVIDENCE_S after the second chunk unless it
+        ended."""
+        return self.chunks > MIN_INTERVALS and (self.later_s >= MIN_EVIDENCE_S or (sentence_end and self.later_s > 0))
+
     def speed(self) -> float:
-        took = self.last_at - self.first_at - self.blocked_s
-        return float("inf") if took <= 0 else self.evidence_s / took
+        """The lower of its speed since the first chunk and since the second: a late first chunk shortens the
+        first interval, so a span that starts with it alone could make a slow engine look fast."""
+        since_first = _rate(self.evidence_s, self.last_at - self.first_at - self.blocked_s)
+        since_second = _rate(self.later_s, self.last_at - self.second_at - (self.blocked_s - self.blocked_at_second))
+        return min(since_first, since_second)
+
+
+def _rate(audio_s: float, took: float) -> float:
+    return float("inf") if took <= 0 else audio_s / took

@@ -1,9 +1,9 @@
 """Pacer: stream while speech comes faster than it plays; once slower, whole sentences (pauses between sentences,
 none inside); the time spent blocked on a full player is not the engine's; a CPU engine's first sentence waits
-for its speed."""
+for its speed, which a late first chunk cannot make look fast."""
 import pytest
 
-from engine.pacing import MIN_EVIDENCE_S, REALTIME_MARGIN, Pacer
+from engine.pacing import MIN_EVIDENCE_S, MIN_INTERVALS, REALTIME_MARGIN, Pacer
 
 
 def feed(pacer, sentences, speed, t=0.0, chunk_s=0.24, blocked_s=0.0, pace=None):
@@ -42,8 +42,8 @@ def test_a_probed_first_sentence_waits_for_its_speed():
     slow, fast = Pacer(probe_first=True), Pacer(probe_first=True)
     assert feed(slow, [5], speed=0.6)[0] == [True, True, True, True, False]  # whole: no gap inside
     holds, _ = feed(fast, [5], speed=3.0)
-    assert holds[0] and not any(holds[1:])  # only until the second chunk gave its speed
-    assert 0.24 >= MIN_EVIDENCE_S
+    assert holds[:2] == [True, True] and not any(holds[2:])  # only until two intervals gave its speed
+    assert MIN_INTERVALS == 2 and 0.24 >= MIN_EVIDENCE_S
 
 
 def test_time_blocked_on_a_full_player_is_not_the_engines():
@@ -58,7 +58,7 @@ def test_pacing_ends_when_the_machine_gets_fast_again():
     feed(pacer, [3, 3], speed=0.5)
     assert pacer.slow
     holds, t = feed(pacer, [3], speed=3.0)
-    assert holds == [True, False, False] and not pacer.slow  # released as soon as its speed shows
+    assert holds == [True, True, False] and not pacer.slow  # released as soon as two intervals show its speed
     assert not any(feed(pacer, [3], speed=3.0, t=t)[0])
 
 
@@ -113,3 +113,64 @@ def test_concurrent_requests_on_one_engine_keep_their_own_sentences():
     assert a.arrived(0.24, False, 1.0, planned_s=0.9)  # held: its pre-roll is 0.9·(1 - 0.6/1.15) = 0.43 s
     assert not b.arrived(0.24, True, 1.1, planned_s=0.9)  # b's sentence ends; a's goes on
     assert not a.arrived(0.24, False, 1.4, planned_s=0.9)  # a holds 0.48 s of its sentence now: released
+
+
+SCHEDULE_S = (0.08, 0.24, 0.48, 0.96, 1.92)
+"""The audio of a sentence's first chunks under the default window schedule (engine.windowing)."""
+
+
+def arrivals(speed, late_s=0.0, burst_s=0.01):
+    """(seconds, time) of a sentence's chunks from an engine making `speed` x real time whose first chunk came
+    `late_s` late (a slow first decode, while the LLM went on): the chunks whose codes were made meanwhile follow
+    it `burst_s` apart."""
+    made, out = 0.0, []
+    for seconds in SCHEDULE_S:
+        made += seconds / speed
+        at = max(made, out[-1][1] + burst_s if out else made + late_s)
+        out.append((seconds, at))
+    return out
+
+
+def test_a_late_first_chunk_does_not_make_a_slow_engine_look_fast():
+    pacer = Pacer(probe_first=True)
+    pace, holds = pacer.request(), []
+    chunks = arrivals(0.8, late_s=0.28)
+    (_, t1), (_, t2), (_, t3) = chunks[:3]
+    assert 0.24 / (t2 - t1) > 10 * REALTIME_MARGIN  # the interval after the late chunk: a burst
+    assert (0.24 + 0.48) / (t3 - t1) > REALTIME_MARGIN  # and so is the span that starts with it
+    for i, (seconds, at) in enumerate(chunks):
+        holds.append(pace.arrived(seconds, i == len(chunks) - 1, at, planned_s=5.0))
+    assert pacer.slow and pacer.speed == pytest.approx(0.8)
+    assert holds[:3] == [True] * 3  # held past the burst, until its pre-roll: 5.0·(1 - 0.8/1.15) = 1.52 s
+
+
+def test_a_fast_engine_is_judged_fast_at_its_third_chunk_and_a_cuda_one_never_waits():
+    probed = Pacer(probe_first=True)
+    pace = probed.request()
+    holds = [pace.arrived(seconds, False, at, planned_s=5.0) for seconds, at in arrivals(3.0)]
+    assert holds == [True, True, False, False, False] and not probed.slow and probed.speed == pytest.approx(3.0)
+    assert probed.preroll_s(5.0) == 0.0
+    cuda = Pacer()  # probe_first off: plays from its first chunk
+    pace = cuda.request()
+    assert not any(pace.arrived(seconds, False, at / 50, planned_s=5.0) for seconds, at in arrivals(3.0))
+    assert not cuda.slow
+
+
+def test_a_sentence_too_short_for_two_intervals_leaves_the_next_one_probed():
+    pacer = Pacer(probe_first=True)
+    pace = pacer.request()
+    assert pace.arrived(0.08, False, 1.0) and not pace.arrived(0.24, True, 1.01)  # one interval: no speed
+    assert pacer.speed is None and not pacer.slow
+    assert pace.arrived(0.08, False, 1.5)  # the request's next sentence waits for its speed in turn
+    assert pace.arrived(0.24, False, 1.8)
+    assert not pace.arrived(0.48, False, 2.0) and not pacer.slow  # 0.48 s in 0.2 s, 0.72 s in 0.5 s: fast
+
+
+def test_a_burst_after_a_late_chunk_does_not_end_pacing_early():
+    pacer = Pacer()
+    feed(pacer, [3, 3], speed=0.5)
+    assert pacer.slow
+    pace = pacer.request()
+    holds = [pace.arrived(seconds, i == 4, at, planned_s=5.0) for i, (seconds, at) in
+             enumerate(arrivals(0.8, late_s=0.28))]
+    assert holds[:3] == [True] * 3 and pacer.slow
