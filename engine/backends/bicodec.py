@@ -211,6 +211,9 @@ class BiCodecDecoder:
         self._graphs = _GraphCache(self.model, self.device, self._stream) if cuda else None
         self.fixed_shapes = cuda
         """Windows of equal length batch into one pass (and may replay a graph): the pipeline widens to them."""
+        self.crops = not cuda
+        """Decode only what a window keeps at the high sample rates (BiCodecModel.decode_kept): the CPU's time is
+        the decoder's arithmetic. Not on CUDA, where a graph replays the whole window of a captured shape."""
         self._batch_limit = 128 if cuda else 16
 
     @property
@@ -262,25 +265,32 @@ class BiCodecDecoder:
         """Audio for each item's kept codes: float32, (keep_stop - keep_start) · samples_per_code samples."""
         spans = [self._check(item) for item in items]
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(items)
-        by_length: dict[int, list[int]] = defaultdict(list)
+        # windows batch together when they have the same length (and, when cropping, the same kept span)
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for i, item in enumerate(items):
             if spans[i][1] > spans[i][0]:
-                by_length[len(item.codes)].append(i)
+                groups[(len(item.codes), *spans[i]) if self.crops else (len(item.codes),)].append(i)
         spc = self.samples_per_code
         with torch.inference_mode(), _on(self._stream):
-            for group in by_length.values():
+            for group in groups.values():
                 for at in range(0, len(group), self.max_batch):
                     batch = group[at: at + self.max_batch]
                     codes = torch.tensor([items[i].codes for i in batch], dtype=torch.long)
                     globs = torch.tensor([items[i].global_tokens for i in batch], dtype=torch.long)
-                    audio = self._require_finite(self._forward(codes, globs))
+                    kept = spans[batch[0]] if self.crops else None
+                    audio = self._require_finite(self._forward(codes, globs, kept))
                     for row, i in enumerate(batch):
                         start, stop = spans[i]
-                        out[i] = np.ascontiguousarray(audio[row, start * spc: stop * spc])
+                        first = 0 if kept is None else start  # a cropped decode starts at its kept span
+                        out[i] = np.ascontiguousarray(audio[row, (start - first) * spc: (stop - first) * spc])
         return out
 
-    def _forward(self, codes: torch.Tensor, globs: torch.Tensor) -> np.ndarray:
-        """(B,T) codes, (B,32) globals (CPU tensors) -> (B, T·spc) float32 numpy audio."""
+    def _forward(self, codes: torch.Tensor, globs: torch.Tensor, kept: tuple[int, int] | None = None) -> np.ndarray:
+        """(B,T) codes, (B,32) globals (CPU tensors) -> (B, T·spc) float32 numpy audio, or only the codes
+        [start, stop) of `kept` (eager only)."""
+        if kept is not None:
+            audio = self.model.decode_kept(codes.to(self.device), globs.to(self.device), *kept)
+            return audio.float().cpu().numpy()
         if self._graphs is not None:
             audio = self._graphs.run(codes, globs)
             if audio is None:

@@ -234,6 +234,7 @@ class UpsampleBlock(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, kernel_size: int, stride: int) -> None:
         super().__init__()
         up = WNConvTranspose1d(in_dim, out_dim, kernel_size, stride=stride, padding=(kernel_size - stride) // 2)
+        self.stride = stride
         self.block = nn.Sequential(
             Snake(in_dim), up, ResidualUnit(out_dim, 1), ResidualUnit(out_dim, 3), ResidualUnit(out_dim, 9))
 
@@ -258,9 +259,64 @@ class WaveGenerator(nn.Module):
         layers += [UpsampleBlock(dims[i], dims[i + 1], k, s) for i, (k, s) in enumerate(zip(kernel_sizes, rates))]
         layers += [Snake(dims[-1]), WNConv1d(dims[-1], 1, kernel_size=7, padding=3), nn.Tanh()]
         self.model = nn.Sequential(*layers)
+        self.rates = tuple(int(r) for r in rates)
+        self.crops = crop_margins(self.model, self.rates)
+        """Layer index -> codes of context the rest of the generator still needs on each side of a kept span."""
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+    def kept(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """The audio of codes [start, stop) only: (B,C,T) features -> (B,1,(stop-start)·prod(rates)).
+
+        Equal to `forward(x)[..., start·spc: stop·spc]` up to float rounding, at a fraction of its cost for a
+        streaming window: before each upsampling block the activations are cropped to the kept codes plus the
+        context the remaining layers can still see (`crops`), so the expensive high-rate layers skip most of the
+        window's left and right context, which only the early layers need."""
+        codes, first, per_code = x.shape[-1], 0, 1
+        for i, layer in enumerate(self.model):
+            if i in self.crops:
+                lo, hi = max(first, start - self.crops[i]), min(codes, stop + self.crops[i])
+                x = x[..., (lo - first) * per_code: (hi - first) * per_code]
+                first = lo
+            x = layer(x)
+            if isinstance(layer, UpsampleBlock):
+                per_code *= layer.stride
+        return x[..., (start - first) * per_code: (stop - first) * per_code]
+
+
+CROP_SAFETY = 1
+"""Codes of context kept beyond the computed reach: the reach is rounded up already, this covers nothing known."""
+
+
+def reach(module: nn.Module, frames: int = 0) -> int:
+    """Frames at `module`'s input that one output frame depends on, on each side, plus `frames` of reach already
+    needed at its output. Children are assumed to run in order (every block here is Sequential-shaped); pointwise
+    layers reach nothing and residual skips reach less than their branch."""
+    if isinstance(module, nn.ConvTranspose1d):
+        # output o = i·stride - padding + t (t < kernel): widening the output by r frames widens the input by
+        # at most ceil((r + kernel) / stride)
+        return -(-(frames + module.kernel_size[0]) // module.stride[0])
+    if isinstance(module, nn.Conv1d):
+        if module.stride[0] != 1:
+            raise ValueError("strided convolutions are not cropped")
+        span, pad = module.dilation[0] * (module.kernel_size[0] - 1), module.padding[0]
+        return frames + max(pad, span - pad)
+    for child in reversed(list(module.children())):
+        frames = reach(child, frames)
+    return frames
+
+
+def crop_margins(layers: nn.Sequential, rates: Sequence[int]) -> dict[int, int]:
+    """For the input of the first layer and of each UpsampleBlock: codes of context the layers from there on
+    need around a kept span (`reach` in that point's frames, rounded up to codes, + CROP_SAFETY)."""
+    blocks = [i for i, layer in enumerate(layers) if isinstance(layer, UpsampleBlock)]
+    margins = {}
+    for n, i in enumerate([0] + blocks):
+        per_code = math.prod(rates[:max(0, n - 1)]) if i else 1
+        frames = reach(nn.Sequential(*list(layers)[i:]))
+        margins[i] = -(-frames // per_code) + CROP_SAFETY
+    return margins
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -550,10 +606,17 @@ class BiCodecModel(nn.Module):
 
     def decode(self, semantic: Tensor, global_tokens: Tensor) -> Tensor:
         """(B,T) semantic codes + (B,32) global codes -> (B, T·samples_per_code) audio."""
+        return self.decoder(self._features(semantic, global_tokens))[:, 0]
+
+    def decode_kept(self, semantic: Tensor, global_tokens: Tensor, start: int, stop: int) -> Tensor:
+        """`decode(...)[:, start·spc: stop·spc]` without computing the rest at the full sample rate
+        (WaveGenerator.kept): what a streaming window keeps."""
+        return self.decoder.kept(self._features(semantic, global_tokens), start, stop)[:, 0]
+
+    def _features(self, semantic: Tensor, global_tokens: Tensor) -> Tensor:
         z = self.quantizer.dequantize(semantic)
         d = self.speaker_encoder.detokenize(global_tokens)
-        x = self.prenet(z, d) + d[:, :, None]
-        return self.decoder(x)[:, 0]
+        return self.prenet(z, d) + d[:, :, None]
 
     def global_tokens(self, mel: Tensor) -> Tensor:
         """(B,n_mels,T) -> (B,32) speaker tokens."""
