@@ -1,6 +1,8 @@
 """Provides build_synthesizer(): the ONLY place that picks concrete backends (lazy device imports)."""
 from __future__ import annotations
 
+import itertools
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ class EngineConfig:
     bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
+    llm_threads: int | None = None
+    """Threads of the int8 LLM's own pool (ONNX Runtime), which steps while torch decodes. None with `threads`
+    None: `cpu_pools` shares the cores out; else `threads`."""
     quantize: str = "auto"
     """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
     | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
@@ -125,11 +130,13 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     decoder = _build_decoder(info, config, events)
     generator = _build_generator(info, config, events)
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
-    synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=config.schedule,
+    may_lag = _may_lag(config, decoder)
+    schedule = _schedule(config, may_lag)
+    synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=schedule,
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
                         decode_batch=_decode_batch(config), model_info=info,
-                        pacer=Pacer(probe_first=_may_lag(config, decoder)))
+                        pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder)))
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
@@ -144,6 +151,21 @@ def _may_lag(config: EngineConfig, decoder) -> bool:
 
     gpu_decoder = isinstance(decoder, BiCodecDecoder) and decoder.device.type == "cuda"
     return not (gpu_decoder and config.device in ("auto", "cuda") and _cuda())
+
+
+def _schedule(config: EngineConfig, may_lag: bool) -> WindowSchedule:
+    """The user's schedule; by default the finer one where an engine that may lag has its decoder on cores of its
+    own (`cpu_pools`)."""
+    if may_lag and config.schedule == WindowSchedule() and cpu_pools(config, usable_cores()).llm_spins:
+        return config.schedule.finer()
+    return config.schedule
+
+
+def windows_s(schedule: WindowSchedule, decoder) -> tuple[float, ...]:
+    """Audio of each window of a sentence under `schedule`, up to the first of `max_new` codes (which repeats)."""
+    code_s = decoder.samples_per_code / decoder.sample_rate
+    sizes = list(itertools.takewhile(lambda n: n < schedule.max_new, map(schedule.new_codes, itertools.count())))
+    return tuple(n * code_s for n in sizes + [schedule.max_new])
 
 
 def _decode_batch(config: EngineConfig) -> int | None:
@@ -483,9 +505,50 @@ def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device
 
     quantize = _quantize(config, device)
     int8_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize == "int8" else None
+    pools = cpu_pools(config, usable_cores()) if device.type == "cpu" else CpuPools(config.threads, None, False)
     with phase("llm", events):
-        return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=config.threads,
-                                   lazy=lazy, quantize=quantize, int8_dir=int8_dir, events=events)
+        return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=pools.torch,
+                                   lazy=lazy, quantize=quantize, int8_dir=int8_dir, events=events,
+                                   int8_threads=pools.llm, int8_spins=pools.llm_spins)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuPools:
+    """How an engine whose LLM runs on the CPU shares the cores between torch (the decoder; a process-wide count)
+    and the int8 LLM's own ONNX Runtime pool, which steps while torch decodes."""
+
+    torch: int | None
+    """torch's intra-op threads (None: torch's default, all cores)."""
+    llm: int | None
+    """The int8 LLM's threads (None: torch's count)."""
+    llm_spins: bool
+    """The LLM's threads spin between the step's kernels instead of sleeping: a step is a few hundred kernels, and
+    waking a sleeping pool for each costs more than the kernel on many cores; spinning on cores the decoder needs
+    would starve it, so only where the two pools do not overlap."""
+
+
+SPLIT_CORES = 8
+"""From this many cores up the LLM and the decoder get separate halves, the LLM's spinning (docs/cpu.md,
+"Many cores"); below it both use every core and the LLM's threads sleep, as measured on 2 cores."""
+
+
+def cpu_pools(config: EngineConfig, cores: int) -> CpuPools:
+    """The pools for `cores` usable cores: what the user set, else halves from SPLIT_CORES up."""
+    if config.threads is not None or config.llm_threads is not None:
+        llm = config.llm_threads or config.threads
+        spins = config.threads is not None and llm is not None and config.threads + llm <= cores
+        return CpuPools(config.threads, llm, spins)
+    if cores < SPLIT_CORES:
+        return CpuPools(None, None, False)
+    return CpuPools(cores - cores // 2, cores // 2, True)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, as taskset or a container sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def _quantize(config: EngineConfig, device) -> str:

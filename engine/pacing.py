@@ -14,6 +14,8 @@ on) brings the next ones in a burst and makes the first interval, or any span th
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 REALTIME_MARGIN = 1.15
@@ -46,17 +48,42 @@ class Pacer:
     """The last measured speed: seconds of audio made per second of the engine's time."""
     announced: bool = False
     """The listener has been told (once) that sentences wait before they play."""
+    windows_s: tuple[float, ...] = ()
+    """Audio of each window a sentence comes in, in order, the last repeating (the decode schedule's): a window
+    arrives whole, once all of it is made, so a sentence must hold more than a steady flow would need
+    (`preroll_s`). Empty: audio counted as a steady flow."""
 
     def request(self) -> "RequestPace":
         """The pacing of one `speak` call."""
         return RequestPace(self)
 
     def preroll_s(self, planned_s: float | None) -> float:
-        """Audio of a sentence to hold before it plays: D·(1 - s/margin) at the measured speed (all of it when D
-        is unknown)."""
+        """Audio of a sentence to hold before it plays, at the measured speed s (divided by the margin) and D the
+        sentence's planned length: all of it when D is unknown; else, windows_s being w_k starting a_k into the
+        sentence, the largest a_k + w_k - s·a_k. Window k comes (a_k + w_k)/s after the sentence began and must be
+        there once a_k has played since the hold was reached; for a steady flow that is D·(1 - s)."""
         if planned_s is None or self.speed is None:
             return float("inf")
-        return planned_s * max(0.0, 1.0 - self.speed / REALTIME_MARGIN)
+        speed = self.speed / REALTIME_MARGIN
+        if not self.windows_s:
+            return planned_s * max(0.0, 1.0 - speed)
+        hold, made = 0.0, min(planned_s, self.windows_s[0])  # the first window: held until it comes anyway
+        for k in itertools.count(1):
+            if made >= planned_s:
+                return hold
+            end = min(planned_s, made + self.windows_s[min(k, len(self.windows_s) - 1)])
+            hold, made = max(hold, end - speed * made), end
+        raise AssertionError("unreachable")
+
+    def hold_s(self, planned_s: float | None) -> float:
+        """Audio of a sentence to hold before it plays: the pre-roll once the engine is slow; for an engine fast
+        enough to stream, what its windows need (`preroll_s`, nothing once it is a few times real time) where
+        the sentence's length is known, and nothing before its speed is."""
+        if self.slow:
+            return self.preroll_s(planned_s)
+        if planned_s is None or self.speed is None or not self.windows_s:
+            return 0.0
+        return self.preroll_s(planned_s)
 
     def notice(self) -> str | None:
         """What to tell the listener, once, when the engine turned out slower than real time."""
@@ -104,8 +131,7 @@ class RequestPace:
             return False
         if s.released:
             return False
-        s.released = not ((self._probing and not measured)
-                          or (pacer.slow and s.audio_s < pacer.preroll_s(planned_s)))
+        s.released = not ((self._probing and not measured) or s.audio_s < pacer.hold_s(planned_s))
         return not s.released
 
 

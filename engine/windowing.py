@@ -88,6 +88,13 @@ class WindowSchedule:
         return replace(self, first_new=max(self.first_new, self.busy_first_new), new=max(self.new, self.busy_new),
                        max_new=max(self.max_new, self.busy_new))
 
+    def finer(self) -> "WindowSchedule":
+        """For an engine that makes speech at one to a few times real time with the decoder on cores of its own (a
+        many-core CPU): windows grow by 1.5 up to 64 codes. A window comes whole, once all of it is made, so between
+        one and about two times real time growth 2 needs a longer hold before a sentence plays (engine.pacing); the
+        extra windows cost the decoder's own cores, not the LLM's (docs/cpu.md, "Many cores")."""
+        return replace(self, growth=1.5, max_new=min(self.max_new, 64))
+
     def ahead(self) -> "WindowSchedule":
         """The schedule of a sentence decoded ahead of its turn (a lone request's next sentence, side by side
         with the current one): its audio is needed only once the current sentence has played, so it skips the

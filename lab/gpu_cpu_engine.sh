@@ -5,6 +5,11 @@
 #   PART=cpu16 the CPU engine on all cores: decoder variants (lab.cpu_decoder_probe) and the pipeline
 #              (lab.cpu_figures) with int8 and fp32 LLM weights
 #   PART=cpu2  the same pinned to two cores (taskset -c 0,1), with the variants that decide the CPU defaults
+#   PART=pools factory.cpu_pools (the default) against one shared sleeping pool, on 16, 8 and 4 cores
+#   PART=final16 the shipping CPU engine on 16 cores against the previous int8 one and fp32, three rounds
+#   PART=heads 16 cores split as cpu_pools does, with the LM head's pool spinning too, and a larger LLM share
+#   PART=spin  all cores: the int8 LLM's threads spinning or sleeping between kernels
+#   PART=split all cores: cropped vs whole-window decoding, and the int8 LLM's pool size against torch's
 # Results (JSON lines) land in $OUT/<part>.jsonl; the machine's facts in $OUT/env.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -39,5 +44,41 @@ cpu2)
   figures int8-bf16-passive env OMP_WAIT_POLICY=PASSIVE taskset -c 0,1 -- --threads 2 --tokens 150
   figures int8-bf16-bigwin taskset -c 0,1 -- --threads 2 --tokens 150 --schedule 4,24,3,240
   figures fp32-2 taskset -c 0,1 -- --threads 2 --tokens 150 --quantize none ;;
+split)  # the decoder's crops and the LLM's own pool size on all 16 cores; ROUND tags a repeat
+  for cfg in "16 16" "16 8" "8 8" "12 4" "16 4"; do
+    set -- $cfg; figures "int8-t$1-llm$2-r${ROUND:-1}" env -- --threads "$1" --llm-threads "$2" --tokens 200
+  done
+  figures "int8-t16-nocrop-r${ROUND:-1}" env -- --threads 16 --tokens 200 --no-crop
+  figures "fp32-16-r${ROUND:-1}" env -- --threads 16 --tokens 200 --quantize none ;;
+spin)  # the int8 LLM's pool spinning or sleeping between kernels, at two pool sizes; ROUND tags a repeat
+  for cfg in "16 16" "16 8" "8 8"; do
+    set -- $cfg
+    figures "int8-t$1-llm$2-spin-r${ROUND:-1}" env -- --threads "$1" --llm-threads "$2" --tokens 200 --llm-spin
+    figures "int8-t$1-llm$2-sleep-r${ROUND:-1}" env -- --threads "$1" --llm-threads "$2" --tokens 200
+  done ;;
+pools)  # factory.cpu_pools on 16, 8 and 4 cores against one shared pool that sleeps; ROUND tags a repeat
+  R=${ROUND:-1}
+  figures "int8-16-auto-r$R" env -- --tokens 200
+  figures "int8-16-shared-r$R" env -- --threads 16 --tokens 200
+  figures "int8-8-auto-r$R" taskset -c 0-7 -- --tokens 200
+  figures "int8-8-shared-r$R" taskset -c 0-7 -- --threads 8 --tokens 200
+  figures "int8-4-split-r$R" taskset -c 0-3 -- --threads 2 --llm-threads 2 --tokens 200
+  figures "int8-4-shared-r$R" taskset -c 0-3 -- --threads 4 --tokens 200
+  [ "$R" = 1 ] && figures "fp32-16-r$R" env -- --threads 16 --tokens 200 --quantize none ;;
+heads)  # 16 cores split: the LM head's pool spinning too, and a larger LLM share; against one shared pool
+  for R in 1 2; do
+    figures "int8-16-auto-r$R" env -- --tokens 200
+    figures "int8-16-auto-headspin-r$R" env -- --tokens 200 --llm-spin
+    figures "int8-16-t4-llm12-headspin-r$R" env -- --threads 4 --llm-threads 12 --tokens 200 --llm-spin
+    figures "int8-16-shared-r$R" env -- --threads 16 --tokens 200
+  done ;;
+final16)  # the figures for docs/benchmarks/cpu.json: the engine as it ships (cpu_pools, finer windows, cropped
+  # decoding) against the previous int8 engine (one shared pool, growth-2 windows, whole windows) and fp32
+  for R in 1 2 3; do
+    figures "ships-r$R" env -- --tokens 200
+    figures "before-r$R" env -- --threads 16 --tokens 200 --schedule 4,12,2,96 --no-crop
+    figures "fp32-r$R" env -- --threads 16 --tokens 200 --quantize none
+    figures "ships-long-r$R" env -- --tokens 600
+  done ;;
 esac
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -93,9 +93,10 @@ def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: 
     return path
 
 
-def load(path: Path, llm_dir: Path, threads: int | None = None, int8_head: bool = True) -> "OrtQwen2":
+def load(path: Path, llm_dir: Path, threads: int | None = None, int8_head: bool = True,
+         spin: bool = False) -> "OrtQwen2":
     """OrtQwen2 over a converted model and its checkpoint (embedding, config)."""
-    return OrtQwen2(path, Qwen2Weights.from_checkpoint(llm_dir), threads, int8_head)
+    return OrtQwen2(path, Qwen2Weights.from_checkpoint(llm_dir), threads, int8_head, spin)
 
 
 def block_for(k: int, most: int = BLOCK) -> int:
@@ -274,9 +275,11 @@ class OrtQwen2:
 
     cache_axis = 2
 
-    def __init__(self, path: Path, weights: Qwen2Weights, threads: int | None = None, int8_head: bool = True) -> None:
+    def __init__(self, path: Path, weights: Qwen2Weights, threads: int | None = None, int8_head: bool = True,
+                 spin: bool = False) -> None:
         """`path`: a converted model (`convert`); `weights`: the same checkpoint (embedding, config). `int8_head`:
-        `head_rows` in int8 (else fp32 rows, as StaticQwen2's)."""
+        `head_rows` in int8 (else fp32 rows, as StaticQwen2's). `spin`: the layers' threads wait for the next
+        kernel spinning, not sleeping; only where they have cores of their own (factory.cpu_pools)."""
         cfg = weights.config
         self.layers, self.kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
         self.hidden, self.head_dim = cfg.hidden_size, _head_dim(cfg)
@@ -285,7 +288,7 @@ class OrtQwen2:
         self.vocab_size = self.embed.shape[0]
         self.threads, self.int8_head = threads or torch.get_num_threads(), int8_head
         try:
-            self.session = _session(str(path), self.threads)
+            self.session = _session(str(path), self.threads, spin)
         except Exception as err:  # noqa: BLE001 - a truncated or foreign file: one user-facing line
             raise ModelFormatError(f"cannot load the int8 LLM {path}: {str(err).splitlines()[0]}") from err
         self._bindings: dict[tuple[int, int, int], Any] = {}
@@ -375,15 +378,15 @@ def _model(graph):
                              producer_name="voiceapp")
 
 
-def _session(model: str | bytes, threads: int):
-    """An ONNX Runtime CPU session on `threads` threads that sleep, not spin, when idle: the decoder (torch)
-    computes on the same cores."""
+def _session(model: str | bytes, threads: int, spin: bool = False):
+    """An ONNX Runtime CPU session on `threads` threads that sleep, not spin, when idle (unless `spin`): the
+    decoder (torch) computes on the same cores."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 

@@ -146,11 +146,13 @@ class TorchTokenGenerator:
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
                  lazy: bool = False, quantize: str = "none", int8_dir: Path | None = None,
-                 events: EventSink = ignore_events) -> None:
+                 events: EventSink = ignore_events, int8_threads: int | None = None,
+                 int8_spins: bool = False) -> None:
         """`lazy`: load the model on the first request, not now (a fallback most processes never use).
         `quantize` "int8": a checkpoint on the CPU steps through ONNX Runtime with int8 weights
         (engine.backends.qwen2_ort), converted once into `int8_dir` (one folder per checkpoint); `events` hears the
-        conversion's progress and which forward was picked."""
+        conversion's progress and which forward was picked; `int8_threads` sizes ONNX Runtime's pool (None: torch's
+        thread count) and `int8_spins` lets it spin between kernels (factory.cpu_pools)."""
         if quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, not {quantize!r}")
         if threads is not None:
@@ -169,6 +171,7 @@ class TorchTokenGenerator:
         layers are released as they are converted (one copy of the model in memory). With `quantize` int8, the
         same steps through qwen2_ort.OrtQwen2 (docs/cpu.md, "Int8 LLM on the CPU")."""
         self.quantize, self._int8_dir, self.events = quantize, int8_dir, events
+        self._int8_threads, self._int8_spins = int8_threads, int8_spins
         self._source = (model_or_dir, dtype, static)
         self._loaded = False
         if not lazy:
@@ -225,7 +228,8 @@ class TorchTokenGenerator:
                 self.quantize = "none"
                 return None
             self.events(Notice(f"LLM converted to int8 in {time.perf_counter() - t0:.1f} s"))
-        return qwen2_ort.load(path, llm_dir, threads=torch.get_num_threads())
+        return qwen2_ort.load(path, llm_dir, threads=self._int8_threads or torch.get_num_threads(),
+                              spin=self._int8_spins)
 
     def llm_path(self) -> str:
         """How the LLM computes, in words (for notices and a deterministic export's platform)."""

@@ -62,14 +62,16 @@ def test_pacing_ends_when_the_machine_gets_fast_again():
     assert not any(feed(pacer, [3], speed=3.0, t=t)[0])
 
 
-def gapless(pacer, count, speed, planned_s, chunk_s=0.24):
-    """One sentence of `count` chunks made at `speed`, after the pacer has measured that speed: whether playing
-    from its release on keeps ahead of what plays (the audio made by each moment covers the audio played)."""
+def gapless(pacer, count, speed, planned_s, chunk_s=0.24, chunks=None):
+    """One sentence of `count` chunks made at `speed` (or of `chunks`' durations), after the pacer has measured that
+    speed: whether playing from its release on keeps ahead of what plays (the audio made by each moment covers the
+    audio played)."""
+    chunks = chunks or [chunk_s] * count
     pace, t, made, release = pacer.request(), 0.0, [], None
-    for i in range(count):
-        t += chunk_s / speed
-        made.append((t, chunk_s))
-        if not pace.arrived(chunk_s, i == count - 1, t, planned_s) and release is None:
+    for i, seconds in enumerate(chunks):
+        t += seconds / speed
+        made.append((t, seconds))
+        if not pace.arrived(seconds, i == len(chunks) - 1, t, planned_s) and release is None:
             release = t
     start, have = release, 0.0
     for at, seconds in made:  # each chunk must be there before the audio before it has played out
@@ -174,3 +176,42 @@ def test_a_burst_after_a_late_chunk_does_not_end_pacing_early():
     holds = [pace.arrived(seconds, i == 4, at, planned_s=5.0) for i, (seconds, at) in
              enumerate(arrivals(0.8, late_s=0.28))]
     assert holds[:3] == [True] * 3 and pacer.slow
+
+
+WINDOWS_S = (0.08, 0.24, 0.48, 0.96, 1.92)
+"""The default schedule's windows (engine.factory.windows_s): each arrives whole."""
+
+
+def windows_of(length_s):
+    """The chunks a sentence of `length_s` comes in under WINDOWS_S (the last window repeats, the end is cut)."""
+    chunks, made = [], 0.0
+    while made < length_s - 1e-9:
+        chunks.append(min(WINDOWS_S[min(len(chunks), len(WINDOWS_S) - 1)], length_s - made))
+        made += chunks[-1]
+    return chunks
+
+
+def measured(speed, windows_s=WINDOWS_S):
+    pacer = Pacer(windows_s=windows_s)
+    pacer.judge(speed)
+    return pacer
+
+
+@pytest.mark.parametrize("speed", [0.6, 0.8, 0.9, 1.1, 1.3, 1.6, 2.0, 3.0])
+def test_windows_that_come_whole_are_held_for_at_every_speed(speed):
+    cap = 5.64
+    for codes in range(60, 283, 7):
+        ok, release = gapless(measured(speed), 0, speed, planned_s=cap, chunks=windows_of(codes * 0.02))
+        assert ok, (speed, codes)
+
+
+def test_a_steady_flow_pre_roll_underruns_on_the_last_large_window():
+    misses = [codes for codes in range(176, 283, 7)
+              if not gapless(measured(0.85, windows_s=()), 0, 0.85, planned_s=5.64,
+                             chunks=windows_of(codes * 0.02))[0]]
+    assert misses
+
+
+def test_an_engine_many_times_real_time_plays_its_first_window_at_once():
+    assert measured(40.0).hold_s(5.64) == 0.0
+    assert measured(1.6).hold_s(None) == 0.0  # length unknown and fast enough: nothing to plan with
