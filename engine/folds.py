@@ -42,8 +42,8 @@ class UtteranceFolds:
                     held.append(chunk.samples)
                     if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
                         await self._release(held, sink, pace)
-                        if chunk.sentence_end and self.pacer.slow:
-                            sink.allow_pause()  # the next sentence is held back for a while: silence until then
+                        if chunk.sentence_end and self.pacer.holds_sentences:
+                            sink.allow_pause()  # the next sentence may be held back a while: silence until then
             await self._release(held, sink, pace)
             await sink.drain()
         except BaseException:

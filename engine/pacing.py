@@ -75,6 +75,12 @@ class Pacer:
             hold, made = max(hold, end - speed * made), end
         raise AssertionError("unreachable")
 
+    @property
+    def holds_sentences(self) -> bool:
+        """Whether a sentence may be held back before it plays: once slow, and on an engine that plans holds for
+        its windows (one that may lag, with windows_s), so the player takes the gap between sentences for a pause."""
+        return self.slow or (self.probe_first and bool(self.windows_s))
+
     def hold_s(self, planned_s: float | None) -> float:
         """Audio of a sentence to hold before it plays: the pre-roll once the engine is slow; for an engine fast
         enough to stream, what its windows need (`preroll_s`, nothing once it is a few times real time) where
