@@ -215,3 +215,11 @@ def test_a_steady_flow_pre_roll_underruns_on_the_last_large_window():
 def test_an_engine_many_times_real_time_plays_its_first_window_at_once():
     assert measured(40.0).hold_s(5.64) == 0.0
     assert measured(1.6).hold_s(None) == 0.0  # length unknown and fast enough: nothing to plan with
+
+
+def test_sentence_ends_are_pauses_where_a_next_sentence_may_be_held():
+    assert Pacer(probe_first=True, windows_s=WINDOWS_S).holds_sentences  # a CPU engine
+    gpu = Pacer(windows_s=WINDOWS_S)
+    assert not gpu.holds_sentences
+    gpu.judge(0.5)
+    assert gpu.holds_sentences  # measured slow
