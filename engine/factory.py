@@ -40,7 +40,9 @@ class EngineConfig:
     quantize: str = "auto"
     """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
     | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
-    than fp32 where the step is bound by reading weights: docs/cpu.md). An LLM on a GPU is never quantised."""
+    than fp32 where the step is bound by reading weights: docs/cpu.md) | int4 (the same with 4-bit weights: faster
+    still, opt-in, since its agreement with fp32 is outside int8's bound on the synthetic checkpoint and untested on
+    the release: docs/cpu.md, "4-bit weights"). An LLM on a GPU is never quantised."""
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     join: JoinConfig = field(default_factory=JoinConfig)
     voices: VoiceBank | None = None
@@ -92,7 +94,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
             raise ValueError(f"unknown backend {self.backend!r}")
-        if self.quantize not in ("auto", "none", "int8"):
+        if self.quantize not in ("auto", "none", "int8", "int4"):
             raise ValueError(f"unknown quantize {self.quantize!r}")
         if self.decoder_dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
@@ -504,7 +506,7 @@ def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device
     from engine.voices import user_cache_dir
 
     quantize = _quantize(config, device)
-    int8_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize == "int8" else None
+    int8_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize != "none" else None
     pools = cpu_pools(config, usable_cores()) if device.type == "cpu" else CpuPools(config.threads, None, False)
     with phase("llm", events):
         return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=pools.torch,
@@ -557,8 +559,9 @@ def _quantize(config: EngineConfig, device) -> str:
     from engine.errors import InputError
 
     if device.type != "cpu":
-        if config.quantize == "int8":
-            raise InputError("--quantize int8 is the LLM's CPU path; add --compute cpu, or leave it out on a GPU")
+        if config.quantize in qwen2_ort.QUANTIZED:
+            raise InputError(f"--quantize {config.quantize} is the LLM's CPU path; add --compute cpu, or leave it "
+                             f"out on a GPU")
         return "none"
     return ("int8" if qwen2_ort.supported() else "none") if config.quantize == "auto" else config.quantize
 
@@ -695,7 +698,7 @@ def describe_platform(synth: Synthesizer) -> str:
         decoder_dtype = _decoder_dtype(synth)
         if decoder_dtype != torch.float32:  # fp32 (left unsaid, as before) renders other bytes
             parts.append(f"decoder {config_dtype_name(decoder_dtype)}")
-    if getattr(synth.generator, "quantize", "none") == "int8":  # fp32 (left unsaid, as before) renders other bytes
+    if getattr(synth.generator, "quantize", "none") != "none":  # fp32 (left unsaid, as before) renders other bytes
         parts.append(f"LLM {synth.generator.llm_path()}")
     parts.append(f"torch {torch.__version__}")
     parts += [f"lane {lane.rows}x{lane.max_len}" for lane in _lanes(synth.generator)]

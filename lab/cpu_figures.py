@@ -1,6 +1,6 @@
 """CPU figures for the closing notes: torch generator tok/s, BiCodec decode speed, TTFA / RTF / seam error.
 
-Usage: python -m lab.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8]
+Usage: python -m lab.cpu_figures --size tiny|full [--threads 2] [--tokens 150] [--quantize none|int8|int4]
        [--model DIR] [--decoder-dtype auto|fp32|bf16] [--schedule FIRST,NEW,GROWTH,MAX] [--no-crop]
        [--llm-threads N] [--llm-spin]
 Builds the synthetic checkpoint in a temporary directory (deleted afterwards; or uses --model's) and runs the real
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
     ap.add_argument("--threads", type=int, help="torch's threads (default: engine.factory.cpu_pools)")
     ap.add_argument("--tokens", type=int, default=150)
-    ap.add_argument("--quantize", choices=["auto", "none", "int8"], default="auto", help="the LLM's weights")
+    ap.add_argument("--quantize", choices=["auto", "none", "int8", "int4"], default="auto", help="the LLM's weights")
     ap.add_argument("--model", type=Path, help="a synthetic checkpoint of --size already written (kept)")
     ap.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
     ap.add_argument("--schedule", metavar="FIRST,NEW,GROWTH,MAX", help="the streaming windows (WindowSchedule)")

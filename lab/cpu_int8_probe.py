@@ -17,8 +17,8 @@ ort-fp32 (the same graph as ort-int8, MatMul in fp32, fp32 head) | ort-int8 (eng
 the first graph, standard operators around MatMulNBits: lab/qwen2_ort_unfused.py) | ort-int8-fp32head (its head in
 fp32) | ort-int8-b32 (block 32) |
 ort-dynamic (MatMulIntegerToFloat: int8 weights per channel, activations quantised per tensor, as
-onnxruntime.quantization.quantize_dynamic makes; fp32 head) | ort-int4 (MatMulNBits, 4 bits, block 32: for
-comparison only, not an int8 option).
+onnxruntime.quantization.quantize_dynamic makes; fp32 head) | ort-int4 (MatMulNBits, 4 bits, block 32; ort-int4-b128:
+block 128: for comparison only, not an int8 option).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from engine.backends.qwen2_static import StaticQwen2
 from lab.qwen2_ort_unfused import UnfusedOrtQwen2, build_unfused_model
 
 OPTIONS = ("fp32", "bf16", "torch-int8pack", "torch-dynamic", "ort-fp32", "ort-int8", "ort-int8-unfused",
-           "ort-int8-fp32head", "ort-int8-b32", "ort-dynamic", "ort-int4")
+           "ort-int8-fp32head", "ort-int8-b32", "ort-dynamic", "ort-int4", "ort-int4-b128")
 MAX_LEN = 4096
 
 
@@ -120,31 +120,37 @@ class DynamicInt8Builder(qwen2_ort.GraphBuilder):
 
 
 class Int4Builder(qwen2_ort.GraphBuilder):
-    """Projections as MatMulNBits of 4 bits, block 32 (zero point 8), for comparison."""
+    """Projections as MatMulNBits of 4 bits, block `int4_block` (32 unless set; zero point 8), for comparison."""
+
+    int4_block = 32
 
     def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
         n, k = w.shape
-        blocks = w.float().reshape(n, k // 32, 32)
+        b = qwen2_ort.block_for(k, self.int4_block)
+        blocks = w.float().reshape(n, k // b, b)
         scales = blocks.abs().amax(-1).clamp_min(1e-12) / 7
         codes = torch.round(blocks / scales[..., None]).clamp(-7, 7).add(8).to(torch.uint8)
         packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).numpy()
         extra = [] if bias is None else ["", "", self.const(f"{name}.bias", bias)]
         return self.op("MatMulNBits", x, self.const(f"{name}.q", packed),
                        self.const(f"{name}.scales", scales.reshape(-1).numpy()), *extra, domain="com.microsoft",
-                       K=k, N=n, bits=4, block_size=32, accuracy_level=qwen2_ort.ACCURACY_LEVEL)
+                       K=k, N=n, bits=4, block_size=b, accuracy_level=qwen2_ort.ACCURACY_LEVEL)
 
 
 def ort_model(weights_dir: Path, work: Path, kind: str, threads: int) -> qwen2_ort.OrtQwen2:
     path = work / f"{kind}.onnx"
     quantize = "none" if kind == "ort-fp32" else "int8"
-    builder = {"ort-dynamic": DynamicInt8Builder, "ort-int4": Int4Builder}.get(kind, lambda: None)()
+    builder = {"ort-dynamic": DynamicInt8Builder, "ort-int4": Int4Builder, "ort-int4-b128": Int4Builder}.get(
+        kind, lambda: None)()
+    if kind == "ort-int4-b128":
+        builder.int4_block = 128
     unfused = kind == "ort-int8-unfused"
     model = (build_unfused_model if unfused else qwen2_ort.build_model)(
         Qwen2Weights.from_checkpoint(weights_dir), quantize=quantize,
         block=32 if kind.endswith("b32") else qwen2_ort.BLOCK, builder=builder)
     path.write_bytes(model.SerializeToString())
     del model
-    int8_head = kind in ("ort-int8", "ort-int8-unfused", "ort-int8-b32", "ort-int4")
+    int8_head = kind in ("ort-int8", "ort-int8-unfused", "ort-int8-b32", "ort-int4", "ort-int4-b128")
     runner = UnfusedOrtQwen2 if unfused else qwen2_ort.OrtQwen2
     return runner(path, Qwen2Weights.from_checkpoint(weights_dir), threads=threads, int8_head=int8_head)
 

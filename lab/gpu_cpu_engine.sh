@@ -7,6 +7,7 @@
 #   PART=cpu2  the same pinned to two cores (taskset -c 0,1), with the variants that decide the CPU defaults
 #   PART=pools factory.cpu_pools (the default) against one shared sleeping pool, on 16, 8 and 4 cores
 #   PART=final16 the shipping CPU engine on 16 cores against the previous int8 one and fp32, three rounds
+#   PART=int4  16 cores: --quantize int4 against the default int8
 #   PART=share 16 cores: the LLM's share of the split (8 + 8 against 6 + 10)
 #   PART=heads 16 cores split as cpu_pools does, with the LM head's pool spinning too, and a larger LLM share
 #   PART=spin  all cores: the int8 LLM's threads spinning or sleeping between kernels
@@ -66,6 +67,11 @@ pools)  # factory.cpu_pools on 16, 8 and 4 cores against one shared pool that sl
   figures "int8-4-split-r$R" taskset -c 0-3 -- --threads 2 --llm-threads 2 --tokens 200
   figures "int8-4-shared-r$R" taskset -c 0-3 -- --threads 4 --tokens 200
   [ "$R" = 1 ] && figures "fp32-16-r$R" env -- --threads 16 --tokens 200 --quantize none ;;
+int4)  # 16 cores: the opt-in 4-bit weights against the default int8, three rounds alternating
+  for R in 1 2 3; do
+    figures "int8-r$R" env -- --tokens 200
+    figures "int4-r$R" env -- --tokens 200 --quantize int4
+  done ;;
 share)  # 16 cores: the LLM's share of the split, 8 + 8 (cpu_pools) against 6 + 10, three rounds
   for R in 1 2 3; do
     figures "t8-llm8-r$R" env -- --tokens 200

@@ -20,9 +20,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="token generator (default: vLLM on a GPU, else torch)")
     g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
     g.add_argument("--threads", type=int, help="CPU threads for torch")
-    g.add_argument("--quantize", choices=["none", "int8"],
+    g.add_argument("--quantize", choices=["none", "int8", "int4"],
                    help="the LLM's weights on the CPU: int8 (default there; converted once per checkpoint, "
-                        "faster) or none (fp32). A GPU's LLM is never quantised")
+                        "faster), int4 (faster still; its fidelity to the model is not verified: docs/cpu.md) "
+                        "or none (fp32). A GPU's LLM is never quantised")
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
                         "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, no graph "

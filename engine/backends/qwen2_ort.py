@@ -37,6 +37,11 @@ BLOCK = 128
 """Weights per int8 scale along K (the largest power of two up to this that divides K, for small test models).
 128 steps faster than 32 (fewer scales to apply) and stays within the agreement bound; 32 agrees a little better
 with fp32 (docs/cpu.md)."""
+INT4_BLOCK = 128
+"""Weights per scale of the opt-in 4-bit weights (`--quantize int4`): 128 stepped faster than 32 and 8-bit on 2 cores
+(docs/cpu.md, "4-bit weights")."""
+QUANTIZED = ("int8", "int4")
+"""The weights this module converts to (each its own cached file)."""
 ACCURACY_LEVEL = 4
 """MatMulNBits computes in int8 (activations quantised per block): level 0 (fp32 compute) has no fast 8-bit
 kernel on x86 and is far slower (docs/cpu.md)."""
@@ -61,33 +66,34 @@ def supported() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
 
 
-def describe() -> str:
-    """Which runtime runs the int8 LLM (for notices and the platform of a deterministic export)."""
+def describe(quantize: str = "int8") -> str:
+    """Which weights and runtime run the LLM (for notices and the platform of a deterministic export)."""
     import onnxruntime
 
-    return f"int8 weights through onnxruntime {onnxruntime.__version__}"
+    return f"{quantize} weights through onnxruntime {onnxruntime.__version__}"
 
 
 # ---- conversion ----------------------------------------------------------------------------------------------
 
-def cached_path(folder: Path) -> Path:
+def cached_path(folder: Path, quantize: str = "int8") -> Path:
     """Where the converted model of a checkpoint lives in `folder` (one folder per checkpoint hash)."""
-    return folder / f"llm-int8-v{FORMAT_VERSION}.onnx"
+    return folder / f"llm-{quantize}-v{FORMAT_VERSION}.onnx"
 
 
-def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: None) -> Path:
-    """Write the int8 model of `llm_dir` to `path`; the file appears complete or not at all, and other format
-    versions beside it are removed."""
+def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: None,
+            quantize: str = "int8") -> Path:
+    """Write the `quantize` model of `llm_dir` to `path`; the file appears complete or not at all, and other format
+    versions of it beside it are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        model = build_model(Qwen2Weights.from_checkpoint(llm_dir), progress=progress)
+        model = build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, progress=progress)
         with open(tmp, "wb") as f:
             f.write(model.SerializeToString())
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    for old in path.parent.glob("llm-int8-v*.onnx"):
+    for old in path.parent.glob(f"llm-{quantize}-v*.onnx"):
         if old != path:
             old.unlink(missing_ok=True)
     return path
@@ -107,6 +113,17 @@ def block_for(k: int, most: int = BLOCK) -> int:
     if k % block:
         raise ModelFormatError(f"cannot quantise a projection of {k} inputs (not a multiple of 16)")
     return block
+
+
+def quantize_blocks_4bit(w: torch.Tensor, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric 4-bit of w [N, K] per block of K: (codes + 8, two to a byte, the first in the low nibble, as uint8
+    [N, K / block, block / 2], fp32 scales [N * K / block]); w ~ (codes - 8) * scale, MatMulNBits' default zero
+    point for 4 bits."""
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // block, block)
+    scales = blocks.abs().amax(-1).clamp_min(1e-12) / 7
+    codes = torch.round(blocks / scales[..., None]).clamp_(-7, 7).add_(8).to(torch.uint8)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).numpy(), scales.reshape(-1).numpy()
 
 
 def quantize_blocks(w: torch.Tensor, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,18 +173,19 @@ class GraphBuilder:
         return self.const(self.fresh("shape"), np.array(values, dtype=np.int64))
 
     def linear(self, x: str, w: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> str:
-        """x [..., K] @ w.T (+ bias) for a transformers weight w [N, K]: int8 MatMulNBits with the bias as its
-        input, or fp32 MatMul and Add (quantize none)."""
+        """x [..., K] @ w.T (+ bias) for a transformers weight w [N, K]: int8 (or int4) MatMulNBits with the bias
+        as its input, or fp32 MatMul and Add (quantize none)."""
         n, k = w.shape
         if self.quantize == "none":
             y = self.op("MatMul", x, self.const(name, w.t().contiguous()))
             return y if bias is None else self.op("Add", y, self.const(f"{name}.bias", bias))
-        block = block_for(k, self.block)
-        codes, scales = quantize_blocks(w, block)
+        bits = 4 if self.quantize == "int4" else 8
+        block = block_for(k, INT4_BLOCK if bits == 4 else self.block)
+        codes, scales = (quantize_blocks_4bit if bits == 4 else quantize_blocks)(w, block)
         inputs = [x, self.const(f"{name}.q", codes), self.const(f"{name}.scales", scales)]
         if bias is not None:  # after the zero points and g_idx inputs, left out (symmetric codes, no reordering)
             inputs += ["", "", self.const(f"{name}.bias", bias)]
-        return self.op("MatMulNBits", *inputs, domain="com.microsoft", K=k, N=n, bits=8, block_size=block,
+        return self.op("MatMulNBits", *inputs, domain="com.microsoft", K=k, N=n, bits=bits, block_size=block,
                        accuracy_level=ACCURACY_LEVEL)
 
 

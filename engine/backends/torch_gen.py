@@ -41,8 +41,8 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-QUANTIZE = ("none", "int8")
-"""LLM weights on the CPU: fp32 (StaticQwen2) or int8 (qwen2_ort.OrtQwen2, through ONNX Runtime)."""
+QUANTIZE = ("none", "int8", "int4")
+"""LLM weights on the CPU: fp32 (StaticQwen2), or int8 or int4 (qwen2_ort.OrtQwen2, through ONNX Runtime)."""
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""
@@ -189,7 +189,7 @@ class TorchTokenGenerator:
         owned = isinstance(model_or_dir, (str, Path))
         if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
             static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
-        int8 = self._int8_from_checkpoint(model_or_dir) if self.quantize == "int8" else None
+        int8 = self._int8_from_checkpoint(model_or_dir) if self.quantize != "none" else None
         if int8 is not None:
             self.static, self.dtype = int8, torch.float32
         elif static and owned:
@@ -205,45 +205,49 @@ class TorchTokenGenerator:
                             else self.model.get_output_embeddings().weight.shape[0])
         if self.device.type == "cpu" and owned:
             self.events(Notice(f"LLM on the CPU: {self.llm_path()}"))
+            if self.quantize == "int4":
+                self.events(Notice("int4 weights are not checked against the model's own: if speech sounds wrong, "
+                                   "use --quantize int8"))
         self._source, self._loaded = None, True
 
     def _int8_from_checkpoint(self, model_or_dir: Any) -> OrtQwen2 | None:
-        """The int8 model of a checkpoint on the CPU, converted on first use (progress and the outcome as notices);
-        None (and `quantize` none) where the conversion cannot be written."""
+        """The int8 (or int4) model of a checkpoint on the CPU, converted on first use (progress and the outcome as
+        notices); None (and `quantize` none) where the conversion cannot be written."""
         from engine.backends import qwen2_ort
 
+        q = self.quantize
         if not isinstance(model_or_dir, (str, Path)) or self.device.type != "cpu" or self._int8_dir is None:
-            raise ValueError("quantize int8 needs a checkpoint directory, the CPU and an int8_dir")
+            raise ValueError(f"quantize {q} needs a checkpoint directory, the CPU and an int8_dir")
         llm_dir = Path(model_or_dir)
         if not static_supported(read_config(llm_dir)):
-            raise ModelFormatError(f"the LLM in {llm_dir} is not Spark's Qwen2: no int8 path (--quantize none)")
-        path = qwen2_ort.cached_path(self._int8_dir)
+            raise ModelFormatError(f"the LLM in {llm_dir} is not Spark's Qwen2: no {q} path (--quantize none)")
+        path = qwen2_ort.cached_path(self._int8_dir, q)
         if not path.is_file():
             t0 = time.perf_counter()
-            self.events(Notice(f"converting the LLM to int8 for the CPU (once for this checkpoint) into {path.parent}"))
+            self.events(Notice(f"converting the LLM to {q} for the CPU (once for this checkpoint) into {path.parent}"))
             try:
-                qwen2_ort.convert(llm_dir, path, progress=self._conversion_progress)
+                qwen2_ort.convert(llm_dir, path, progress=self._conversion_progress, quantize=q)
             except OSError as err:  # a read-only or full cache folder: fp32 still works
-                self.events(Notice(f"cannot write the int8 LLM ({err.strerror or err}); it computes in fp32"))
+                self.events(Notice(f"cannot write the {q} LLM ({err.strerror or err}); it computes in fp32"))
                 self.quantize = "none"
                 return None
-            self.events(Notice(f"LLM converted to int8 in {time.perf_counter() - t0:.1f} s"))
+            self.events(Notice(f"LLM converted to {q} in {time.perf_counter() - t0:.1f} s"))
         return qwen2_ort.load(path, llm_dir, threads=self._int8_threads or torch.get_num_threads(),
                               spin=self._int8_spins)
 
     def llm_path(self) -> str:
         """How the LLM computes, in words (for notices and a deterministic export's platform)."""
-        if self.quantize == "int8":
+        if self.quantize != "none":
             from engine.backends import qwen2_ort
 
-            return qwen2_ort.describe()
+            return qwen2_ort.describe(self.quantize)
         kind = "static forward" if self.static is not None else "transformers forward"
         return f"{str(self.dtype).removeprefix('torch.')} weights, {kind}"
 
     def _conversion_progress(self, done: int, total: int) -> None:
         """A notice at each quarter of the layers converted."""
         if done < total and done * 4 // total != (done - 1) * 4 // total:
-            self.events(Notice(f"converting the LLM to int8: {done} of {total} layers"))
+            self.events(Notice(f"converting the LLM to {self.quantize}: {done} of {total} layers"))
 
     def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
         if isinstance(model_or_dir, (str, Path)):

@@ -44,7 +44,7 @@ def runs(reference, llm_dir):
 def ort_model(llm_dir: Path, path: Path, quantize: str = "int8", builder=None) -> qwen2_ort.OrtQwen2:
     model = qwen2_ort.build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, builder=builder)
     path.write_bytes(model.SerializeToString())
-    return qwen2_ort.load(path, llm_dir, threads=2, int8_head=quantize == "int8")
+    return qwen2_ort.load(path, llm_dir, threads=2, int8_head=quantize != "none")
 
 
 class CoarseBuilder(qwen2_ort.GraphBuilder):
@@ -127,7 +127,33 @@ async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> Non
 
 def test_quantize_is_checked() -> None:
     with pytest.raises(ValueError, match="quantize"):
-        TorchTokenGenerator("x", IDS, device="cpu", quantize="int4", lazy=True)
+        TorchTokenGenerator("x", IDS, device="cpu", quantize="int2", lazy=True)
+
+
+def test_int4_is_4_bit_and_agrees_less_than_int8(llm_dir, runs, tmp_path) -> None:
+    """The opt-in int4 weights: MatMulNBits of 4 bits, and further from fp32 than int8 (so a user choosing it is
+    told a different thing than int8's bound), yet still the same model's distributions."""
+    model = qwen2_ort.build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize="int4")
+    bits = {next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node if n.op_type == "MatMulNBits"}
+    assert bits == {4}
+    int4 = compare(ort_model(llm_dir, tmp_path / "int4.onnx", quantize="int4"), runs)
+    int8 = compare(ort_model(llm_dir, tmp_path / "int8.onnx"), runs)
+    assert int4.kl_mean > 2 * int8.kl_mean and int4.topk_mean < int8.topk_mean
+    assert int4.topk_mean > 0.5 and int4.kl_mean < 1e-3  # far from random: 4-bit weights of the same model
+
+
+async def test_int4_converts_into_its_own_file(llm_dir, tmp_path) -> None:
+    notices: list[str] = []
+    gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int4",
+                              int8_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
+    prompt = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 9906, 11,
+                     IDS.structural["end_content"], IDS.structural["start_semantic_token"]), None)
+    ids = [t async for delta in gen.stream(prompt, SamplingOptions(seed=1, max_tokens=20), "r") for t in delta]
+    await gen.close()
+    assert len(ids) >= 1
+    assert any(n.startswith("LLM on the CPU: int4 weights through onnxruntime") for n in notices), notices
+    assert any("use --quantize int8" in n for n in notices), notices
+    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int4-v{qwen2_ort.FORMAT_VERSION}.onnx"]
 
 
 async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_dir, tmp_path) -> None:

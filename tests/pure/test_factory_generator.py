@@ -139,8 +139,9 @@ def test_quantize_flag() -> None:
 
     assert quantize("say", "hi") == "auto" and quantize("say", "hi", "--quantize", "none") == "none"
     assert quantize("export", "in.txt", "-o", "o.wav", "--quantize", "int8") == "int8"
+    assert quantize("say", "hi", "--quantize", "int4") == "int4"
     with pytest.raises(ValueError, match="unknown quantize"):
-        EngineConfig(quantize="int4")
+        EngineConfig(quantize="int2")
 
 
 def test_no_warm_up_turns_the_warm_up_request_off_and_its_absence_leaves_it_to_the_decoder_device() -> None:
