@@ -535,7 +535,10 @@ SPLIT_CORES = 8
 
 
 def cpu_pools(config: EngineConfig, cores: int) -> CpuPools:
-    """The pools for `cores` usable cores: what the user set, else halves from SPLIT_CORES up."""
+    """The pools for `cores` usable cores: what the user set, else halves from SPLIT_CORES up (one pool for an fp32
+    LLM, which steps in torch's)."""
+    if config.quantize == "none":
+        return CpuPools(config.threads, None, False)
     if config.threads is not None or config.llm_threads is not None:
         llm = config.llm_threads or config.threads
         spins = config.threads is not None and llm is not None and config.threads + llm <= cores

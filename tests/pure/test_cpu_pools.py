@@ -16,6 +16,11 @@ def test_many_cores_are_split_and_the_llm_spins_on_its_half(cores, torch, llm):
     assert cpu_pools(EngineConfig(), cores) == CpuPools(torch, llm, True)
 
 
+def test_an_fp32_llm_steps_in_torchs_pool_so_nothing_is_split():
+    assert cpu_pools(EngineConfig(quantize="none"), 16) == CpuPools(None, None, False)
+    assert cpu_pools(EngineConfig(quantize="none", threads=16), 16) == CpuPools(16, None, False)
+
+
 def test_what_the_user_sets_wins_and_spins_only_without_overlap():
     assert cpu_pools(EngineConfig(threads=16), 16) == CpuPools(16, 16, False)
     assert cpu_pools(EngineConfig(threads=6, llm_threads=10), 16) == CpuPools(6, 10, True)
