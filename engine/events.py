@@ -78,6 +78,16 @@ class RequestFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class PlayerWait:
+    """`speak` waited on a full player (its backpressure) before it could write more: time that is the playback's,
+    not the engine's."""
+
+    request_id: str
+    seconds: float
+    t: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFailed:
     request_id: str
     error: str
@@ -105,7 +115,7 @@ class StartupPhase:
 
 
 Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceStarted, SentenceFinished,
-              RequestFinished, RequestFailed, Notice, StartupPhase]
+              RequestFinished, PlayerWait, RequestFailed, Notice, StartupPhase]
 EventSink = Callable[[Event], None]
 
 
