@@ -78,16 +78,6 @@ class RequestFinished:
 
 
 @dataclass(frozen=True, slots=True)
-class PlayerWait:
-    """`speak` waited on a full player (its backpressure) before it could write more: time that is the playback's,
-    not the engine's."""
-
-    request_id: str
-    seconds: float
-    t: float = field(default_factory=_now)
-
-
-@dataclass(frozen=True, slots=True)
 class RequestFailed:
     request_id: str
     error: str
@@ -115,7 +105,7 @@ class StartupPhase:
 
 
 Event = Union[RequestStarted, FirstToken, FirstAudio, ChunkDecoded, SentenceStarted, SentenceFinished,
-              RequestFinished, PlayerWait, RequestFailed, Notice, StartupPhase]
+              RequestFinished, RequestFailed, Notice, StartupPhase]
 EventSink = Callable[[Event], None]
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, AsyncIterable
 
 import numpy as np
 
-from engine.events import Notice, PlayerWait
+from engine.events import Notice
 from engine.pacing import Pacer, RequestPace
 
 if TYPE_CHECKING:
@@ -41,26 +41,22 @@ class UtteranceFolds:
                 async for chunk in chunks:
                     held.append(chunk.samples)
                     if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
-                        await self._release(held, sink, pace, req.request_id)
+                        await self._release(held, sink, pace)
                         if chunk.sentence_end and self.pacer.holds_sentences:
                             sink.allow_pause()  # the next sentence may be held back a while: silence until then
-            await self._release(held, sink, pace, req.request_id)
+            await self._release(held, sink, pace)
             await sink.drain()
         except BaseException:
             sink.clear()
             raise
 
-    async def _release(self, held: list[np.ndarray], sink: AudioSink, pace: RequestPace, request_id: str) -> None:
-        """Write the held chunks, telling the pacer (and the events: PlayerWait) how long the sink kept us waiting."""
+    async def _release(self, held: list[np.ndarray], sink: AudioSink, pace: RequestPace) -> None:
+        """Write the held chunks, telling the pacer how long the sink kept us waiting."""
         message = self.pacer.notice()
         if message is not None:
             self.events(Notice(message))  # type: ignore[attr-defined]
-        waited = 0.0
         for samples in held:
             t = perf_counter()
             await sink.write(samples)
             pace.blocked(perf_counter() - t)
-            waited += perf_counter() - t
         held.clear()
-        if waited > 0:
-            self.events(PlayerWait(request_id, waited))  # type: ignore[attr-defined]

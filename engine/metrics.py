@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.events import (ChunkDecoded, Event, FirstAudio, FirstToken, Notice, PlayerWait, RequestFinished,
-                           RequestStarted, SentenceFinished, StartupPhase)
+from engine.events import (ChunkDecoded, Event, FirstAudio, FirstToken, Notice, RequestFinished, RequestStarted,
+                           SentenceFinished, StartupPhase)
 
 
 @dataclass
@@ -35,8 +35,6 @@ class RequestMetrics:
     """Seconds from t0 to the latest decoded chunk; once finished, the request's wall time."""
     wall_s: float = 0.0
     """The request's wall time (0 until it finished)."""
-    waited_s: float = 0.0
-    """Of that, time `speak` waited on a full player (PlayerWait): the playback's, not the engine's."""
     sentences: int = 0
     """Sentences finished."""
     finished: bool = False
@@ -62,8 +60,6 @@ class RequestMetrics:
         elif isinstance(event, RequestFinished):
             self.tokens, self.audio_s, self.finished = event.tokens, event.audio_s, True
             self.wall_s = self.elapsed_s = event.wall_s
-        elif isinstance(event, PlayerWait):
-            self.waited_s += event.seconds
         elif isinstance(event, Notice):
             self.notices.append(event.message)
         elif isinstance(event, StartupPhase):
@@ -86,12 +82,6 @@ class RequestMetrics:
     def process_ttfa_s(self, process_start: float) -> float | None:
         """Seconds from `process_start` (perf_counter() at a process's launch) to the first audio."""
         return None if self.first_audio_t is None else self.first_audio_t - process_start
-
-    @property
-    def engine_rtf(self) -> float | None:
-        """Wall time per second of audio once finished, less the waits on a full player: how fast the engine made
-        it, which `wall_rtf` cannot show below about 1 once the player holds speech back; None before."""
-        return (self.wall_s - self.waited_s) / self.audio_s if self.finished and self.audio_s else None
 
     @property
     def wall_rtf(self) -> float | None:

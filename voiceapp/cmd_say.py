@@ -56,8 +56,6 @@ class SayMetrics(RequestMetrics):
             return "-" if v is None else f"{v:.0f} ms"
 
         rtf = "-" if d["rtf"] is None else f"{d['rtf']:.3f}"
-        if d["engine_rtf"] is not None and d["waited_s"] > 0:
-            rtf += f" (engine {d['engine_rtf']:.3f})"
         engine = "in-process" if self.server_pid is None else f"server pid {self.server_pid}"
         return (f"TTFA {ms(d['ttfa_ms'])} ({ms(d['process_ttfa_ms'])} from launch, {engine}) | onset "
                 f"{ms(d['onset_ms'])} | RTF {rtf} | underruns {self.underruns} | {self.audio_s:.2f} s audio, "
@@ -66,11 +64,10 @@ class SayMetrics(RequestMetrics):
     def as_dict(self) -> dict:
         """`--json`: TTFA from the request's start (after the engine is ready) and from this process's start
         (what the user waits for: model loading included in-process, connecting when a server speaks), onset,
-        wall-time RTF and the engine's (less the waits on a full player), and the rest as folded."""
+        wall-time RTF, and the rest as folded."""
         return {"ttfa_ms": _ms(self.ttfa_s), "process_ttfa_ms": _ms(self.process_ttfa_s(process_start_perf())),
                 "server_pid": self.server_pid, "server_started": self.server_started, "onset_ms": _ms(self.onset_s),
-                "rtf": self.wall_rtf, "engine_rtf": self.engine_rtf, "waited_s": self.waited_s,
-                "audio_s": self.audio_s, "wall_s": self.wall_s, "underruns": self.underruns,
+                "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s, "underruns": self.underruns,
                 "sentences": self.sentences, "notices": self.notices, "phases": self.phases}
 
 

@@ -1,14 +1,11 @@
 """speak() on an engine slower than real time, into a sink that plays in real time: with pacing, no underrun and
 the listener told once, the sentence starting before it is complete, also when its first chunk comes late; without
 pacing, the same engine underruns."""
-import asyncio
 import time
 
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.events import Notice, PlayerWait, SentenceFinished
-from engine.factory import EngineConfig, build_synthesizer
+from engine.events import Notice, SentenceFinished
 from engine.fakes import ScriptedGenerator, ToneDecoder
-from engine.metrics import RequestMetrics
 from engine.pacing import Pacer, RequestPace
 from engine.pipeline import Synthesizer
 from engine.tokens import TokenIds
@@ -95,37 +92,3 @@ async def test_the_same_engine_unpaced_underruns():
     sink, events = await speak(Unpaced())
     assert sink.underruns > 0
     assert not [e for e in events if isinstance(e, Notice)]
-
-
-async def test_waits_on_a_full_player_are_reported_as_player_waits() -> None:
-    """A sink that keeps every write waiting: speak reports that time (PlayerWait), which the engine's RTF leaves out."""
-    class SlowSink:
-        sample_rate = 16000
-
-        async def write(self, samples):
-            await asyncio.sleep(0.02)
-
-        async def drain(self):
-            pass
-
-        def clear(self):
-            pass
-
-        def allow_pause(self):
-            pass
-
-        def close(self):
-            pass
-
-    metrics, waits = RequestMetrics(), []
-
-    def heard(event) -> None:
-        metrics.apply(event)
-        if isinstance(event, PlayerWait):
-            waits.append(event)
-
-    synth = build_synthesizer(EngineConfig(backend="fake"), events=heard)
-    await synth.speak(SynthesisRequest("Hello there. A second sentence."), SlowSink())
-    await synth.close()
-    assert waits and metrics.finished and metrics.waited_s >= 0.02 * len(waits)
-    assert metrics.engine_rtf < metrics.wall_rtf

@@ -1,8 +1,8 @@
 """engine.metrics: one request's events folded into the numbers every front end shows."""
 from __future__ import annotations
 
-from engine.events import (ChunkDecoded, FirstAudio, FirstToken, Notice, PlayerWait, RequestFinished,
-                           RequestStarted, SentenceFinished, StartupPhase)
+from engine.events import (ChunkDecoded, FirstAudio, FirstToken, Notice, RequestFinished, RequestStarted,
+                           SentenceFinished, StartupPhase)
 from engine.metrics import RequestMetrics
 
 
@@ -36,13 +36,3 @@ def test_onset_is_recorded_once_and_only_from_a_known_start() -> None:
 def test_nothing_known_before_any_event() -> None:
     m = RequestMetrics()
     assert m.ttfa_s is None and m.process_ttfa_s(0.0) is None and m.wall_rtf is None and m.audio_s == 0.0
-
-
-def test_waits_on_a_full_player_are_not_the_engines_time() -> None:
-    m = RequestMetrics()
-    m.apply(RequestStarted("r", t=0.0))
-    m.apply(PlayerWait("r", 1.5))
-    m.apply(PlayerWait("r", 0.5))
-    assert m.engine_rtf is None  # not finished
-    m.apply(RequestFinished("r", audio_s=10.0, wall_s=10.5, rtf=1.05, tokens=500, cancelled=False))
-    assert m.waited_s == 2.0 and m.wall_rtf == 1.05 and m.engine_rtf == 0.85
