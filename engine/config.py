@@ -6,6 +6,8 @@ from uuid import uuid4
 
 MODEL_ENV = "VOICEAPP_MODEL"
 """The checkpoint folder used when --model is not given."""
+QUANTIZE = ("none", "int8", "int4")
+"""The CPU LLM's weights: fp32, or int8 / int4 through ONNX Runtime (engine.backends.qwen2_ort; int4 opt-in)."""
 DECODER_AUTOTUNE = ("batch1", "all", "none")
 """GPU decoder graphs captured with cuDNN's timed algorithms: batch-1 ones only, all, or none (fixed ones).
 See engine.backends.bicodec.BiCodecDecoder._pick_algorithms for what each measured."""

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from engine.config import DECODER_AUTOTUNE
+from engine.config import DECODER_AUTOTUNE, QUANTIZE
 from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
 from engine.pacing import Pacer
@@ -94,7 +94,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "torch", "vllm", "fake"):
             raise ValueError(f"unknown backend {self.backend!r}")
-        if self.quantize not in ("auto", "none", "int8", "int4"):
+        if self.quantize not in ("auto", *QUANTIZE):
             raise ValueError(f"unknown quantize {self.quantize!r}")
         if self.decoder_dtype not in ("auto", "fp32", "bf16"):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")

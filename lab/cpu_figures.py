@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.config import QUANTIZE
+
 
 async def measure(model: Path, threads: int | None, tokens: int, quantize: str = "auto", decoder_dtype: str = "auto",
                   schedule: str | None = None, crop: bool = True, llm_threads: int | None = None,
@@ -88,7 +90,7 @@ def main() -> None:
     ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
     ap.add_argument("--threads", type=int, help="torch's threads (default: engine.factory.cpu_pools)")
     ap.add_argument("--tokens", type=int, default=150)
-    ap.add_argument("--quantize", choices=["auto", "none", "int8", "int4"], default="auto", help="the LLM's weights")
+    ap.add_argument("--quantize", choices=["auto", *QUANTIZE], default="auto", help="the LLM's weights")
     ap.add_argument("--model", type=Path, help="a synthetic checkpoint of --size already written (kept)")
     ap.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
     ap.add_argument("--schedule", metavar="FIRST,NEW,GROWTH,MAX", help="the streaming windows (WindowSchedule)")

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.config import QUANTIZE
+
 
 async def run(args) -> dict:
     from engine.config import SamplingOptions, SynthesisRequest
@@ -44,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--text", type=Path, default=Path(__file__).with_name("read60.txt"))
-    ap.add_argument("--quantize", choices=["auto", "none", "int8", "int4"], default="auto")
+    ap.add_argument("--quantize", choices=["auto", *QUANTIZE], default="auto")
     print(json.dumps(asyncio.run(run(ap.parse_args()))))
 
 

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.config import QUANTIZE
 from engine.errors import InputError
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
@@ -20,7 +21,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="token generator (default: vLLM on a GPU, else torch)")
     g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
     g.add_argument("--threads", type=int, help="CPU threads for torch")
-    g.add_argument("--quantize", choices=["none", "int8", "int4"],
+    g.add_argument("--quantize", choices=QUANTIZE,
                    help="the LLM's weights on the CPU: int8 (default there; converted once per checkpoint, "
                         "faster), int4 (faster still; its fidelity to the model is not verified: docs/cpu.md) "
                         "or none (fp32). A GPU's LLM is never quantised")

@@ -28,6 +28,7 @@ import torch
 
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import _check_supported
+from engine.config import QUANTIZE
 from engine.errors import ModelFormatError
 
 FORMAT_VERSION = 2
@@ -40,8 +41,8 @@ with fp32 (docs/cpu.md)."""
 INT4_BLOCK = 128
 """Weights per scale of the opt-in 4-bit weights (`--quantize int4`): 128 stepped faster than 32 and 8-bit on 2 cores
 (docs/cpu.md, "4-bit weights")."""
-QUANTIZED = ("int8", "int4")
-"""The weights this module converts to (each its own cached file)."""
+QUANTIZED = QUANTIZE[1:]
+"""The weights this module converts to (each its own cached file): all but fp32."""
 ACCURACY_LEVEL = 4
 """MatMulNBits computes in int8 (activations quantised per block): level 0 (fp32 compute) has no fast 8-bit
 kernel on x86 and is far slower (docs/cpu.md)."""

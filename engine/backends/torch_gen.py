@@ -17,7 +17,7 @@ import torch
 from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.qwen2_static import supported as static_supported
-from engine.config import SamplingOptions
+from engine.config import QUANTIZE, SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
@@ -41,8 +41,6 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-QUANTIZE = ("none", "int8", "int4")
-"""LLM weights on the CPU: fp32 (StaticQwen2), or int8 or int4 (qwen2_ort.OrtQwen2, through ONNX Runtime)."""
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""
@@ -189,7 +187,7 @@ class TorchTokenGenerator:
         owned = isinstance(model_or_dir, (str, Path))
         if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
             static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
-        int8 = self._int8_from_checkpoint(model_or_dir) if self.quantize != "none" else None
+        int8 = self._quantized_from_checkpoint(model_or_dir) if self.quantize != "none" else None
         if int8 is not None:
             self.static, self.dtype = int8, torch.float32
         elif static and owned:
@@ -210,7 +208,7 @@ class TorchTokenGenerator:
                                    "use --quantize int8"))
         self._source, self._loaded = None, True
 
-    def _int8_from_checkpoint(self, model_or_dir: Any) -> OrtQwen2 | None:
+    def _quantized_from_checkpoint(self, model_or_dir: Any) -> OrtQwen2 | None:
         """The int8 (or int4) model of a checkpoint on the CPU, converted on first use (progress and the outcome as
         notices); None (and `quantize` none) where the conversion cannot be written."""
         from engine.backends import qwen2_ort
