@@ -259,8 +259,7 @@ class WaveGenerator(nn.Module):
         layers += [UpsampleBlock(dims[i], dims[i + 1], k, s) for i, (k, s) in enumerate(zip(kernel_sizes, rates))]
         layers += [Snake(dims[-1]), WNConv1d(dims[-1], 1, kernel_size=7, padding=3), nn.Tanh()]
         self.model = nn.Sequential(*layers)
-        self.rates = tuple(int(r) for r in rates)
-        self.crops = crop_margins(self.model, self.rates)
+        self.crops = crop_margins(self.model)
         """Layer index -> codes of context the rest of the generator still needs on each side of a kept span."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -307,15 +306,15 @@ def reach(module: nn.Module, frames: int = 0) -> int:
     return frames
 
 
-def crop_margins(layers: nn.Sequential, rates: Sequence[int]) -> dict[int, int]:
+def crop_margins(layers: nn.Sequential) -> dict[int, int]:
     """For the input of the first layer and of each UpsampleBlock: codes of context the layers from there on
     need around a kept span (`reach` in that point's frames, rounded up to codes, + CROP_SAFETY)."""
-    blocks = [i for i, layer in enumerate(layers) if isinstance(layer, UpsampleBlock)]
-    margins = {}
-    for n, i in enumerate([0] + blocks):
-        per_code = math.prod(rates[:max(0, n - 1)]) if i else 1
-        frames = reach(nn.Sequential(*list(layers)[i:]))
-        margins[i] = -(-frames // per_code) + CROP_SAFETY
+    margins, per_code = {}, 1
+    for i, layer in enumerate(layers):
+        if i == 0 or isinstance(layer, UpsampleBlock):
+            margins[i] = -(-reach(layers[i:]) // per_code) + CROP_SAFETY
+        if isinstance(layer, UpsampleBlock):
+            per_code *= layer.stride
     return margins
 
 
