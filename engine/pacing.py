@@ -4,17 +4,15 @@ on a machine that makes it slower than real time. Pure (no clocks: the caller pa
 While audio comes faster than it plays, each chunk goes to the player as it arrives (the player's short pre-roll
 covers the jitter). Once the engine is measured slower than that, at speed s, a sentence that may last D seconds
 plays through without a gap if D·(1 - s) of it is buffered before it starts (what is made meanwhile keeps ahead of
-what plays): each sentence is held until that much has come (with a margin), then streams; a sentence whose length
-is unknown is held until it is complete. The listener hears longer pauses between sentences instead of gaps inside
-them. The speed is the audio a sentence's chunks after its first carried over the time they took to come, not
+what plays), more where it comes in whole windows (`Pacer.windows_s`): each sentence is held until that much has
+come (with a margin), then streams; a sentence whose length is unknown is held until it is complete. The listener
+hears longer pauses between sentences instead of gaps inside them. The speed is the audio a sentence's chunks after its first carried over the time they took to come, not
 counting the time `speak` spent blocked on a full player (which would cap any engine at real time); it counts only
 once it rests on MIN_INTERVALS intervals between chunks, and it is the lower of that measured from the first chunk
 and that measured from the second, because a first chunk that comes late (a slow first decode, while the LLM went
 on) brings the next ones in a burst and makes the first interval, or any span that starts with it, look fast.
 """
 from __future__ import annotations
-
-import itertools
 
 from dataclasses import dataclass
 
@@ -67,13 +65,11 @@ class Pacer:
         speed = self.speed / REALTIME_MARGIN
         if not self.windows_s:
             return planned_s * max(0.0, 1.0 - speed)
-        hold, made = 0.0, min(planned_s, self.windows_s[0])  # the first window: held until it comes anyway
-        for k in itertools.count(1):
-            if made >= planned_s:
-                return hold
+        hold, made, k = 0.0, min(planned_s, self.windows_s[0]), 1  # the first window: held until it comes anyway
+        while made < planned_s:
             end = min(planned_s, made + self.windows_s[min(k, len(self.windows_s) - 1)])
-            hold, made = max(hold, end - speed * made), end
-        raise AssertionError("unreachable")
+            hold, made, k = max(hold, end - speed * made), end, k + 1
+        return hold
 
     @property
     def holds_sentences(self) -> bool:
@@ -85,9 +81,7 @@ class Pacer:
         """Audio of a sentence to hold before it plays: the pre-roll once the engine is slow; for an engine fast
         enough to stream, what its windows need (`preroll_s`, nothing once it is a few times real time) where
         the sentence's length is known, and nothing before its speed is."""
-        if self.slow:
-            return self.preroll_s(planned_s)
-        if planned_s is None or self.speed is None or not self.windows_s:
+        if not self.slow and (planned_s is None or self.speed is None or not self.windows_s):
             return 0.0
         return self.preroll_s(planned_s)
 
