@@ -6,11 +6,12 @@ covers the jitter). Once the engine is measured slower than that, at speed s, a 
 plays through without a gap if D·(1 - s) of it is buffered before it starts (what is made meanwhile keeps ahead of
 what plays), more where it comes in whole windows (`Pacer.windows_s`): each sentence is held until that much has
 come (with a margin), then streams; a sentence whose length is unknown is held until it is complete. The listener
-hears longer pauses between sentences instead of gaps inside them. The speed is the audio a sentence's chunks after its first carried over the time they took to come, not
-counting the time `speak` spent blocked on a full player (which would cap any engine at real time); it counts only
-once it rests on MIN_INTERVALS intervals between chunks, and it is the lower of that measured from the first chunk
-and that measured from the second, because a first chunk that comes late (a slow first decode, while the LLM went
-on) brings the next ones in a burst and makes the first interval, or any span that starts with it, look fast.
+hears longer pauses between sentences instead of gaps inside them. The speed is the audio a sentence's chunks after
+its first carried over the time they took to come, not counting the time `speak` spent blocked on a full player
+(which would cap any engine at real time); it counts only once it rests on MIN_INTERVALS intervals between chunks,
+and it is the lower of that measured from the first chunk and that measured from the second, because a first chunk
+that comes late (a slow first decode, while the LLM went on) brings the next ones in a burst and makes the first
+interval, or any span that starts with it, look fast.
 """
 from __future__ import annotations
 
