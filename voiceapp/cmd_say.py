@@ -27,9 +27,28 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+BUFFER_S = (0.5, 600.0)
+"""--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB."""
+
+
 def add_playback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
+    p.add_argument("--buffer", type=buffer_seconds, default=3.0, metavar="SECONDS",
+                   help="audio the player may hold ahead of what it plays (default 3): more lets a slow processor "
+                        "make speech ahead while it can, and the engine run without waiting on the speakers")
+
+
+def buffer_seconds(value: str) -> float:
+    """--buffer's value, or argparse's one-line error."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not BUFFER_S[0] <= seconds <= BUFFER_S[1]:  # NaN and inf fail too
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from {BUFFER_S[0]:g} to "
+                                         f"{BUFFER_S[1]:g}")
+    return seconds
 
 
 @dataclass
@@ -247,4 +266,4 @@ def check_device(args: argparse.Namespace) -> None:
 def open_player(args: argparse.Namespace):
     from engine.backends.sounddevice_sink import Player
 
-    return Player(sample_rate=16000, device=_device(args), latency=args.latency)
+    return Player(sample_rate=16000, device=_device(args), latency=args.latency, buffer_s=args.buffer)

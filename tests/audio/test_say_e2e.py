@@ -53,6 +53,31 @@ def test_speakers_get_exactly_what_out_writes(pulse_server, record_monitor, tiny
     assert_played_equals_file(cap(), wav)
 
 
+SEVEN = ("One sentence to start. A second one follows it. Then a third arrives. The fourth is here. Fifth of them "
+         "all. Sixth and nearly done. Seventh and the last.")
+
+
+@pytest.mark.audio
+def test_a_larger_buffer_lets_the_engine_finish_long_before_the_speakers(pulse_server, record_monitor, tiny_model,
+                                                                         tmp_path):
+    """With the default 3 s ring, a fast engine waits on the speakers until the last 3 s are left to play; with
+    --buffer 30 it makes everything at once and the speakers still get exactly what --out writes."""
+    out = tmp_path / "ref.wav"
+    voicectl(["say", SEVEN, "--out", str(out)], tiny_model)
+    wav, _ = sf.read(out, dtype="float32")
+    audio_s = len(wav) / 16000
+    assert audio_s > 6
+    stats = {}
+    for buffer in ("3", "30"):
+        with record_monitor("tts16") as cap:
+            proc = voicectl(["say", SEVEN, "--json", "--buffer", buffer], tiny_model)
+        stats[buffer] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        assert stats[buffer]["underruns"] == 0
+        assert_played_equals_file(cap(), wav)
+    assert stats["3"]["wall_s"] > audio_s - 3.5, stats["3"]
+    assert stats["30"]["wall_s"] < audio_s - 3.5, stats["30"]
+
+
 @pytest.mark.audio
 def test_doctor_plays_a_test_tone_and_passes(pulse_server, record_monitor, tiny_model):
     with record_monitor("tts16") as cap:
