@@ -18,7 +18,8 @@ the first graph, standard operators around MatMulNBits: lab/qwen2_ort_unfused.py
 fp32) | ort-int8-b32 (block 32) |
 ort-dynamic (MatMulIntegerToFloat: int8 weights per channel, activations quantised per tensor, as
 onnxruntime.quantization.quantize_dynamic makes; fp32 head) | ort-int4 (MatMulNBits, 4 bits, block 32; ort-int4-b128:
-block 128: for comparison only, not an int8 option).
+block 128; both with each block's scale reaching its largest weight) | ort-int4-ships (what `--quantize int4` converts
+to: block 128, each block's scale searched for the least error, qwen2_ort.quantize_blocks_4bit).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ from engine.backends.qwen2_static import StaticQwen2
 from lab.qwen2_ort_unfused import UnfusedOrtQwen2, build_unfused_model
 
 OPTIONS = ("fp32", "bf16", "torch-int8pack", "torch-dynamic", "ort-fp32", "ort-int8", "ort-int8-unfused",
-           "ort-int8-fp32head", "ort-int8-b32", "ort-dynamic", "ort-int4", "ort-int4-b128")
+           "ort-int8-fp32head", "ort-int8-b32", "ort-dynamic", "ort-int4", "ort-int4-b128",
+           "ort-int4-ships")
 MAX_LEN = 4096
 
 
@@ -139,7 +141,7 @@ class Int4Builder(qwen2_ort.GraphBuilder):
 
 def ort_model(weights_dir: Path, work: Path, kind: str, threads: int) -> qwen2_ort.OrtQwen2:
     path = work / f"{kind}.onnx"
-    quantize = "none" if kind == "ort-fp32" else "int8"
+    quantize = {"ort-fp32": "none", "ort-int4-ships": "int4"}.get(kind, "int8")
     builder = {"ort-dynamic": DynamicInt8Builder, "ort-int4": Int4Builder, "ort-int4-b128": Int4Builder}.get(
         kind, lambda: None)()
     if kind == "ort-int4-b128":
@@ -150,7 +152,8 @@ def ort_model(weights_dir: Path, work: Path, kind: str, threads: int) -> qwen2_o
         block=32 if kind.endswith("b32") else qwen2_ort.BLOCK, builder=builder)
     path.write_bytes(model.SerializeToString())
     del model
-    int8_head = kind in ("ort-int8", "ort-int8-unfused", "ort-int8-b32", "ort-int4", "ort-int4-b128")
+    int8_head = kind in ("ort-int8", "ort-int8-unfused", "ort-int8-b32", "ort-int4", "ort-int4-b128",
+                         "ort-int4-ships")
     runner = UnfusedOrtQwen2 if unfused else qwen2_ort.OrtQwen2
     return runner(path, Qwen2Weights.from_checkpoint(weights_dir), threads=threads, int8_head=int8_head)
 

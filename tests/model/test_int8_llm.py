@@ -122,7 +122,7 @@ async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> Non
     assert streams[0] == streams[1] and len(streams[0]) == 300
     assert sum(n.startswith("converting the LLM to int8 for the CPU") for n in notices) == 1, notices
     assert sum(n.startswith("LLM on the CPU: int8 weights through onnxruntime") for n in notices) == 2, notices
-    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int8-v{qwen2_ort.FORMAT_VERSION}.onnx"]
+    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int8-v{qwen2_ort.FORMAT_VERSIONS['int8']}.onnx"]
 
 
 def test_quantize_is_checked() -> None:
@@ -142,6 +142,29 @@ def test_int4_is_4_bit_and_agrees_less_than_int8(llm_dir, runs, tmp_path) -> Non
     assert int4.topk_mean > 0.5 and int4.kl_mean < 1e-3  # far from random: 4-bit weights of the same model
 
 
+def unpack_4bit(codes, scales, shape: tuple[int, int], block: int) -> torch.Tensor:
+    """The weights [N, K] that quantize_blocks_4bit's codes and scales stand for (MatMulNBits' reading)."""
+    packed = torch.from_numpy(codes).to(torch.int16)
+    nibbles = torch.stack([packed & 15, packed >> 4], -1).reshape(shape[0], shape[1] // block, block)
+    return ((nibbles - 8).float() * torch.from_numpy(scales).reshape(shape[0], -1, 1)).reshape(shape)
+
+
+def test_4bit_scales_are_searched_per_block_for_the_least_error() -> None:
+    """Each block keeps the scale of least squared error: never worse than reaching its largest weight, and far
+    better for a block whose largest weight is an outlier (the others then get the levels)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=gen)
+    w[0, 5] = 12.0  # an outlier in row 0's first block
+    codes, scales = qwen2_ort.quantize_blocks_4bit(w, 128)
+    error = (unpack_4bit(codes, scales, w.shape, 128) - w).square().reshape(64, 2, 128).sum(-1)
+    reach = w.reshape(64, 2, 128).abs().amax(-1, keepdim=True) / 7
+    plain = (torch.round(w.reshape(64, 2, 128) / reach).clamp(-7, 7) * reach - w.reshape(64, 2, 128))
+    plain_error = plain.square().sum(-1)
+    assert (error <= plain_error * (1 + 1e-6)).all()
+    assert error.sum() < 0.9 * plain_error.sum()  # Gaussian blocks: clipping their tails pays
+    assert scales.reshape(64, 2)[0, 0] < 0.9 * float(reach[0, 0])  # the outlier is clipped, not given the range
+
+
 async def test_int4_converts_into_its_own_file(llm_dir, tmp_path) -> None:
     notices: list[str] = []
     gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int4",
@@ -153,7 +176,7 @@ async def test_int4_converts_into_its_own_file(llm_dir, tmp_path) -> None:
     assert len(ids) >= 1
     assert any(n.startswith("LLM on the CPU: int4 weights through onnxruntime") for n in notices), notices
     assert any("use --quantize int8" in n for n in notices), notices
-    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int4-v{qwen2_ort.FORMAT_VERSION}.onnx"]
+    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int4-v{qwen2_ort.FORMAT_VERSIONS['int4']}.onnx"]
 
 
 async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_dir, tmp_path) -> None:
