@@ -29,14 +29,18 @@ def add_parser(sub) -> None:
 
 BUFFER_S = (0.5, 600.0)
 """--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB."""
+BUFFER_DEFAULT_S = 30.0
+"""The player's ring unless --buffer says otherwise: an engine faster than the speakers makes up to this much ahead
+instead of waiting on them, so --json's wall time is the engine's for anything shorter, and a fast stretch banks
+audio for a slow one. A few MB of memory."""
 
 
 def add_playback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
-    p.add_argument("--buffer", type=buffer_seconds, default=3.0, metavar="SECONDS",
-                   help="audio the player may hold ahead of what it plays (default 3): more lets a slow processor "
-                        "make speech ahead while it can, and the engine run without waiting on the speakers")
+    p.add_argument("--buffer", type=buffer_seconds, default=BUFFER_DEFAULT_S, metavar="SECONDS",
+                   help=f"audio the player may hold ahead of what it plays (default {BUFFER_DEFAULT_S:g}): the "
+                        f"engine makes speech ahead while it can instead of waiting on the speakers")
 
 
 def buffer_seconds(value: str) -> float:
