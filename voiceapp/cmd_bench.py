@@ -56,6 +56,7 @@ def add_parser(sub) -> None:
                    help="skip the TTFA runs with other first-window schedules")
     p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
     add_startup_args(p)
+    add_read_args(p)
     p.add_argument("--export-check", action="store_true",
                    help="instead: fresh `voicectl export` processes of one generated book (clean; other --jobs, "
                         "killed and resumed; another order) compared byte for byte, with their speed end to end "
@@ -79,6 +80,18 @@ def add_startup_args(p: argparse.ArgumentParser) -> None:
                    help=f"longest any one process may take (default {STARTUP_TIMEOUT_S:g})")
 
 
+def add_read_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("reading (--read)")
+    g.add_argument("--read", action="store_true",
+                   help="instead: a minute's reading spoken by a fresh `voicectl say` process for each --weights, "
+                        "through the speakers with a ring it cannot fill, so RTF is the engine's own while it plays")
+    g.add_argument("--text", metavar="FILE", help="read this UTF-8 text instead of the built-in five sentences")
+    g.add_argument("--weights", metavar="LIST", default="auto",
+                   help="comma-separated --quantize values, one run each, in order (default auto; e.g. int8,int4,none: "
+                        "each RTF is also given against the first's)")
+    g.add_argument("--no-sound", action="store_true", help="write each reading to a WAV file instead of playing it")
+
+
 EXPORT_SENTENCES = 512
 STARTUP_EXPORT_SENTENCES = 40
 """--export-sentences' default: the warm benchmark's, and the start-up benchmark's (long enough that the first
@@ -95,8 +108,13 @@ def run(args: argparse.Namespace) -> int:
     from engine import bench
     from engine.errors import InputError
 
-    if args.startup and args.export_check:
-        raise InputError("--startup and --export-check exclude each other")
+    if sum((args.startup, args.export_check, args.read)) > 1:
+        raise InputError("--startup, --export-check and --read exclude each other")
+    given = [f"--{n.replace('_', '-')}" for n in ("text", "no_sound") if getattr(args, n)]
+    if given and not args.read:
+        raise InputError(f"{', '.join(given)}: only with --read")
+    if args.read:
+        return run_read(args)
     if args.startup:
         return run_startup(args)
     if args.export_check:
@@ -195,6 +213,59 @@ def run_startup(args: argparse.Namespace) -> int:
         raise CaseFailed(f"{len(result['errors'])} of {len(cases)} start-up cases failed: "
                          f"{', '.join(result['errors'])} (their errors are listed above)")
     return 0
+
+
+def run_read(args: argparse.Namespace) -> int:
+    """Read the text once for each --weights; the table on stdout, the report to --json. Exits non-zero (one line)
+    when a run failed; the others' figures are still reported."""
+    from engine.errors import GenerationError
+    from voiceapp import read_bench
+    from voiceapp.startup_cases import describe_device
+
+    weights, text = read_options(args)
+    started = datetime.datetime.now().astimezone()
+    with checkpoint_for(args, _log) as (model, checkpoint):
+        device, _ = describe_device(STARTUP_TIMEOUT_S)
+        runs = read_bench.read_runs(model, weights, text, sound=not args.no_sound, backend=args.backend,
+                                    threads=args.threads, log=_log)
+    meta = {"device": device, "date": started.date().isoformat(), "command": command_line(), "model": checkpoint,
+            "text_chars": len(text), "ring_s": read_bench.ring_s(text), "sound": not args.no_sound}
+    result = read_bench.report(runs, meta)
+    print(read_bench.format_table(result))
+    if args.json:
+        write_json(Path(args.json), result)
+    if result["errors"]:
+        raise GenerationError(f"{len(result['errors'])} of {len(runs)} readings failed: {'; '.join(result['errors'])}")
+    return 0
+
+
+def read_options(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
+    """(weights, text) from --weights and --text; a bad one is a one-line InputError."""
+    from engine.config import QUANTIZE
+    from engine.errors import InputError
+    from voiceapp import read_bench
+    from voiceapp.common import require_speakable
+
+    weights = tuple(w.strip() for w in args.weights.split(",") if w.strip())
+    unknown = [w for w in weights if w not in ("auto", *QUANTIZE)]
+    if not weights or unknown or len(set(weights)) < len(weights):
+        raise InputError(f"--weights: expected distinct values of auto, {', '.join(QUANTIZE)}; got {args.weights!r}")
+    if args.backend == "vllm" and weights != ("auto",):
+        raise InputError("--weights: the CPU engine's choice; vLLM runs its own weights")
+    text = read_bench.READ_TEXT
+    if args.text:
+        try:
+            text = Path(args.text).read_text(encoding="utf-8")
+        except OSError as err:
+            raise InputError(f"--text {args.text}: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"--text {args.text}: not UTF-8 text") from None
+        if "\0" in text:
+            raise InputError(f"--text {args.text}: a binary file (NUL characters), not text")
+        if len(text) > read_bench.MAX_TEXT_CHARS:
+            raise InputError(f"--text {args.text}: {len(text)} characters; at most {read_bench.MAX_TEXT_CHARS}")
+    require_speakable(text, f"--text {args.text}" if args.text else "the text")
+    return weights, text.strip()
 
 
 def run_export_check(args: argparse.Namespace) -> int:

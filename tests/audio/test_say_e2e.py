@@ -80,6 +80,20 @@ def test_the_default_buffer_lets_the_engine_finish_long_before_the_speakers(puls
 
 
 @pytest.mark.audio
+def test_bench_read_plays_through_the_speakers(pulse_server, record_monitor, tiny_model, tmp_path):
+    """`voicectl bench --read`: its `say` process plays the reading; first sound after first audio, no underrun."""
+    out, text = tmp_path / "read.json", tmp_path / "text.txt"
+    text.write_text(TEXT)
+    with record_monitor("tts16") as cap:
+        proc = cli_helpers.voicectl("bench", "--read", "--model", str(tiny_model), "--backend", "torch", "--text",
+                                    str(text), "--json", str(out), text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["underruns"] == 0 and run["first_sound_s"] >= run["ttfa_s"] > 0
+    assert np.count_nonzero(cap()) > 0.9 * run["audio_s"] * 16000
+
+
+@pytest.mark.audio
 def test_doctor_plays_a_test_tone_and_passes(pulse_server, record_monitor, tiny_model):
     with record_monitor("tts16") as cap:
         proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", "doctor", "--model", str(tiny_model)],

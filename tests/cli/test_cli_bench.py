@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from tests.cli_helpers import voicectl
+import pytest
+
+from tests.cli_helpers import one_line_error, voicectl
 
 REQUIRED = ("device", "ttfa_ms_p50_1", "ttfa_ms_p95_32", "max_realtime_streams", "export_xrt", "ours_rtf_1",
             "reference_rtf_1", "reference_ttfa_ms_1")
@@ -60,3 +62,47 @@ def test_startup_bench_times_a_fresh_inprocess_say(tmp_path) -> None:
 def test_startup_options_need_startup() -> None:
     proc = voicectl("bench", "--repeats", "2", text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "voicectl: --repeats: only with --startup"
+
+
+def test_read_gives_each_weights_rtf_and_its_ratio_to_the_first(tmp_path) -> None:
+    """Fresh `voicectl say` processes of the tiny checkpoint, int8 then fp32, writing WAVs (--no-sound)."""
+    out = tmp_path / "read.json"
+    text = tmp_path / "text.txt"
+    text.write_text("A first sentence to read. And a second one after it.")
+    proc = voicectl("bench", "--read", "--synthetic", "tiny", "--no-sound", "--weights", "int8,none", "--text",
+                    str(text), "--json", str(out), text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    runs = {run["weights"]: run for run in result["runs"]}
+    assert list(runs) == ["int8", "none"] and not result["errors"] and result["text_chars"] == len(text.read_text())
+    for run in runs.values():
+        assert run["rtf"] > 0 and run["audio_s"] > 1 and run["ttfa_s"] > 0 and run["process_s"] > run["ttfa_s"]
+        assert run["underruns"] is None and run["first_sound_s"] is None  # nothing was played
+    assert any("int8 weights" in n for n in runs["int8"]["notices"])
+    assert not any("int8 weights" in n for n in runs["none"]["notices"])
+    assert result["rtf_over_first"] == {"int8": 1.0, "none": round(runs["none"]["rtf"] / runs["int8"]["rtf"], 3)}
+    assert proc.stdout.splitlines()[2].split()[:2] == ["int8", f"{runs['int8']['rtf']:.3f}"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--weights", "int3"], "--weights: expected distinct values"),
+    (["--weights", "int8,int8"], "--weights: expected distinct values"),
+    (["--text", "{tmp}/none.txt"], "No such file"),
+    (["--text", "{tmp}/binary.txt"], "binary file"),
+    (["--text", "{tmp}/latin1.txt"], "not UTF-8 text"),
+    (["--text", "{tmp}/dots.txt"], "no speakable words"),
+    (["--startup"], "exclude each other"),
+])
+def test_read_refuses_bad_input_before_any_model_loads(args, words, tmp_path) -> None:
+    (tmp_path / "binary.txt").write_bytes(b"Hello\x00there.")
+    (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
+    (tmp_path / "dots.txt").write_text("... !!! ???")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    proc = voicectl("bench", "--read", "--model", str(tmp_path / "no-model"), *args, text=True)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and words in line, line
+
+
+def test_read_flags_need_read(tmp_path) -> None:
+    proc = voicectl("bench", "--no-sound", "--model", str(tmp_path), text=True)
+    assert proc.returncode == 2 and "--no-sound: only with --read" in one_line_error(proc)
