@@ -223,6 +223,8 @@ def run_read(args: argparse.Namespace) -> int:
     from voiceapp.startup_cases import describe_device
 
     weights, text = read_options(args)
+    if not args.no_sound:
+        check_speakers()
     started = datetime.datetime.now().astimezone()
     with checkpoint_for(args, _log) as (model, checkpoint):
         device, _ = describe_device(STARTUP_TIMEOUT_S)
@@ -237,6 +239,18 @@ def run_read(args: argparse.Namespace) -> int:
     if result["errors"]:
         raise GenerationError(f"{len(result['errors'])} of {len(runs)} readings failed: {'; '.join(result['errors'])}")
     return 0
+
+
+def check_speakers() -> None:
+    """Fail before any model loads when there is no output device to read through (suggesting --no-sound)."""
+    from engine.backends.sounddevice_sink import FILE_HINT, import_sounddevice, pick_device_rate
+    from engine.errors import AudioDeviceError
+
+    try:
+        pick_device_rate(import_sounddevice(), None, 16000)
+    except AudioDeviceError as err:
+        reason = str(err).removesuffix(f"; {FILE_HINT}")
+        raise AudioDeviceError(f"{reason}; --no-sound reads into WAV files instead") from None
 
 
 def read_options(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:

@@ -101,7 +101,7 @@ def parse_run(weights: str, returncode: int, stdout: str, stderr: str, process_s
     """A ReadRun from a finished `say --json` process."""
     lines = stdout.strip().splitlines()
     if returncode != 0 or not lines:
-        errors = [line for line in stderr.strip().splitlines() if line.strip()]
+        errors = [line.removeprefix("voicectl: ") for line in stderr.strip().splitlines() if line.strip()]
         return ReadRun(weights, process_s=process_s, error=errors[-1] if errors else f"exit status {returncode}")
     said = json.loads(lines[-1])
     return ReadRun(weights, rtf=said["rtf"], audio_s=said["audio_s"], ttfa_s=_seconds(said["ttfa_ms"]),

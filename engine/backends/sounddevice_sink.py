@@ -21,7 +21,8 @@ from engine.errors import AudioDeviceError
 from engine.player_gate import may_play, rebuffers_after
 from engine.ringbuffer import RingBuffer
 
-_FILE_HINT = "use --out FILE.wav to write a file instead"
+FILE_HINT = "use --out FILE.wav to write a file instead"
+"""How an AudioDeviceError ends: what a front end can do without speakers (one that cannot write files swaps it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class OutputDevice:
 
 def _device_error(what: str, err: BaseException | None = None) -> AudioDeviceError:
     detail = f": {str(err).strip().splitlines()[0]}" if err is not None and str(err).strip() else ""
-    return AudioDeviceError(f"{what}{detail}; {_FILE_HINT}")
+    return AudioDeviceError(f"{what}{detail}; {FILE_HINT}")
 
 
 def import_sounddevice() -> Any:
@@ -206,10 +207,10 @@ class Player:
 
     def _check_alive(self) -> None:
         if self._closed:
-            raise AudioDeviceError(f"the audio player is closed; {_FILE_HINT}")
+            raise AudioDeviceError(f"the audio player is closed; {FILE_HINT}")
         if not self._stream.active:
             self._dead = True
-            raise AudioDeviceError(f"the audio output device stopped (disconnected?); {_FILE_HINT}")
+            raise AudioDeviceError(f"the audio output device stopped (disconnected?); {FILE_HINT}")
 
     async def _wait_progress(self, last: tuple[int, float]) -> tuple[int, float]:
         """Sleep one poll; raise AudioDeviceError when the stream died or made no progress for too long."""
@@ -223,7 +224,7 @@ class Player:
             self._dead = True
             raise AudioDeviceError(
                 f"the audio output device stopped playing (no callback for {self._stall_timeout_s:g} s); "
-                f"{_FILE_HINT}")
+                f"{FILE_HINT}")
         return last
 
     # -- utterances and onset -------------------------------------------------------------------------

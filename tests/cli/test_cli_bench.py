@@ -106,3 +106,10 @@ def test_read_refuses_bad_input_before_any_model_loads(args, words, tmp_path) ->
 def test_read_flags_need_read(tmp_path) -> None:
     proc = voicectl("bench", "--no-sound", "--model", str(tmp_path), text=True)
     assert proc.returncode == 2 and "--no-sound: only with --read" in one_line_error(proc)
+
+
+def test_read_without_speakers_says_to_use_no_sound_before_any_model_loads(tmp_path) -> None:
+    proc = voicectl("bench", "--read", "--model", str(tmp_path / "no-model"), text=True,
+                    env={"PULSE_SERVER": f"unix:{tmp_path}/no-such-socket"})
+    line = one_line_error(proc)
+    assert "audio output device" in line and line.endswith("--no-sound reads into WAV files instead"), line
