@@ -22,8 +22,9 @@ READ_TEXT = ("The morning train left the valley station a little after seven o'c
              "drift slowly by. At the third stop a tall man with a violin case took the empty seat here. He smiled, "
              "opened a small notebook, and began to hum a very old melody.")
 """The default reading: five sentences of 71-74 characters, about 53 s of speech (docs/cpu.md)."""
-MAX_TEXT_CHARS = 20_000
-"""--text's limit: about an hour's reading, within what one command line may carry."""
+MAX_TEXT_CHARS = 3_000
+"""--text's limit: about seven minutes of speech, so that the ring (RING_S_PER_CHAR, at most RING_S[1]) still holds
+all of it and the player never makes the engine wait."""
 RING_S_PER_CHAR = 0.2
 """Ring seconds per character of text: above the longest a sentence may speak (engine.text.sentence_token_cap: about
 0.16 s a character plus 1 s a sentence), so the player never makes the engine wait."""

@@ -91,12 +91,14 @@ def test_read_gives_each_weights_rtf_and_its_ratio_to_the_first(tmp_path) -> Non
     (["--text", "{tmp}/binary.txt"], "binary file"),
     (["--text", "{tmp}/latin1.txt"], "not UTF-8 text"),
     (["--text", "{tmp}/dots.txt"], "no speakable words"),
+    (["--text", "{tmp}/long.txt"], "3500 characters; at most 3000"),
     (["--startup"], "exclude each other"),
 ])
 def test_read_refuses_bad_input_before_any_model_loads(args, words, tmp_path) -> None:
     (tmp_path / "binary.txt").write_bytes(b"Hello\x00there.")
     (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
     (tmp_path / "dots.txt").write_text("... !!! ???")
+    (tmp_path / "long.txt").write_text("word " * 700)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     proc = voicectl("bench", "--read", "--model", str(tmp_path / "no-model"), *args, text=True)
     line = one_line_error(proc)
