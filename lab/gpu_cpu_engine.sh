@@ -12,6 +12,8 @@
 #   PART=heads 16 cores split as cpu_pools does, with the LM head's pool spinning too, and a larger LLM share
 #   PART=spin  all cores: the int8 LLM's threads spinning or sleeping between kernels
 #   PART=split all cores: cropped vs whole-window decoding, and the int8 LLM's pool size against torch's
+#   PART=read  voicectl bench --read --no-sound (the minute's reading, fresh say processes) on all cores with int8,
+#              int4 and fp32 weights, then pinned to two cores (taskset -c 0,1) with int8 and int4
 # Results (JSON lines) land in $OUT/<part>.jsonl; the machine's facts in $OUT/env.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -30,6 +32,13 @@ figures() {  # figures LABEL PREFIX... -- ARGS: one lab.cpu_figures run, tagged
   echo "  at $(( $(date +%s) - T0 )) s"
 }
 case ${PART:-say} in
+read)
+  CUDA_VISIBLE_DEVICES= python3 -m voiceapp.cli bench --read --no-sound --model "$MODEL" --weights int8,int4,none \
+    --json "$OUT/read-all.json" 2>>"$OUT/err.log"
+  echo "  at $(( $(date +%s) - T0 )) s"
+  CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m voiceapp.cli bench --read --no-sound --model "$MODEL" \
+    --weights int8,int4 --json "$OUT/read-2.json" 2>>"$OUT/err.log"
+  echo "  at $(( $(date +%s) - T0 )) s" ;;
 say)
   python3 -m voiceapp.cli bench --startup --model "$MODEL" --cases import_torch,say_autostart --repeats 3 \
     --timeout 300 --warm-json docs/benchmarks/latest.json --json "$OUT/startup-say.json" 2>&1 | tail -15 ;;
