@@ -258,7 +258,7 @@ def read_options(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     from engine.config import QUANTIZE
     from engine.errors import InputError
     from voiceapp import read_bench
-    from voiceapp.common import require_speakable
+    from voiceapp.common import decode_text, read_input_bytes, require_speakable
 
     weights = tuple(w.strip() for w in args.weights.split(",") if w.strip())
     unknown = [w for w in weights if w not in ("auto", *QUANTIZE)]
@@ -268,16 +268,13 @@ def read_options(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
         raise InputError("--weights: the CPU engine's choice; vLLM runs its own weights")
     text = read_bench.READ_TEXT
     if args.text:
-        try:
-            text = Path(args.text).read_text(encoding="utf-8")
-        except OSError as err:
-            raise InputError(f"--text {args.text}: {err.strerror or err}") from None
-        except UnicodeDecodeError:
-            raise InputError(f"--text {args.text}: not UTF-8 text") from None
-        if "\0" in text:
-            raise InputError(f"--text {args.text}: a binary file (NUL characters), not text")
+        too_long = InputError(f"--text {args.text}: more than {read_bench.MAX_TEXT_CHARS} characters")
+        data = read_input_bytes(args.text, 4 * read_bench.MAX_TEXT_CHARS)  # UTF-8: at most 4 bytes a character
+        if data is None:
+            raise too_long
+        text = decode_text(data, f"--text {args.text}")
         if len(text) > read_bench.MAX_TEXT_CHARS:
-            raise InputError(f"--text {args.text}: {len(text)} characters; at most {read_bench.MAX_TEXT_CHARS}")
+            raise too_long
     require_speakable(text, f"--text {args.text}" if args.text else "the text")
     return weights, text.strip()
 

@@ -17,19 +17,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from voiceapp.cmd_say import BUFFER_S
+
 READ_TEXT = ("The morning train left the valley station a little after seven o'clock. Rain had fallen all night, and "
              "the fields beside the river were shining. Most of the passengers read quietly, or watched the hills "
              "drift slowly by. At the third stop a tall man with a violin case took the empty seat here. He smiled, "
              "opened a small notebook, and began to hum a very old melody.")
 """The default reading: five sentences of 71-74 characters, about 53 s of speech (docs/cpu.md)."""
-MAX_TEXT_CHARS = 3_000
-"""--text's limit: about seven minutes of speech, so that the ring (RING_S_PER_CHAR, at most RING_S[1]) still holds
-all of it and the player never makes the engine wait."""
 RING_S_PER_CHAR = 0.2
 """Ring seconds per character of text: above the longest a sentence may speak (engine.text.sentence_token_cap: about
 0.16 s a character plus 1 s a sentence), so the player never makes the engine wait."""
-RING_S = (10.0, 600.0)
+RING_S = (10.0, BUFFER_S[1])
 """The ring's least and most seconds (the most is what `say --buffer` takes)."""
+MAX_TEXT_CHARS = int(RING_S[1] / RING_S_PER_CHAR)
+"""--text's limit: the most the largest ring holds, so that the player never makes the engine wait."""
 SEED = 1
 """Every run samples with this seed: the same text, the same weights, the same speech."""
 

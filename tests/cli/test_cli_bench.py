@@ -87,11 +87,11 @@ def test_read_gives_each_weights_rtf_and_its_ratio_to_the_first(tmp_path) -> Non
 @pytest.mark.parametrize("args, words", [
     (["--weights", "int3"], "--weights: expected distinct values"),
     (["--weights", "int8,int8"], "--weights: expected distinct values"),
-    (["--text", "{tmp}/none.txt"], "No such file"),
-    (["--text", "{tmp}/binary.txt"], "binary file"),
-    (["--text", "{tmp}/latin1.txt"], "not UTF-8 text"),
+    (["--text", "{tmp}/none.txt"], "no such file"),
+    (["--text", "{tmp}/binary.txt"], "looks like a binary file"),
+    (["--text", "{tmp}/latin1.txt"], "not valid UTF-8 text"),
     (["--text", "{tmp}/dots.txt"], "no speakable words"),
-    (["--text", "{tmp}/long.txt"], "3500 characters; at most 3000"),
+    (["--text", "{tmp}/long.txt"], "more than 3000 characters"),
     (["--startup"], "exclude each other"),
 ])
 def test_read_refuses_bad_input_before_any_model_loads(args, words, tmp_path) -> None:
