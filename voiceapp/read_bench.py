@@ -23,7 +23,7 @@ READ_TEXT = ("The morning train left the valley station a little after seven o'c
              "the fields beside the river were shining. Most of the passengers read quietly, or watched the hills "
              "drift slowly by. At the third stop a tall man with a violin case took the empty seat here. He smiled, "
              "opened a small notebook, and began to hum a very old melody.")
-"""The default reading: five sentences of 71-74 characters, about 53 s of speech (docs/cpu.md)."""
+"""The default reading: five sentences of a similar length, about a minute of speech (docs/cpu.md)."""
 RING_S_PER_CHAR = 0.2
 """Ring seconds per character of text: above the longest a sentence may speak (engine.text.sentence_token_cap: about
 0.16 s a character plus 1 s a sentence), so the player never makes the engine wait."""

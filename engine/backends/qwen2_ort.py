@@ -119,7 +119,7 @@ def block_for(k: int, most: int = BLOCK) -> int:
 INT4_SCALE_SEARCH = tuple(1 - 0.025 * i for i in range(21))
 """Scales tried for each 4-bit block, as fractions of the one that reaches its largest weight: with 15 levels, a
 block's largest weight is an outlier that leaves the others few levels, so clipping it often reconstructs the block
-better. Down to half: random weights never chose below 0.625, a trained model's outliers may (docs/cpu.md)."""
+better. Down to half, below what the synthetic checkpoints chose, as a trained model's outliers may (docs/cpu.md)."""
 
 
 def quantize_blocks_4bit(w: torch.Tensor, block: int) -> tuple[np.ndarray, np.ndarray]:
