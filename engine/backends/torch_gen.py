@@ -20,7 +20,7 @@ from engine.backends.qwen2_static import supported as static_supported
 from engine.config import QUANTIZE, SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
 from engine.events import EventSink, Notice, ignore_events
-from engine.prompt import Prompt
+from engine.prompt import Prompt, semantic_allowed_ids
 from engine.tokens import TokenIds
 
 if TYPE_CHECKING:
@@ -172,10 +172,10 @@ class TorchTokenGenerator:
         self._int8_threads, self._int8_spins = int8_threads, int8_spins
         self._source = (model_or_dir, dtype, static)
         self._loaded = False
+        self._heads: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
         if not lazy:
             self._load_once()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
-        self._heads: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
 
@@ -201,6 +201,8 @@ class TorchTokenGenerator:
             self.static = StaticQwen2(self.model, max_len, self.device, self.dtype, own_cache=False)
         self._vocab_size = (self.static.vocab_size if self.static is not None
                             else self.model.get_output_embeddings().weight.shape[0])
+        if self.static is not None:  # the restricted head every Spark request asks for, built before the first one
+            self._restricted_head(semantic_allowed_ids(self.token_ids))
         if self.device.type == "cpu" and owned:
             self.events(Notice(f"LLM on the CPU: {self.llm_path()}"))
             if self.quantize == "int4":
