@@ -3,9 +3,10 @@
 the warm server's client alike. A module of its own so that a client need not import the pipeline."""
 from __future__ import annotations
 
-from contextlib import aclosing
+import asyncio
+from contextlib import aclosing, suppress
 from time import perf_counter
-from typing import TYPE_CHECKING, AsyncIterable
+from typing import TYPE_CHECKING, AsyncIterable, AsyncIterator
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from engine.pacing import Pacer, RequestPace
 if TYPE_CHECKING:
     from engine.backends.base import AudioSink
     from engine.config import SynthesisRequest
+    from engine.types import AudioChunk
 
 
 class UtteranceFolds:
@@ -32,18 +34,26 @@ class UtteranceFolds:
     async def speak(self, req: SynthesisRequest, sink: AudioSink,
                     text_stream: AsyncIterable[str] | None = None) -> None:
         """Play through a sink (awaits its backpressure), then wait until the sink has played everything. Audio is
-        written as it comes or, where the engine is slower than real time, each sentence once enough of it is there
-        to play through without a gap (`pacer`)."""
+        written as it comes or, where the engine is slower than real time, each sentence from the moment it can
+        play through without a gap (`pacer`), whether or not a chunk comes then."""
         pace = self.pacer.request()
         held: list[np.ndarray] = []
         try:
             async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
-                async for chunk in chunks:
-                    held.append(chunk.samples)
-                    if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
-                        await self._release(held, sink, pace)
-                        if chunk.sentence_end and self.pacer.holds_sentences:
-                            sink.allow_pause()  # the next sentence may be held back a while: silence until then
+                ahead = _Ahead(chunks)
+                try:
+                    while (chunk := await ahead.next(pace.release_at())) is not _END:
+                        if chunk is None:  # the held sentence's moment came before its next chunk
+                            pace.release()
+                            await self._release(held, sink, pace)
+                            continue
+                        held.append(chunk.samples)
+                        if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
+                            await self._release(held, sink, pace)
+                            if chunk.sentence_end and self.pacer.holds_sentences:
+                                sink.allow_pause()  # the next sentence may be held back a while: silence until then
+                finally:
+                    await ahead.cancel()
             await self._release(held, sink, pace)
             await sink.drain()
         except BaseException:
@@ -60,3 +70,40 @@ class UtteranceFolds:
             await sink.write(samples)
             pace.blocked(perf_counter() - t)
         held.clear()
+
+
+_END = object()
+"""`_Ahead.next`'s answer once the stream has ended."""
+
+
+class _Ahead:
+    """A chunk stream read one chunk ahead, so that waiting for the next chunk can end at a deadline without losing
+    it: the pending read goes on and the next call picks it up."""
+
+    def __init__(self, chunks: AsyncIterator[AudioChunk]) -> None:
+        self._chunks = chunks
+        self._pending: asyncio.Task | None = None
+
+    async def next(self, deadline: float | None) -> AudioChunk | object | None:
+        """The next chunk, _END after the last, or None if `deadline` (perf_counter's clock) came first."""
+        if deadline is None and self._pending is None:
+            return await self._read()
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._read())
+        if deadline is not None:
+            done, _ = await asyncio.wait({self._pending}, timeout=max(0.0, deadline - perf_counter()))
+            if not done:
+                return None
+        pending, self._pending = self._pending, None
+        return await pending
+
+    async def _read(self) -> AudioChunk | object:
+        return await anext(self._chunks, _END)
+
+    async def cancel(self) -> None:
+        """Stop a read still pending (the stream is being closed)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._pending
+            self._pending = None

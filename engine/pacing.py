@@ -3,18 +3,21 @@ on a machine that makes it slower than real time. Pure (no clocks: the caller pa
 
 While audio comes faster than it plays, each chunk goes to the player as it arrives (the player's short pre-roll
 covers the jitter). Once the engine is measured slower than that, at speed s, a sentence that may last D seconds
-plays through without a gap if D·(1 - s) of it is buffered before it starts (what is made meanwhile keeps ahead of
-what plays), more where it comes in whole windows (`Pacer.windows_s`): each sentence is held until that much has
-come (with a margin), then streams; a sentence whose length is unknown is held until it is complete. The listener
-hears longer pauses between sentences instead of gaps inside them. The speed is the audio a sentence's chunks after
-its first carried over the time they took to come, not counting the time `speak` spent blocked on a full player
-(which would cap any engine at real time); it counts only once it rests on MIN_INTERVALS intervals between chunks,
-and it is the lower of that measured from the first chunk and that measured from the second, because a first chunk
-that comes late (a slow first decode, while the LLM went on) brings the next ones in a burst and makes the first
-interval, or any span that starts with it, look fast.
+plays through without a gap only if it starts late enough that what is still to come arrives before it is due.
+Windows arrive whole (`Pacer.windows_s`), so from its latest chunk the pacer predicts when each later window of the
+sentence arrives at speed s (with a margin) and starts the sentence at the first moment from which none of them
+comes late (`RequestPace.release_at`): a moment the caller keeps by its clock, not only when a chunk comes. A
+sentence whose length is unknown is held until it is complete. The listener hears longer pauses between sentences
+instead of gaps inside them. The speed is the audio a sentence's chunks after its first carried over the time they
+took to come, not counting the time `speak` spent blocked on a full player (which would cap any engine at real
+time); it counts only once it rests on MIN_INTERVALS intervals between chunks, and it is the lower of that measured
+from the first chunk and that measured from the second, because a first chunk that comes late (a slow first
+decode, while the LLM went on) brings the next ones in a burst and makes the first interval, or any span that starts
+with it, look fast.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 REALTIME_MARGIN = 1.15
@@ -42,49 +45,44 @@ class Pacer:
     compute on the CPU, where the first sentence could otherwise start playing and then stall. Engines without it
     (CUDA) stream from the first chunk and are paced only once measured slow."""
     slow: bool = False
-    """Measured slower than REALTIME_MARGIN: each sentence waits for its pre-roll (`preroll_s`) from now on."""
+    """Measured slower than REALTIME_MARGIN: each sentence waits until it can play through (`start_after`)."""
     speed: float | None = None
     """The last measured speed: seconds of audio made per second of the engine's time."""
     announced: bool = False
     """The listener has been told (once) that sentences wait before they play."""
     windows_s: tuple[float, ...] = ()
     """Audio of each window a sentence comes in, in order, the last repeating (the decode schedule's): a window
-    arrives whole, once all of it is made, so a sentence must hold more than a steady flow would need
-    (`preroll_s`). Empty: audio counted as a steady flow."""
+    arrives whole, once all of it is made, so a sentence must wait longer than a steady flow would need
+    (`start_after`). Empty: audio counted as a steady flow."""
 
     def request(self) -> "RequestPace":
         """The pacing of one `speak` call."""
         return RequestPace(self)
 
-    def preroll_s(self, planned_s: float | None) -> float:
-        """Audio of a sentence to hold before it plays, at the measured speed s (divided by the margin) and D the
-        sentence's planned length: all of it when D is unknown; else, windows_s being w_k starting a_k into the
-        sentence, the largest a_k + w_k - s·a_k. Window k comes (a_k + w_k)/s after the sentence began and must be
-        there once a_k has played since the hold was reached; for a steady flow that is D·(1 - s)."""
+    def start_after(self, planned_s: float | None, made_s: float, chunks: int) -> float:
+        """Seconds after a sentence's latest chunk (its `chunks`-th, which brought it to `made_s` of audio) from which
+        it plays to its end without a gap: at the measured speed s (over the margin), each window still to come, from
+        a to b into the sentence (windows_s, cut at the planned length D), arrives (b - made_s)/s after that chunk and
+        must be there once a has played. Negative: it could have started already; inf: its length or the speed is
+        unknown; -inf where nothing is held (an engine not measured slow with no windows or length to plan with)."""
+        if not self.slow and (planned_s is None or self.speed is None or not self.windows_s):
+            return -math.inf
         if planned_s is None or self.speed is None:
-            return float("inf")
+            return math.inf
         speed = self.speed / REALTIME_MARGIN
-        if not self.windows_s:
-            return planned_s * max(0.0, 1.0 - speed)
-        hold, made, k = 0.0, min(planned_s, self.windows_s[0]), 1  # the first window: held until it comes anyway
-        while made < planned_s:
-            end = min(planned_s, made + self.windows_s[min(k, len(self.windows_s) - 1)])
-            hold, made, k = max(hold, end - speed * made), end, k + 1
-        return hold
+        if not self.windows_s:  # a steady flow: the instant that comes latest is the end, or the next one
+            return max((planned_s - made_s) / speed - planned_s, -made_s)
+        wait, start, k = -math.inf, made_s, chunks
+        while start < planned_s:
+            end = min(planned_s, start + self.windows_s[min(k, len(self.windows_s) - 1)])
+            wait, start, k = max(wait, (end - made_s) / speed - start), end, k + 1
+        return wait
 
     @property
     def holds_sentences(self) -> bool:
         """Whether a sentence may be held back before it plays: once slow, and on an engine that plans holds for
         its windows (one that may lag, with windows_s), so the player takes the gap between sentences for a pause."""
         return self.slow or (self.probe_first and bool(self.windows_s))
-
-    def hold_s(self, planned_s: float | None) -> float:
-        """Audio of a sentence to hold before it plays: the pre-roll once the engine is slow; for an engine fast
-        enough to stream, what its windows need (`preroll_s`, nothing once it is a few times real time) where
-        the sentence's length is known, and nothing before its speed is."""
-        if not self.slow and (planned_s is None or self.speed is None or not self.windows_s):
-            return 0.0
-        return self.preroll_s(planned_s)
 
     def notice(self) -> str | None:
         """What to tell the listener, once, when the engine turned out slower than real time."""
@@ -121,19 +119,39 @@ class RequestPace:
         """A chunk of `seconds` of audio came at `now` from a sentence that may last `planned_s`: whether to hold it
         (and those held before it) back. A chunk that is not held releases every held one before it; once part of
         a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
-        pacer, s = self.pacer, self._sentence
-        s.note(seconds, now)
-        measured = s.measured(sentence_end)
-        if measured:
-            pacer.judge(s.speed())
+        s = self._sentence
+        s.note(seconds, now, planned_s)
+        if s.measured(sentence_end):
+            self.pacer.judge(s.speed())
             self._probing = False
         if sentence_end:
             self._sentence = _Sentence()
             return False
-        if s.released:
-            return False
-        s.released = not ((self._probing and not measured) or s.audio_s < pacer.hold_s(planned_s))
+        if not s.released:
+            s.released = self._start_at() <= now
         return not s.released
+
+    def release_at(self) -> float | None:
+        """When the held part of the sentence being made may start playing without waiting for its next chunk
+        (`release` then), as `arrived` would have let it go had a chunk come then; None while nothing is held, or
+        until another chunk (its speed or length is not known yet)."""
+        s = self._sentence
+        if s.chunks == 0 or s.released:
+            return None
+        at = self._start_at()
+        return at if math.isfinite(at) else None
+
+    def release(self) -> None:
+        """The held part of the sentence went to the player (at `release_at`): the rest follows as it comes."""
+        self._sentence.released = True
+
+    def _start_at(self) -> float:
+        """When the sentence being made may start playing: after its latest chunk by the Pacer's `start_after`, never
+        while the request still waits for a speed (inf)."""
+        s = self._sentence
+        if self._probing:
+            return math.inf
+        return s.last_at + self.pacer.start_after(s.planned_s, s.audio_s, s.chunks)
 
 
 @dataclass
@@ -156,8 +174,10 @@ class _Sentence:
     """`blocked_s` as its second chunk came."""
     released: bool = False
     """Some of it went to the player."""
+    planned_s: float | None = None
+    """The most audio it may make, where known."""
 
-    def note(self, seconds: float, now: float) -> None:
+    def note(self, seconds: float, now: float, planned_s: float | None) -> None:
         if self.chunks == 0:
             self.first_at = now
             self.blocked_s = 0.0  # waits while the sentence before it was written are not its own
@@ -169,6 +189,7 @@ class _Sentence:
             self.later_s += seconds
         self.audio_s += seconds
         self.last_at = now
+        self.planned_s = planned_s
         self.chunks += 1
 
     def measured(self, sentence_end: bool) -> bool:

@@ -3,13 +3,17 @@ the listener told once, the sentence starting before it is complete, also when i
 pacing, the same engine underruns."""
 import time
 
+import numpy as np
+
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.events import Notice, SentenceFinished
+from engine.events import ChunkDecoded, Notice, SentenceFinished
+from engine.factory import windows_s
 from engine.fakes import ScriptedGenerator, ToneDecoder
 from engine.pacing import Pacer, RequestPace
 from engine.pipeline import Synthesizer
 from engine.tokens import TokenIds
 from engine.voices import MemoryGlobalsCache, VoiceBank
+from engine.windowing import WindowSchedule
 from tests.tui.memory_sink import MemorySink
 
 SPEED = 0.8
@@ -92,3 +96,50 @@ async def test_the_same_engine_unpaced_underruns():
     sink, events = await speak(Unpaced())
     assert sink.underruns > 0
     assert not [e for e in events if isinstance(e, Notice)]
+
+
+SHORT_TEXT = "Slow words come here, one by one."
+"""A sentence whose cap (266 codes, 5.3 s) the fake reaches: its start falls between two windows."""
+
+
+class WriteLog:
+    """A sink that records when each piece of audio was written (perf_counter) and plays nothing."""
+
+    sample_rate = 16000
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, int]] = []
+
+    async def write(self, samples: np.ndarray) -> None:
+        self.writes.append((time.perf_counter(), len(samples)))
+
+    async def drain(self) -> None:
+        pass
+
+    def allow_pause(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+async def test_a_held_sentence_starts_on_the_clock_between_its_windows():
+    """Windows that come whole (the default schedule's): the sentence goes to the player at the moment from which it
+    plays through, between two chunks rather than at the next one, and each later chunk comes before it is due."""
+    events: list = []
+    decoder = ToneDecoder()
+    synth = slow_synth(Pacer(probe_first=True, windows_s=windows_s(WindowSchedule(), decoder)), events, decoder)
+    sink = WriteLog()
+    try:
+        await synth.speak(SynthesisRequest(SHORT_TEXT, options=SamplingOptions(seed=1)), sink)
+    finally:
+        await synth.close()
+    decoded = [e for e in events if isinstance(e, ChunkDecoded)]
+    chunks = [e.t for e in decoded]
+    start = sink.writes[0][0]
+    assert min(abs(start - t) for t in chunks) > 0.05 and start < chunks[-1]
+    played = 0
+    for at, samples in sink.writes:
+        assert at <= start + played / sink.sample_rate
+        played += samples
+    assert played == sum(e.samples for e in decoded) > 4 * sink.sample_rate

@@ -1,6 +1,8 @@
 """Pacer: stream while speech comes faster than it plays; once slower, whole sentences (pauses between sentences,
 none inside); the time spent blocked on a full player is not the engine's; a CPU engine's first sentence waits
 for its speed, which a late first chunk cannot make look fast."""
+import math
+
 import pytest
 
 from engine.pacing import MIN_EVIDENCE_S, MIN_INTERVALS, REALTIME_MARGIN, Pacer
@@ -64,17 +66,33 @@ def test_pacing_ends_when_the_machine_gets_fast_again():
 
 def gapless(pacer, count, speed, planned_s, chunk_s=0.24, chunks=None):
     """One sentence of `count` chunks made at `speed` (or of `chunks`' durations), after the pacer has measured that
-    speed: whether playing from its release on keeps ahead of what plays (the audio made by each moment covers the
-    audio played)."""
-    chunks = chunks or [chunk_s] * count
-    pace, t, made, release = pacer.request(), 0.0, [], None
-    for i, seconds in enumerate(chunks):
+    speed: whether playing from its release on (at a chunk, or on the clock at `release_at` between chunks) keeps
+    ahead of what plays (each chunk there before the audio before it has played out), and the release time."""
+    return played_through(pacer, arrivals_at(chunks or [chunk_s] * count, speed), planned_s)
+
+
+def arrivals_at(chunks, speed):
+    """(seconds, time) of chunks made one after another at `speed`."""
+    t, out = 0.0, []
+    for seconds in chunks:
         t += seconds / speed
-        made.append((t, seconds))
-        if not pace.arrived(seconds, i == len(chunks) - 1, t, planned_s) and release is None:
-            release = t
-    start, have = release, 0.0
-    for at, seconds in made:  # each chunk must be there before the audio before it has played out
+        out.append((seconds, t))
+    return out
+
+
+def played_through(pacer, chunks, planned_s, early_s=0.0):
+    """`chunks` ((seconds, time)) of one sentence through a new request of `pacer`: whether playing from `early_s`
+    before its release keeps ahead of what plays, and the release time."""
+    pace, release = pacer.request(), None
+    for i, (seconds, at) in enumerate(chunks):
+        due = pace.release_at()
+        if release is None and due is not None and due < at:
+            release = due
+            pace.release()
+        if not pace.arrived(seconds, i == len(chunks) - 1, at, planned_s) and release is None:
+            release = at
+    start, have = release - early_s, 0.0
+    for seconds, at in chunks:
         if at > start + have + 1e-9:
             return False, release
         have += seconds
@@ -89,7 +107,8 @@ def test_a_slow_engine_pre_rolls_what_its_speed_needs_and_plays_without_a_gap():
     assert ok
     whole = count * 0.24 / 0.8
     assert release < whole / 2  # it started long before the sentence was complete
-    assert pacer.preroll_s(count * 0.24) == pytest.approx(count * 0.24 * (1 - pacer.speed / REALTIME_MARGIN))
+    planned, slower = count * 0.24, pacer.speed / REALTIME_MARGIN  # a steady flow: the end comes latest
+    assert pacer.start_after(planned, 0.24, 1) == pytest.approx((planned - 0.24) / slower - planned)
 
 
 def test_less_pre_roll_would_open_a_gap():
@@ -102,10 +121,10 @@ def test_less_pre_roll_would_open_a_gap():
 def test_an_unknown_length_is_held_whole_and_a_fast_engine_never_pre_rolls():
     slow = Pacer()
     feed(slow, [4], speed=0.8)
-    assert slow.preroll_s(None) == float("inf")
+    assert slow.start_after(None, 0.24, 1) == math.inf
     fast = Pacer()
     feed(fast, [4], speed=3.0)
-    assert fast.preroll_s(10.0) == 0.0
+    assert fast.start_after(10.0, 0.24, 1) == -math.inf
 
 
 def test_concurrent_requests_on_one_engine_keep_their_own_sentences():
@@ -151,7 +170,7 @@ def test_a_fast_engine_is_judged_fast_at_its_third_chunk_and_a_cuda_one_never_wa
     pace = probed.request()
     holds = [pace.arrived(seconds, False, at, planned_s=5.0) for seconds, at in arrivals(3.0)]
     assert holds == [True, True, False, False, False] and not probed.slow and probed.speed == pytest.approx(3.0)
-    assert probed.preroll_s(5.0) == 0.0
+    assert probed.start_after(5.0, 0.8, 3) == -math.inf
     cuda = Pacer()  # probe_first off: plays from its first chunk
     pace = cuda.request()
     assert not any(pace.arrived(seconds, False, at / 50, planned_s=5.0) for seconds, at in arrivals(3.0))
@@ -213,8 +232,8 @@ def test_a_steady_flow_pre_roll_underruns_on_the_last_large_window():
 
 
 def test_an_engine_many_times_real_time_plays_its_first_window_at_once():
-    assert measured(40.0).hold_s(5.64) == 0.0
-    assert measured(1.6).hold_s(None) == 0.0  # length unknown and fast enough: nothing to plan with
+    assert measured(40.0).start_after(5.64, 0.08, 1) < 0
+    assert measured(1.6).start_after(None, 0.08, 1) == -math.inf  # length unknown, fast enough: nothing to plan with
 
 
 def test_sentence_ends_are_pauses_where_a_next_sentence_may_be_held():
@@ -223,3 +242,38 @@ def test_sentence_ends_are_pauses_where_a_next_sentence_may_be_held():
     assert not gpu.holds_sentences
     gpu.judge(0.5)
     assert gpu.holds_sentences  # measured slow
+
+
+@pytest.mark.parametrize("speed", [0.85, 1.1])
+def test_a_held_sentence_starts_on_the_clock_between_chunks(speed):
+    """Windows made at the measured speed: the sentence starts between two of its chunks, not at the next one, and
+    plays through."""
+    chunks = arrivals_at(windows_of(5.5), speed)
+    ok, release = played_through(measured(speed), chunks, planned_s=5.5)
+    assert ok and all(abs(release - at) > 0.01 for _, at in chunks)
+    pace = measured(speed).request()
+    assert pace.release_at() is None  # nothing held yet
+    pace.arrived(chunks[0][0], False, chunks[0][1], 5.5)
+    assert pace.release_at() is not None
+    pace.release()
+    assert pace.release_at() is None and not pace.arrived(chunks[1][0], False, chunks[1][1], 5.5)
+
+
+@pytest.mark.parametrize("speed", [0.6, 0.85, 1.1])
+@pytest.mark.parametrize("made", [1, 3, 4])
+def test_the_start_is_the_last_moment_from_which_no_window_comes_late(speed, made):
+    """From a sentence's `made`-th chunk on, windows that come exactly as predicted (the measured speed over the
+    margin) are each there in time when it starts at `start_after`, and one of them is late if it starts a tenth
+    of a second sooner."""
+    pacer, windows = measured(speed), windows_of(5.5)
+    made_s, slower = sum(windows[:made]), speed / REALTIME_MARGIN
+    start = pacer.start_after(5.5, made_s, made)
+    ends = [sum(windows[:k + 1]) for k in range(made, len(windows))]
+    slack = [start + (end - w) - (end - made_s) / slower for end, w in zip(ends, windows[made:])]
+    assert min(slack) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_probed_sentence_has_no_start_time_before_its_speed():
+    pace = Pacer(probe_first=True, windows_s=WINDOWS_S).request()
+    for seconds, at in arrivals(0.8)[:2]:
+        assert pace.arrived(seconds, False, at, planned_s=5.0) and pace.release_at() is None
