@@ -123,7 +123,7 @@ class RequestPace:
         s.note(seconds, now, planned_s)
         if s.measured(sentence_end):
             self.pacer.judge(s.speed())
-            self._probing = False
+            self._probing, s.judged = False, True
         if sentence_end:
             self._sentence = _Sentence()
             return False
@@ -134,9 +134,11 @@ class RequestPace:
     def release_at(self) -> float | None:
         """When the held part of the sentence being made may start playing without waiting for its next chunk
         (`release` then), as `arrived` would have let it go had a chunk come then; None while nothing is held, or
-        until another chunk (its speed or length is not known yet)."""
+        until another chunk: its length or speed is not known yet, or the speed is not yet the sentence's own (its
+        first windows, small, come slower than the speed of a whole sentence before it; so until its own is measured,
+        it starts only as a chunk comes, as the arrivals then show)."""
         s = self._sentence
-        if s.chunks == 0 or s.released:
+        if s.chunks == 0 or s.released or not s.judged:
             return None
         at = self._start_at()
         return at if math.isfinite(at) else None
@@ -176,6 +178,8 @@ class _Sentence:
     """Some of it went to the player."""
     planned_s: float | None = None
     """The most audio it may make, where known."""
+    judged: bool = False
+    """Its own chunks have given a speed (`measured`)."""
 
     def note(self, seconds: float, now: float, planned_s: float | None) -> None:
         if self.chunks == 0:

@@ -253,10 +253,12 @@ def test_a_held_sentence_starts_on_the_clock_between_chunks(speed):
     assert ok and all(abs(release - at) > 0.01 for _, at in chunks)
     pace = measured(speed).request()
     assert pace.release_at() is None  # nothing held yet
-    pace.arrived(chunks[0][0], False, chunks[0][1], 5.5)
-    assert pace.release_at() is not None
+    for seconds, at in chunks[:2]:  # held, but its own speed is not known yet: it starts only as a chunk comes
+        assert pace.arrived(seconds, False, at, 5.5) and pace.release_at() is None
+    assert pace.arrived(chunks[2][0], False, chunks[2][1], 5.5)
+    assert pace.release_at() > chunks[2][1]  # measured now: it has a moment of its own
     pace.release()
-    assert pace.release_at() is None and not pace.arrived(chunks[1][0], False, chunks[1][1], 5.5)
+    assert pace.release_at() is None and not pace.arrived(chunks[3][0], False, chunks[3][1], 5.5)
 
 
 @pytest.mark.parametrize("speed", [0.6, 0.85, 1.1])
@@ -277,3 +279,19 @@ def test_a_probed_sentence_has_no_start_time_before_its_speed():
     pace = Pacer(probe_first=True, windows_s=WINDOWS_S).request()
     for seconds, at in arrivals(0.8)[:2]:
         assert pace.arrived(seconds, False, at, planned_s=5.0) and pace.release_at() is None
+
+
+FINER_S = (0.08, 0.24, 0.36, 0.54, 0.8, 1.2, 1.28)
+"""The finer schedule's windows (WindowSchedule.finer: an engine whose decoder has cores of its own)."""
+MEASURED_SENTENCE = [(0.08, 0.0), (0.24, 0.126), (0.36, 0.289), (0.54, 0.563), (0.8, 0.937), (1.2, 1.467),
+                     (1.28, 2.027), (1.28, 2.55), (1.28, 3.198), (1.28, 3.763), (1.28, 4.358), (0.98, 4.707)]
+"""(seconds, time since its first chunk) of a read's second sentence on a 16-core CPU engine that made the sentence
+before at 2.2x real time (lab.chunk_trace on a lent machine's Xeon, int8): its small first windows came slower."""
+
+
+def test_a_sentence_is_not_started_on_the_clock_by_the_speed_of_the_one_before():
+    pacer = Pacer(windows_s=FINER_S)  # as in a request whose first sentence was measured already
+    pacer.judge(2.23)
+    chunks = [(seconds, 5.0 + at) for seconds, at in MEASURED_SENTENCE]
+    ok, release = played_through(pacer, chunks, planned_s=10.6)
+    assert ok and release in [at for _, at in chunks]  # it started as a chunk came, without a gap
