@@ -140,29 +140,10 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
                         decode_batch=_decode_batch(config), model_info=info,
                         pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder)))
     _warm_up_if_asked(synth, config, events)
-    _prime_cpu_decoder(synth, config)
     if config.freeze_heap:
         with phase("freeze_heap", events):
             _freeze_heap()
     return synth
-
-
-PRIME_CODES = 2
-"""Codes of the window a CPU decoder decodes unasked as the engine is handed over. A process's first decode pays a
-one-time set-up of about a hundred milliseconds whatever the window's length (docs/cpu.md), which would delay the
-first audio; a window this short pays it while the first request's LLM prefills and makes the first window's codes."""
-
-
-def _prime_cpu_decoder(synth: Synthesizer, config: EngineConfig) -> None:
-    """Start a PRIME_CODES decode on the decode thread, not waiting for it, where the CPU decoder has cores of its own
-    (`cpu_pools`): on cores it shares with the LLM it delayed the first token by as much as it saved (docs/cpu.md).
-    Not in a deterministic engine, which renders whole sentences and pays it once in its first."""
-    from engine.backends.bicodec import BiCodecDecoder
-
-    decoder = synth.decoder
-    if (isinstance(decoder, BiCodecDecoder) and decoder.device.type == "cpu" and not config.deterministic
-            and cpu_pools(config, usable_cores()).llm_spins):
-        synth.on_decode_thread(lambda: decoder.warmup([PRIME_CODES], [1]))
 
 
 def _may_lag(config: EngineConfig, decoder) -> bool:
