@@ -14,9 +14,10 @@
 #   PART=split all cores: cropped vs whole-window decoding, and the int8 LLM's pool size against torch's
 #   PART=read  voicectl bench --read --no-sound (the minute's reading, fresh say processes) on all cores with int8,
 #              int4 and fp32 weights, then pinned to two cores (taskset -c 0,1) with int8 and int4
-#   PART=ttfa  fresh `say --no-server --out` processes on all cores, alternating this tree with one where the LLM's
-#              head is built on the first request (.devcarry/head.patch reversed: carry it), then chunk traces
-#              (lab.chunk_trace) of the same texts with int8 and int4 weights, for replaying the pacer here
+#   PART=ttfa  fresh `say --no-server --out` processes on all cores, alternating this tree with one where $PATCH
+#              (default .devcarry/head.patch: the LLM's head built at load; carry it) is reversed, then, with
+#              TRACES=1 (the default), chunk traces (lab.chunk_trace) of the same texts with int8 and int4 weights,
+#              for replaying the pacer here
 # Results (JSON lines) land in $OUT/<part>.jsonl; the machine's facts in $OUT/env.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -44,10 +45,10 @@ read)
   echo "  at $(( $(date +%s) - T0 )) s" ;;
 ttfa)
   rm -rf /tmp/before && mkdir /tmp/before && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
-    && (cd /tmp/before && patch -p1 -R -s < .devcarry/head.patch) || exit 5
+    && (cd /tmp/before && patch -p1 -R -s < "${PATCH:-.devcarry/head.patch}") || exit 5
   SHORT="The quick brown fox jumps over the lazy dog."
   LONG=$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
-  for R in 1 2 3 4; do
+  for R in $(seq "${ROUNDS:-4}"); do
     for tree in "$PWD" /tmp/before; do
       for text in "$SHORT" "$LONG"; do
         line=$(cd "$tree" && CUDA_VISIBLE_DEVICES= PYTHONPATH=/tmp/site:$tree python3 -m voiceapp.cli say --no-server \
@@ -57,7 +58,7 @@ ttfa)
     done
   done
   echo "  at $(( $(date +%s) - T0 )) s"
-  for q in int8 int4; do
+  [ "${TRACES:-1}" = 1 ] && for q in int8 int4; do
     CUDA_VISIBLE_DEVICES= python3 -m lab.chunk_trace --model "$MODEL" --quantize $q "$SHORT" \
       "$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
       2>>"$OUT/err.log"
