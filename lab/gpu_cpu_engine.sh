@@ -44,7 +44,8 @@ read)
     --weights int8,int4 --json "$OUT/read-2.json" 2>>"$OUT/err.log"
   echo "  at $(( $(date +%s) - T0 )) s" ;;
 ttfa)
-  rm -rf /tmp/before && mkdir /tmp/before && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
+  rm -rf /tmp/before && mkdir /tmp/before \
+    && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
     && (cd /tmp/before && patch -p1 -R -s < "${PATCH:-.devcarry/head.patch}") || exit 5
   SHORT="The quick brown fox jumps over the lazy dog."
   LONG=$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
@@ -53,7 +54,8 @@ ttfa)
       for text in "$SHORT" "$LONG"; do
         line=$(cd "$tree" && CUDA_VISIBLE_DEVICES= PYTHONPATH=/tmp/site:$tree python3 -m voiceapp.cli say --no-server \
           --model "$MODEL" --seed 1 --json --out /tmp/ttfa.wav "$text" 2>>"$OUT/err.log" | tail -1)
-        echo "{\"tree\": \"$(basename "$tree")\", \"round\": $R, \"chars\": ${#text}, \"say\": $line}" | tee -a "$OUT/ttfa.jsonl"
+        echo "{\"tree\": \"$(basename "$tree")\", \"round\": $R, \"chars\": ${#text}, \"say\": $line}" \
+          | tee -a "$OUT/ttfa.jsonl"
       done
     done
   done

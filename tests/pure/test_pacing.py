@@ -263,7 +263,7 @@ def test_a_held_sentence_starts_on_the_clock_between_chunks(speed):
 
 @pytest.mark.parametrize("speed", [0.6, 0.85, 1.1])
 @pytest.mark.parametrize("made", [1, 3, 4])
-def test_the_start_is_the_last_moment_from_which_no_window_comes_late(speed, made):
+def test_the_start_is_the_earliest_from_which_no_window_comes_late(speed, made):
     """From a sentence's `made`-th chunk on, windows that come exactly as predicted (the measured speed over the
     margin) are each there in time when it starts at `start_after`, and one of them is late if it starts a tenth
     of a second sooner."""
