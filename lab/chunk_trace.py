@@ -1,6 +1,7 @@
 """Probe: when each chunk of a request arrives from the engine, and how the pacer would play it.
 
-    python -m lab.chunk_trace --model DIR [--quantize int8|int4|none] [--seed 1] TEXT... > trace.jsonl
+    python -m lab.chunk_trace --model DIR [--quantize int8|int4|none] [--seed 1] [--schedule FIRST,NEW,GROWTH,MAX]
+        TEXT... > trace.jsonl
     python -m lab.chunk_trace --replay trace.jsonl
 
 The first form runs each TEXT through one in-process engine (the CPU one where there is no GPU), one after another,
@@ -26,11 +27,14 @@ WINDOWS_S = (0.08, 0.24, 0.48, 0.96, 1.92)
 does not name its engine's."""
 
 
-def trace(model: str, quantize: str, seed: int, texts: list[str]) -> None:
+def trace(model: str, quantize: str, seed: int, texts: list[str], schedule: str | None = None) -> None:
     from engine.config import SamplingOptions, SynthesisRequest
     from engine.factory import EngineConfig, build_synthesizer
+    from engine.windowing import WindowSchedule
 
-    synth = build_synthesizer(EngineConfig(model=model, quantize=quantize))
+    knobs = dict(zip(("first_new", "new", "growth", "max_new"), map(float, schedule.split(",")))) if schedule else {}
+    windows = WindowSchedule(**{k: v if k == "growth" else int(v) for k, v in knobs.items()})
+    synth = build_synthesizer(EngineConfig(model=model, quantize=quantize, schedule=windows))
 
     async def one(text: str) -> list[tuple]:
         t0, rows = time.perf_counter(), []
@@ -40,7 +44,7 @@ def trace(model: str, quantize: str, seed: int, texts: list[str]) -> None:
         return rows
 
     for text in texts:
-        print(json.dumps({"text": text, "quantize": quantize, "windows_s": synth.pacer.windows_s,
+        print(json.dumps({"text": text, "quantize": quantize, "schedule": schedule, "windows_s": synth.pacer.windows_s,
                           "probe_first": synth.pacer.probe_first, "chunks": asyncio.run(one(text))}), flush=True)
 
 
@@ -78,7 +82,9 @@ def replay_file(path: str) -> None:
         pacer = Pacer(probe_first=record.get("probe_first", True),
                       windows_s=tuple(record.get("windows_s", WINDOWS_S)))
         pace = pacer.request()
-        print(f"{record.get('quantize', '?')}: {record['text'][:50]}")
+        made = sum(c[1] for c in record["chunks"] if not c[5])
+        print(f"{record.get('quantize', '?')} {record.get('schedule') or ''}: {record['text'][:50]} "
+              f"(RTF {record['chunks'][-1][0] / made:.3f})")
         for i, sentence in enumerate(sentences(record["chunks"])):
             start, slack = replay(sentence, pace)
             print(f"  sentence {i}: first chunk {sentence[0][0]:6.2f} s, starts {start:6.2f} s, "
@@ -91,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model")
     parser.add_argument("--quantize", default="auto")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--schedule", metavar="FIRST,NEW,GROWTH,MAX", help="the streaming windows (WindowSchedule)")
     parser.add_argument("--replay", metavar="TRACE")
     args = parser.parse_args(argv)
     if args.replay:
         replay_file(args.replay)
     elif args.model and args.texts:
-        trace(args.model, args.quantize, args.seed, args.texts)
+        trace(args.model, args.quantize, args.seed, args.texts, args.schedule)
     else:
         parser.error("give --model and TEXT, or --replay TRACE")
     return 0
