@@ -506,12 +506,12 @@ def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device
     from engine.voices import user_cache_dir
 
     quantize = _quantize(config, device)
-    int8_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize != "none" else None
+    quantized_dir = user_cache_dir() / "llm" / info.checkpoint_hash if quantize != "none" else None
     pools = cpu_pools(config, usable_cores()) if device.type == "cpu" else CpuPools(config.threads, None, False)
     with phase("llm", events):
         return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=pools.torch,
-                                   lazy=lazy, quantize=quantize, int8_dir=int8_dir, events=events,
-                                   int8_threads=pools.llm, int8_spins=pools.llm_spins)
+                                   lazy=lazy, quantize=quantize, quantized_dir=quantized_dir, events=events,
+                                   llm_threads=pools.llm, llm_spins=pools.llm_spins)
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,14 +143,14 @@ class TorchTokenGenerator:
 
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
-                 lazy: bool = False, quantize: str = "none", int8_dir: Path | None = None,
-                 events: EventSink = ignore_events, int8_threads: int | None = None,
-                 int8_spins: bool = False) -> None:
+                 lazy: bool = False, quantize: str = "none", quantized_dir: Path | None = None,
+                 events: EventSink = ignore_events, llm_threads: int | None = None,
+                 llm_spins: bool = False) -> None:
         """`lazy`: load the model on the first request, not now (a fallback most processes never use).
-        `quantize` "int8": a checkpoint on the CPU steps through ONNX Runtime with int8 weights
-        (engine.backends.qwen2_ort), converted once into `int8_dir` (one folder per checkpoint); `events` hears the
-        conversion's progress and which forward was picked; `int8_threads` sizes ONNX Runtime's pool (None: torch's
-        thread count) and `int8_spins` lets it spin between kernels (factory.cpu_pools)."""
+        `quantize` "int8" (or "int4"): a checkpoint on the CPU steps through ONNX Runtime with quantised weights
+        (engine.backends.qwen2_ort), converted once into `quantized_dir` (one folder per checkpoint); `events` hears
+        the conversion's progress and which forward was picked; `llm_threads` sizes ONNX Runtime's pool (None:
+        torch's thread count) and `llm_spins` lets it spin between kernels (factory.cpu_pools)."""
         if quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, not {quantize!r}")
         if threads is not None:
@@ -168,8 +168,8 @@ class TorchTokenGenerator:
         (docs/cpu.md). A checkpoint is read straight into it (transformers is never imported); a given model's
         layers are released as they are converted (one copy of the model in memory). With `quantize` int8, the
         same steps through qwen2_ort.OrtQwen2 (docs/cpu.md, "Int8 LLM on the CPU")."""
-        self.quantize, self._int8_dir, self.events = quantize, int8_dir, events
-        self._int8_threads, self._int8_spins = int8_threads, int8_spins
+        self.quantize, self._quantized_dir, self.events = quantize, quantized_dir, events
+        self._llm_threads, self._llm_spins = llm_threads, llm_spins
         self._source = (model_or_dir, dtype, static)
         self._loaded = False
         self._heads: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
@@ -216,12 +216,12 @@ class TorchTokenGenerator:
         from engine.backends import qwen2_ort
 
         q = self.quantize
-        if not isinstance(model_or_dir, (str, Path)) or self.device.type != "cpu" or self._int8_dir is None:
-            raise ValueError(f"quantize {q} needs a checkpoint directory, the CPU and an int8_dir")
+        if not isinstance(model_or_dir, (str, Path)) or self.device.type != "cpu" or self._quantized_dir is None:
+            raise ValueError(f"quantize {q} needs a checkpoint directory, the CPU and a quantized_dir")
         llm_dir = Path(model_or_dir)
         if not static_supported(read_config(llm_dir)):
             raise ModelFormatError(f"the LLM in {llm_dir} is not Spark's Qwen2: no {q} path (--quantize none)")
-        path = qwen2_ort.cached_path(self._int8_dir, q)
+        path = qwen2_ort.cached_path(self._quantized_dir, q)
         if not path.is_file():
             t0 = time.perf_counter()
             self.events(Notice(f"converting the LLM to {q} for the CPU (once for this checkpoint) into {path.parent}"))
@@ -232,8 +232,8 @@ class TorchTokenGenerator:
                 self.quantize = "none"
                 return None
             self.events(Notice(f"LLM converted to {q} in {time.perf_counter() - t0:.1f} s"))
-        return qwen2_ort.load(path, llm_dir, threads=self._int8_threads or torch.get_num_threads(),
-                              spin=self._int8_spins)
+        return qwen2_ort.load(path, llm_dir, threads=self._llm_threads or torch.get_num_threads(),
+                              spin=self._llm_spins)
 
     def llm_path(self) -> str:
         """How the LLM computes, in words (for notices and a deterministic export's platform)."""

@@ -114,7 +114,7 @@ async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> Non
     streams = []
     for _ in range(2):
         gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
-                                  int8_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
+                                  quantized_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
         # past the first cache (prompt + 256 positions), which then doubles
         opts = SamplingOptions(seed=1, max_tokens=300)
         streams.append([t async for delta in gen.stream(prompt, opts, "r") for t in delta])
@@ -168,7 +168,7 @@ def test_4bit_scales_are_searched_per_block_for_the_least_error() -> None:
 async def test_int4_converts_into_its_own_file(llm_dir, tmp_path) -> None:
     notices: list[str] = []
     gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int4",
-                              int8_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
+                              quantized_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
     prompt = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 9906, 11,
                      IDS.structural["end_content"], IDS.structural["start_semantic_token"]), None)
     ids = [t async for delta in gen.stream(prompt, SamplingOptions(seed=1, max_tokens=20), "r") for t in delta]
@@ -183,7 +183,7 @@ async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_
     (tmp_path / "file").write_text("not a folder")
     notices: list[str] = []
     gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
-                              int8_dir=tmp_path / "file" / "llm", events=lambda e: notices.append(e.message))
+                              quantized_dir=tmp_path / "file" / "llm", events=lambda e: notices.append(e.message))
     try:
         assert gen.quantize == "none" and isinstance(gen.static, StaticQwen2)
         assert any(n.startswith("cannot write the int8 LLM") for n in notices), notices

@@ -118,9 +118,10 @@ def test_the_llm_on_the_cpu_is_int8_unless_told_otherwise_and_never_on_a_gpu(gpu
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     gen, _ = _generator(EngineConfig(device="cpu", backend="torch"))
-    assert gen.kwargs["quantize"] == "int8" and gen.kwargs["int8_dir"] == tmp_path / "voiceapp/llm/0123456789abcdef"
+    assert gen.kwargs["quantize"] == "int8"
+    assert gen.kwargs["quantized_dir"] == tmp_path / "voiceapp/llm/0123456789abcdef"
     gen, _ = _generator(EngineConfig(device="cpu", backend="torch", quantize="none"))
-    assert gen.kwargs["quantize"] == "none" and gen.kwargs["int8_dir"] is None
+    assert gen.kwargs["quantize"] == "none" and gen.kwargs["quantized_dir"] is None
     gen, _ = _generator(EngineConfig(device="cuda", backend="torch", graph_lane=False))
     assert gen.kwargs["quantize"] == "none"
     with pytest.raises(InputError, match="--quantize int8 is the LLM's CPU path"):
