@@ -143,3 +143,35 @@ async def test_a_held_sentence_starts_on_the_clock_between_its_windows():
         assert at <= start + played / sink.sample_rate
         played += samples
     assert played == sum(e.samples for e in decoded) > 4 * sink.sample_rate
+
+
+async def test_stopping_while_a_sentence_waits_for_its_moment_ends_the_stream_and_frees_the_engine():
+    """Cancelling `speak` while a held sentence waits for its start (a read pending beside the clock) stops at once,
+    plays nothing more, closes the request's stream, and the engine serves the next request."""
+    import asyncio
+
+    from engine.events import RequestFinished
+
+    events: list = []
+    decoder = ToneDecoder()
+    synth = slow_synth(Pacer(probe_first=True, windows_s=windows_s(WindowSchedule(), decoder)), events, decoder)
+    sink = WriteLog()
+    try:
+        task = asyncio.create_task(synth.speak(SynthesisRequest(SHORT_TEXT, options=SamplingOptions(seed=1)), sink))
+        while sum(isinstance(e, ChunkDecoded) for e in events) < 4:  # measured and held: its moment is pending
+            await asyncio.sleep(0.01)
+        assert not sink.writes
+        task.cancel()
+        t = time.perf_counter()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert time.perf_counter() - t < 0.5 and not sink.writes
+        await asyncio.sleep(0.2)
+        finished = [e for e in events if isinstance(e, RequestFinished)]
+        assert len(finished) == 1 and finished[0].cancelled
+        audio = await synth.render(SynthesisRequest("Again.", options=SamplingOptions(seed=2, max_tokens=20)))
+        assert len(audio) > 0
+    finally:
+        await synth.close()
