@@ -123,7 +123,7 @@ class RequestPace:
         s.note(seconds, now, planned_s)
         if s.measured(sentence_end):
             self.pacer.judge(s.speed())
-            self._probing, s.judged = False, True
+            self._probing = False
         if sentence_end:
             self._sentence = _Sentence()
             return False
@@ -138,7 +138,7 @@ class RequestPace:
         first windows, small, come slower than the speed of a whole sentence before it; so until its own is measured,
         it starts only as a chunk comes, as the arrivals then show)."""
         s = self._sentence
-        if s.chunks == 0 or s.released or not s.judged:
+        if s.chunks == 0 or s.released or not s.measured(sentence_end=False):
             return None
         at = self._start_at()
         return at if math.isfinite(at) else None
@@ -178,8 +178,6 @@ class _Sentence:
     """Some of it went to the player."""
     planned_s: float | None = None
     """The most audio it may make, where known."""
-    judged: bool = False
-    """Its own chunks have given a speed (`measured`)."""
 
     def note(self, seconds: float, now: float, planned_s: float | None) -> None:
         if self.chunks == 0:
@@ -198,7 +196,7 @@ class _Sentence:
 
     def measured(self, sentence_end: bool) -> bool:
         """Whether its speed counts: MIN_INTERVALS intervals, and MIN_EVIDENCE_S after the second chunk unless it
-        ended."""
+        ended. Once true it stays true while the sentence goes on (its chunks and audio only grow)."""
         return self.chunks > MIN_INTERVALS and (self.later_s >= MIN_EVIDENCE_S or (sentence_end and self.later_s > 0))
 
     def speed(self) -> float:
