@@ -20,6 +20,7 @@ import json
 import sys
 import time
 
+from engine.bench.playback import paced_sentence
 from engine.pacing import Pacer
 
 WINDOWS_S = (0.08, 0.24, 0.48, 0.96, 1.92)
@@ -60,22 +61,6 @@ def sentences(chunks: list[list]) -> list[list[tuple[float, float, bool, float |
     return out
 
 
-def replay(sentence: list[tuple[float, float, bool, float | None]], pace) -> tuple[float, float]:
-    """(start, slack) of one sentence through a request's pacing."""
-    start = None
-    for at, seconds, end, planned in sentence:
-        due = pace.release_at()
-        if start is None and due is not None and due < at:
-            start = due
-            pace.release()
-        if not pace.arrived(seconds, end, at, planned) and start is None:
-            start = at
-    slack, played = float("inf"), 0.0
-    for at, seconds, _, _ in sentence:
-        slack, played = min(slack, start + played - at), played + seconds
-    return start, slack
-
-
 def replay_file(path: str) -> None:
     for line in open(path, encoding="utf-8"):
         record = json.loads(line)
@@ -86,7 +71,7 @@ def replay_file(path: str) -> None:
         print(f"{record.get('quantize', '?')} {record.get('schedule') or ''}: {record['text'][:50]} "
               f"(RTF {record['chunks'][-1][0] / made:.3f})")
         for i, sentence in enumerate(sentences(record["chunks"])):
-            start, slack = replay(sentence, pace)
+            start, slack = paced_sentence(pace, sentence)
             print(f"  sentence {i}: first chunk {sentence[0][0]:6.2f} s, starts {start:6.2f} s, "
                   f"slack {slack:+.2f} s, speed {pacer.speed or 0:.2f}x")
 

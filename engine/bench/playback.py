@@ -1,11 +1,12 @@
-"""What a listener would hear from a stream's chunk arrival times: our player (engine.player_gate's policy) and
-the stricter fixed-delay player. Pure."""
+"""What a listener would hear from a stream's chunk arrival times: our player (engine.player_gate's policy), the
+stricter fixed-delay player, and a sentence held by `speak`'s pacing (engine.pacing). Pure."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from engine.pacing import RequestPace
 from engine.player_gate import may_play, rebuffers_after
 
 @dataclass
@@ -94,3 +95,22 @@ def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, pre
             clock = arrival
         clock += samples / sample_rate
     return underruns, silence
+
+
+def paced_sentence(pace: RequestPace, chunks: Sequence[tuple[float, float, bool, float | None]]) -> tuple[float, float]:
+    """(start, slack) of one sentence's chunks, (arrival time, seconds, sentence end, planned seconds) each, through a
+    request's pacing as `speak` plays it: it starts at the chunk `pace` lets go, or on the clock at `release_at` when
+    that comes before the next chunk; slack is how long before it is due the least timely chunk arrives (negative:
+    a gap inside the sentence)."""
+    start = None
+    for at, seconds, end, planned in chunks:
+        due = pace.release_at()
+        if start is None and due is not None and due < at:
+            start = due
+            pace.release()
+        if not pace.arrived(seconds, end, at, planned) and start is None:
+            start = at
+    slack, played = math.inf, 0.0
+    for at, seconds, _, _ in chunks:
+        slack, played = min(slack, start + played - at), played + seconds
+    return start, slack

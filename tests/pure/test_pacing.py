@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from engine.bench.playback import paced_sentence
 from engine.pacing import MIN_EVIDENCE_S, MIN_INTERVALS, REALTIME_MARGIN, Pacer
 
 
@@ -80,23 +81,12 @@ def arrivals_at(chunks, speed):
     return out
 
 
-def played_through(pacer, chunks, planned_s, early_s=0.0):
-    """`chunks` ((seconds, time)) of one sentence through a new request of `pacer`: whether playing from `early_s`
-    before its release keeps ahead of what plays, and the release time."""
-    pace, release = pacer.request(), None
-    for i, (seconds, at) in enumerate(chunks):
-        due = pace.release_at()
-        if release is None and due is not None and due < at:
-            release = due
-            pace.release()
-        if not pace.arrived(seconds, i == len(chunks) - 1, at, planned_s) and release is None:
-            release = at
-    start, have = release - early_s, 0.0
-    for seconds, at in chunks:
-        if at > start + have + 1e-9:
-            return False, release
-        have += seconds
-    return True, release
+def played_through(pacer, chunks, planned_s):
+    """`chunks` ((seconds, time)) of one sentence through a new request of `pacer`: whether playing from its release
+    on keeps ahead of what plays, and the release time."""
+    start, slack = paced_sentence(pacer.request(), [(at, seconds, i == len(chunks) - 1, planned_s)
+                                                    for i, (seconds, at) in enumerate(chunks)])
+    return slack >= -1e-9, start
 
 
 def test_a_slow_engine_pre_rolls_what_its_speed_needs_and_plays_without_a_gap():
