@@ -138,7 +138,8 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
                         decode_batch=_decode_batch(config), model_info=info,
-                        pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder)))
+                        pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder),
+                                    ahead_windows_s=windows_s(schedule.ahead(), decoder)))
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
@@ -511,7 +512,13 @@ def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device
     with phase("llm", events):
         return TorchTokenGenerator(str(info.llm_dir), info.token_ids, device=device, threads=pools.torch,
                                    lazy=lazy, quantize=quantize, quantized_dir=quantized_dir, events=events,
-                                   llm_threads=pools.llm, llm_spins=pools.llm_spins)
+                                   llm_threads=pools.llm, llm_spins=pools.llm_spins,
+                                   rows=1 if config.deterministic else CPU_LLM_ROWS)
+
+
+CPU_LLM_ROWS = 4
+"""Requests whose int8 (or int4) LLM steps run as one forward: a lone listener's sentence and the next one beside
+it, twice over for two listeners (docs/cpu.md, "Two sentences a step"). A deterministic engine steps each alone."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,8 +142,33 @@ def reference_runs(model: Any, prompts: Sequence[Prompt], length: int, seed: int
     return runs
 
 
-def compare(candidate: Any, runs: Sequence[ReferenceRun], k: int = 50) -> Agreement:
+@torch.inference_mode()
+def rows_forced_logits(model: Any, runs: Sequence[ReferenceRun]) -> list[torch.Tensor]:
+    """`teacher_forced_logits` of every run at once, as the generator steps requests together: each prompt alone into
+    its row of one `new_rows` cache, then each position of every run in one `forward_rows` step (OrtQwen2). The runs
+    must feed as many ids each."""
+    if len({len(run.fed) for run in runs}) != 1:
+        raise ValueError("rows_forced_logits steps runs of one length side by side")
+    keys, values = model.new_rows(len(runs), max(len(run.prompt) + len(run.fed) + 1 for run in runs))
+    heads = [model.head_rows(run.allowed) for run in runs]
+    rows = []
+    for r, run in enumerate(runs):
+        n = len(run.prompt)
+        hidden = model.forward(torch.tensor(run.prompt), torch.arange(n), n, (keys[:, r], values[:, r]))[-1]
+        rows.append([logits(heads[r], hidden)])
+    for i in range(len(runs[0].fed)):
+        ids = torch.tensor([run.fed[i] for run in runs])
+        hidden = model.forward_rows(ids, [len(run.prompt) + i + 1 for run in runs], (keys, values))
+        for r, state in enumerate(hidden):
+            rows[r].append(logits(heads[r], state))
+    return [torch.stack(each) for each in rows]
+
+
+def compare(candidate: Any, runs: Sequence[ReferenceRun], k: int = 50, side_by_side: bool = False) -> Agreement:
     """Agreement of `candidate` (StaticQwen2 / OrtQwen2 over the same checkpoint) with the reference's runs, fed
-    the same ids."""
-    cands = [teacher_forced_logits(candidate, run.allowed, run.prompt, run.fed) for run in runs]
+    the same ids: one run at a time, or (`side_by_side`, OrtQwen2) all of them stepping together."""
+    if side_by_side:
+        cands = rows_forced_logits(candidate, runs)
+    else:
+        cands = [teacher_forced_logits(candidate, run.allowed, run.prompt, run.fed) for run in runs]
     return agreement(torch.cat([run.logits for run in runs]), torch.cat(cands), k)

@@ -31,9 +31,10 @@ from engine.backends.qwen2_static import _check_supported
 from engine.config import QUANTIZE
 from engine.errors import ModelFormatError
 
-FORMAT_VERSIONS = {"int8": 2, "int4": 3}
+FORMAT_VERSIONS = {"int8": 3, "int4": 4}
 """Of each kind of converted file: part of its cache key, so a change to the graph or the quantisation converts
-again (2: fused operators and the cache bound in place; int4 3: scales searched for the least error)."""
+again (int8 2: fused operators and the cache bound in place; int4 3: scales searched for the least error; int8 3,
+int4 4: a batch axis, so that several requests step together)."""
 BLOCK = 128
 """Weights per int8 scale along K (the largest power of two up to this that divides K, for small test models).
 128 steps faster than 32 (fewer scales to apply) and stays within the agreement bound; 32 agrees a little better
@@ -211,24 +212,25 @@ def build_model(weights: Qwen2Weights, quantize: str = "int8", block: int = BLOC
                 progress: Progress = lambda done, total: None, builder: GraphBuilder | None = None):
     """The step graph (an onnx ModelProto) of `weights`' decoder layers and final norm.
 
-    Inputs: x [1, T, H] (embedded ids at positions S - T .. S - 1), seqlens_k [1] (int32: S - 1),
-    total_sequence_length (int32 scalar: S) and, per layer l, past_key.l / past_value.l [1, kv, C, D]: the
-    request's cache, C >= S positions. Outputs: hidden [1, T, H] (after the final norm) and present_key.l /
-    present_value.l, which the caller binds to the very buffers of past_key.l / past_value.l: GroupQueryAttention
-    then writes the T new keys and values at positions S - T .. S - 1 in place (its shared-buffer mode)."""
+    Inputs: x [B, T, H] (row b: embedded ids at positions S_b - T .. S_b - 1), seqlens_k [B] (int32: S_b - 1),
+    total_sequence_length (int32 scalar: the largest S_b) and, per layer l, past_key.l / past_value.l [B, kv, C, D]:
+    the B requests' caches side by side, C >= every S_b positions. Outputs: hidden [B, T, H] (after the final norm)
+    and present_key.l / present_value.l, which the caller binds to the very buffers of past_key.l / past_value.l:
+    GroupQueryAttention then writes row b's T new keys and values at its positions S_b - T .. S_b - 1 in place (its
+    shared-buffer mode). Rows of several requests step one token each (T 1); a prompt steps alone (B 1)."""
     from onnx import TensorProto, helper
 
     cfg = weights.config
     _check(cfg)
     g = builder or GraphBuilder(quantize, block)
     d, layers = _head_dim(cfg), cfg.num_hidden_layers
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", cfg.hidden_size]),
-              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", cfg.hidden_size]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
               helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
-    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "T", cfg.hidden_size])]
+    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["B", "T", cfg.hidden_size])]
     for i in range(layers):
         for kind in ("key", "value"):
-            shape = [1, cfg.num_key_value_heads, "C", d]
+            shape = ["B", cfg.num_key_value_heads, "C", d]
             inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, shape))
             outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", TensorProto.FLOAT, shape))
     cos, sin = (g.const(name, table) for name, table in zip(("cos", "sin"), _rope_tables(cfg, d)))
@@ -307,7 +309,8 @@ def _head_dim(cfg) -> int:
 
 class OrtQwen2:
     """StaticQwen2's stepping interface (`forward`, `new_cache`, `head_rows`, `output`, `vocab_size`) over the
-    int8 graph; the cache's position axis is `cache_axis`, and `head_rows` gives a callable (OrtHead)."""
+    int8 graph; the cache's position axis is `cache_axis`, and `head_rows` gives a callable (OrtHead). Requests
+    whose caches are rows of one `new_rows` buffer step together (`forward_rows`)."""
 
     cache_axis = 2
 
@@ -341,39 +344,65 @@ class OrtQwen2:
         shape = (self.layers, self.kv_heads, length, self.head_dim)
         return torch.zeros(shape), torch.zeros(shape)
 
+    def new_rows(self, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed keys and values for `rows` requests of `length` positions side by side: [layers, rows, kv_heads,
+        length, head_dim] each. Row r (`[:, r]`) is a request's cache for `forward`; consecutive rows (`[:, a:b]`)
+        step together in `forward_rows`."""
+        shape = (self.layers, rows, self.kv_heads, length, self.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, span: int,
                 cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Hidden states [T, H] (after the final norm) for `ids` [T] at the consecutive `positions` [T] that end
         at `span` - 1: attends over cache positions < positions[0] and the T new ones (causally), and writes the
-        new keys and values into `cache` ([layers, kv, >= span, D] each) in place."""
+        new keys and values into `cache` ([layers, kv, >= span, D] each, a layer's slice contiguous) in place."""
         t, start = ids.shape[0], int(positions[0])
         if span != start + t or span > cache[0].shape[2]:
             raise ValueError("OrtQwen2 steps consecutive positions ending at span - 1, within the cache")
-        x = self.embed.index_select(0, ids)[None]
+        keys, values = cache
+        return self._run(ids[None], [span], (keys[:, None], values[:, None]))[0]
+
+    def forward_rows(self, ids: torch.Tensor, spans: list[int],
+                     cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One step of B requests side by side: hidden states [B, H] (after the final norm). Row b feeds ids[b] at
+        position spans[b] - 1 of its own cache, `cache`'s row b ([layers, B, kv, >= every span, D] each: `new_rows`'
+        consecutive rows), writes its key and value there in place and attends over that request's positions only.
+        B rows read every weight once, as one does (docs/cpu.md, "Two sentences a step")."""
+        if len(spans) != ids.shape[0] or max(spans) > cache[0].shape[3]:
+            raise ValueError("OrtQwen2.forward_rows takes one id and one span per row, within the cache")
+        return self._run(ids[:, None], spans, cache)[:, 0]
+
+    def _run(self, ids: torch.Tensor, spans: list[int], cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The graph over `ids` [B, T] (row b's T positions ending at spans[b] - 1) and the rows' caches
+        ([layers, B, kv, C, D]): hidden [B, T, H]."""
+        x = self.embed.index_select(0, ids.reshape(-1)).reshape(*ids.shape, self.hidden)
         hidden = torch.empty_like(x)
-        lengths = np.array([span - 1], np.int32), np.array(span, np.int32)  # alive until the run is over
+        ends = np.array(spans, np.int32)
+        lengths = ends - 1, np.array(ends.max(), np.int32)  # alive until the run is over
         binding = self._binding(cache)
         _bind(binding.bind_input, "x", x)
         binding.bind_cpu_input("seqlens_k", lengths[0])
         binding.bind_cpu_input("total_sequence_length", lengths[1])
         _bind(binding.bind_output, "hidden", hidden)
         self.session.run_with_iobinding(binding)
-        return hidden[0]
+        return hidden
 
     def _binding(self, cache: tuple[torch.Tensor, torch.Tensor]):
-        """An IO binding with every layer's past and present bound to the cache's slices, made once per cache
-        buffer: binding 4 x layers buffers anew every step would be a noticeable share of the step (docs/cpu.md).
-        Kept for the most recent caches, keyed by address and size: a new cache at a freed one's address binds
-        the same way."""
+        """An IO binding with every layer's past and present bound to the cache's slices ([B, kv, C, D], each
+        contiguous), made once per cache buffer: binding 4 x layers buffers anew every step would be a noticeable
+        share of the step (docs/cpu.md). Kept for the most recent caches, keyed by address and shape: a new cache at
+        a freed one's address binds the same way."""
         keys, values = cache
-        key = (keys.data_ptr(), values.data_ptr(), keys.shape[2])
+        key = (keys.data_ptr(), values.data_ptr(), keys.shape[1], keys.shape[3])
         binding = self._bindings.pop(key, None)
         if binding is None:
             binding = self.session.io_binding()
             for layer in range(self.layers):
                 for kind, buffer in (("key", keys[layer]), ("value", values[layer])):
-                    _bind(binding.bind_input, f"past_{kind}.{layer}", buffer[None])
-                    _bind(binding.bind_output, f"present_{kind}.{layer}", buffer[None])
+                    if not buffer.is_contiguous():
+                        raise ValueError("OrtQwen2 binds each layer's cache rows as one contiguous buffer")
+                    _bind(binding.bind_input, f"past_{kind}.{layer}", buffer)
+                    _bind(binding.bind_output, f"present_{kind}.{layer}", buffer)
         self._bindings[key] = binding  # most recent last
         while len(self._bindings) > BINDINGS:
             self._bindings.pop(next(iter(self._bindings)))

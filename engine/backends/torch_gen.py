@@ -2,16 +2,19 @@
 
 The fallback backend when vLLM is not available (CPU, Apple, small GPUs). One request = one DynamicCache; every
 forward pass runs on a single-worker executor owned by the generator, so the event loop never blocks and device
-calls stay serialized while several streams interleave token by token.
+calls stay serialized while several streams interleave token by token. With int8 (or int4) weights on the CPU,
+requests' caches are rows of one shared buffer (`rows`), and the decode steps of the requests live at once run as
+one forward: a step reads every weight once, however many rows it carries.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import torch
 from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
@@ -44,6 +47,9 @@ def pick_dtype(device: torch.device) -> torch.dtype:
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""
+ROWS_GRACE_S = 0.003
+"""How long a waiting row step waits for the other requests of the shared rows to ask for theirs: they ask within
+an event-loop turn of their last token, so this bounds only a consumer that stopped reading (well under a step)."""
 
 
 # ---- sampling (pure functions on a 1-D logits vector) -------------------------------------------------------
@@ -114,7 +120,7 @@ class _Request:
     which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs). With int8
     weights, a callable hidden -> logits over those rows (qwen2_ort.OrtHead)."""
     cache: Any = None
-    """A transformers DynamicCache, or a _StaticCache."""
+    """A transformers DynamicCache, a _StaticCache, or a _RowCache (a row of the shared rows)."""
     pos: int = 0
     """Position of the next token to feed (= tokens in the cache)."""
     aborted: bool = False
@@ -138,6 +144,58 @@ class _StaticCache:
         return self.keys, self.values
 
 
+class _SharedRows:
+    """The caches of up to `rows` requests side by side ([layers, rows, kv, C, D] each, OrtQwen2.new_rows), one slot
+    per request: requests in consecutive slots step as one forward (OrtQwen2.forward_rows). When a request outgrows
+    the positions, they double for every row."""
+
+    def __init__(self, rows: int) -> None:
+        self.taken = [False] * rows
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self._lock = threading.Lock()
+        """Slots are taken on the worker thread (a prefill) and given back on the event loop (a stream's end)."""
+
+    def take(self) -> int | None:
+        """The lowest free slot, now taken; None when every one is."""
+        with self._lock:
+            slot = next((i for i, taken in enumerate(self.taken) if not taken), None)
+            if slot is not None:
+                self.taken[slot] = True
+            return slot
+
+    def give(self, slot: int) -> None:
+        with self._lock:
+            self.taken[slot] = False
+
+    def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of every row, holding at least `length` positions."""
+        if self.keys is None or self.values is None:
+            self.keys, self.values = model.new_rows(len(self.taken), length)
+        elif length > self.keys.shape[3]:
+            capacity = self.keys.shape[3]
+            keys, values = model.new_rows(len(self.taken), max(length, 2 * capacity))
+            keys.narrow(3, 0, capacity).copy_(self.keys)
+            values.narrow(3, 0, capacity).copy_(self.values)
+            self.keys, self.values = keys, values
+        return self.keys, self.values
+
+
+@dataclass(slots=True, eq=False)
+class _RowCache:
+    """One request's cache as a slot of the shared rows."""
+
+    rows: _SharedRows
+    slot: int
+
+    def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.rows.fit(length, model)
+        return keys[:, self.slot], values[:, self.slot]
+
+    def release(self) -> None:
+        self.rows.give(self.slot)
+
+
 class TorchTokenGenerator:
     """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
 
@@ -145,12 +203,14 @@ class TorchTokenGenerator:
                  dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
                  lazy: bool = False, quantize: str = "none", quantized_dir: Path | None = None,
                  events: EventSink = ignore_events, llm_threads: int | None = None,
-                 llm_spins: bool = False) -> None:
+                 llm_spins: bool = False, rows: int = 1) -> None:
         """`lazy`: load the model on the first request, not now (a fallback most processes never use).
         `quantize` "int8" (or "int4"): a checkpoint on the CPU steps through ONNX Runtime with quantised weights
         (engine.backends.qwen2_ort), converted once into `quantized_dir` (one folder per checkpoint); `events` hears
         the conversion's progress and which forward was picked; `llm_threads` sizes ONNX Runtime's pool (None:
-        torch's thread count) and `llm_spins` lets it spin between kernels (factory.cpu_pools)."""
+        torch's thread count) and `llm_spins` lets it spin between kernels (factory.cpu_pools). `rows`: with int8
+        (or int4) weights, the most requests whose decode steps run as one forward (1: each alone, so that a
+        request's tokens never depend on what steps beside it: a batch's rows round differently)."""
         if quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, not {quantize!r}")
         if threads is not None:
@@ -172,12 +232,24 @@ class TorchTokenGenerator:
         self._llm_threads, self._llm_spins = llm_threads, llm_spins
         self._source = (model_or_dir, dtype, static)
         self._loaded = False
+        self._rows = rows
+        self._shared: _SharedRows | None = None
+        """The shared rows, where requests step together (`rows` > 1 with int8 or int4 weights)."""
         self._heads: dict[tuple[int, ...], tuple[torch.Tensor, Any]] = {}
         if not lazy:
             self._load_once()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
+        self._stepping: set[_Request] = set()
+        """Requests in the shared rows past their prompt: a row step waits (ROWS_GRACE_S at most) for all of them."""
+        self._waiting: list[tuple[_Request, int, asyncio.Future]] = []
+        """Row steps asked for and not yet running: (request, its last token, its next token's future)."""
+        self._rows_busy = False
+        self._grace: asyncio.TimerHandle | None = None
+        self._dropping = threading.RLock()
+        """A request's cache is set on the worker and dropped on the event loop: one at a time, or a slot could be
+        lost."""
 
     def _load_once(self) -> None:
         """Load the model (once) as the constructor's arguments asked."""
@@ -203,6 +275,8 @@ class TorchTokenGenerator:
                             else self.model.get_output_embeddings().weight.shape[0])
         if self.static is not None:  # the restricted head every Spark request asks for, built before the first one
             self._restricted_head(semantic_allowed_ids(self.token_ids))
+        if self._rows > 1 and self.quantize != "none":
+            self._shared = _SharedRows(self._rows)
         if self.device.type == "cpu" and owned:
             self.events(Notice(f"LLM on the CPU: {self.llm_path()}"))
             if self.quantize == "int4":
@@ -271,17 +345,28 @@ class TorchTokenGenerator:
 
     # -- the two forward passes (gpt-fast shape); run on the worker thread ----------------------------------
 
+    @property
+    def concurrent_streams(self) -> bool:
+        """Requests step together (the shared rows): a second stream costs the first little, so the pipeline may
+        start a sentence's next one beside it (Synthesizer's eager_lookahead)."""
+        return self._shared is not None
+
     @torch.inference_mode()
     def prefill(self, prompt_ids: tuple[int, ...] | list[int],
                 head: Any = None) -> tuple[torch.Tensor, Any]:
         """Run the whole prompt; return the last position's logits (fp32; [V], or [A] over `head`'s rows)
-        and the filled cache."""
+        and the filled cache (a slot of the shared rows while one is free)."""
         if self.static is not None:
             n = len(prompt_ids)
-            cache = _StaticCache(*self.static.new_cache(n + STATIC_CACHE_STEP))
+            cache = self._new_cache(n + STATIC_CACHE_STEP)
             ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
             positions = torch.arange(n, device=self.device)
-            hidden = self.static.forward(ids, positions, n, cache.fit(n, self.static))[-1]
+            try:
+                hidden = self.static.forward(ids, positions, n, cache.fit(n, self.static))[-1]
+            except BaseException:
+                if isinstance(cache, _RowCache):
+                    cache.release()
+                raise
             return self._logits(hidden, head), cache
         from transformers import DynamicCache
 
@@ -301,6 +386,13 @@ class TorchTokenGenerator:
         input_ids = torch.tensor([[last_id]], dtype=torch.long, device=self.device)  # [1, 1]
         position_ids = torch.tensor([[pos]], dtype=torch.long, device=self.device)  # [1, 1]
         return self._forward(input_ids, position_ids, cache, head)
+
+    def _new_cache(self, length: int) -> _StaticCache | _RowCache:
+        slot = self._shared.take() if self._shared is not None else None
+        if slot is None:
+            return _StaticCache(*self.static.new_cache(length))  # type: ignore[union-attr]
+        self._shared.fit(length, self.static)  # type: ignore[union-attr, arg-type]
+        return _RowCache(self._shared, slot)  # type: ignore[arg-type]
 
     def _logits(self, hidden: torch.Tensor, head: Any) -> torch.Tensor:
         if callable(head):  # OrtQwen2's int8 rows
@@ -323,9 +415,14 @@ class TorchTokenGenerator:
         return int(req.allowed[token]) if req.allowed is not None else token
 
     @torch.inference_mode()
-    def _first_step(self, req: _Request, prompt_ids: tuple[int, ...]) -> int:
+    def _first_step(self, req: _Request, prompt_ids: tuple[int, ...]) -> int | None:
         logits, cache = self.prefill(prompt_ids, req.head)
-        req.cache, req.pos = cache, len(prompt_ids)
+        with self._dropping:
+            if req.aborted:  # its stream ended while the prompt ran: the cache (a slot, maybe) goes now
+                req.cache = cache
+                self._drop(req)
+                return None
+            req.cache, req.pos = cache, len(prompt_ids)
         return self._next(req, logits)
 
     @torch.inference_mode()
@@ -336,6 +433,36 @@ class TorchTokenGenerator:
         logits = self.decode_one_token(last_id, cache, req.pos, req.head)
         req.pos += 1
         return self._next(req, logits)
+
+    @torch.inference_mode()
+    def _step_rows(self, steps: list[tuple[_Request, int]]) -> list[int | None]:
+        """Each request's next token (None where it was aborted meanwhile): those in consecutive slots of the shared
+        rows as one forward, one alone as `_step`."""
+        tokens: list[int | None] = [None] * len(steps)
+        caches = [req.cache for req, _ in steps]  # a stream's end may drop one meanwhile (on the event loop)
+        live = sorted((i for i, cache in enumerate(caches) if isinstance(cache, _RowCache) and not steps[i][0].aborted),
+                      key=lambda i: caches[i].slot)
+        for run in _consecutive(live, lambda i: caches[i].slot):
+            if len(run) == 1:
+                tokens[run[0]] = self._step(*steps[run[0]])
+                continue
+            reqs = [steps[i][0] for i in run]
+            first, spans = caches[run[0]].slot, [req.pos + 1 for req in reqs]
+            keys, values = caches[run[0]].rows.fit(max(spans), self.static)
+            ids = torch.tensor([steps[i][1] for i in run], dtype=torch.long)
+            rows = slice(first, first + len(run))
+            hidden = self.static.forward_rows(ids, spans, (keys[:, rows], values[:, rows]))  # type: ignore[union-attr]
+            for i, req, logits in zip(run, reqs, self._row_logits(hidden, reqs)):
+                req.pos += 1
+                tokens[i] = self._next(req, logits)
+        return tokens
+
+    def _row_logits(self, hidden: torch.Tensor, reqs: list[_Request]) -> list[torch.Tensor]:
+        """Each row's logits: one call of the head where every row restricts it alike (one read of its rows)."""
+        head = reqs[0].head
+        if callable(head) and all(req.head is head for req in reqs):
+            return list(head(hidden))
+        return [self._logits(h, req.head) for h, req in zip(hidden, reqs)]
 
     def _restricted_head(self, allowed_ids: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
         """(ids [A], output-embedding rows [A, H]) for an allowed set, cached per set."""
@@ -380,24 +507,83 @@ class TorchTokenGenerator:
         self._requests.setdefault(request_id, []).append(req)
         try:
             token = await self._run(loop, self._first_step, req, prompt.ids)
+            if isinstance(req.cache, _RowCache):
+                self._stepping.add(req)
             for generated in range(1, opts.max_tokens + 1):
                 if req.aborted or token is None:
                     return
                 yield [token]
                 if token in self._stop_ids or generated == opts.max_tokens:
                     return
-                token = await self._run(loop, self._step, req, token)
+                token = await self._decode(loop, req, token)
         finally:
-            req.aborted, req.cache = True, None
+            self._drop(req)
+            self._stepping.discard(req)
             self._forget(request_id, req)
+            self._launch_rows(loop)  # the others' steps no longer wait for this one
 
     async def _run(self, loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> Any:
         try:
             return await loop.run_in_executor(self._executor, fn, *args)
         except RuntimeError as e:
-            if "out of memory" in str(e).lower():
-                raise GenerationError(f"out of memory while generating tokens on {self.device}") from e
-            raise
+            raise self._failure(e) from e
+
+    def _failure(self, error: BaseException) -> BaseException:
+        """What a forward pass's error becomes for the stream: out of memory as GenerationError."""
+        if isinstance(error, RuntimeError) and "out of memory" in str(error).lower():
+            return GenerationError(f"out of memory while generating tokens on {self.device}")
+        return error
+
+    async def _decode(self, loop: asyncio.AbstractEventLoop, req: _Request, token: int) -> int | None:
+        """The request's next token after `token`: in the shared rows, stepped with the other requests'
+        (`_launch_rows`); else alone."""
+        if not isinstance(req.cache, _RowCache):
+            return await self._run(loop, self._step, req, token)
+        waiter = loop.create_future()
+        self._waiting.append((req, token, waiter))
+        self._launch_rows(loop)
+        return await waiter
+
+    def _launch_rows(self, loop: asyncio.AbstractEventLoop, grace_over: bool = False) -> None:
+        """Run the waiting row steps as one job on the worker, once every request stepping in the shared rows asks
+        for its step (or ROWS_GRACE_S after the first asked), and none runs now: each request's next step waits for
+        the others', so that they keep stepping together instead of one after another."""
+        if grace_over:
+            self._grace = None
+        if self._rows_busy or not self._waiting:
+            return
+        asked = {id(req) for req, _, _ in self._waiting}
+        if not grace_over and any(not req.aborted and id(req) not in asked for req in self._stepping):
+            if self._grace is None:
+                self._grace = loop.call_later(ROWS_GRACE_S, self._launch_rows, loop, True)
+            return
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        batch, self._waiting, self._rows_busy = self._waiting, [], True
+        job = loop.run_in_executor(self._executor, self._step_rows, [(req, token) for req, token, _ in batch])
+        job.add_done_callback(lambda done: self._rows_done(loop, batch, done))
+
+    def _rows_done(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int, asyncio.Future]],
+                   job: asyncio.Future) -> None:
+        """Hand each waiting stream its token (or the step's error), then run the steps asked for meanwhile."""
+        self._rows_busy = False
+        error = job.exception() if not job.cancelled() else asyncio.CancelledError()
+        for i, (_, _, waiter) in enumerate(batch):
+            if waiter.done():  # its stream was cancelled while it waited
+                continue
+            if error is not None:
+                waiter.set_exception(self._failure(error))
+            else:
+                waiter.set_result(job.result()[i])
+        self._launch_rows(loop)
+
+    def _drop(self, req: _Request) -> None:
+        """End a request: no more forward passes, its cache (or slot of the shared rows) freed now."""
+        with self._dropping:
+            cache, req.aborted, req.cache = req.cache, True, None
+        if isinstance(cache, _RowCache):
+            cache.release()
 
     def _forget(self, request_id: str, req: _Request) -> None:
         live = self._requests.get(request_id, [])
@@ -409,14 +595,25 @@ class TorchTokenGenerator:
     async def abort(self, request_id: str) -> None:
         """Stop the stream(s) with this id: each ends before its next forward pass; caches are dropped now."""
         for req in self._requests.get(request_id, []):
-            req.aborted, req.cache = True, None
+            self._drop(req)
 
     async def close(self) -> None:
         """Abort every stream and stop the worker thread (waits for the forward pass in flight)."""
         for live in self._requests.values():
             for req in live:
-                req.aborted, req.cache = True, None
+                self._drop(req)
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+
+def _consecutive(items: list[int], slot: Callable[[int], int]) -> list[list[int]]:
+    """`items` (sorted by `slot`) cut into runs whose slots follow one another."""
+    runs: list[list[int]] = []
+    for item in items:
+        if runs and slot(item) == slot(runs[-1][-1]) + 1:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 async def measure_throughput(gen: Any, prompt: Prompt, n_tokens: int, seed: int = 0) -> float:

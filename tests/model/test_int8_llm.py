@@ -3,6 +3,8 @@ its next-token distributions stay within the bound docs/cpu.md writes down, and 
 checkpoint once, says which path it took, and streams through it."""
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from engine.backends import qwen2_ort
 from engine.backends.llm_agreement import TINY_BOUND, agreement, compare, real_prompts, reference_runs
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
-from engine.backends.torch_gen import TorchTokenGenerator
+from engine.backends.torch_gen import ROWS_GRACE_S, TorchTokenGenerator
 from engine.config import SamplingOptions
 from engine.prompt import Prompt
 from engine.tokens import SEMANTIC_CODEBOOK, TokenIds
@@ -67,6 +69,17 @@ def test_int8_stays_within_the_bound_and_a_coarser_grid_does_not(llm_dir, runs, 
     assert measured.within(TINY_BOUND), measured
     coarse = compare(ort_model(llm_dir, tmp_path / "coarse.onnx", builder=CoarseBuilder()), runs)
     assert not coarse.within(TINY_BOUND), coarse
+
+
+def test_requests_stepping_side_by_side_agree_as_one_alone_does(llm_dir, runs, tmp_path) -> None:
+    """Five prompts of different lengths, each a row of one cache, stepped together: the fp32 graph is the
+    reference's maths exactly (each row attends over its own positions only), and int8 stays within the bound."""
+    assert len({len(run.prompt) for run in runs}) > 1
+    fp32 = compare(ort_model(llm_dir, tmp_path / "fp32.onnx", quantize="none"), runs, side_by_side=True)
+    assert fp32.positions == 5 * POSITIONS
+    assert fp32.kl_max < 1e-9 and fp32.topk_min == 1.0 and fp32.top1 == 1.0
+    int8 = compare(ort_model(llm_dir, tmp_path / "int8.onnx"), runs, side_by_side=True)
+    assert int8.within(TINY_BOUND), int8
 
 
 def test_agreement_metric() -> None:
@@ -191,5 +204,78 @@ async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_
         prompt = Prompt((IDS.structural["task_tts"], IDS.structural["start_semantic_token"]), (IDS.semantic_base,))
         assert [t async for delta in gen.stream(prompt, SamplingOptions(max_tokens=3), "r") for t in delta] == \
             [IDS.semantic_base] * 3
+    finally:
+        await gen.close()
+
+
+SEMANTIC_PROMPT = Prompt((IDS.structural["task_tts"], IDS.structural["start_content"], 9906, 11,
+                          IDS.structural["end_content"], IDS.structural["start_semantic_token"]),
+                         tuple(range(IDS.semantic_base, IDS.semantic_base + SEMANTIC_CODEBOOK)))
+"""Semantic tokens only, no stop: a stream runs to its max_tokens."""
+
+
+async def read(gen: TorchTokenGenerator, request_id: str, tokens: int, seed: int = 1) -> list[int]:
+    opts = SamplingOptions(seed=seed, max_tokens=tokens)
+    return [t async for delta in gen.stream(SEMANTIC_PROMPT, opts, request_id) for t in delta]
+
+
+@pytest.fixture
+async def rows_gen(llm_dir, tmp_path, monkeypatch):
+    """An int8 generator with two shared rows, counting the rows of each step that ran them together."""
+    gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                              quantized_dir=tmp_path / "llm", rows=2)
+    gen.row_steps = []
+    forward_rows = gen.static.forward_rows
+
+    def counted(ids, spans, cache):
+        gen.row_steps.append(len(spans))
+        return forward_rows(ids, spans, cache)
+
+    monkeypatch.setattr(gen.static, "forward_rows", counted)
+    yield gen
+    await gen.close()
+
+
+async def test_live_requests_step_together_and_give_their_rows_back(rows_gen) -> None:
+    """Three streams on two rows: two step together (one of them past its first cache, which doubles for both rows);
+    the third steps alone on a cache of its own; every slot is free again once they end."""
+    assert rows_gen.concurrent_streams
+    a, b, c = await asyncio.gather(read(rows_gen, "a", 300), read(rows_gen, "b", 60, seed=2),
+                                   read(rows_gen, "c", 40, seed=3))
+    assert (len(a), len(b), len(c)) == (300, 60, 40)
+    assert all(IDS.semantic_base <= t < IDS.semantic_base + SEMANTIC_CODEBOOK for t in a + b + c)
+    assert rows_gen.row_steps.count(2) >= 50 and set(rows_gen.row_steps) == {2}
+    assert rows_gen._shared.taken == [False, False] and rows_gen._shared.keys.shape[3] > 300
+
+
+async def test_a_row_whose_reader_stops_neither_stalls_the_others_nor_keeps_its_slot(rows_gen) -> None:
+    """A stream read once and then left (its consumer gone quiet) holds a row: another stream's steps wait for it
+    only ROWS_GRACE_S each and run alone; closing the left one frees its slot, and an abort frees one mid-stream."""
+    quiet = rows_gen.stream(SEMANTIC_PROMPT, SamplingOptions(seed=1, max_tokens=100), "quiet")
+    assert len(await quiet.__anext__()) == 1
+    t = time.perf_counter()
+    assert len(await read(rows_gen, "busy", 40)) == 40
+    assert time.perf_counter() - t < 40 * (0.2 + ROWS_GRACE_S)
+    assert rows_gen.row_steps == [] and rows_gen._shared.taken == [True, False]
+    await quiet.aclose()
+    assert rows_gen._shared.taken == [False, False]
+
+    async def abort_soon() -> None:
+        await asyncio.sleep(0.05)
+        await rows_gen.abort("gone")
+
+    gone, _ = await asyncio.gather(read(rows_gen, "gone", 10_000), abort_soon())
+    assert 0 < len(gone) < 10_000 and rows_gen._shared.taken == [False, False]
+
+
+async def test_a_generator_of_one_row_steps_each_request_alone(llm_dir, tmp_path) -> None:
+    """rows 1 (a deterministic engine's): a request's tokens do not depend on another stepping beside it."""
+    gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                              quantized_dir=tmp_path / "llm", rows=1)
+    try:
+        assert not gen.concurrent_streams
+        alone = await read(gen, "a", 30)
+        together, _ = await asyncio.gather(read(gen, "a", 30), read(gen, "b", 30, seed=2))
+        assert together == alone
     finally:
         await gen.close()
