@@ -48,7 +48,8 @@ class UtteranceFolds:
                             await self._release(held, sink, pace)
                             continue
                         held.append(chunk.samples)
-                        if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s):
+                        if not pace.arrived(chunk.seconds, chunk.sentence_end, perf_counter(), chunk.planned_s,
+                                            chunk.made_at):
                             await self._release(held, sink, pace)
                             if chunk.sentence_end and self.pacer.holds_sentences:
                                 sink.allow_pause()  # the next sentence may be held back a while: silence until then

@@ -13,7 +13,9 @@ took to come, not counting the time `speak` spent blocked on a full player (whic
 time); it counts only once it rests on MIN_INTERVALS intervals between chunks, and it is the lower of that measured
 from the first chunk and that measured from the second, because a first chunk that comes late (a slow first
 decode, while the LLM went on) brings the next ones in a burst and makes the first interval, or any span that starts
-with it, look fast.
+with it, look fast. A sentence rendered ahead of its turn (a lone listener's next sentence, on an engine that steps
+two at once) comes out in a burst when its turn comes: its chunks are timed by when they were made
+(AudioChunk.made_at), and its later windows predicted by the schedule it renders with (`ahead_windows_s`).
 """
 from __future__ import annotations
 
@@ -54,27 +56,31 @@ class Pacer:
     """Audio of each window a sentence comes in, in order, the last repeating (the decode schedule's): a window
     arrives whole, once all of it is made, so a sentence must wait longer than a steady flow would need
     (`start_after`). Empty: audio counted as a steady flow."""
+    ahead_windows_s: tuple[float, ...] = ()
+    """The same of a sentence rendered ahead of its turn (WindowSchedule.ahead: larger windows); empty: `windows_s`."""
 
     def request(self) -> "RequestPace":
         """The pacing of one `speak` call."""
         return RequestPace(self)
 
-    def start_after(self, planned_s: float | None, made_s: float, chunks: int) -> float:
+    def start_after(self, planned_s: float | None, made_s: float, chunks: int, ahead: bool = False) -> float:
         """Seconds after a sentence's latest chunk (its `chunks`-th, which brought it to `made_s` of audio) from which
         it plays to its end without a gap: at the measured speed s (over the margin), each window still to come, from
         a to b into the sentence (windows_s, cut at the planned length D), arrives (b - made_s)/s after that chunk and
         must be there once a has played. Negative: it could have started already; inf: its length or the speed is
-        unknown; -inf where nothing is held (an engine not measured slow with no windows or length to plan with)."""
-        if not self.slow and (planned_s is None or self.speed is None or not self.windows_s):
+        unknown; -inf where nothing is held (an engine not measured slow with no windows or length to plan with).
+        `ahead`: the sentence was rendered ahead of its turn, in `ahead_windows_s`."""
+        windows = (ahead and self.ahead_windows_s) or self.windows_s
+        if not self.slow and (planned_s is None or self.speed is None or not windows):
             return -math.inf
         if planned_s is None or self.speed is None:
             return math.inf
         speed = self.speed / REALTIME_MARGIN
-        if not self.windows_s:  # a steady flow: the instant that comes latest is the end, or the next one
+        if not windows:  # a steady flow: the instant that comes latest is the end, or the next one
             return max((planned_s - made_s) / speed - planned_s, -made_s)
         wait, start, k = -math.inf, made_s, chunks
         while start < planned_s:
-            end = min(planned_s, start + self.windows_s[min(k, len(self.windows_s) - 1)])
+            end = min(planned_s, start + windows[min(k, len(windows) - 1)])
             wait, start, k = max(wait, (end - made_s) / speed - start), end, k + 1
         return wait
 
@@ -112,15 +118,21 @@ class RequestPace:
         """No sentence of this request has given a speed yet: hold each until its own does (or it ends)."""
 
     def blocked(self, seconds: float) -> None:
-        """`speak` waited this long on a full player: not the engine's time."""
-        self._sentence.blocked_s += seconds
+        """`speak` waited this long on a full player: not the engine's time (unless the sentence being made renders
+        ahead of its turn, whatever `speak` does)."""
+        if not self._sentence.ahead:
+            self._sentence.blocked_s += seconds
 
-    def arrived(self, seconds: float, sentence_end: bool, now: float, planned_s: float | None = None) -> bool:
-        """A chunk of `seconds` of audio came at `now` from a sentence that may last `planned_s`: whether to hold it
-        (and those held before it) back. A chunk that is not held releases every held one before it; once part of
-        a sentence plays, the rest follows as it comes (holding it then would open a gap inside the sentence)."""
+    def arrived(self, seconds: float, sentence_end: bool, now: float, planned_s: float | None = None,
+                made_at: float | None = None) -> bool:
+        """A chunk of `seconds` of audio came at `now` (made at `made_at`, where that was earlier: rendered ahead of
+        its turn) from a sentence that may last `planned_s`: whether to hold it (and those held before it) back. A
+        chunk that is not held releases every held one before it; once part of a sentence plays, the rest follows as
+        it comes (holding it then would open a gap inside the sentence)."""
         s = self._sentence
-        s.note(seconds, now, planned_s)
+        if s.chunks == 0:
+            s.ahead = made_at is not None
+        s.note(seconds, now if made_at is None else made_at, planned_s)
         if s.measured(sentence_end):
             self.pacer.judge(s.speed())
             self._probing = False
@@ -153,7 +165,7 @@ class RequestPace:
         s = self._sentence
         if self._probing:
             return math.inf
-        return s.last_at + self.pacer.start_after(s.planned_s, s.audio_s, s.chunks)
+        return s.last_at + self.pacer.start_after(s.planned_s, s.audio_s, s.chunks, s.ahead)
 
 
 @dataclass
@@ -178,6 +190,8 @@ class _Sentence:
     """Some of it went to the player."""
     planned_s: float | None = None
     """The most audio it may make, where known."""
+    ahead: bool = False
+    """It was rendered ahead of its turn: its chunks' times are when they were made."""
 
     def note(self, seconds: float, now: float, planned_s: float | None) -> None:
         if self.chunks == 0:

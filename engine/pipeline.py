@@ -130,21 +130,22 @@ class _AheadRender:
 
     def __init__(self, pieces: AsyncIterator[tuple[np.ndarray, bool]], stats: _SentenceStats) -> None:
         self.stats = stats
-        self.queue: asyncio.Queue[tuple[np.ndarray, bool] | BaseException | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[np.ndarray, bool, float] | BaseException | None] = asyncio.Queue()
         self.task = asyncio.create_task(self._run(pieces))
 
     async def _run(self, pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> None:
         try:
             async with aclosing(pieces) as it:  # type: ignore[type-var]
-                async for piece in it:
-                    self.queue.put_nowait(piece)
+                async for samples, final in it:
+                    self.queue.put_nowait((samples, final, time.perf_counter()))
             self.queue.put_nowait(None)
         except asyncio.CancelledError:
             raise
         except BaseException as err:  # raised in the consumer's context when it reaches this sentence
             self.queue.put_nowait(err)
 
-    async def parts(self) -> AsyncIterator[tuple[np.ndarray, bool]]:
+    async def parts(self) -> AsyncIterator[tuple[np.ndarray, bool, float | None]]:
+        """(samples, final, when they were made) of each window, as they come."""
         try:
             while True:
                 item = await self.queue.get()
@@ -163,6 +164,13 @@ class _AheadRender:
             await self.task
         except (asyncio.CancelledError, Exception):
             pass
+
+
+async def _made_now(pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> AsyncIterator[tuple[np.ndarray, bool, None]]:
+    """A sentence's windows rendered in its turn: made as they are handed on (AudioChunk.made_at None)."""
+    async with aclosing(pieces) as it:  # type: ignore[type-var]
+        async for samples, final in it:
+            yield samples, final, None
 
 
 class Synthesizer(UtteranceFolds):
@@ -337,15 +345,15 @@ class Synthesizer(UtteranceFolds):
                     yield self._pause_chunk(req, i, progress)
                 if ahead is None:
                     stats = _SentenceStats()
-                    parts = self._render(req, i, feed, stats, globals_, progress,
-                                         start_next=lookahead if not feeds else None)
+                    parts = _made_now(self._render(req, i, feed, stats, globals_, progress,
+                                                   start_next=lookahead if not feeds else None))
                 else:
                     if not feeds:
                         lookahead()  # its audio is (being) rendered already: the next one may start now
                     stats, parts = ahead.stats, ahead.parts()
                 async with aclosing(parts) as pieces:
-                    async for samples, final in pieces:
-                        yield self._emit(req, i, samples, final, progress, planned_s=planned_s)
+                    async for samples, final, made_at in pieces:
+                        yield self._emit(req, i, samples, final, progress, planned_s=planned_s, made_at=made_at)
                 self.events(SentenceFinished(req.request_id, i, tokens=stats.tokens, hit_limit=stats.hit_limit))
             if index == 0:
                 raise InputError("nothing to say: the text has no speakable words")
@@ -381,7 +389,11 @@ class Synthesizer(UtteranceFolds):
         its next windows: crowds underran (docs/lab/run-log.md)."""
         parser = TokenParser(self.token_ids)
         busy = self.active_requests > self.schedule.busy_streams
-        early = self._alone()
+        # A request's first sentence on an engine that may lag (the pacer probes it) generates alone: its own speed
+        # decides when it plays, and a sentence stepping beside it would slow it just then (docs/cpu.md, "Two
+        # sentences a step"); its next one starts once it is generated.
+        alone_first = index == 0 and self.pacer.probe_first
+        early = self._alone() and not alone_first
         schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule
         windows = WindowedDecode(schedule, globals_, self.decoder.samples_per_code, self._shape_lengths)
         codes: list[int] = []
@@ -390,7 +402,7 @@ class Synthesizer(UtteranceFolds):
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
-                at_first_audio = self.eager_lookahead and not busy and not first_chunk
+                at_first_audio = self.eager_lookahead and not busy and not first_chunk and not alone_first
                 if start_next is not None and (done or early or at_first_audio):
                     start_next()
                     start_next = None
@@ -441,9 +453,9 @@ class Synthesizer(UtteranceFolds):
         return pcm
 
     def _emit(self, req: SynthesisRequest, index: int, samples: np.ndarray, last: bool, progress: _Progress,
-              pause: bool = False, planned_s: float | None = None) -> AudioChunk:
+              pause: bool = False, planned_s: float | None = None, made_at: float | None = None) -> AudioChunk:
         chunk = AudioChunk(req.request_id, samples, self.sample_rate, index, progress.chunks, last, pause,
-                           planned_s)
+                           planned_s, made_at)
         progress.chunks += 1
         progress.samples += len(samples)
         if not progress.first_audio and not pause:

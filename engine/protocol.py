@@ -3,7 +3,8 @@ only audio frames import, so that a client can send its first request before imp
 
 A frame is a 5-byte header (kind: 1 byte, payload length: uint32 big-endian) and the payload:
 - kind `J`: one UTF-8 JSON object with a "type" key (requests, replies, engine events);
-- kind `A`: audio, a 5-byte little-endian prefix (sentence index: uint32, flags: uint8) and float32 LE samples.
+- kind `A`: audio, a 9-byte little-endian prefix (sentence index: uint32, flags: uint8, age: float32, the seconds
+  since its audio was made, 0 where it was made as it was sent: AudioChunk.made_at) and float32 LE samples.
 No payload may exceed MAX_FRAME_BYTES; a bigger length is refused before anything is read or allocated.
 
 A connection starts with `hello` both ways (the client's carries "v"; a different version is refused; the server's
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Bumped on any incompatible change; client and server must agree exactly."""
 MAX_FRAME_BYTES = 1 << 20
 """Largest payload accepted (1 MiB): bounds what a peer can make us buffer per frame."""
@@ -39,7 +40,7 @@ MAX_TEXT_PIECE = 65536
 """Characters per text message the client sends (4 bytes each at worst in UTF-8: far below the frame limit)."""
 
 HEADER = struct.Struct(">cI")
-AUDIO_PREFIX = struct.Struct("<IB")
+AUDIO_PREFIX = struct.Struct("<IBf")
 KIND_JSON, KIND_AUDIO = b"J", b"A"
 FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
 MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
@@ -70,6 +71,8 @@ class AudioFrame:
     """float32, mono."""
     sentence_end: bool = False
     pause: bool = False
+    age_s: float = 0.0
+    """Seconds between when its audio was made and when it was sent (a sentence rendered ahead of its turn)."""
 
 
 # ---- encoding ---------------------------------------------------------------------------------------------
@@ -83,7 +86,7 @@ def encode_message(message: dict[str, Any]) -> bytes:
 
 
 def encode_audio(sentence_index: int, samples: np.ndarray, sentence_end: bool = False,
-                 pause: bool = False) -> list[bytes]:
+                 pause: bool = False, age_s: float = 0.0) -> list[bytes]:
     """Audio frames for one chunk: split when longer than a frame holds; flags go on the last piece only."""
     import numpy as np
 
@@ -93,7 +96,7 @@ def encode_audio(sentence_index: int, samples: np.ndarray, sentence_end: bool = 
     for n, piece in enumerate(pieces):
         last = n == len(pieces) - 1
         flags = (FLAG_SENTENCE_END if sentence_end and last else 0) | (FLAG_PAUSE if pause else 0)
-        payload = AUDIO_PREFIX.pack(sentence_index, flags) + piece.tobytes()
+        payload = AUDIO_PREFIX.pack(sentence_index, flags, age_s) + piece.tobytes()
         frames.append(HEADER.pack(KIND_AUDIO, len(payload)) + payload)
     return frames
 
@@ -135,13 +138,15 @@ def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
 def describe_engine(synth: Any) -> dict[str, Any]:
     """What identifies a Synthesizer's output: backend name and checkpoint (path, hash; None for the fake); and
     whether a client should learn its speed before playing a request (`paced_start`) and the windows its sentences
-    come in (`paced_windows_s`: engine.pacing)."""
+    come in (`paced_windows_s`, and `paced_ahead_windows_s` for a sentence rendered ahead of its turn:
+    engine.pacing)."""
     gen = synth.generator
     name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
     info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
     return {"backend": BACKEND_NAMES.get(name, name),
             "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None,
-            "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s)}
+            "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s),
+            "paced_ahead_windows_s": list(synth.pacer.ahead_windows_s)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -206,9 +211,11 @@ def _parse_audio(payload: bytes) -> AudioFrame:
         raise ProtocolError("bad-frame", f"audio frame of {len(payload)} bytes is not prefix + float32 samples")
     import numpy as np
 
-    index, flags = AUDIO_PREFIX.unpack_from(payload)
+    index, flags, age_s = AUDIO_PREFIX.unpack_from(payload)
+    if not 0 <= age_s < math.inf:
+        raise ProtocolError("bad-frame", f"audio frame of age {age_s} s")
     samples = np.frombuffer(payload, dtype="<f4", offset=AUDIO_PREFIX.size).astype(np.float32, copy=False)
-    return AudioFrame(index, samples, bool(flags & FLAG_SENTENCE_END), bool(flags & FLAG_PAUSE))
+    return AudioFrame(index, samples, bool(flags & FLAG_SENTENCE_END), bool(flags & FLAG_PAUSE), age_s)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | AudioFrame | None:

@@ -23,6 +23,10 @@ class AudioChunk:
     """True for the silence inserted between sentences."""
     planned_s: float | None = None
     """The most audio its sentence may make (engine.events.SentenceStarted), where known: for pacing."""
+    made_at: float | None = None
+    """When its audio was made (time.perf_counter), where that was before its turn: a sentence rendered ahead of
+    it. Pacing measures the engine's speed by when audio was made, not by when its turn let it out in a burst.
+    None: it was made as it was handed on."""
 
     @property
     def seconds(self) -> float:

@@ -41,23 +41,26 @@ def trace(model: str, quantize: str, seed: int, texts: list[str], schedule: str 
         t0, rows = time.perf_counter(), []
         async for c in synth.synthesize(SynthesisRequest(text, options=SamplingOptions(seed=seed))):
             rows.append((round(time.perf_counter() - t0, 4), c.seconds, c.sentence_index, c.sentence_end,
-                         c.planned_s, c.pause))
+                         c.planned_s, c.pause, None if c.made_at is None else round(c.made_at - t0, 4)))
         return rows
 
     for text in texts:
         print(json.dumps({"text": text, "quantize": quantize, "schedule": schedule, "windows_s": synth.pacer.windows_s,
-                          "probe_first": synth.pacer.probe_first, "chunks": asyncio.run(one(text))}), flush=True)
+                          "ahead_windows_s": synth.pacer.ahead_windows_s, "probe_first": synth.pacer.probe_first,
+                          "chunks": asyncio.run(one(text))}), flush=True)
 
 
-def sentences(chunks: list[list]) -> list[list[tuple[float, float, bool, float | None]]]:
-    """A trace's chunks per sentence, pauses left out: (time, seconds, end, planned)."""
-    out, current = [], []
-    for at, seconds, _, end, planned, pause in chunks:
+def sentences(chunks: list[list]) -> list[tuple[list[tuple[float, float, bool, float | None]], list[float] | None]]:
+    """A trace's chunks per sentence, pauses left out: ((time, seconds, end, planned) each, when each was made where
+    the sentence was rendered ahead of its turn, else None). Traces before made times were recorded have 6 fields."""
+    out, current, made = [], [], []
+    for at, seconds, _, end, planned, pause, *rest in chunks:
         if not pause:
             current.append((at, seconds, end, planned))
+            made.append(rest[0] if rest else None)
             if end:
-                out.append(current)
-                current = []
+                out.append((current, made if made[0] is not None else None))
+                current, made = [], []
     return out
 
 
@@ -65,13 +68,14 @@ def replay_file(path: str) -> None:
     for line in open(path, encoding="utf-8"):
         record = json.loads(line)
         pacer = Pacer(probe_first=record.get("probe_first", True),
-                      windows_s=tuple(record.get("windows_s", WINDOWS_S)))
+                      windows_s=tuple(record.get("windows_s", WINDOWS_S)),
+                      ahead_windows_s=tuple(record.get("ahead_windows_s", ())))
         pace = pacer.request()
         made = sum(c[1] for c in record["chunks"] if not c[5])
         print(f"{record.get('quantize', '?')} {record.get('schedule') or ''}: {record['text'][:50]} "
               f"(RTF {record['chunks'][-1][0] / made:.3f})")
-        for i, sentence in enumerate(sentences(record["chunks"])):
-            start, slack = paced_sentence(pace, sentence)
+        for i, (sentence, made_at) in enumerate(sentences(record["chunks"])):
+            start, slack = paced_sentence(pace, sentence, made_at)
             print(f"  sentence {i}: first chunk {sentence[0][0]:6.2f} s, starts {start:6.2f} s, "
                   f"slack {slack:+.2f} s, speed {pacer.speed or 0:.2f}x")
 

@@ -134,7 +134,8 @@ class RemoteSynthesizer(UtteranceFolds):
         """The server's hello: pid, project version, model, backend, sample_rate."""
         self.sample_rate = int(conn.info.get("sample_rate", 16000))
         self.pacer = Pacer(probe_first=bool(conn.info.get("paced_start")),
-                           windows_s=tuple(float(w) for w in conn.info.get("paced_windows_s") or ()))
+                           windows_s=tuple(float(w) for w in conn.info.get("paced_windows_s") or ()),
+                           ahead_windows_s=tuple(float(w) for w in conn.info.get("paced_ahead_windows_s") or ()))
         """Pacing of `speak`, the server's engine's (engine.pacing); it learns the speed in this client."""
         self.started_server = False
         """This client started the server (`voiceapp.autostart`); it keeps running after the client is done."""
@@ -197,8 +198,10 @@ class RemoteSynthesizer(UtteranceFolds):
                 if not frame.pause and not state.audio:
                     self.events(FirstAudio(req.request_id, time.perf_counter() - t0))
                 state.audio = state.audio or not frame.pause
+                made_at = time.perf_counter() - frame.age_s if frame.age_s > 0 else None
                 yield AudioChunk(req.request_id, frame.samples, self.sample_rate, frame.sentence_index,
-                                 state.chunks, frame.sentence_end, frame.pause, state.planned.get(frame.sentence_index))
+                                 state.chunks, frame.sentence_end, frame.pause, state.planned.get(frame.sentence_index),
+                                 made_at)
                 state.chunks += 1
             elif frame["type"] == "event":
                 event = parse_event(frame, req.request_id)

@@ -458,7 +458,9 @@ class EngineServer:
         try:
             async with contextlib.aclosing(self.synth.synthesize(live.req, text_stream)) as chunks:
                 async for chunk in chunks:
-                    for frame in encode_audio(chunk.sentence_index, chunk.samples, chunk.sentence_end, chunk.pause):
+                    age = 0.0 if chunk.made_at is None else max(0.0, time.perf_counter() - chunk.made_at)
+                    for frame in encode_audio(chunk.sentence_index, chunk.samples, chunk.sentence_end, chunk.pause,
+                                              age):
                         conn.writer.write(frame)
                     live.samples += len(chunk.samples)
                     await conn.writer.drain()  # backpressure: a client that plays in real time paces us

@@ -97,18 +97,19 @@ def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, pre
     return underruns, silence
 
 
-def paced_sentence(pace: RequestPace, chunks: Sequence[tuple[float, float, bool, float | None]]) -> tuple[float, float]:
+def paced_sentence(pace: RequestPace, chunks: Sequence[tuple[float, float, bool, float | None]],
+                   made: Sequence[float] | None = None) -> tuple[float, float]:
     """(start, slack) of one sentence's chunks, (arrival time, seconds, sentence end, planned seconds) each, through a
     request's pacing as `speak` plays it: it starts at the chunk `pace` lets go, or on the clock at `release_at` when
     that comes before the next chunk; slack is how long before it is due the least timely chunk arrives (negative:
-    a gap inside the sentence)."""
+    a gap inside the sentence). `made`: when each chunk was made, for a sentence rendered ahead of its turn."""
     start = None
-    for at, seconds, end, planned in chunks:
+    for i, (at, seconds, end, planned) in enumerate(chunks):
         due = pace.release_at()
         if start is None and due is not None and due < at:
             start = due
             pace.release()
-        if not pace.arrived(seconds, end, at, planned) and start is None:
+        if not pace.arrived(seconds, end, at, planned, None if made is None else made[i]) and start is None:
             start = at
     slack, played = math.inf, 0.0
     for at, seconds, _, _ in chunks:

@@ -36,7 +36,7 @@ class Unpaced(Pacer):
 
     def request(self) -> RequestPace:
         pace = RequestPace(self)
-        pace.arrived = lambda seconds, sentence_end, now, planned_s=None: False
+        pace.arrived = lambda seconds, sentence_end, now, planned_s=None, made_at=None: False
         return pace
 
 

@@ -193,6 +193,26 @@ async def test_next_sentence_starts_at_once_at_first_audio_or_when_generation_en
         assert steps_before_second == 121  # 120 codes + the stop token
 
 
+async def test_an_engine_that_may_lag_generates_a_requests_first_sentence_alone():
+    """A batching engine that may lag (the CPU's int8 rows; its pacer probes): the first sentence generates alone, as
+    its own speed decides when it plays; the next starts once it is generated, and the third with the second (rendered
+    ahead of their turns, their chunks stamped with when they were made)."""
+    from engine.pacing import Pacer
+    from engine.windowing import WindowSchedule
+
+    gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
+    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+                        schedule=WindowSchedule(solo_streams=1), pacer=Pacer(probe_first=True))
+    req = SynthesisRequest("One sentence here. Another one there. And a third one.", options=SamplingOptions(seed=1))
+    chunks = [c async for c in synth.synthesize(req)]
+    started = [gen.started_at_step[f"{req.request_id}-{i}"] for i in range(3)]
+    assert started[1] - started[0] == 121  # 120 codes + the stop token
+    assert started[2] - started[1] < 121  # the third did not wait for the second's end
+    spoken = [c for c in chunks if not c.pause]
+    assert all(c.made_at is None for c in spoken if c.sentence_index == 0)
+    assert all(c.made_at is not None for c in spoken if c.sentence_index > 0)
+
+
 async def test_busy_engine_starts_the_next_sentence_only_when_generation_ends():
     from engine.windowing import WindowSchedule
 

@@ -285,3 +285,61 @@ def test_a_sentence_is_not_started_on_the_clock_by_the_speed_of_the_one_before()
     chunks = [(seconds, 5.0 + at) for seconds, at in MEASURED_SENTENCE]
     ok, release = played_through(pacer, chunks, planned_s=10.6)
     assert ok and release in [at for _, at in chunks]  # it started as a chunk came, without a gap
+
+
+AHEAD_S = (0.8, 0.48, 0.96, 1.92)
+"""The windows of a sentence rendered ahead of its turn (WindowSchedule.ahead, engine.factory.windows_s)."""
+
+
+def ahead_sentence(length_s, speed, turn):
+    """(chunks as paced_sentence takes them, when each was made) of a sentence of `length_s` rendered ahead at `speed`
+    x real time from 0 in AHEAD_S windows, whose turn comes at `turn`: what was made by then comes out at once."""
+    sizes, made = [], 0.0
+    while made < length_s - 1e-9:
+        sizes.append(min(AHEAD_S[min(len(sizes), len(AHEAD_S) - 1)], length_s - made))
+        made += sizes[-1]
+    made_at = [sum(sizes[:k + 1]) / speed for k in range(len(sizes))]
+    chunks = [(max(turn, at) + 0.001 * k, seconds, k == len(sizes) - 1, length_s)
+              for k, (seconds, at) in enumerate(zip(sizes, made_at))]
+    return chunks, made_at
+
+
+@pytest.mark.parametrize("speed", [0.5, 0.7, 0.9])
+@pytest.mark.parametrize("turn", [2.0, 4.0])
+def test_a_sentence_rendered_ahead_is_timed_by_when_it_was_made(speed, turn):
+    """Rendered ahead of its turn, beside the sentence before: when its turn comes, what was made comes out at once.
+    Timed by when it was made, the engine's speed stays what it is and the sentence plays through."""
+    chunks, made = ahead_sentence(8.0, speed, turn)
+    assert sum(1 for at, *_ in chunks if at < turn + 0.01) >= 1  # what was made by its turn comes out then
+    pacer = Pacer(probe_first=True, windows_s=WINDOWS_S, ahead_windows_s=AHEAD_S)
+    pacer.judge(speed)  # the request's first sentence measured it
+    start, slack = paced_sentence(pacer.request(), chunks, made)
+    assert slack >= -1e-9 and start >= turn and pacer.slow and pacer.speed == pytest.approx(speed)
+
+
+@pytest.mark.parametrize("speed,turn", [(0.5, 4.0), (0.7, 4.0), (0.9, 2.0)])
+def test_timed_by_when_it_came_out_a_burst_opens_a_gap(speed, turn):
+    """The same sentences timed by when they came out: the burst at its turn looks fast and the sentence starts too
+    soon."""
+    chunks, _ = ahead_sentence(8.0, speed, turn)
+    by_arrival = Pacer(probe_first=True, windows_s=WINDOWS_S, ahead_windows_s=AHEAD_S)
+    by_arrival.judge(speed)
+    assert paced_sentence(by_arrival.request(), chunks)[1] < 0
+
+
+def test_a_sentence_rendered_ahead_is_held_for_its_own_larger_windows():
+    """Its later windows are predicted in AHEAD_S: the default schedule's smaller ones would start it too soon."""
+    ahead = Pacer(windows_s=WINDOWS_S, ahead_windows_s=AHEAD_S)
+    ahead.judge(0.6)
+    assert ahead.start_after(8.0, 1.28, 2, ahead=True) > ahead.start_after(8.0, 1.28, 2)
+    assert ahead.start_after(8.0, 1.28, 2, ahead=True) == Pacer(windows_s=AHEAD_S, speed=0.6, slow=True).start_after(
+        8.0, 1.28, 2)
+
+
+def test_time_blocked_on_the_player_counts_for_a_sentence_rendered_ahead():
+    """Its chunks were made whatever `speak` did: a wait on the player is not taken off their times."""
+    pace = Pacer(windows_s=WINDOWS_S, ahead_windows_s=AHEAD_S).request()
+    for k, at in enumerate((1.0, 2.0, 3.0)):
+        pace.arrived(0.8, False, 10.0 + k, planned_s=8.0, made_at=at)
+        pace.blocked(0.5)
+    assert pace.pacer.speed == pytest.approx(0.8)

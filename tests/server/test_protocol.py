@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from engine.events import FirstAudio, Notice, RequestFinished, SentenceFinished
-from engine.protocol import (HEADER, MAX_AUDIO_SAMPLES, MAX_FRAME_BYTES, AudioFrame, ProtocolError, encode_audio,
-                             encode_message, event_message, parse_event, read_frame)
+from engine.protocol import (AUDIO_PREFIX, HEADER, MAX_AUDIO_SAMPLES, MAX_FRAME_BYTES, AudioFrame, ProtocolError,
+                             encode_audio, encode_message, event_message, parse_event, read_frame)
 
 
 async def frames_of(data: bytes):
@@ -22,10 +22,11 @@ async def frames_of(data: bytes):
 
 async def test_json_and_audio_frames_round_trip():
     samples = np.linspace(-1, 1, 1000, dtype=np.float32)
-    data = encode_message({"type": "say", "text": "h\u00e9llo"}) + b"".join(encode_audio(3, samples, True, False))
+    data = encode_message({"type": "say", "text": "h\u00e9llo"}) + b"".join(encode_audio(3, samples, True, False, 1.5))
     msg, audio = await frames_of(data)
     assert msg == {"type": "say", "text": "h\u00e9llo"}
     assert isinstance(audio, AudioFrame) and audio.sentence_index == 3 and audio.sentence_end and not audio.pause
+    assert audio.age_s == 1.5
     assert audio.samples.dtype == np.float32 and audio.samples.tobytes() == samples.tobytes()
 
 
@@ -52,6 +53,8 @@ async def test_clean_end_between_frames_is_none_and_mid_frame_is_incomplete():
     (HEADER.pack(b"J", 12) + b'{"type": 42}', "bad-json"),
     (HEADER.pack(b"A", 7) + b"\0" * 7, "bad-frame"),
     (HEADER.pack(b"A", 3) + b"\0" * 3, "bad-frame"),
+    (HEADER.pack(b"A", 9) + AUDIO_PREFIX.pack(0, 0, float("nan")), "bad-frame"),
+    (HEADER.pack(b"A", 9) + AUDIO_PREFIX.pack(0, 0, -1.0), "bad-frame"),
 ])
 async def test_malformed_frames_raise_protocol_errors(data, code):
     with pytest.raises(ProtocolError) as err:
