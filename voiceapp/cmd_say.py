@@ -65,6 +65,8 @@ class SayMetrics(RequestMetrics):
     """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
     server_started: bool = False
     """This command started that server (it keeps running in the background until idle)."""
+    played_s: float | None = None
+    """From the request's start until the player had played its last sample (None when writing a file)."""
 
     def on_event(self, event) -> None:
         """The engine's event sink: fold the event in; a Notice is also shown at once."""
@@ -87,10 +89,11 @@ class SayMetrics(RequestMetrics):
     def as_dict(self) -> dict:
         """`--json`: TTFA from the request's start (after the engine is ready) and from this process's start
         (what the user waits for: model loading included in-process, connecting when a server speaks), onset,
-        wall-time RTF, and the rest as folded."""
+        wall-time RTF, when the player played its last sample, and the rest as folded."""
         return {"ttfa_ms": _ms(self.ttfa_s), "process_ttfa_ms": _ms(self.process_ttfa_s(process_start_perf())),
                 "server_pid": self.server_pid, "server_started": self.server_started, "onset_ms": _ms(self.onset_s),
-                "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s, "underruns": self.underruns,
+                "played_ms": _ms(self.played_s), "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s,
+                "underruns": self.underruns,
                 "sentences": self.sentences, "notices": self.notices, "phases": self.phases}
 
 
@@ -237,7 +240,9 @@ async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, met
         await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate, subtype="FLOAT")
         return
     player.mark_utterance_start()
-    await synth.speak(req, player, stream)
+    await synth.speak(req, player, stream)  # returns once the player has played everything
+    if metrics.t0 is not None:
+        metrics.played_s = time.perf_counter() - metrics.t0
     metrics.heard_at(player.last_onset_perf)
     metrics.underruns = player.underruns
 

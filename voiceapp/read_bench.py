@@ -50,6 +50,9 @@ class ReadRun:
     """From the request to the first sample the speakers played (None with --no-sound)."""
     underruns: int | None = None
     """Times the speakers ran dry inside a sentence (None with --no-sound)."""
+    quiet_s: float | None = None
+    """Silence the speakers played between the first sound and the last beyond the pauses between sentences (which
+    count as audio): the waits of sentences held until they could play through (None with --no-sound)."""
     process_s: float | None = None
     """The process's launch to its exit: model loading, conversion and the whole playback included."""
     notices: tuple[str, ...] = ()
@@ -106,10 +109,11 @@ def parse_run(weights: str, returncode: int, stdout: str, stderr: str, process_s
         errors = [line.removeprefix("voicectl: ") for line in stderr.strip().splitlines() if line.strip()]
         return ReadRun(weights, process_s=process_s, error=errors[-1] if errors else f"exit status {returncode}")
     said = json.loads(lines[-1])
+    first_sound, played = _seconds(said["onset_ms"]), _seconds(said.get("played_ms"))
+    quiet = played - first_sound - said["audio_s"] if sound and None not in (first_sound, played) else None
     return ReadRun(weights, rtf=said["rtf"], audio_s=said["audio_s"], ttfa_s=_seconds(said["ttfa_ms"]),
-                   first_sound_s=_seconds(said["onset_ms"]) if sound else None,
-                   underruns=said["underruns"] if sound else None, process_s=process_s,
-                   notices=tuple(said["notices"]))
+                   first_sound_s=first_sound if sound else None, underruns=said["underruns"] if sound else None,
+                   quiet_s=quiet, process_s=process_s, notices=tuple(said["notices"]))
 
 
 def _seconds(ms: float | None) -> float | None:
@@ -134,12 +138,12 @@ def format_table(result: dict) -> str:
     lines = [f"{result.get('device', '')}; {result.get('model', '')}; ring {result.get('ring_s', 0):g} s"
              f"{'' if result.get('sound') else ', no sound (--no-sound)'}",
              f"{'weights':8} {'RTF':>7} {'vs first':>8} {'audio s':>8} {'TTFA s':>7} {'sound s':>8} "
-             f"{'underruns':>9} {'process s':>9}"]
+             f"{'underruns':>9} {'quiet s':>7} {'process s':>9}"]
     for run in result["runs"]:
         if run["error"]:
             lines.append(f"{run['weights']:8} failed: {run['error']}")
             continue
         lines.append(f"{run['weights']:8} {cell(run['rtf']):>7} {cell(result['rtf_over_first'][run['weights']]):>8} "
                      f"{cell(run['audio_s'], 2):>8} {cell(run['ttfa_s'], 2):>7} {cell(run['first_sound_s'], 2):>8} "
-                     f"{cell(run['underruns']):>9} {cell(run['process_s'], 1):>9}")
+                     f"{cell(run['underruns']):>9} {cell(run.get('quiet_s'), 2):>7} {cell(run['process_s'], 1):>9}")
     return "\n".join(lines)

@@ -50,6 +50,7 @@ def test_speakers_get_exactly_what_out_writes(pulse_server, record_monitor, tiny
     assert stats["underruns"] == 0 and stats["sentences"] == 2
     assert stats["ttfa_ms"] > 0 and stats["onset_ms"] >= stats["ttfa_ms"]
     assert stats["audio_s"] == pytest.approx(len(wav) / 16000, abs=1e-3)
+    assert stats["played_ms"] >= stats["onset_ms"] + 1000 * stats["audio_s"] - 100  # it returned once all had played
     assert_played_equals_file(cap(), wav)
 
 

@@ -77,7 +77,7 @@ def test_read_gives_each_weights_rtf_and_its_ratio_to_the_first(tmp_path) -> Non
     assert list(runs) == ["int8", "none"] and not result["errors"] and result["text_chars"] == len(text.read_text())
     for run in runs.values():
         assert run["rtf"] > 0 and run["audio_s"] > 1 and run["ttfa_s"] > 0 and run["process_s"] > run["ttfa_s"]
-        assert run["underruns"] is None and run["first_sound_s"] is None  # nothing was played
+        assert run["underruns"] is None and run["first_sound_s"] is None and run["quiet_s"] is None  # nothing played
     assert any("int8 weights" in n for n in runs["int8"]["notices"])
     assert not any("int8 weights" in n for n in runs["none"]["notices"])
     assert result["rtf_over_first"] == {"int8": 1.0, "none": round(runs["none"]["rtf"] / runs["int8"]["rtf"], 3)}
