@@ -18,6 +18,8 @@
 #              (default .devcarry/head.patch: the LLM's head built at load; carry it) is reversed, then, with
 #              TRACES=1 (the default), chunk traces (lab.chunk_trace) of the same texts with int8 and int4 weights,
 #              for replaying the pacer here
+#   PART=rows  the minute's reading (`bench --read --no-sound --weights int8`) on all cores and pinned to two, this tree
+#              against one where $PATCH (carry it) is reversed, alternating, ROUNDS rounds (default 2)
 # Results (JSON lines) land in $OUT/<part>.jsonl; the machine's facts in $OUT/env.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -64,6 +66,22 @@ ttfa)
     CUDA_VISIBLE_DEVICES= python3 -m lab.chunk_trace --model "$MODEL" --quantize $q "$SHORT" \
       "$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
       2>>"$OUT/err.log"
+  done ;;
+rows)
+  rm -rf /tmp/before && mkdir /tmp/before \
+    && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
+    && (cd /tmp/before && patch -p1 -R -s < "$PWD/${PATCH:?carry the patch to reverse}") || exit 5
+  for R in $(seq "${ROUNDS:-2}"); do
+    for tree in "$PWD" /tmp/before; do
+      for pin in "" "taskset -c 0,1"; do
+        name=$(basename "$tree")-r$R-$([ -n "$pin" ] && echo 2 || echo all)
+        (cd "$tree" && CUDA_VISIBLE_DEVICES= XDG_CACHE_HOME=/tmp/cache-$(basename "$tree") PYTHONPATH=/tmp/site:$tree \
+          $pin python3 -m voiceapp.cli bench --read \
+          --no-sound --model "$MODEL" --weights int8 --json "$OUT/read-$name.json" >/dev/null 2>>"$OUT/err.log")
+        echo "$name: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print(r['rtf'], r['ttfa_s'])" "$OUT/read-$name.json")"
+        echo "  at $(( $(date +%s) - T0 )) s"
+      done
+    done
   done ;;
 say)
   python3 -m voiceapp.cli bench --startup --model "$MODEL" --cases import_torch,say_autostart --repeats 3 \
