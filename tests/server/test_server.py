@@ -3,6 +3,7 @@ import asyncio
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,23 @@ async def test_remote_render_equals_in_process_render_and_events_arrive(fake_ser
     assert kinds.count(RequestStarted) == 2 and kinds.count(FirstAudio) == 2 and kinds.count(SentenceFinished) == 4
     done = [e for e in events if isinstance(e, RequestFinished)]
     assert len(done) == 2 and not done[0].cancelled and done[0].audio_s == pytest.approx(len(want) / 16000)
+
+
+async def test_a_sentence_rendered_ahead_reaches_the_client_with_when_it_was_made(fake_server):
+    """The client paces by when audio was made: chunks of a sentence rendered ahead of its turn carry their age over
+    the socket, and the client turns it back into a time of its own clock; the first sentence's were made as sent."""
+    fake_server.synth.eager_lookahead = True  # as a batching engine's: a lone request's next sentence renders ahead
+    remote = await RemoteSynthesizer.connect(fake_server.path)
+    try:
+        assert remote.info["paced_ahead_windows_s"] == list(fake_server.synth.pacer.ahead_windows_s)
+        chunks = [c async for c in remote.synthesize(req("One sentence here. Another one there. And a third one."))]
+    finally:
+        await remote.close()
+    spoken = [c for c in chunks if not c.pause]
+    assert all(c.made_at is None for c in spoken if c.sentence_index == 0)
+    later = [c for c in spoken if c.sentence_index > 0]
+    assert later and all(c.made_at is not None and c.made_at <= time.perf_counter() for c in later)
+    assert min(c.made_at for c in later) < max(c.made_at for c in later)
 
 
 async def test_streamed_text_pieces_equal_whole_text(fake_server):
