@@ -279,3 +279,19 @@ async def test_a_generator_of_one_row_steps_each_request_alone(llm_dir, tmp_path
         assert together == alone
     finally:
         await gen.close()
+
+
+async def test_a_failing_row_step_fails_every_stream_in_it_and_frees_the_rows(rows_gen, monkeypatch) -> None:
+    """Out of memory in a step of two rows: both streams get the one-line GenerationError, the slots come back, and
+    the generator serves the next request."""
+    from engine.errors import GenerationError
+
+    def fail(ids, spans, cache):
+        raise RuntimeError("CPU out of memory: tried to allocate 1 GiB")
+
+    monkeypatch.setattr(rows_gen.static, "forward_rows", fail)
+    results = await asyncio.gather(read(rows_gen, "a", 50), read(rows_gen, "b", 50, seed=2), return_exceptions=True)
+    assert all(isinstance(r, GenerationError) and "out of memory" in str(r) for r in results), results
+    assert rows_gen._shared.taken == [False, False]
+    monkeypatch.undo()
+    assert len(await read(rows_gen, "c", 20)) == 20
