@@ -54,8 +54,10 @@ ttfa)
   for R in $(seq "${ROUNDS:-4}"); do
     for tree in "$PWD" /tmp/before; do
       for text in "$SHORT" "$LONG"; do
-        line=$(cd "$tree" && CUDA_VISIBLE_DEVICES= PYTHONPATH=/tmp/site:$tree python3 -m voiceapp.cli say --no-server \
-          --model "$MODEL" --seed 1 --json --out /tmp/ttfa.wav "$text" 2>>"$OUT/err.log" | tail -1)
+        # a cache folder per tree: a converted LLM of another format version would be converted again each time
+        line=$(cd "$tree" && CUDA_VISIBLE_DEVICES= XDG_CACHE_HOME=/tmp/cache-$(basename "$tree") PYTHONPATH=/tmp/site:$tree \
+          python3 -m voiceapp.cli say --no-server --model "$MODEL" --seed 1 --json --out /tmp/ttfa.wav "$text" \
+          2>>"$OUT/err.log" | tail -1)
         echo "{\"tree\": \"$(basename "$tree")\", \"round\": $R, \"chars\": ${#text}, \"say\": $line}" \
           | tee -a "$OUT/ttfa.jsonl"
       done
