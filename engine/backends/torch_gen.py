@@ -135,13 +135,21 @@ class _StaticCache:
 
     def fit(self, length: int, model: StaticQwen2 | OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
         axis = getattr(model, "cache_axis", 2)  # positions: [layers, kv, positions, D] in StaticQwen2's caches
-        capacity = self.keys.shape[axis]
-        if length > capacity:
-            keys, values = model.new_cache(max(length, 2 * capacity))
-            keys.narrow(axis, 0, capacity).copy_(self.keys)
-            values.narrow(axis, 0, capacity).copy_(self.values)
-            self.keys, self.values = keys, values
+        self.keys, self.values = _grown(self.keys, self.values, length, axis, model.new_cache)
         return self.keys, self.values
+
+
+def _grown(keys: torch.Tensor, values: torch.Tensor, length: int, axis: int,
+           new: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`keys` and `values` where they hold `length` positions along `axis`; else new ones from `new(positions)`, of
+    twice their positions (at least `length`), with what they held copied in."""
+    capacity = keys.shape[axis]
+    if length <= capacity:
+        return keys, values
+    grown = new(max(length, 2 * capacity))
+    for old, fresh in zip((keys, values), grown):
+        fresh.narrow(axis, 0, capacity).copy_(old)
+    return grown
 
 
 class _SharedRows:
@@ -170,14 +178,13 @@ class _SharedRows:
 
     def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of every row, holding at least `length` positions."""
+        def new(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return model.new_rows(len(self.taken), positions)
+
         if self.keys is None or self.values is None:
-            self.keys, self.values = model.new_rows(len(self.taken), length)
-        elif length > self.keys.shape[3]:
-            capacity = self.keys.shape[3]
-            keys, values = model.new_rows(len(self.taken), max(length, 2 * capacity))
-            keys.narrow(3, 0, capacity).copy_(self.keys)
-            values.narrow(3, 0, capacity).copy_(self.values)
-            self.keys, self.values = keys, values
+            self.keys, self.values = new(length)
+        else:
+            self.keys, self.values = _grown(self.keys, self.values, length, 3, new)
         return self.keys, self.values
 
 
