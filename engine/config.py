@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from uuid import uuid4
 
+from engine.voices import VoiceBank
+from engine.windowing import WindowSchedule
+
 MODEL_ENV = "VOICEAPP_MODEL"
 """The checkpoint folder used when --model is not given."""
 QUANTIZE = ("none", "int8", "int4")
@@ -63,3 +66,103 @@ def request_of(generator_id: str) -> str:
     """The synthesis request a sentence's generator id belongs to (itself when it is not a sentence id)."""
     head, sep, tail = generator_id.rpartition("-")
     return head if sep and tail.isdigit() else generator_id
+
+
+@dataclass(frozen=True, slots=True)
+class JoinConfig:
+    """How sentences are joined."""
+
+    pause_s: float = 0.18
+    """Silence between sentences: a short natural pause."""
+    fade_s: float = 0.004
+    """Fade at each sentence edge so joins never click (4 ms is below audibility as a fade)."""
+    max_sentence_chars: int = 280
+    """Longer sentences are split at clause boundaries (what the model handles well)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How to build the engine."""
+
+    model: str | None = None
+    """Checkpoint directory; None = VOICEAPP_MODEL, then the Hugging Face cache."""
+    backend: str = "auto"
+    """Token generator: auto (vLLM on CUDA if installed, else torch) | torch | vllm | fake."""
+    device: str = "auto"
+    """LLM device for the torch backend: auto | cpu | cuda | mps."""
+    decoder_device: str = "auto"
+    """Codec decoder device: auto (GPU if present and not slower than the CPU) | cpu | cuda."""
+    decoder_dtype: str = "auto"
+    """Codec decoder precision: auto | fp32 | bf16. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
+    bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
+    threads: int | None = None
+    """CPU threads for torch (None = torch's default)."""
+    llm_threads: int | None = None
+    """Threads of the int8 LLM's own pool (ONNX Runtime), which steps while torch decodes. None with `threads`
+    None: `cpu_pools` shares the cores out; else `threads`."""
+    quantize: str = "auto"
+    """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
+    | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
+    than fp32 where the step is bound by reading weights: docs/cpu.md) | int4 (the same with 4-bit weights: faster
+    still, opt-in, since its agreement with fp32 is outside int8's bound on the synthetic checkpoint and untested on
+    the release: docs/cpu.md, "4-bit weights"). An LLM on a GPU is never quantised."""
+    schedule: WindowSchedule | None = None
+    """Streaming decode windows, in the decoder's frames; None: the model family's (ModelFamily.schedule)."""
+    join: JoinConfig = field(default_factory=JoinConfig)
+    voices: VoiceBank | None = None
+    """Voice bank; None = builtin presets + the user's voices."""
+    cache_dir: str | None = None
+    """Root of the speaker-globals cache; None = the user cache dir."""
+    decoder_autotune: str = "none"
+    """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: none (default: cuDNN's fixed
+    algorithms; the timing is redone in every process and bought a lone stream nothing measurable, while it was most
+    of the in-process front ends' start-up: docs/benchmarks/startup.json) | batch1 (the lone stream's windows) | all
+    (batched decodes measured faster at 8-32 streams). See BiCodecDecoder.autotune."""
+    lane_rows: int | None = 2
+    """Most streams the graph lane steps at once. 2 (default) for the in-process front ends, which serve one
+    listener: a request has at most two sentences generating (the one playing and the next), side by side;
+    another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
+    fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
+    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 10% of its memory (`rows_for`; up to
+    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up
+    (docs/lab/run-log.md)."""
+    graph_lane: bool = True
+    """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
+    stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
+    takes the streams beyond the lane's rows (a lane of fewer than 32 rows also hands its streams to vLLM once
+    vLLM is busy). A `deterministic` engine has a lane of its own kind (see there)."""
+    deterministic: bool = False
+    """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume). On a GPU:
+    a graph lane of fixed shapes (GraphLane `fixed_shapes`: plain tensor code, nothing compiled or autotuned, so
+    the kernels are chosen alike in every process) in front of the torch generator for what it cannot take, never
+    vLLM (its batches change a sentence's arithmetic); the decoder with cuDNN's fixed algorithms and no graphs
+    (an export decodes whole sentences). On the CPU: the torch generator, which steps each request alone."""
+    one_listener: bool = False
+    """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
+    GPU, the lane's rows carry everything it hears, so vLLM is not started: starting vLLM as well roughly doubled
+    a fresh `voicectl say`'s time from launch to done and left first audio and RTF as they were
+    (docs/lab/run-log.md). The torch generator stands behind the lane for what the lane cannot take; the lane
+    never hands a stream over to it."""
+    freeze_heap: bool = True
+    """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
+    full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped, long
+    enough to leave the graph lane's stream empty under a first crowd of streams (docs/lab/run-log.md). Objects
+    created later are collected as ever."""
+    warm_up: bool | None = None
+    """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
+    the first request a user hears does not pay the process's first-use costs: a fresh `voicectl say` reached
+    first audio in about half the time with it, for a fraction of a second of start-up (docs/lab/run-log.md).
+    None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the warm-up
+    would cost a CPU machine seconds of start-up)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "torch", "vllm", "fake"):
+            raise ValueError(f"unknown backend {self.backend!r}")
+        if self.quantize not in ("auto", *QUANTIZE):
+            raise ValueError(f"unknown quantize {self.quantize!r}")
+        if self.decoder_dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
+        if self.decoder_autotune not in DECODER_AUTOTUNE:
+            raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")
+        if self.lane_rows is not None and self.lane_rows < 1:
+            raise ValueError(f"lane_rows must be at least 1, not {self.lane_rows}")

@@ -5,103 +5,17 @@ import itertools
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Iterator
 
-from engine.config import DECODER_AUTOTUNE, QUANTIZE
+from engine.config import EngineConfig
+from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
 from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
 from engine.pacing import Pacer
-from engine.pipeline import JoinConfig, Synthesizer
+from engine.pipeline import Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
 from engine.windowing import WindowSchedule
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """How to build the engine."""
-
-    model: str | None = None
-    """Checkpoint directory; None = VOICEAPP_MODEL, then the Hugging Face cache."""
-    backend: str = "auto"
-    """Token generator: auto (vLLM on CUDA if installed, else torch) | torch | vllm | fake."""
-    device: str = "auto"
-    """LLM device for the torch backend: auto | cpu | cuda | mps."""
-    decoder_device: str = "auto"
-    """BiCodec device: auto (GPU if present and not slower than the CPU) | cpu | cuda."""
-    decoder_dtype: str = "auto"
-    """BiCodec precision: auto | fp32 | bf16. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
-    bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
-    threads: int | None = None
-    """CPU threads for torch (None = torch's default)."""
-    llm_threads: int | None = None
-    """Threads of the int8 LLM's own pool (ONNX Runtime), which steps while torch decodes. None with `threads`
-    None: `cpu_pools` shares the cores out; else `threads`."""
-    quantize: str = "auto"
-    """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
-    | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
-    than fp32 where the step is bound by reading weights: docs/cpu.md) | int4 (the same with 4-bit weights: faster
-    still, opt-in, since its agreement with fp32 is outside int8's bound on the synthetic checkpoint and untested on
-    the release: docs/cpu.md, "4-bit weights"). An LLM on a GPU is never quantised."""
-    schedule: WindowSchedule = field(default_factory=WindowSchedule)
-    join: JoinConfig = field(default_factory=JoinConfig)
-    voices: VoiceBank | None = None
-    """Voice bank; None = builtin presets + the user's voices."""
-    cache_dir: str | None = None
-    """Root of the speaker-globals cache; None = the user cache dir."""
-    decoder_autotune: str = "none"
-    """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: none (default: cuDNN's fixed
-    algorithms; the timing is redone in every process and bought a lone stream nothing measurable, while it was most
-    of the in-process front ends' start-up: docs/benchmarks/startup.json) | batch1 (the lone stream's windows) | all
-    (batched decodes measured faster at 8-32 streams). See BiCodecDecoder.autotune."""
-    lane_rows: int | None = 2
-    """Most streams the graph lane steps at once. 2 (default) for the in-process front ends, which serve one
-    listener: a request has at most two sentences generating (the one playing and the next), side by side;
-    another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
-    fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
-    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 10% of its memory (`rows_for`; up to
-    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up
-    (docs/lab/run-log.md)."""
-    graph_lane: bool = True
-    """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
-    stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
-    takes the streams beyond the lane's rows (a lane of fewer than 32 rows also hands its streams to vLLM once
-    vLLM is busy). A `deterministic` engine has a lane of its own kind (see there)."""
-    deterministic: bool = False
-    """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume). On a GPU:
-    a graph lane of fixed shapes (GraphLane `fixed_shapes`: plain tensor code, nothing compiled or autotuned, so
-    the kernels are chosen alike in every process) in front of the torch generator for what it cannot take, never
-    vLLM (its batches change a sentence's arithmetic); the decoder with cuDNN's fixed algorithms and no graphs
-    (an export decodes whole sentences). On the CPU: the torch generator, which steps each request alone."""
-    one_listener: bool = False
-    """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
-    GPU, the lane's rows carry everything it hears, so vLLM is not started: starting vLLM as well roughly doubled
-    a fresh `voicectl say`'s time from launch to done and left first audio and RTF as they were
-    (docs/lab/run-log.md). The torch generator stands behind the lane for what the lane cannot take; the lane
-    never hands a stream over to it."""
-    freeze_heap: bool = True
-    """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
-    full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped, long
-    enough to leave the graph lane's stream empty under a first crowd of streams (docs/lab/run-log.md). Objects
-    created later are collected as ever."""
-    warm_up: bool | None = None
-    """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
-    the first request a user hears does not pay the process's first-use costs: a fresh `voicectl say` reached
-    first audio in about half the time with it, for a fraction of a second of start-up (docs/lab/run-log.md).
-    None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the warm-up
-    would cost a CPU machine seconds of start-up)."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("auto", "torch", "vllm", "fake"):
-            raise ValueError(f"unknown backend {self.backend!r}")
-        if self.quantize not in ("auto", *QUANTIZE):
-            raise ValueError(f"unknown quantize {self.quantize!r}")
-        if self.decoder_dtype not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
-        if self.decoder_autotune not in DECODER_AUTOTUNE:
-            raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")
-        if self.lane_rows is not None and self.lane_rows < 1:
-            raise ValueError(f"lane_rows must be at least 1, not {self.lane_rows}")
 
 
 GPU_DECODER_DTYPE = "fp32"
@@ -113,28 +27,34 @@ ONE_LISTENER_DECODE_BATCHES = (1, 4)
 capture bicodec.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): 14 graphs instead of 42, so a fresh `voicectl say` captures them in less time
 and is done sooner, with the same first audio and RTF (docs/lab/run-log.md)."""
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+"""How notices name a decoder precision (torch's names)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 
 
 def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink = ignore_events) -> Synthesizer:
     """Load the model and wire a Synthesizer. Raises VoiceError subclasses with user-facing messages."""
-    voices = config.voices or VoiceBank()
     if config.backend == "fake":
-        return _build_fake(config, voices, events)
-    from engine.model import load_model_info, resolve_model_dir
+        return _build_fake(config, config.voices or VoiceBank(), events)
+    from engine.families import detect
+    from engine.model import resolve_model_dir
 
     with phase("checkpoint", events):
-        info = load_model_info(resolve_model_dir(config.model))
+        root = resolve_model_dir(config.model)
+        family = detect(root)
+        info = family.read(root)
+    config = replace(config, schedule=config.schedule or family.schedule)
+    voices = config.voices or family.voices()
     with phase("tokenizer", events):
         encode = _load_encoder(info)
     _init_torch(events)
-    decoder = _build_decoder(info, config, events)
+    decoder = _build_decoder(family, info, config, events)
     generator = _build_generator(info, config, events)
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
     may_lag = _may_lag(config, decoder)
-    schedule = _schedule(config, may_lag)
-    synth = Synthesizer(generator, decoder, info.token_ids, encode, voices, cache, schedule=schedule,
+    schedule = _schedule(config, may_lag, family.schedule)
+    synth = Synthesizer(generator, decoder, family.grammar(info, encode), voices, cache, schedule=schedule,
                         join=config.join, events=events,
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
                         decode_batch=_decode_batch(config), model_info=info,
@@ -150,16 +70,16 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
 def _may_lag(config: EngineConfig, decoder) -> bool:
     """The LLM or the decoder computes on the CPU (or on a GPU other than CUDA), where speech may come slower than
     real time: `speak` then learns the speed from a request's first sentence before playing it (engine.pacing)."""
-    from engine.backends.bicodec import BiCodecDecoder
-
-    gpu_decoder = isinstance(decoder, BiCodecDecoder) and decoder.device.type == "cuda"
+    gpu_decoder = str(decoder.device).startswith("cuda")
     return not (gpu_decoder and config.device in ("auto", "cuda") and _cuda())
 
 
-def _schedule(config: EngineConfig, may_lag: bool) -> WindowSchedule:
-    """The user's schedule; by default the finer one where an engine that may lag has its decoder on cores of its
-    own (`cpu_pools`)."""
-    if may_lag and config.schedule == WindowSchedule() and cpu_pools(config, usable_cores()).llm_spins:
+def _schedule(config: EngineConfig, may_lag: bool, default: WindowSchedule = WindowSchedule()) -> WindowSchedule:
+    """The user's schedule (the family's `default` where none is set); by default the finer one where an engine that
+    may lag has its decoder on cores of its own (`cpu_pools`)."""
+    if config.schedule is None:
+        config = replace(config, schedule=default)
+    if may_lag and config.schedule == default and cpu_pools(config, usable_cores()).llm_spins:
         return config.schedule.finer()
     return config.schedule
 
@@ -268,13 +188,14 @@ def _path(p: str | None):
 
 def _build_fake(config: EngineConfig, voices: VoiceBank, events: EventSink) -> Synthesizer:
     from engine.fakes import ScriptedGenerator, ToneDecoder
+    from engine.families.spark import SparkGrammar
     from engine.tokens import TokenIds
     from engine.voices import MemoryGlobalsCache
 
     ids = TokenIds()
-    synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), ids,
-                        lambda text: [ord(c) % 151643 for c in text], voices, MemoryGlobalsCache(),
-                        schedule=config.schedule, join=config.join, events=events,
+    grammar = SparkGrammar(ids, lambda text: [ord(c) % 151643 for c in text])
+    synth = Synthesizer(ScriptedGenerator(ids, delay_s=0.002), ToneDecoder(), grammar, voices, MemoryGlobalsCache(),
+                        schedule=config.schedule or WindowSchedule(), join=config.join, events=events,
                         decode_batch=_decode_batch(config))
     _warm_up_if_asked(synth, config, events)
     return synth
@@ -303,27 +224,27 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events):
-    """BiCodec on the GPU (own stream, CUDA graphs for the schedule's window shapes) when there is one and it is
-    not measurably slower than the CPU; else on the CPU. Built before vLLM so vLLM sizes itself around it."""
-    from engine.backends.bicodec import DECODE_BATCHES, BiCodecDecoder
+def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignore_events):
+    """The family's codec decoder on the GPU (own stream, CUDA graphs for the schedule's window shapes where it
+    captures them) when there is one and it is not measurably slower than the CPU; else on the CPU. Built before
+    vLLM so vLLM sizes itself around it."""
+    from engine.backends.bicodec import DECODE_BATCHES
 
     device = config.decoder_device
     if device == "auto":
         device = "cuda" if _cuda() else "cpu"
     if device != "cuda":
-        return _cpu_decoder(info, config, events)
+        return _cpu_decoder(family, info, config, events)
     import torch
 
     from engine.batching import lengths_for
     from engine.errors import GenerationError
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[
-        GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype]
+    dtype = GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype
     try:
         with phase("decoder", events):
-            gpu = BiCodecDecoder(info.bicodec_dir, device="cuda", dtype=dtype, num_threads=config.threads,
-                                 deterministic=config.deterministic, autotune=config.decoder_autotune)
+            gpu = family.decoder(info, "cuda", dtype, threads=config.threads, deterministic=config.deterministic,
+                                 autotune=config.decoder_autotune)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
         with phase("decoder_graphs", events):
             # a deterministic engine renders whole sentences, whose lengths no captured window matches
@@ -332,14 +253,15 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
         if config.decoder_device == "cuda":
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
         events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
-        return _cpu_decoder(info, config, events)
-    graphs = "no CUDA graphs" if config.deterministic else f"CUDA graphs captured in {seconds:.1f} s"
-    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({config_dtype_name(dtype)}, {graphs})"))
+        return _cpu_decoder(family, info, config, events)
+    graphs = "no CUDA graphs" if config.deterministic or not seconds else f"CUDA graphs captured in {seconds:.1f} s"
+    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({DTYPE_NAMES[dtype]}, {graphs})"))
     if config.decoder_device == "auto":
-        gpu_s = probe_decoder(gpu, lengths_for(config.schedule)[0])
+        probe = family.probe_item(lengths_for(config.schedule)[0])
+        gpu_s = probe_decoder(gpu, probe)
         if gpu_s > SLOW_GPU_DECODE_S:
-            cpu = _cpu_decoder(info, config, events)
-            cpu_s = probe_decoder(cpu, lengths_for(config.schedule)[0])
+            cpu = _cpu_decoder(family, info, config, events)
+            cpu_s = probe_decoder(cpu, probe)
             if cpu_s < gpu_s:
                 events(Notice(f"the GPU decodes slower than the CPU here ({gpu_s * 1e3:.0f} vs "
                               f"{cpu_s * 1e3:.0f} ms per window); decoding on the CPU"))
@@ -347,51 +269,19 @@ def _build_decoder(info, config: EngineConfig, events: EventSink = ignore_events
     return gpu
 
 
-def _cpu_decoder(info, config: EngineConfig, events: EventSink):
-    import torch
-
-    from engine.backends.bicodec import BiCodecDecoder
-
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cpu_decoder_dtype(config)]
+def _cpu_decoder(family, info, config: EngineConfig, events: EventSink):
+    dtype = cpu_decoder_dtype(config)
     with phase("decoder", events):
-        decoder = BiCodecDecoder(info.bicodec_dir, device="cpu", dtype=dtype, num_threads=config.threads)
-    if dtype != torch.float32:
-        events(Notice(f"decoder on the CPU: {config_dtype_name(dtype)} (float32 with --quantize none)"))
+        decoder = family.decoder(info, "cpu", dtype, threads=config.threads)
+    if dtype != "fp32":
+        events(Notice(f"decoder on the CPU: {DTYPE_NAMES[dtype]} (float32 with --quantize none)"))
     return decoder
 
 
-def cpu_decoder_dtype(config: EngineConfig) -> str:
-    """The CPU decoder's precision: the one asked for, else bf16 where the CPU multiplies bf16 natively and the user
-    did not ask for full precision, else fp32. bf16 halves the bytes its convolutions and activations move and
-    doubles the products per instruction; its error against fp32 is bounded in docs/cpu.md (DECODER_BF16_SNR_DB)."""
-    if config.decoder_dtype != "auto":
-        return config.decoder_dtype
-    return "bf16" if config.quantize != "none" and cpu_decodes_bf16() else "fp32"
-
-
-def cpu_decodes_bf16() -> bool:
-    """The CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX); elsewhere bf16 would be emulated, slower
-    than fp32, and the decoder stays in fp32 (ARM's bf16 paths are not measured here)."""
-    import torch
-
-    checks = (torch.cpu._is_avx512_bf16_supported, torch.cpu._is_amx_tile_supported)  # private, hence the guard
-    try:
-        return any(check() for check in checks)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def config_dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def probe_decoder(decoder, length: int, repeats: int = 3) -> float:
-    """Median seconds of one decode of a `length`-code window (after one untimed call)."""
+def probe_decoder(decoder, item, repeats: int = 3) -> float:
+    """Median seconds of one decode of `item` (after one untimed call)."""
     import statistics
 
-    from engine.backends.base import DecodeItem
-
-    item = DecodeItem(tuple((7 * k) % 8192 for k in range(length)), tuple(range(32)))
     decoder.decode([item])
     times = []
     for _ in range(repeats):
@@ -469,15 +359,14 @@ def _build_fixed_lanes(info, events: EventSink) -> list:
 
     from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    from engine.prompt import semantic_allowed_ids
-
+    
     device = torch.device("cuda")
     if not _lane_runs_on(device, events, "; the torch generator renders one step per sentence"):
         return []
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     memory = torch.cuda.get_device_properties(device).total_memory
-    lanes = [GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device,
+    lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device,
                        rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most),
                        max_len=positions, fixed_shapes=True)
              for positions, most in FIXED_LANES]
@@ -514,53 +403,6 @@ def _plain_torch_generator(info, config: EngineConfig, events: EventSink, device
                                    lazy=lazy, quantize=quantize, quantized_dir=quantized_dir, events=events,
                                    llm_threads=pools.llm, llm_spins=pools.llm_spins,
                                    rows=1 if config.deterministic else CPU_LLM_ROWS)
-
-
-CPU_LLM_ROWS = 4
-"""Requests whose int8 (or int4) LLM steps run as one forward: a lone listener's sentence and the next one beside
-it, twice over for two listeners (docs/cpu.md, "Two sentences a step"). A deterministic engine steps each alone."""
-
-
-@dataclass(frozen=True, slots=True)
-class CpuPools:
-    """How an engine whose LLM runs on the CPU shares the cores between torch (the decoder; a process-wide count)
-    and the int8 LLM's own ONNX Runtime pool, which steps while torch decodes."""
-
-    torch: int | None
-    """torch's intra-op threads (None: torch's default, all cores)."""
-    llm: int | None
-    """The int8 LLM's threads (None: torch's count)."""
-    llm_spins: bool
-    """The LLM's threads spin between the step's kernels instead of sleeping: a step is a few hundred kernels, and
-    waking a sleeping pool for each costs more than the kernel on many cores; spinning on cores the decoder needs
-    would starve it, so only where the two pools do not overlap."""
-
-
-SPLIT_CORES = 8
-"""From this many cores up the LLM and the decoder get separate halves, the LLM's spinning (docs/cpu.md,
-"Many cores"); below it both use every core and the LLM's threads sleep, as measured on 2 cores."""
-
-
-def cpu_pools(config: EngineConfig, cores: int) -> CpuPools:
-    """The pools for `cores` usable cores: what the user set, else halves from SPLIT_CORES up (one pool for an fp32
-    LLM, which steps in torch's)."""
-    if config.quantize == "none":
-        return CpuPools(config.threads, None, False)
-    if config.threads is not None or config.llm_threads is not None:
-        llm = config.llm_threads or config.threads
-        spins = config.threads is not None and llm is not None and config.threads + llm <= cores
-        return CpuPools(config.threads, llm, spins)
-    if cores < SPLIT_CORES:
-        return CpuPools(None, None, False)
-    return CpuPools(cores - cores // 2, cores // 2, True)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity, as taskset or a container sets it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _quantize(config: EngineConfig, device) -> str:
@@ -625,13 +467,12 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
 
     from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    from engine.prompt import semantic_allowed_ids
-
+    
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
     # the compiled layers step faster than the plain tensor code, and the fused decode kernels faster still at the
     # few rows they take (docs/lab/run-log.md)
-    return GraphLane(model, info.token_ids, semantic_allowed_ids(info.token_ids), device=device, rows=rows,
+    return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global")
 
@@ -643,28 +484,6 @@ def _free_gpu_memory() -> None:
 
     gc.collect()
     torch.cuda.empty_cache()
-
-
-# ---- tuning in the background --------------------------------------------------------------------------------
-
-def crowd_tuning(synth: Synthesizer, config: EngineConfig, events: EventSink = ignore_events):
-    """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
-    decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it, each swapped
-    in when ready (engine.tuning). Nothing on an engine without a GPU lane."""
-    from engine.tuning import Tuning, TuningStep
-
-    info = synth.model_info
-    if info is None or not _lane_in_front(synth.generator):
-        return Tuning([], events)
-    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, config)),
-             TuningStep("lane", lambda: _build_lane(info, events, rows=None, background=True),
-                        lambda lane: _swap(synth, events, lane=lane))]
-    if config.backend == "auto" and _vllm_installed():
-        from engine.backends.vllm_gen import VllmTokenGenerator
-
-        steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),
-                                lambda gen: _swap(synth, events, primary=gen)))
-    return Tuning(steps, events)
 
 
 def _lane_in_front(generator) -> bool:
@@ -685,81 +504,12 @@ def _lanes(generator) -> list:
     return [generator.lane, *_lanes(generator.primary)] if _lane_in_front(generator) else []
 
 
-def describe_platform(synth: Synthesizer) -> str:
-    """What a deterministic engine's bytes depend on besides the checkpoint and the settings: where the LLM and the
-    decoder compute and the versions of what computes there, e.g. "cuda <GPU name> sm90, driver <version>, CUDA
-    <version>, cuDNN <version>, torch <version>, lane 128x2048" or "cpu x86_64 AVX512, 2 threads, torch <version>"."""
-    import platform
-    import sys
-
-    if "torch" not in sys.modules:  # the fake engine
-        return "fake"
-    import torch
-
-    parts = []
-    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
-    if gpu:
-        major, minor = torch.cuda.get_device_capability()
-        parts += [f"cuda {torch.cuda.get_device_name()} sm{major}{minor}", f"driver {_nvidia_driver()}",
-                  f"CUDA {torch.version.cuda}", f"cuDNN {torch.backends.cudnn.version()}"]
-    if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
-        parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
-                  f"{torch.get_num_threads()} threads"]
-        decoder_dtype = _decoder_dtype(synth)
-        if decoder_dtype != torch.float32:  # fp32 (left unsaid, as before) renders other bytes
-            parts.append(f"decoder {config_dtype_name(decoder_dtype)}")
-    if getattr(synth.generator, "quantize", "none") != "none":  # fp32 (left unsaid, as before) renders other bytes
-        parts.append(f"LLM {synth.generator.llm_path()}")
-    parts.append(f"torch {torch.__version__}")
-    parts += [f"lane {lane.rows}x{lane.max_len}" for lane in _lanes(synth.generator)]
-    return ", ".join(parts)
-
-
-def _decoder_dtype(synth: Synthesizer):
-    import torch
-
-    from engine.backends.bicodec import BiCodecDecoder
-
-    return synth.decoder.dtype if isinstance(synth.decoder, BiCodecDecoder) else torch.float32
-
-
-def _nvidia_driver() -> str:
-    """The NVIDIA driver's version (Linux: from /proc), else the CUDA driver API version torch reports."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            words = f.readline().split()
-        return next(w for w in words if w[:1].isdigit() and w.count(".") >= 1)
-    except (OSError, StopIteration):
-        import torch
-
-        return f"API {torch._C._cuda_getDriverVersion()}"
-
-
-def _capture_decoder_batches(synth: Synthesizer, config: EngineConfig) -> bool:
-    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes."""
-    from engine.backends.bicodec import DECODE_BATCHES
-    from engine.batching import lengths_for
-
-    for batch in DECODE_BATCHES:
-        for length in lengths_for(config.schedule):
-            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
-    return True
-
-
 def _vllm_installed() -> bool:
     """find_spec, not import: importing vllm configures its logging, to stdout, before VllmTokenGenerator has
     pointed it at stderr."""
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
-
-
-async def _swap(synth: Synthesizer, events: EventSink, lane=None, primary=None) -> None:
-    """A router over the new lane or primary (and the other part kept) takes the next sentences; the parts it
-    replaced finish what they run, then close."""
-    new = lane_router(primary or synth.generator.primary, lane or synth.generator.lane, events)
-    old = synth.swap_generator(new)
-    await _retire(old, keep=(new.lane, new.primary))
 
 
 def lane_router(primary, lane, events: EventSink = ignore_events):
@@ -777,13 +527,3 @@ def lane_router(primary, lane, events: EventSink = ignore_events):
     return LaneRouter(primary, lane, events=events)
 
 
-async def _retire(old, keep: tuple, poll_s: float = 0.5) -> None:
-    """Close `old`'s lane and primary (those not in `keep`) once no stream runs on them."""
-    import asyncio
-
-    while old.lane.groups() or old.primary_live:
-        await asyncio.sleep(poll_s)
-    if old.lane not in keep:
-        await old.lane.close()
-    if old.primary not in keep:
-        await old.primary.close()

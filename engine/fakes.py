@@ -63,6 +63,7 @@ class ToneDecoder:
 
     sample_rate = 16000
     samples_per_code = 320
+    device = "cpu"
     batch_limit = 128
     """Any number of windows decodes in one call; this many keeps a call short."""
     fixed_shapes = False
@@ -70,6 +71,9 @@ class ToneDecoder:
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         return [self._one(item) for item in items]
+
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int], background: bool = False) -> float:
+        return 0.0  # nothing to capture
 
     def _one(self, item: DecodeItem) -> np.ndarray:
         stop = len(item.codes) if item.keep_stop is None else item.keep_stop

@@ -17,36 +17,20 @@ import numpy as np
 
 from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for
-from engine.config import SamplingOptions, SynthesisRequest, sentence_id
+from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
 from engine.errors import GenerationError, InputError, VoiceError
+from engine.families.base import CodeParser, Grammar
 from engine.folds import UtteranceFolds
 from engine.events import (ChunkDecoded, EventSink, FirstAudio, FirstToken, RequestFailed, RequestFinished,
                            RequestStarted, SentenceFinished, SentenceStarted, ignore_events)
 from engine.pacing import Pacer
-from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
-from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, text_pieces
-from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
+from engine.prompt import Prompt
+from engine.text import SentenceSplitter, is_speakable, normalize, text_pieces
 from engine.types import AudioChunk
 from engine.voices import GlobalsCache, MemoryGlobalsCache, Voice, VoiceBank, available_voice
 from engine.windowed_decode import WindowedDecode
 from engine.windowing import Window, WindowSchedule
-
-VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
-"""Text of the controllable prompt used to compute a preset's speaker globals."""
-
-
-@dataclass(frozen=True, slots=True)
-class JoinConfig:
-    """How sentences are joined."""
-
-    pause_s: float = 0.18
-    """Silence between sentences: a short natural pause."""
-    fade_s: float = 0.004
-    """Fade at each sentence edge so joins never click (4 ms is below audibility as a fade)."""
-    max_sentence_chars: int = 280
-    """Longer sentences are split at clause boundaries (what the model handles well)."""
-
 
 def sentence_seed(seed: int | None, index: int) -> int | None:
     """Per-sentence seed: each sentence is reproducible on its own, whatever the generation order."""
@@ -176,17 +160,18 @@ async def _made_now(pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> AsyncIter
 class Synthesizer(UtteranceFolds):
     """Streams speech for requests. One instance per loaded model; safe for concurrent requests."""
 
-    def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, token_ids: TokenIds,
-                 encode: Callable[[str], list[int]], voices: VoiceBank,
+    def __init__(self, generator: TokenGenerator, decoder: CodecDecoder, grammar: Grammar, voices: VoiceBank,
                  globals_cache: GlobalsCache | MemoryGlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
                  events: EventSink = ignore_events, eager_lookahead: bool = False,
                  decode_batch: int | None = None, model_info: Any = None, pacer: Pacer | None = None) -> None:
         """`decode_batch`: most windows in one decoder call (None: what the decoder takes, its `batch_limit`); 1
         makes a window's samples independent of what it would have been batched with (a deterministic engine)."""
-        self.generator, self.decoder, self.token_ids, self.encode = generator, decoder, token_ids, encode
+        self.generator, self.decoder = generator, decoder
+        self.grammar = grammar
+        """The checkpoint's prompt format and token grammar (its family's: engine.families)."""
         self.model_info = model_info
-        """The checkpoint this engine runs (engine.model.ModelInfo; None for the fake engine)."""
+        """The checkpoint this engine runs (engine.families.base.Checkpoint; None for the fake engine)."""
         self.pacer = pacer or Pacer()
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
@@ -232,42 +217,20 @@ class Synthesizer(UtteranceFolds):
     # ---- voices -------------------------------------------------------------------------------------
 
     async def voice_globals(self, name: str) -> tuple[int, ...]:
-        """The voice's 32 speaker globals: stored, cached for this checkpoint, or computed once now."""
+        """The voice's conditioning (Spark: its 32 speaker globals): stored, cached for this checkpoint, or
+        computed once now with the LLM. Empty for a family whose voices need none (Orpheus names the voice in the
+        prompt)."""
         voice = self.voices.get(name)
-        if voice.global_tokens is not None:
-            return voice.global_tokens
+        stored = self.grammar.stored_conditioning(voice)
+        if stored is not None:
+            return stored
         async with self._globals_lock:
             cached = self.globals_cache.get(voice) if self.globals_cache else None
             if cached is None:
-                cached = await self._compute_globals(voice)
+                cached = await self.grammar.conditioning(voice, self._sample)
                 if self.globals_cache:
                     self.globals_cache.put(voice, cached)
             return cached
-
-    async def _compute_globals(self, voice: Voice) -> tuple[int, ...]:
-        """Run the controllable prompt, constrained to the output grammar
-        `<start_acoustic><pitch_value><speed_value><end_acoustic><start_global>{32 globals}`, sampling each slot
-        from the model restricted to its legal ids. A trained model puts ~all mass there anyway; a random one
-        (synthetic checkpoints) would otherwise never produce a voice."""
-        ids = self.token_ids
-        base = build_controllable_prompt(VOICE_TEXT, voice.gender, voice.pitch, voice.speed, ids, self.encode)
-        s = ids.structural
-        prefix = list(base.ids) + [s["start_acoustic_token"]]
-        slots = [("pitch_value", 1001), ("speed_value", 11)]
-        for i, (family, count) in enumerate(slots):
-            first = ids.families[family]
-            picked = await self._sample(Prompt(tuple(prefix), tuple(range(first, first + count))), 1,
-                                        voice.seed + i, f"globals-{voice.name}-{family}")
-            prefix += picked
-        prefix += [s["end_acoustic_token"], s["start_global_token"]]
-        allowed = tuple(range(ids.global_base, ids.global_base + 4096))
-        picked = await self._sample(Prompt(tuple(prefix), allowed), GLOBAL_COUNT, voice.seed + 7,
-                                    f"globals-{voice.name}")
-        codes = tuple(ids.global_index(t) for t in picked)
-        if len(codes) != GLOBAL_COUNT or None in codes:
-            raise GenerationError(f"voice {voice.name!r}: the model produced {len(codes)} global tokens, "
-                                  f"expected {GLOBAL_COUNT}")
-        return codes  # type: ignore[return-value]
 
     async def _sample(self, prompt: Prompt, n: int, seed: int, request_id: str) -> list[int]:
         opts = SamplingOptions(max_tokens=n, seed=seed)
@@ -286,9 +249,10 @@ class Synthesizer(UtteranceFolds):
         self.active_requests += 1
         cancelled = True
         try:
+            voice = self.voices.get(req.voice)
             globals_ = await self.voice_globals(req.voice)
             # aclosing: an abandoned stream must stop generation now, not whenever the GC finalizes it.
-            async with aclosing(self._chunks(req, text_stream, globals_, progress)) as chunks:
+            async with aclosing(self._chunks(req, text_stream, voice, globals_, progress)) as chunks:
                 async for chunk in chunks:
                     yield chunk
             cancelled = False
@@ -309,9 +273,9 @@ class Synthesizer(UtteranceFolds):
                                         rtf=wall / audio if audio else float("inf"), tokens=progress.tokens,
                                         cancelled=cancelled))
 
-    async def _chunks(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None,
+    async def _chunks(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None, voice: Voice,
                       globals_: tuple[int, ...], progress: _Progress) -> AsyncIterator[AudioChunk]:
-        sentences = _SentenceSource(req.text, text_stream, self.join.max_sentence_chars)
+        sentences = _SentenceSource(req.text, text_stream, self.join.max_sentence_chars, self.grammar.normalize)
         feeds: list[tuple[int, _TokenFeed, _AheadRender | None]] = []
         index = 0
 
@@ -321,7 +285,7 @@ class Synthesizer(UtteranceFolds):
             text = sentences.next_nowait()
             if text is None:
                 return
-            feed = self._start(req, text, index, globals_)
+            feed = self._start(req, text, index, voice, globals_)
             ahead = None
             if self._alone():
                 stats = _SentenceStats()
@@ -336,10 +300,11 @@ class Synthesizer(UtteranceFolds):
                     text = await sentences.next()
                     if text is None:
                         break
-                    feeds.append((index, self._start(req, text, index, globals_), None))
+                    feeds.append((index, self._start(req, text, index, voice, globals_), None))
                     index += 1
                 i, feed, ahead = feeds.pop(0)
-                planned_s = feed.max_tokens * self.decoder.samples_per_code / self.sample_rate
+                planned_s = (feed.max_tokens // self.grammar.tokens_per_code * self.decoder.samples_per_code
+                             / self.sample_rate)
                 self.events(SentenceStarted(req.request_id, i, planned_s))
                 if i > 0:
                     yield self._pause_chunk(req, i, progress)
@@ -369,10 +334,11 @@ class Synthesizer(UtteranceFolds):
         and decodes side by side with the current one."""
         return self.eager_lookahead and self.active_requests <= self.schedule.solo_streams
 
-    def _start(self, req: SynthesisRequest, text: str, index: int, globals_: tuple[int, ...]) -> _TokenFeed:
-        prompt = build_globals_prompt(text, globals_, self.token_ids, self.encode)
-        opts = replace(req.options, seed=sentence_seed(req.options.seed, index),
-                       max_tokens=min(req.options.max_tokens, sentence_token_cap(text)))
+    def _start(self, req: SynthesisRequest, text: str, index: int, voice: Voice,
+               globals_: tuple[int, ...]) -> _TokenFeed:
+        prompt = self.grammar.prompt(text, voice, globals_)
+        opts = replace(self.grammar.sampling(req.options), seed=sentence_seed(req.options.seed, index),
+                       max_tokens=min(req.options.max_tokens, self.grammar.token_cap(text)))
         return _TokenFeed(self.generator, prompt, opts, sentence_id(req.request_id, index))
 
     async def _render(self, req: SynthesisRequest, index: int, feed: _TokenFeed, stats: _SentenceStats,
@@ -387,7 +353,7 @@ class Synthesizer(UtteranceFolds):
         Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
         its first audio doubled the requests competing for each step just when every first sentence needed
         its next windows: crowds underran (docs/lab/run-log.md)."""
-        parser = TokenParser(self.token_ids)
+        parser = self.grammar.parser()
         busy = self.active_requests > self.schedule.busy_streams
         # A request's first sentence on an engine that may lag (the pacer probes it) generates alone: its own speed
         # decides when it plays, and a sentence stepping beside it would slow it just then (docs/cpu.md, "Two
@@ -396,7 +362,7 @@ class Synthesizer(UtteranceFolds):
         early = self._alone() and not alone_first
         schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule
         windows = WindowedDecode(schedule, globals_, self.decoder.samples_per_code, self._shape_lengths)
-        codes: list[int] = []
+        codes: list[Any] = []
         done, first_chunk = False, True
         fade = int(self.join.fade_s * self.sample_rate)
         try:
@@ -420,9 +386,9 @@ class Synthesizer(UtteranceFolds):
                 yield out, window.final
         finally:
             await feed.stop()
-        stats.tokens, stats.hit_limit = parser.semantic_count, not parser.done
+        stats.tokens, stats.hit_limit = parser.code_count, not parser.done
 
-    def _take_queued(self, feed: _TokenFeed, parser: TokenParser, codes: list[int], progress: _Progress,
+    def _take_queued(self, feed: _TokenFeed, parser: CodeParser, codes: list[Any], progress: _Progress,
                      done: bool, request_id: str) -> bool:
         """Consume every delta already queued, so each window sees the newest codes."""
         while not done:
@@ -432,7 +398,7 @@ class Synthesizer(UtteranceFolds):
             done = self._consume(delta, parser, codes, progress, request_id)  # type: ignore[arg-type]
         return done
 
-    def _consume(self, delta: list[int] | None, parser: TokenParser, codes: list[int], progress: _Progress,
+    def _consume(self, delta: list[int] | None, parser: CodeParser, codes: list[Any], progress: _Progress,
                  request_id: str) -> bool:
         if delta is None:
             return True
@@ -514,8 +480,11 @@ class _SentenceSource:
     """Normalized, speakable sentences from a string and/or from text arriving on an async stream, produced as
     they are asked for (the splitter gives the same sentences however the text is cut into pieces)."""
 
-    def __init__(self, text: str, stream: AsyncIterable[str] | None, max_chars: int) -> None:
+    def __init__(self, text: str, stream: AsyncIterable[str] | None, max_chars: int,
+                 normalize: Callable[[str], str] = normalize) -> None:
         self._splitter = SentenceSplitter(max_chars=max_chars)
+        self._normalize = normalize
+        """The family's sentence normalizer (Grammar.normalize)."""
         self._raw: deque[str] = deque()
         """Split sentences not yet normalized."""
         self._pieces: Iterator[str] = text_pieces(text, FEED_CHARS)
@@ -546,7 +515,7 @@ class _SentenceSource:
                     self._finish()
                     continue
                 return None
-            text = normalize(self._raw.popleft())
+            text = self._normalize(self._raw.popleft())
             if is_speakable(text):
                 return text
 

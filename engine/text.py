@@ -30,6 +30,7 @@ Rules chosen by `normalize` (documented here once; the tests hold one example of
 """
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from re import Match
@@ -851,6 +852,9 @@ def text_pieces(text: str, size: int) -> Iterator[str]:
 
 # ---- how long a sentence may run -------------------------------------------------------------------------------
 
+CAP_TOKENS_PER_S = 50
+"""The unit of the CAP_ constants: tokens of a model that speaks 50 tokens a second (Spark's semantic codes); a
+family whose LLM writes audio faster or slower scales them (`sentence_token_cap`'s `tokens_per_s`)."""
 CAP_BASE_TOKENS = 50
 """Every sentence may run 1 s (50 semantic tokens) beyond what its characters allow: short words, pauses."""
 CAP_TOKENS_PER_CHAR = 8
@@ -862,8 +866,10 @@ CAP_TOKENS_PER_WIDE_CHAR = 24
 """A CJK character is a syllable (~0.2-0.25 s spoken): 0.48 s allowed, three times a Latin letter's allowance."""
 
 
-def sentence_token_cap(sentence: str) -> int:
-    """Most semantic tokens a sentence of this (normalized) text should need; the pipeline stops it there."""
+def sentence_token_cap(sentence: str, tokens_per_s: float = CAP_TOKENS_PER_S) -> int:
+    """Most tokens a sentence of this (normalized) text should need, for a model writing `tokens_per_s` tokens per
+    second of audio; the pipeline stops it there."""
     wide = sum(1 for ch in sentence if unicodedata.east_asian_width(ch) in "WF")
     narrow = sum(1 for ch in sentence if not ch.isspace()) - wide
-    return CAP_BASE_TOKENS + CAP_TOKENS_PER_CHAR * narrow + CAP_TOKENS_PER_WIDE_CHAR * wide
+    tokens = CAP_BASE_TOKENS + CAP_TOKENS_PER_CHAR * narrow + CAP_TOKENS_PER_WIDE_CHAR * wide
+    return tokens if tokens_per_s == CAP_TOKENS_PER_S else math.ceil(tokens * tokens_per_s / CAP_TOKENS_PER_S)

@@ -1,6 +1,7 @@
 """Provides Tuning: the work a server does after it has started answering (a larger graph lane, vLLM, more decoder
-graphs), run step by step in the background and swapped in between sentences, never in the middle of one. Pure:
-the steps are callables the composition root (engine.factory) builds.
+graphs), run step by step in the background and swapped in between sentences, never in the middle of one. The
+`Tuning` runner is pure; `crowd_tuning` builds its steps from the composition root's parts (engine.factory), which
+it imports when called.
 
 Each step runs on a worker thread; what it returns is handed to `apply` on the event loop, which swaps it into the
 engine. Its progress is what `voicectl status` and the TUI show.
@@ -83,3 +84,56 @@ class Tuning:
             step.seconds = time.monotonic() - t
             if step.state == "done":
                 self.events(StartupPhase(f"tuning_{step.name}", step.seconds))
+
+
+# ---- what a server tunes ------------------------------------------------------------------------------------
+
+def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
+    """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
+    decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it, each swapped
+    in when ready. Nothing on an engine without a GPU lane."""
+    from engine.factory import _build_lane, _lane_in_front, _vllm_installed
+
+    info = synth.model_info
+    if info is None or not _lane_in_front(synth.generator):
+        return Tuning([], events)
+    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, config)),
+             TuningStep("lane", lambda: _build_lane(info, events, rows=None, background=True),
+                        lambda lane: _swap(synth, events, lane=lane))]
+    if config.backend == "auto" and _vllm_installed():
+        from engine.backends.vllm_gen import VllmTokenGenerator
+
+        steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),
+                                lambda gen: _swap(synth, events, primary=gen)))
+    return Tuning(steps, events)
+
+
+def _capture_decoder_batches(synth: Any, config: Any) -> bool:
+    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes."""
+    from engine.backends.bicodec import DECODE_BATCHES
+    from engine.batching import lengths_for
+
+    for batch in DECODE_BATCHES:
+        for length in lengths_for(config.schedule):
+            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
+    return True
+
+
+async def _swap(synth: Any, events: EventSink, lane=None, primary=None) -> None:
+    """A router over the new lane or primary (and the other part kept) takes the next sentences; the parts it
+    replaced finish what they run, then close."""
+    from engine.factory import lane_router
+
+    new = lane_router(primary or synth.generator.primary, lane or synth.generator.lane, events)
+    old = synth.swap_generator(new)
+    await _retire(old, keep=(new.lane, new.primary))
+
+
+async def _retire(old, keep: tuple, poll_s: float = 0.5) -> None:
+    """Close `old`'s lane and primary (those not in `keep`) once no stream runs on them."""
+    while old.lane.groups() or old.primary_live:
+        await asyncio.sleep(poll_s)
+    if old.lane not in keep:
+        await old.lane.close()
+    if old.primary not in keep:
+        await old.primary.close()

@@ -51,7 +51,7 @@ async def measure(model: Path, threads: int | None, tokens: int, quantize: str =
     synth.decoder.crops = synth.decoder.crops and crop
     globals_ = await synth.voice_globals("leo")
     text = "Measuring the real pipeline on the processor, one sentence at a time."
-    prompt = build_globals_prompt(text, globals_, synth.token_ids, synth.encode)
+    prompt = build_globals_prompt(text, globals_, synth.grammar.token_ids, synth.grammar.encode)
     tok_s = await measure_throughput(synth.generator, prompt, tokens)
     spc = synth.decoder.samples_per_code
     decode = {}
@@ -69,7 +69,7 @@ async def measure(model: Path, threads: int | None, tokens: int, quantize: str =
     done = next(e for e in events if isinstance(e, RequestFinished))
     ids = [t async for d in synth.generator.stream(prompt, SamplingOptions(seed=sentence_seed(3, 0),
                                                                            max_tokens=tokens), "x") for t in d]
-    codes, _ = parse_all(ids, synth.token_ids)
+    codes, _ = parse_all(ids, synth.grammar.token_ids)
     (pcm,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
     fade = int(synth.join.fade_s * synth.sample_rate)
     seam = seam_error_db(streamed, fade_edges(pcm, fade, fade))

@@ -47,7 +47,7 @@ async def run(args) -> None:
                                            cache_dir=tempfile.mkdtemp(), **pools))
     voice = await synth.voice_globals("leo")
     prompt = build_globals_prompt("Measuring the real pipeline on the processor, one sentence at a time.", voice,
-                                  synth.token_ids, synth.encode)
+                                  synth.grammar.token_ids, synth.grammar.encode)
     for r in range(args.rounds):
         ACC.clear()
         COUNT.clear()

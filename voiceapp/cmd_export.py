@@ -303,7 +303,7 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
 def engine_checked(plan, synth, manifest, earlier: dict | None):
     """The plan completed with the engine's identity, checked against the manifest being resumed."""
     from engine.export_plan import ExportSettings
-    from engine.factory import describe_platform
+    from engine.platform_info import describe_platform
     from engine.protocol import describe_engine
 
     engine = describe_engine(synth)

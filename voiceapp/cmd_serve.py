@@ -93,7 +93,8 @@ def log(line: str) -> None:
 
 async def serve(args: argparse.Namespace, http=None) -> None:
     """`http`: the HTTP API's voiceapp.speech_api.HttpSettings (None: no HTTP API)."""
-    from engine.factory import build_synthesizer, crowd_tuning
+    from engine.factory import build_synthesizer
+    from engine.tuning import crowd_tuning
     from voiceapp.client import is_default_location, socket_path
     from voiceapp.server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
 

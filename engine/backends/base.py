@@ -3,7 +3,7 @@ MonitoredSink. No device imports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -31,10 +31,12 @@ class TokenGenerator(Protocol):
 class DecodeItem:
     """One decoder window: codes including context, and which of them to return audio for."""
 
-    codes: tuple[int, ...]
-    """Semantic codes 0..8191, left context + new codes + right context."""
+    codes: tuple[Any, ...]
+    """Codec frames, left context + new frames + right context: the family's frame type (Spark: semantic codes
+    0..8191; Orpheus: 7-code SNAC frames)."""
     global_tokens: tuple[int, ...]
-    """The voice's 32 global codes 0..4095."""
+    """The voice's conditioning of the decoder (Spark: its 32 global codes 0..4095; empty where the decoder has
+    none, as SNAC)."""
     keep_start: int = 0
     """Index into `codes` of the first code whose samples are returned."""
     keep_stop: int | None = None
@@ -43,11 +45,14 @@ class DecodeItem:
 
 @runtime_checkable
 class CodecDecoder(Protocol):
-    """Turns semantic codes (+ speaker globals) into float32 mono audio."""
+    """Turns codec frames (+ the voice's conditioning, where the codec has one) into float32 mono audio."""
+
+    device: Any
+    """Where it computes ("cpu", "cuda", a torch.device): whether speech may come slower than real time."""
 
     sample_rate: int
     samples_per_code: int
-    """Samples produced per semantic code (320 for BiCodec); read from the checkpoint config."""
+    """Samples produced per codec frame (320 for BiCodec, 2048 for SNAC 24 kHz); read from the checkpoint config."""
     batch_limit: int
     """Most windows worth handing over in one decode() call (engine.batching.DecodeBatcher's batch size)."""
     fixed_shapes: bool
@@ -57,6 +62,12 @@ class CodecDecoder(Protocol):
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """Decode windows (batched where the device allows); returns float32 arrays of
         (keep_stop - keep_start) * samples_per_code samples each. Blocking: call it off the event loop."""
+        ...
+
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int], background: bool = False) -> float:
+        """Prepare for windows of these lengths and batch sizes (capture CUDA graphs where the decoder replays
+        them; `background`: while others use the GPU). Returns the seconds it took (0 where there is nothing to
+        prepare)."""
         ...
 
 

@@ -23,7 +23,7 @@ from engine.backends.qwen2_static import supported as static_supported
 from engine.config import QUANTIZE, SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
 from engine.events import EventSink, Notice, ignore_events
-from engine.prompt import Prompt, semantic_allowed_ids
+from engine.prompt import Prompt
 from engine.tokens import TokenIds
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ class TorchTokenGenerator:
         self._vocab_size = (self.static.vocab_size if self.static is not None
                             else self.model.get_output_embeddings().weight.shape[0])
         if self.static is not None:  # the restricted head every Spark request asks for, built before the first one
-            self._restricted_head(semantic_allowed_ids(self.token_ids))
+            self._restricted_head(self.token_ids.audio_ids)
         if self._rows > 1 and self.quantize != "none":
             self._shared = _SharedRows(self._rows)
         if self.device.type == "cpu" and owned:

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Sequence
 from engine.config import SamplingOptions
 from engine.errors import GenerationError, one_line
 from engine.events import EventSink, Notice, ignore_events
-from engine.prompt import Prompt, semantic_allowed_ids
+from engine.prompt import Prompt
 
 GIB = 1 << 30
 ALLOWED_RUNS_KEY = "voiceapp_allowed_runs"
@@ -181,7 +181,7 @@ class VllmTokenGenerator:
         self.events = events
         self.token_ids = token_ids
         self._stop_ids = sorted(token_ids.stop_ids)
-        self._default_allowed = semantic_allowed_ids(token_ids)
+        self._default_allowed = token_ids.audio_ids
         self.max_num_seqs = max_num_seqs
         self.warmup_s: dict[int, float] = {}
         self.start_s = 0.0

@@ -99,7 +99,7 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
                                   events=on_event)
         build_s = time.perf_counter() - t0
         inner = synth.generator
-        gen = FixedLengthGenerator(inner, opts.tokens, synth.token_ids.stop_ids)
+        gen = FixedLengthGenerator(inner, opts.tokens, synth.grammar.token_ids.stop_ids)
         synth.swap_generator(gen)
         text = " ".join([SENTENCE] * opts.sentences)
         result: dict[str, Any] = {

@@ -148,7 +148,7 @@ async def test_export_decodes_each_sentence_whole(tiny_model, tmp_path):
     audio = await synth.render(plan.request(0))
     await synth.close()
     assert len([e for e in events if isinstance(e, ChunkDecoded)]) == 1
-    codes = [i for i in map(synth.token_ids.semantic_index, recorded) if i is not None]
+    codes = [i for i in map(synth.grammar.token_ids.semantic_index, recorded) if i is not None]
     assert len(codes) == 120 and len(audio) == 120 * synth.decoder.samples_per_code
     globals_ = await synth.voice_globals("default")
     (whole,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
@@ -194,7 +194,8 @@ def test_cpu_platform_names_the_threads_the_int8_llm_and_torch(tiny_model, tmp_p
     import onnxruntime
     import torch
 
-    from engine.factory import cpu_decodes_bf16, describe_platform
+    from engine.cpu_pools import cpu_decodes_bf16
+    from engine.platform_info import describe_platform
 
     synth = build_synthesizer(EngineConfig(model=str(tiny_model), backend="torch", threads=2, deterministic=True,
                                            cache_dir=str(tmp_path / "cache"), quantize=quantize))

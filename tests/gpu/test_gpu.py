@@ -9,6 +9,7 @@ import pytest
 
 from engine.backends.base import DecodeItem
 from engine.config import SamplingOptions, SynthesisRequest
+from engine.families.spark import SparkGrammar
 from engine.prompt import Prompt, build_globals_prompt
 
 pytestmark = pytest.mark.gpu
@@ -205,7 +206,7 @@ async def test_pipeline_end_to_end_on_gpu(vllm_gen, gpu_info, gpu_model, tmp_pat
     decoder.warmup(lengths_for(schedule), batches=(1, 2, 4))
     rec = _Recorder(FixedLengthGenerator(vllm_gen, 150, gpu_info.token_ids.stop_ids))
     events = []
-    synth = Synthesizer(rec, decoder, gpu_info.token_ids, lambda t: tok.encode(t, add_special_tokens=False),
+    synth = Synthesizer(rec, decoder, SparkGrammar(gpu_info.token_ids, lambda t: tok.encode(t, add_special_tokens=False)),
                         VoiceBank([tmp_path]), None, schedule=schedule, events=events.append, eager_lookahead=True)
     voice = write_voice(tmp_path)
     req = SynthesisRequest("First sentence on the GPU. Second one follows it.", voice=voice,
@@ -521,7 +522,8 @@ async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_
 
     from engine.config import SamplingOptions, SynthesisRequest
     from engine.export_plan import to_pcm16
-    from engine.factory import EngineConfig, build_synthesizer, describe_platform, lane_rows
+    from engine.factory import EngineConfig, build_synthesizer, lane_rows
+    from engine.platform_info import describe_platform
     from engine.pipeline import sentence_seed
     from voiceapp.cmd_export import export_config
 

@@ -10,7 +10,8 @@ from engine.backends.bicodec import BiCodecDecoder
 from engine.backends.decoder_agreement import TINY_BOUND_DB, compare, random_items
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import fade_edges
-from engine.factory import EngineConfig, build_synthesizer, cpu_decodes_bf16, cpu_decoder_dtype
+from engine.cpu_pools import cpu_decodes_bf16, cpu_decoder_dtype
+from engine.factory import EngineConfig, build_synthesizer
 from engine.pipeline import sentence_seed
 from engine.prompt import build_globals_prompt
 from engine.seams import seam_error_db
@@ -61,9 +62,9 @@ async def test_streaming_in_bf16_adds_nothing_beyond_bf16s_own_error(tiny_model,
                            options=SamplingOptions(seed=11, max_tokens=150))
     streamed = np.concatenate([c.samples async for c in synth.synthesize(req)])
     globals_ = await synth.voice_globals("leo")
-    prompt = build_globals_prompt(req.text, globals_, synth.token_ids, synth.encode)
+    prompt = build_globals_prompt(req.text, globals_, synth.grammar.token_ids, synth.grammar.encode)
     opts = SamplingOptions(seed=sentence_seed(11, 0), max_tokens=150)
-    codes, _ = parse_all([t async for d in synth.generator.stream(prompt, opts, "x") for t in d], synth.token_ids)
+    codes, _ = parse_all([t async for d in synth.generator.stream(prompt, opts, "x") for t in d], synth.grammar.token_ids)
     fade = int(synth.join.fade_s * synth.sample_rate)
     item = [DecodeItem(tuple(codes), globals_)]
     (one_bf16,), (one_fp32,) = synth.decoder.decode(item), fp32.decode(item)
@@ -79,6 +80,6 @@ async def test_streaming_in_bf16_adds_nothing_beyond_bf16s_own_error(tiny_model,
 ])
 def test_the_cpu_decoder_precision_follows_the_cpu_and_the_users_choice(monkeypatch, quantize, asked, native,
                                                                          want):
-    monkeypatch.setattr("engine.factory.cpu_decodes_bf16", lambda: native)
+    monkeypatch.setattr("engine.cpu_pools.cpu_decodes_bf16", lambda: native)
     assert cpu_decoder_dtype(EngineConfig(quantize=quantize, decoder_dtype=asked)) == want
     assert isinstance(cpu_decodes_bf16(), bool)

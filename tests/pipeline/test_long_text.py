@@ -6,6 +6,7 @@ import numpy as np
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.events import ChunkDecoded, SentenceFinished
 from engine.fakes import ScriptedGenerator, ToneDecoder
+from engine.families.spark import SparkGrammar
 from engine.pipeline import JoinConfig, Synthesizer
 from engine.text import is_speakable, normalize, split_sentences
 from engine.tokens import TokenIds
@@ -36,7 +37,7 @@ async def test_twenty_thousand_words_render_every_sentence_once():
     events = []
     ids = TokenIds()
     gen = ScriptedGenerator(ids, tokens_per_sentence=3)
-    synth = Synthesizer(gen, ToneDecoder(), ids, lambda t: [ord(c) % 1000 for c in t], VoiceBank(),
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(ids, lambda t: [ord(c) % 1000 for c in t]), VoiceBank(),
                         events=events.append)
     chunks = [c async for c in synth.synthesize(SynthesisRequest(text, options=SamplingOptions(seed=0)))]
     finished = [e.sentence_index for e in events if isinstance(e, SentenceFinished)]

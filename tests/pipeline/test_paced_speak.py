@@ -8,6 +8,7 @@ import numpy as np
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.events import ChunkDecoded, Notice, SentenceFinished
 from engine.factory import windows_s
+from engine.families.spark import SparkGrammar
 from engine.fakes import ScriptedGenerator, ToneDecoder
 from engine.pacing import Pacer, RequestPace
 from engine.pipeline import Synthesizer
@@ -56,7 +57,7 @@ class LateFirstDecoder(ToneDecoder):
 def slow_synth(pacer: Pacer, events: list, decoder: ToneDecoder) -> Synthesizer:
     ids = TokenIds()
     generator = ScriptedGenerator(ids, tokens_per_sentence=TOKENS, delay_s=0.02 / SPEED)
-    return Synthesizer(generator, decoder, ids, lambda text: [ord(c) % 151643 for c in text], VoiceBank(),
+    return Synthesizer(generator, decoder, SparkGrammar(ids, lambda text: [ord(c) % 151643 for c in text]), VoiceBank(),
                        MemoryGlobalsCache(), events=events.append, pacer=pacer)
 
 

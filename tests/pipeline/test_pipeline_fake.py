@@ -11,6 +11,7 @@ from engine.errors import InputError, VoiceNotFound
 from engine.events import (ChunkDecoded, FirstAudio, FirstToken, RequestFinished, RequestStarted,
                            SentenceFinished)
 from engine.fakes import ScriptedGenerator, ToneDecoder
+from engine.families.spark import SparkGrammar
 from engine.pipeline import JoinConfig, Synthesizer, sentence_seed
 from engine.prompt import build_globals_prompt
 from engine.tokens import TokenIds, parse_all
@@ -26,7 +27,7 @@ def encode(text):
 def make(tokens=60, delay=0.0, events=None, cache_root=None, **kw):
     gen = ScriptedGenerator(IDS, tokens_per_sentence=tokens, delay_s=delay)
     cache = GlobalsCache("testhash", root=cache_root) if cache_root else None
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), cache,
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank(), cache,
                         events=(events.append if events is not None else (lambda e: None)), **kw)
     return synth, gen
 
@@ -179,7 +180,7 @@ async def test_next_sentence_starts_at_once_at_first_audio_or_when_generation_en
     from engine.windowing import WindowSchedule
 
     gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=eager,
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank(), eager_lookahead=eager,
                         schedule=WindowSchedule(solo_streams=solo))
     req = SynthesisRequest("One sentence here. Another one there. And a third one.", options=SamplingOptions(seed=1))
     await synth.render(req)
@@ -201,7 +202,7 @@ async def test_an_engine_that_may_lag_generates_a_requests_first_sentence_alone(
     from engine.windowing import WindowSchedule
 
     gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank(), eager_lookahead=True,
                         schedule=WindowSchedule(solo_streams=1), pacer=Pacer(probe_first=True))
     req = SynthesisRequest("One sentence here. Another one there. And a third one.", options=SamplingOptions(seed=1))
     chunks = [c async for c in synth.synthesize(req)]
@@ -217,7 +218,7 @@ async def test_busy_engine_starts_the_next_sentence_only_when_generation_ends():
     from engine.windowing import WindowSchedule
 
     gen = RecordingGenerator(IDS, tokens_per_sentence=120, delay_s=0.001)
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank(), eager_lookahead=True,
                         schedule=WindowSchedule(busy_streams=1))
     reqs = [SynthesisRequest(f"Stream {i} speaks. Then again.", options=SamplingOptions(seed=i)) for i in range(2)]
     await asyncio.gather(*(synth.render(r) for r in reqs))
@@ -267,7 +268,7 @@ def lone(tokens=120, delay=0.001, events=None, generator=None):
     from engine.windowing import WindowSchedule
 
     gen = generator or ScriptedGenerator(IDS, tokens_per_sentence=tokens, delay_s=delay)
-    synth = Synthesizer(gen, ToneDecoder(), IDS, encode, VoiceBank(), eager_lookahead=True,
+    synth = Synthesizer(gen, ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank(), eager_lookahead=True,
                         schedule=WindowSchedule(solo_streams=1),
                         events=(events.append if events is not None else (lambda e: None)))
     return synth, gen
@@ -387,7 +388,7 @@ async def test_the_factory_warms_up_inside_a_running_loop_and_reports_a_failed_w
 def test_the_fake_decoder_states_its_capabilities():
     decoder = ToneDecoder()
     assert isinstance(decoder, CodecDecoder) and decoder.batch_limit > 1 and not decoder.fixed_shapes
-    synth = Synthesizer(ScriptedGenerator(IDS), decoder, IDS, encode, VoiceBank())
+    synth = Synthesizer(ScriptedGenerator(IDS), decoder, SparkGrammar(IDS, encode), VoiceBank())
     assert synth.batcher.max_batch == decoder.batch_limit and not synth.batcher.one_length
 
 
@@ -399,9 +400,9 @@ def test_a_schedule_swapped_in_for_a_block_widens_to_its_lengths_and_comes_back(
         fixed_shapes = True
 
     other = WindowSchedule(first_new=8)
-    synth = Synthesizer(ScriptedGenerator(IDS), GraphDecoder(), IDS, encode, VoiceBank())
+    synth = Synthesizer(ScriptedGenerator(IDS), GraphDecoder(), SparkGrammar(IDS, encode), VoiceBank())
     with synth.scheduled(other) as lengths:
         assert synth.schedule == other and lengths == lengths_for(other) != lengths_for(WindowSchedule())
     assert synth.schedule == WindowSchedule() and synth.use_schedule(WindowSchedule()) == lengths_for(WindowSchedule())
-    plain = Synthesizer(ScriptedGenerator(IDS), ToneDecoder(), IDS, encode, VoiceBank())
+    plain = Synthesizer(ScriptedGenerator(IDS), ToneDecoder(), SparkGrammar(IDS, encode), VoiceBank())
     assert plain.use_schedule(other) == () and plain.schedule == other

@@ -28,10 +28,10 @@ def synth(tiny_model, tmp_path_factory):
 
 async def one_shot(synth, text, seed, index, voice, max_tokens):
     globals_ = await synth.voice_globals(voice)
-    prompt = build_globals_prompt(text, globals_, synth.token_ids, synth.encode)
+    prompt = build_globals_prompt(text, globals_, synth.grammar.token_ids, synth.grammar.encode)
     opts = SamplingOptions(seed=sentence_seed(seed, index), max_tokens=max_tokens)
     ids = [t async for d in synth.generator.stream(prompt, opts, "oneshot") for t in d]
-    codes, _ = parse_all(ids, synth.token_ids)
+    codes, _ = parse_all(ids, synth.grammar.token_ids)
     (pcm,) = synth.decoder.decode([DecodeItem(tuple(codes), globals_)])
     fade = int(synth.join.fade_s * synth.sample_rate)
     return fade_edges(pcm, fade, fade), len(codes)

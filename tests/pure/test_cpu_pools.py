@@ -2,7 +2,8 @@
 audio of each window the pacer plans with (factory.windows_s)."""
 import pytest
 
-from engine.factory import SPLIT_CORES, CpuPools, EngineConfig, _schedule, cpu_pools, windows_s
+from engine.cpu_pools import SPLIT_CORES, CpuPools, cpu_pools
+from engine.factory import EngineConfig, _schedule, windows_s
 from engine.windowing import WindowSchedule
 
 

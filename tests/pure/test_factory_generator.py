@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import factory
+from engine.families.spark import SPARK
 from engine.backends import torch_gen
 from engine.backends.graph_gen import LaneRouter
 from engine.events import Notice
@@ -177,9 +178,9 @@ def test_one_listener_captures_decoder_graphs_for_two_windows_at_once_a_crowd_fo
 
     monkeypatch.setattr(bicodec, "BiCodecDecoder", FakeDecoder)
     monkeypatch.setattr(factory, "_cuda", lambda: True)
-    monkeypatch.setattr(factory, "probe_decoder", lambda decoder, length: 0.001)
+    monkeypatch.setattr(factory, "probe_decoder", lambda decoder, item: 0.001)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
-    config = EngineConfig(one_listener=one_listener)
-    decoder = factory._build_decoder(SimpleNamespace(bicodec_dir="unused"), config)  # noqa: SLF001
+    config = EngineConfig(one_listener=one_listener, schedule=SPARK.schedule)
+    decoder = factory._build_decoder(SPARK, SimpleNamespace(bicodec_dir="unused"), config)  # noqa: SLF001
     assert decoder.device == "cuda" and captured["lengths"] == lengths_for(config.schedule)
     assert captured["batches"] == ((1, 4) if one_listener else (1, 4, 8, 16, 32, 64))

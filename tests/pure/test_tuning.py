@@ -68,7 +68,8 @@ async def test_progress_is_visible_while_a_step_runs() -> None:
 
 
 def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) -> None:
-    from engine.factory import EngineConfig, build_synthesizer, crowd_tuning
+    from engine.factory import EngineConfig, build_synthesizer
+    from engine.tuning import crowd_tuning
 
     config = EngineConfig(model=str(tiny_model), backend="auto", threads=2, cache_dir=str(tmp_path),
                           one_listener=True)

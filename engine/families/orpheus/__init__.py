@@ -1,0 +1,142 @@
+"""Provides the Orpheus family: a Llama-3.2-3B LLM writing SNAC codes as 7 audio tokens a frame (24 kHz, 2,048
+samples a frame), a voice being its name in the prompt (tara, leah, jess, leo, dan, mia, zac, zoe).
+
+The checkpoint is the LLM's Hugging Face folder with SNAC's in `snac/` (engine.families.orpheus.checkpoint). Pure
+at import: the grammar and the checkpoint reader are pure; the SNAC decoder and the synthetic writer import torch
+when called.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import DecodeItem
+from engine.config import SamplingOptions
+from engine.families.base import Encode, Sample
+from engine.prompt import Prompt
+from engine.voices import Voice, VoiceBank
+from engine.windowing import WindowSchedule
+
+SAMPLE_RATE = 24000
+SAMPLES_PER_FRAME = 2048
+TOKENS_PER_FRAME = 7
+FRAMES_PER_S = SAMPLE_RATE / SAMPLES_PER_FRAME
+"""SNAC frames per second of audio (about 11.7; 82 LLM tokens a second for real time)."""
+DEFAULT_SAMPLING = SamplingOptions(temperature=0.6, top_k=0, top_p=0.8)
+"""Upstream's sampling (its repetition penalty of 1.3 is not applied: our generators have no penalties)."""
+SCHEDULE = WindowSchedule(first_new=1, first_right=1, new=4, growth=2.0, max_new=32, left=4, right=2,
+                          busy_first_new=4, busy_new=8, crossfade=0)
+"""Windows in SNAC frames (85 ms each). The first window is one frame with one frame of lookahead: first audio
+after 14 tokens. `left`/`right` are the decoder's context for seams below -40 dB, and with its noise keyed to the
+position windows join without a crossfade (docs/orpheus.md)."""
+WHOLE_FRAMES = 176
+"""Frames of a whole-sentence decode (export): 15 s."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrpheusGrammar:
+    """An Orpheus checkpoint's grammar (engine.families.base.Grammar): `voice: text` prompts, 7-token frames out."""
+
+    token_ids: Any
+    """engine.families.orpheus.grammar.OrpheusIds: the stop id and the audio ids."""
+    encode: Encode
+    family: str = "orpheus"
+    tokens_per_code: int = TOKENS_PER_FRAME
+
+    def prompt(self, text: str, voice: Voice, conditioning: tuple[int, ...]) -> Prompt:
+        from engine.families.orpheus.grammar import build_prompt
+
+        return build_prompt(text, voice.name, self.encode)
+
+    def parser(self) -> Any:
+        from engine.families.orpheus.grammar import FrameParser
+
+        return FrameParser()
+
+    def normalize(self, sentence: str) -> str:
+        from engine.families.orpheus.grammar import normalize_keeping_tags
+
+        return normalize_keeping_tags(sentence)
+
+    def token_cap(self, sentence: str) -> int:
+        from engine.text import sentence_token_cap
+
+        return sentence_token_cap(sentence, FRAMES_PER_S * TOKENS_PER_FRAME)
+
+    def stored_conditioning(self, voice: Voice) -> tuple[int, ...] | None:
+        return ()  # the voice is its name in the prompt
+
+    async def conditioning(self, voice: Voice, sample: Sample) -> tuple[int, ...]:
+        return ()
+
+    def sampling(self, opts: SamplingOptions) -> SamplingOptions:
+        """A request's sampling with the engine-wide defaults it left as they are replaced by Orpheus's."""
+        base = SamplingOptions()
+        return replace(opts, **{name: getattr(DEFAULT_SAMPLING, name) for name in ("temperature", "top_k", "top_p")
+                               if getattr(opts, name) == getattr(base, name)})
+
+
+class OrpheusFamily:
+    """Orpheus TTS checkpoints (engine.families.base.ModelFamily): a Llama folder plus `snac/`."""
+
+    name = "orpheus"
+    description = "Orpheus TTS (Llama LLM + SNAC, 24 kHz): a Llama config.json beside snac/"
+    llm_architecture = "LlamaForCausalLM"
+    default_sampling = DEFAULT_SAMPLING
+    schedule = SCHEDULE
+    whole_codes = WHOLE_FRAMES
+    sizes = ("tiny", "full")
+
+    def looks_like(self, root: Path) -> bool:
+        if (root / "snac").is_dir():
+            return True
+        try:
+            config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(config, dict) and self.llm_architecture in (config.get("architectures") or [])
+
+    def read(self, root: Path) -> Any:
+        from engine.families.orpheus.checkpoint import read_checkpoint
+
+        return read_checkpoint(root)
+
+    def voices(self) -> VoiceBank:
+        from engine.families.orpheus.grammar import VOICES
+
+        return PresetBank({name: Voice(name, description, gender) for name, (gender, description) in VOICES.items()})
+
+    def grammar(self, checkpoint: Any, encode: Encode) -> OrpheusGrammar:
+        return OrpheusGrammar(checkpoint.token_ids, encode)
+
+    def decoder(self, checkpoint: Any, device: str, dtype: str, *, threads: int | None = None,
+                deterministic: bool = False, autotune: str = "none") -> Any:
+        from engine.families.orpheus.snac import SnacDecoder
+
+        return SnacDecoder(checkpoint.snac_dir, device=device, dtype=dtype, num_threads=threads)
+
+    def write_synthetic(self, out_dir: Path, size: str = "tiny", seed: int = 0, overwrite: bool = False) -> Path:
+        from engine.families.orpheus.synthetic import write_checkpoint
+
+        return write_checkpoint(out_dir, size=size, seed=seed, overwrite=overwrite)
+
+    def probe_item(self, length: int) -> DecodeItem:
+        frames = tuple(tuple((97 * (f * TOKENS_PER_FRAME + k)) % 4096 for k in range(TOKENS_PER_FRAME))
+                       for f in range(length))
+        return DecodeItem(frames, ())
+
+
+class PresetBank(VoiceBank):
+    """A fixed set of voices (a family whose voices are names the model knows, not files)."""
+
+    def __init__(self, voices: dict[str, Voice]) -> None:
+        super().__init__(dirs=[], default=next(iter(voices)))
+        self._voices = dict(voices)
+
+    def all(self) -> dict[str, Voice]:
+        return dict(self._voices)
+
+
+ORPHEUS = OrpheusFamily()
