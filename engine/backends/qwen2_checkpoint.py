@@ -1,5 +1,9 @@
-"""Provides Qwen2Weights: a Qwen2 LLM's config and tensors for StaticQwen2, read straight from a checkpoint's
-config.json and safetensors files, or taken from a loaded transformers model.
+"""Provides Qwen2Weights: a Qwen2 (or Llama) LLM's config and tensors for StaticQwen2, read straight from a
+checkpoint's config.json and safetensors files, or taken from a loaded transformers model; and the rotary
+frequencies both share.
+
+A Llama is a Qwen2 without q/k/v biases and, from Llama 3.1 on, with "llama3" rotary scaling: one code path serves
+both (zero biases where a checkpoint has none).
 
 Reading the files directly keeps transformers out of a process that only needs the weights: importing it is the
 largest single cost of a fresh engine's start-up (docs/benchmarks/startup.json).
@@ -7,6 +11,7 @@ largest single cost of a fresh engine's start-up (docs/benchmarks/startup.json).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +40,8 @@ class Qwen2Config:
     model_type: str = "qwen2"
     rope_scaling: dict[str, Any] | None = None
     use_sliding_window: bool = False
+    attention_bias: bool = True
+    """q/k/v projections have biases (Qwen2); Llama's have none."""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Qwen2Config":
@@ -48,6 +55,8 @@ class Qwen2Config:
         scaled = isinstance(rope, dict) and rope.get("rope_type", "default") != "default"
         if known.get("rope_scaling") is None and scaled:
             known["rope_scaling"] = rope
+        if "attention_bias" not in raw:
+            known["attention_bias"] = raw.get("model_type", "qwen2") == "qwen2"
         config = cls(rope_theta=float(theta), **known)
         for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
                      "intermediate_size", "vocab_size"):
@@ -105,6 +114,38 @@ class Qwen2Weights:
                 param.data = torch.empty(0, dtype=param.dtype)
 
         return cls(model.config, params.__getitem__, tied, release)
+
+
+ARCHITECTURES = ("qwen2", "llama")
+"""model_type values the static forward, the int8 path and the graph lane implement."""
+
+
+def rope_kind(cfg: Any) -> str:
+    """The rotary scaling a config asks for: "default", "llama3", or another name (not implemented)."""
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+    return rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+
+
+def rope_inv_freq(cfg: Any, head_dim: int) -> torch.Tensor:
+    """fp32 inverse frequencies [head_dim / 2] of the rotary embedding, with Llama 3's scaling where the config has
+    it: wavelengths beyond the original context are stretched by `factor`, those below `original / high_freq_factor`
+    kept, and the band between blended smoothly (transformers' "llama3" rope type; its attention factor is 1)."""
+    theta = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {})["rope_theta"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = rope_kind(cfg)
+    if kind == "default":
+        return inv_freq
+    if kind != "llama3":
+        raise ValueError(f"rotary scaling {kind!r} is not implemented (plain and llama3 are)")
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None)
+    factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    original = float(rope["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def read_config(llm_dir: Path) -> Qwen2Config:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from engine.backends.qwen2_checkpoint import Qwen2Weights
-from engine.backends.qwen2_static import _check_supported
+from engine.backends.qwen2_checkpoint import rope_inv_freq
+from engine.backends.qwen2_static import _check_supported, qkv_bias
 from engine.config import QUANTIZE
 from engine.errors import ModelFormatError
 
@@ -263,8 +264,9 @@ def attention(g: GraphBuilder, cfg, w: Callable[[str], torch.Tensor], i: int, h:
     on the packed result (key and value inputs left out): rotary embedding (rotate-half, as Qwen2's), the new keys
     and values written into the bound cache, grouped-query attention; then the output projection."""
     name = f"model.layers.{i}."
-    qkv = g.linear(h, torch.cat([w(f"self_attn.{p}_proj.weight") for p in "qkv"]), f"{name}qkv",
-                   torch.cat([w(f"self_attn.{p}_proj.bias") for p in "qkv"]))
+    weight = torch.cat([w(f"self_attn.{p}_proj.weight") for p in "qkv"])
+    bias = qkv_bias(lambda key: w(key[len(name):]), name, weight.shape[0]) if cfg.attention_bias else None
+    qkv = g.linear(h, weight, f"{name}qkv", bias)
     attended = g.fresh("gqa")
     g.node("GroupQueryAttention", [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
                                    "total_sequence_length", cos, sin],
@@ -456,9 +458,14 @@ def _session(model: str | bytes, threads: int, spin: bool = False):
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
+ROPE_POSITIONS = 32768
+"""Most positions the rotary tables cover (Qwen2's whole context; a Llama's 131,072 would cost 64 MB of tables that
+no sentence reaches)."""
+
+
 def _rope_tables(cfg, d: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [max_position_embeddings, D / 2] in fp32, StaticQwen2's frequencies: GroupQueryAttention's
     cos_cache and sin_cache (it picks the rows by position and applies rotate-half itself)."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+    positions = min(cfg.max_position_embeddings, ROPE_POSITIONS)
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), rope_inv_freq(cfg, d))
     return freqs.cos().numpy(), freqs.sin().numpy()

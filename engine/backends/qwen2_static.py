@@ -16,24 +16,25 @@ import torch.nn.functional as F
 
 from engine.backends import decode_kernels
 from engine.backends.decode_kernels import TILINGS, FusedPlan
-from engine.backends.qwen2_checkpoint import Qwen2Weights
+from engine.errors import ModelFormatError
+from engine.backends.qwen2_checkpoint import ARCHITECTURES, Qwen2Weights, rope_inv_freq, rope_kind
 
 
 def supported(cfg) -> bool:
-    """Whether StaticQwen2 implements this transformers config (Qwen2, plain rotary, no sliding window)."""
+    """Whether StaticQwen2 implements this transformers config (Qwen2 or Llama, plain or llama3 rotary, no sliding
+    window)."""
     try:
         _check_supported(cfg)
     except ValueError:
         return False
-    return getattr(cfg, "model_type", None) == "qwen2"
+    return getattr(cfg, "model_type", None) in ARCHITECTURES
 
 
 def _check_supported(cfg) -> None:
-    """ValueError for Qwen2 variants this forward does not implement (Spark's checkpoint uses none of them)."""
-    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind != "default":
-        raise ValueError(f"the graph lane implements plain rotary embeddings, not {kind!r}")
+    """ValueError for variants this forward does not implement (neither family's checkpoint uses them)."""
+    kind = rope_kind(cfg)
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"the graph lane implements plain and llama3 rotary embeddings, not {kind!r}")
     if getattr(cfg, "use_sliding_window", False):
         raise ValueError("the graph lane does not implement sliding-window attention")
 
@@ -51,6 +52,15 @@ class LayerWeights:
     gate_up_t: torch.Tensor
     """[H, 2 * intermediate]: gate then up."""
     down_t: torch.Tensor
+
+
+def qkv_bias(tensor, prefix: str, width: int) -> torch.Tensor:
+    """A layer's q|k|v biases side by side (`tensor`: name -> tensor), or zeros where the model has none (Llama):
+    one projection with a bias serves both."""
+    try:
+        return torch.cat([tensor(f"{prefix}self_attn.{p}_proj.bias").detach() for p in "qkv"])
+    except (KeyError, ModelFormatError):
+        return torch.zeros(width)
 
 
 COUNTS = 4096
@@ -123,7 +133,7 @@ class StaticQwen2:
             return tensor(prefix + name).detach().to(device=device, dtype=dtype).contiguous()
 
         qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in "qkv"])
-        bias = torch.cat([get(f"self_attn.{p}_proj.bias") for p in "qkv"])
+        bias = qkv_bias(tensor, prefix, qkv.shape[0]).to(device=device, dtype=dtype)
         gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
         return LayerWeights(ln1=get("input_layernorm.weight"), qkv_t=qkv.t().contiguous(), qkv_bias=bias,
                             o_t=get("self_attn.o_proj.weight").t().contiguous(),
@@ -140,9 +150,7 @@ class StaticQwen2:
         """cos [max_len, D] and sin with rotate-half's sign folded in ([-sin, +sin] halves), in the model dtype
         (transformers computes them in fp32 and casts to the activations' dtype too)."""
         d = self.head_dim
-        theta = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {})["rope_theta"]
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), rope_inv_freq(cfg, d))
         cos, sin = freqs.cos(), freqs.sin()
         cos = torch.cat([cos, cos], dim=-1)
         signed_sin = torch.cat([-sin, sin], dim=-1)
