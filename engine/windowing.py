@@ -76,11 +76,11 @@ class WindowSchedule:
         return self.right
 
     @classmethod
-    def whole(cls) -> "WindowSchedule":
+    def whole(cls, codes: int = WHOLE_CODES) -> "WindowSchedule":
         """For rendering, not streaming (export): a sentence of up to 15 s is decoded in one pass once all its
         codes exist, so it has no seams at all and costs one decoder call instead of ~8; longer ones are cut
         into 15 s windows (which bounds the decoder's memory), seamed like any other."""
-        return cls(first_new=WHOLE_CODES, new=WHOLE_CODES, growth=1.0, max_new=WHOLE_CODES, busy_streams=1 << 30)
+        return cls(first_new=codes, new=codes, growth=1.0, max_new=codes, busy_streams=1 << 30)
 
     def busy(self) -> "WindowSchedule":
         """The schedule for a loaded engine: larger first windows (`busy_first_new`, `busy_new`), same context

@@ -207,8 +207,7 @@ def make_plan(args: argparse.Namespace):
     from engine.book import book_sentences, read_book
     from engine.errors import InputError
     from engine.export_plan import ExportPlan, ExportSettings, sha256_bytes
-    from engine.voices import VoiceBank
-    from engine.windowing import WindowSchedule
+    from engine.families import family_of
 
     name, data = read_input(args.input, args.max_mb * 1024 * 1024)
     source = "stdin" if args.input == "-" else args.input
@@ -219,13 +218,14 @@ def make_plan(args: argparse.Namespace):
     sentences = book_sentences(book, config.join.max_sentence_chars)
     if not sentences:
         raise InputError(f"{source} has no speakable text (only code, markup or symbols?)")
-    voice = (config.voices or VoiceBank()).get(args.voice)
+    family = family_of(args.model)
+    voice = (config.voices or family.voices()).get(args.voice)
     options = sampling_options(args)
     settings = ExportSettings(
         input_sha256=sha256_bytes(data if isinstance(data, bytes) else data.encode()), voice=voice.name,
         voice_fingerprint=repr(voice.global_tokens) if voice.global_tokens else voice.fingerprint, seed=args.seed,
         sampling=repr(dataclasses.replace(options, seed=None)), join=repr(config.join),
-        schedule=repr(WindowSchedule.whole()))  # the engine's (export_config)
+        schedule=repr(export_config(config).schedule))  # the engine's
     return ExportPlan(book, tuple(sentences), settings, options)
 
 
@@ -272,9 +272,11 @@ def export_config(config):
     """The engine an export renders on: deterministic (a sentence's bytes depend on nothing that renders beside it,
     nor on the process) and decoding each sentence whole (WindowSchedule.whole: one decoder call for up to 15 s, no
     seams; an export need not stream)."""
+    from engine.families import family_of
     from engine.windowing import WindowSchedule
 
-    return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=WindowSchedule.whole())
+    whole = WindowSchedule.whole(family_of(config.model).whole_codes)
+    return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=whole)
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:

@@ -162,7 +162,7 @@ def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
 
     if speakable:
         require_speakable(text, "the text")
-    require_voice(args.voice)
+    require_voice(args.voice, args.model)
     if args.out:
         check_output(Path(args.out))
 
@@ -187,7 +187,7 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
         sent = None
         if remote is not None:
             metrics.server_pid, metrics.server_started = remote.info.get("pid"), remote.started_server
-            player = None if args.out else open_player(args)
+            player = None if args.out else open_player(args, remote.sample_rate)
             try:
                 return await speak_with(remote, req, from_stdin, args, metrics, player)
             except ServerGone as err:
@@ -219,7 +219,7 @@ async def speak_in_process(req, from_stdin: bool, args: argparse.Namespace, metr
     if own:
         # Opened only now: while a model loads, the GIL-heavy import and load would starve the stream's
         # callback and ALSA would report underruns of the silence it plays.
-        player = open_player(args)
+        player = open_player(args, synth.sample_rate)
     try:
         await speak_with(synth, req, from_stdin, args, metrics, player)
     finally:
@@ -269,10 +269,13 @@ def check_device(args: argparse.Namespace) -> None:
     """Raise AudioDeviceError (suggesting --out) unless the output device exists and can play."""
     from engine.backends.sounddevice_sink import import_sounddevice, pick_device_rate
 
-    pick_device_rate(import_sounddevice(), _device(args), 16000)
+    from engine.families import family_of
+
+    pick_device_rate(import_sounddevice(), _device(args), family_of(args.model).sample_rate)
 
 
-def open_player(args: argparse.Namespace):
+def open_player(args: argparse.Namespace, sample_rate: int):
+    """The speakers at the engine's rate."""
     from engine.backends.sounddevice_sink import Player
 
-    return Player(sample_rate=16000, device=_device(args), latency=args.latency, buffer_s=args.buffer)
+    return Player(sample_rate=sample_rate, device=_device(args), latency=args.latency, buffer_s=args.buffer)

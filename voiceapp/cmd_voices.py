@@ -12,24 +12,26 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import VoiceError
-    from engine.voices import DEFAULT_VOICE, GlobalsCache, VoiceBank
+    from engine.families import detect, family
+    from engine.model import resolve_model_dir
+    from engine.voices import GlobalsCache
 
-    cache = None
+    cache, fam = None, family("spark")
     try:
-        from engine.model import load_model_info, resolve_model_dir
-
-        cache = GlobalsCache(load_model_info(resolve_model_dir(args.model)).checkpoint_hash)
+        root = resolve_model_dir(args.model)
+        fam = detect(root)
+        cache = GlobalsCache(fam.read(root).checkpoint_hash)
     except VoiceError:
-        pass  # no model: list voices without cache status
-    for name, voice in sorted(VoiceBank().all().items()):
-        if voice.global_tokens is not None:
-            status = "cloned"
-        elif cache is None:
-            status = "-"
+        pass  # no model: list the voices without cache status
+    bank = fam.voices()
+    for name, voice in sorted(bank.all().items()):
+        if not fam.cached_voices:
+            status, attrs = "-", voice.gender
+        elif voice.global_tokens is not None:
+            status, attrs = "cloned", f"{voice.gender}, from reference audio"
         else:
-            status = "cached" if cache.has(voice) else "not cached"
-        mark = "*" if name == DEFAULT_VOICE else " "
-        attrs = f"{voice.gender}, pitch {voice.pitch}, speed {voice.speed}" if voice.global_tokens is None \
-            else f"{voice.gender}, from reference audio"
+            status = "-" if cache is None else "cached" if cache.has(voice) else "not cached"
+            attrs = f"{voice.gender}, pitch {voice.pitch}, speed {voice.speed}"
+        mark = "*" if name == bank.default else " "
         print(f"{mark} {name:<10} {attrs:<40} {status:<11} {voice.description}")
     return 0

@@ -138,12 +138,12 @@ def require_speakable(text: str, source: str) -> None:
         raise InputError(f"{source} has no speakable words (only punctuation, symbols or emoji)")
 
 
-def require_voice(name: str) -> None:
-    """Fail fast (before loading a model or starting a server) on a voice that is neither a preset nor one of the
-    user's voices: VoiceNotFound lists those there are."""
-    from engine.voices import VoiceBank
+def require_voice(name: str, model: str | None = None) -> None:
+    """Fail fast (before loading a model or starting a server) on a voice the model's family does not have (a preset
+    or, where the family takes them, one of the user's voices): VoiceNotFound lists those there are."""
+    from engine.families import family_of
 
-    VoiceBank().get(name)
+    family_of(model).voices().get(name)
 
 
 _PROCESS_START: float | None = None

@@ -339,14 +339,10 @@ class VllmTokenGenerator:
         return dict(self.warmup_s)
 
     async def _warm_batch(self, b: int, tokens: int) -> None:
-        ids = self.token_ids
-        s = ids.structural
-
         async def one(i: int) -> None:
-            text = [1000 + (7 * i + k) % 5000 for k in range(20 + i % 40)]
-            globals_ = [ids.global_base + (i * 97 + k) % 4096 for k in range(32)]
-            prompt = (s["task_tts"], s["start_content"], *text, s["end_content"], s["start_global_token"],
-                      *globals_, s["end_global_token"], s["start_semantic_token"])
+            # plain text ids of a sentence prompt's length (any family's vocabulary has them), then what a speech
+            # prompt may generate: the same shapes and sampling path as real requests
+            prompt = tuple(1000 + (7 * i + k) % 5000 for k in range(58 + i % 40))
             opts = SamplingOptions(max_tokens=tokens, seed=i if i % 2 == 0 else None)
             params = self._params(Prompt(prompt, self._default_allowed), opts)
             async for _ in self._llm.generate(self._prompt(prompt), params, f"warmup-{b}-{i}-{next(self._ids)}"):

@@ -135,6 +135,11 @@ class ModelFamily(Protocol):
     """Frames of one whole-sentence decode (export): about 15 s of audio."""
     sizes: tuple[str, ...]
     """Sizes `write_synthetic` knows ("tiny", "full")."""
+    cached_voices: bool
+    """A voice's conditioning is computed once per checkpoint and cached on disk (Spark's speaker tokens), and the
+    user's own voices (cloned from a recording) are the family's too."""
+    sample_rate: int
+    """The codec's output rate (what a player opens before the engine is loaded; the engine's is authoritative)."""
 
     def looks_like(self, root: Path) -> bool:
         """The directory has this family's layout (a cheap check on file names and configs, no weights read)."""

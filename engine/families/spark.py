@@ -88,6 +88,8 @@ class SparkFamily:
     schedule = WindowSchedule()
     whole_codes = WHOLE_CODES
     sizes = ("tiny", "full")
+    sample_rate = 16000
+    cached_voices = True
 
     def looks_like(self, root: Path) -> bool:
         return (root / "config.yaml").is_file() or (root / "BiCodec").is_dir()

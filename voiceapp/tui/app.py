@@ -10,7 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Select
 
 from engine.backends.base import MonitoredSink
-from engine.voices import VoiceBank, available_voice
+from engine.families import family_of
+from engine.voices import available_voice
 from voiceapp.tui.bridge import Bridge, TuiOptions
 from voiceapp.tui.history import Status
 from voiceapp.tui.messages import (ModelFailed, ModelReady, PlaybackStats, PlayerState, Problem,
@@ -42,7 +43,7 @@ class VoiceApp(App[int]):
     def __init__(self, options: TuiOptions = TuiOptions(), sink: MonitoredSink | None = None) -> None:
         super().__init__()
         self.options = options
-        self.voices = sorted((options.engine.voices or VoiceBank()).all())
+        self.voices = sorted((options.engine.voices or family_of(options.engine.model).voices()).all())
         self.bridge = Bridge(options, sink, id="bridge")
 
     def compose(self) -> ComposeResult:

@@ -88,6 +88,8 @@ class OrpheusFamily:
     schedule = SCHEDULE
     whole_codes = WHOLE_FRAMES
     sizes = ("tiny", "full")
+    sample_rate = SAMPLE_RATE
+    cached_voices = False
 
     def looks_like(self, root: Path) -> bool:
         if (root / "snac").is_dir():
