@@ -8,24 +8,28 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("model", help="get a Spark-TTS checkpoint, or check and describe one",
-                                   description="Get a Spark-TTS checkpoint, or check and describe one.")
+    parser = subparsers.add_parser("model", help="get a checkpoint (Spark-TTS, Orpheus), or check and describe one",
+                                   description="Get a checkpoint (Spark-TTS, Orpheus), or check and describe one.")
     parser.set_defaults(run=run, model_action=None, model_parser=parser)
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION")
 
     synth = sub.add_parser("synth", help="write a random-weight checkpoint in the real layout (tests, benchmarks)",
-                           description="Write a random-weight checkpoint in the exact Spark-TTS-0.5B layout. "
+                           description="Write a random-weight checkpoint in a model family's exact layout. "
                                        "It loads and runs like the real model but does not speak.")
     synth.add_argument("dir", metavar="DIR", help="directory to create")
+    synth.add_argument("--family", choices=FAMILY_NAMES, default="spark", help="model family (default spark)")
     synth.add_argument("--size", choices=("tiny", "full"), default="tiny",
-                       help="tiny: small layers, real ids (default); full: the release's shapes (~2.6 GB)")
+                       help="tiny: small layers, real ids (default); full: the release's shapes (Spark ~2.6 GB, "
+                            "Orpheus ~6.6 GB)")
     synth.add_argument("--seed", type=int, default=0, help="weight seed; same seed, same bytes (default 0)")
     synth.add_argument("--force", action="store_true", help="replace DIR if it already holds a checkpoint")
     synth.set_defaults(model_action=_synth)
 
     download = sub.add_parser("download", help="download the model from the Hugging Face Hub",
                               description="Download the model with huggingface_hub (into its cache unless --dir).")
-    download.add_argument("--repo", metavar="ID", default=None, help="repo id (default SparkAudio/Spark-TTS-0.5B)")
+    download.add_argument("--family", choices=FAMILY_NAMES, default="spark",
+                          help="model family (default spark; orpheus also fetches its SNAC decoder and needs --dir)")
+    download.add_argument("--repo", metavar="ID", default=None, help="repo id (default: the family's release)")
     download.add_argument("--dir", metavar="DIR", default=None,
                           help="download into DIR instead of the Hugging Face cache (then use --model DIR)")
     download.set_defaults(model_action=_download)
@@ -45,14 +49,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from engine.model import load_model_info
-    from engine.synthetic import write_checkpoint
+    from engine.families import family
 
-    _status(f"writing a {args.size} synthetic checkpoint (seed {args.seed}) to {args.dir} ...")
+    fam = family(args.family)
+    _status(f"writing a {args.size} synthetic {fam.name} checkpoint (seed {args.seed}) to {args.dir} ...")
     start = time.perf_counter()
-    path = write_checkpoint(Path(args.dir), size=args.size, seed=args.seed, overwrite=args.force)
+    path = fam.write_synthetic(Path(args.dir), size=args.size, seed=args.seed, overwrite=args.force)
     elapsed = time.perf_counter() - start
-    info = load_model_info(path)
+    info = fam.read(path)
     print(f"{path}: {args.size} synthetic checkpoint, {_human(_tree_size(path))}, written in {elapsed:.1f} s, "
           f"hash {info.checkpoint_hash}")
     print(f"use it with --model {path} (or VOICEAPP_MODEL={path})")
@@ -61,12 +65,21 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     from engine.download import download_model
-    from engine.model import DEFAULT_REPO, load_model_info
+    from engine.errors import InputError
+    from engine.families import family
+    from engine.model import DEFAULT_REPO
 
-    repo = args.repo or DEFAULT_REPO
+    fam = family(args.family)
+    (repo, _), *parts = fam.downloads
+    repo = args.repo or repo
+    if parts and args.dir is None:
+        raise InputError(f"a {fam.name} checkpoint is assembled from {1 + len(parts)} repos: give --dir DIR")
     _status(f"downloading {repo} ...")
     path = download_model(repo, dest=args.dir)
-    info = load_model_info(path)
+    for part_repo, folder in parts:
+        _status(f"downloading {part_repo} into {folder}/ ...")
+        download_model(part_repo, dest=str(Path(args.dir) / folder))
+    info = fam.read(path)
     print(f"{path}: {repo}, hash {info.checkpoint_hash}")
     if args.dir is not None:
         print(f"use it with --model {path} (or VOICEAPP_MODEL={path})")
@@ -76,10 +89,20 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from engine.families import detect
     from engine.model import load_model_info, resolve_model_dir
 
     root = resolve_model_dir(args.model)
     print(f"model        {root}")
+    fam = detect(root)  # a one-line ModelFormatError (exit 1) where it is no family's, or several
+    print(f"family       {fam.name}: {fam.description}")
+    if not fam.cached_voices:  # a family of named voices: the reader's own summary
+        info = fam.read(root)
+        for line in info.summary():
+            print(line)
+        print(f"hash         {info.checkpoint_hash}")
+        print("valid        yes")
+        return 0
     for rel, size in _layout(root):
         print(f"  {rel:<40} {_human(size) if size is not None else 'missing'}")
     info = load_model_info(root)  # raises a one-line ModelFormatError (exit 1) if invalid
@@ -95,6 +118,10 @@ def _info(args: argparse.Namespace) -> int:
     print(f"hash         {info.checkpoint_hash}")
     print("valid        yes")
     return 0
+
+
+FAMILY_NAMES = ("spark", "orpheus")
+"""engine.families.FAMILIES' names (kept here so that `voicectl --help` imports no engine module)."""
 
 
 def _status(line: str) -> None:

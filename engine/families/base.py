@@ -135,6 +135,8 @@ class ModelFamily(Protocol):
     """Frames of one whole-sentence decode (export): about 15 s of audio."""
     sizes: tuple[str, ...]
     """Sizes `write_synthetic` knows ("tiny", "full")."""
+    downloads: tuple[tuple[str, str], ...]
+    """(Hugging Face repo, folder inside the checkpoint) of each part of the released checkpoint, first the LLM."""
     cached_voices: bool
     """A voice's conditioning is computed once per checkpoint and cached on disk (Spark's speaker tokens), and the
     user's own voices (cloned from a recording) are the family's too."""

@@ -90,6 +90,7 @@ class SparkFamily:
     sizes = ("tiny", "full")
     sample_rate = 16000
     cached_voices = True
+    downloads = (("SparkAudio/Spark-TTS-0.5B", ""),)
 
     def looks_like(self, root: Path) -> bool:
         return (root / "config.yaml").is_file() or (root / "BiCodec").is_dir()

@@ -90,6 +90,7 @@ class OrpheusFamily:
     sizes = ("tiny", "full")
     sample_rate = SAMPLE_RATE
     cached_voices = False
+    downloads = (("canopylabs/orpheus-3b-0.1-ft", ""), ("hubertsiuzdak/snac_24khz", "snac"))
 
     def looks_like(self, root: Path) -> bool:
         if (root / "snac").is_dir():
