@@ -186,4 +186,4 @@ def widen_left(item: DecodeItem, codes: Sequence[int], start: int, lengths: Sequ
     extra = target - n
     stop = item.keep_stop if item.keep_stop is not None else n
     return replace(item, codes=tuple(codes[start - extra: start]) + tuple(item.codes),
-                   keep_start=item.keep_start + extra, keep_stop=stop + extra)
+                   keep_start=item.keep_start + extra, keep_stop=stop + extra, start=start - extra)

@@ -36,7 +36,7 @@ class WindowedDecode:
     def item(self, window: Window, codes: Sequence[int]) -> DecodeItem:
         """The decoder input for `window` of the sentence's `codes`: its codes and the span whose audio it keeps."""
         item = DecodeItem(tuple(codes[window.start:window.stop]), self.globals, window.emit_start - window.start,
-                          window.emit_stop - window.start)
+                          window.emit_stop - window.start, window.start)
         return widen_left(item, codes, window.start, self.lengths) if self.lengths else item
 
     def join(self, window: Window, pcm: np.ndarray) -> np.ndarray:

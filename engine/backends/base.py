@@ -41,6 +41,9 @@ class DecodeItem:
     """Index into `codes` of the first code whose samples are returned."""
     keep_stop: int | None = None
     """Index into `codes` one past the last code whose samples are returned (None = len(codes))."""
+    start: int = 0
+    """Position of `codes[0]` in its sentence: a decoder whose output depends on the position (SNAC's noise,
+    keyed to it so that overlapping windows agree) reads it; others ignore it."""
 
 
 @runtime_checkable
