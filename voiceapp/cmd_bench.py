@@ -131,11 +131,13 @@ def run(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         raise InputError("--levels: need at least one stream count >= 1")
     variants = _variants(args)  # a bad name fails before minutes of checkpoint writing and model loading
-    schedule = WindowSchedule()
+    schedule = None  # the model family's
     if args.first_new or args.first_right:
         from dataclasses import replace
 
-        schedule = replace(schedule, **({"first_new": args.first_new} if args.first_new else {}),
+        from engine.families import family_of
+
+        schedule = replace(family_of(args.model).schedule, **({"first_new": args.first_new} if args.first_new else {}),
                            **({"first_right": args.first_right} if args.first_right else {}))
     log = _log
     started = datetime.datetime.now().astimezone()
@@ -344,13 +346,16 @@ def read_warm_json(path: str) -> dict:
 
 def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict, log) -> dict:
     from engine import bench
+    from engine.families import detect
 
-    result: dict = {"device": bench.device_name(), "checkpoint": checkpoint,
+    family = detect(model)
+    schedule = schedule or family.schedule
+    result: dict = {"device": bench.device_name(), "checkpoint": checkpoint, "family": family.name,
                     "options": {"tokens_per_sentence": args.tokens, "sentences_per_stream": args.sentences,
                                 "levels": list(levels), "preroll_s": 0.2, "schedule": asdict(schedule),
                                 "decoder_autotune": args.decoder_autotune}}
     cuda = _cuda()
-    if cuda and not args.no_decoder_checks:
+    if cuda and not args.no_decoder_checks and family.cached_voices:  # BiCodec's checks (Spark's decoder)
         from engine.batching import lengths_for
 
         log("decoder precision and seams (GPU fp32/bf16 vs CPU fp32)")

@@ -68,7 +68,8 @@ class BenchOptions:
     decoder_dtype: str = "auto"
     decoder_autotune: str = "all"
     """As `voicectl serve` (the many-streams configuration this measures); see EngineConfig.decoder_autotune."""
-    schedule: WindowSchedule = field(default_factory=WindowSchedule)
+    schedule: WindowSchedule | None = None
+    """None: the model family's."""
     threads: int | None = None
     variants: dict[str, tuple[Variant, Sequence[int]]] = field(default_factory=dict)
     """Other configurations to measure, each at its own stream counts, on the same engine."""
@@ -77,6 +78,7 @@ class BenchOptions:
 async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     from engine.events import Notice
     from engine.factory import EngineConfig, build_synthesizer
+    from engine.families import family_of
     from engine.voices import VoiceBank
 
     notices: list[str] = []
@@ -89,10 +91,15 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
             log(f"  [engine] {event.message}")
 
     with tempfile.TemporaryDirectory(prefix="voiceapp-bench-") as tmp:
-        voice = write_voice(Path(tmp) / "voices")
+        family = family_of(opts.model)
+        if family.cached_voices:  # a voice of stored conditioning: nothing to compute first
+            voice, voices = write_voice(Path(tmp) / "voices"), VoiceBank([Path(tmp) / "voices"])
+        else:  # a voice the model knows by name
+            voices = family.voices()
+            voice = voices.default
         t0 = time.perf_counter()
         synth = build_synthesizer(EngineConfig(model=str(opts.model), backend=opts.backend, schedule=opts.schedule,
-                                               voices=VoiceBank([Path(tmp) / "voices"]), cache_dir=str(Path(tmp)),
+                                               voices=voices, cache_dir=str(Path(tmp)),
                                                threads=opts.threads, decoder_dtype=opts.decoder_dtype,
                                                decoder_autotune=opts.decoder_autotune,
                                                lane_rows=None),  # a lane sized for crowds, as `voicectl serve`
