@@ -355,7 +355,7 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
                                 "levels": list(levels), "preroll_s": 0.2, "schedule": asdict(schedule),
                                 "decoder_autotune": args.decoder_autotune}}
     cuda = _cuda()
-    if cuda and not args.no_decoder_checks and family.cached_voices:  # BiCodec's checks (Spark's decoder)
+    if cuda and not args.no_decoder_checks and (model / "BiCodec").is_dir():  # the BiCodec decoder's checks
         from engine.batching import lengths_for
 
         log("decoder precision and seams (GPU fp32/bf16 vs CPU fp32)")
