@@ -248,7 +248,7 @@ def write_tokenizer(root: Path) -> None:
     decoder = {str(i): {"content": t, "lstrip": False, "normalized": not s, "rstrip": False, "single_word": False,
                         "special": s} for i, t, s in added_tokens()}
     _write_json(root / "tokenizer_config.json", {
-        "added_tokens_decoder": decoder, "bos_token": LLAMA_SPECIALS[0], "clean_up_tokenization_spaces": True,
+        "added_tokens_decoder": decoder, "bos_token": LLAMA_SPECIALS[0], "clean_up_tokenization_spaces": False,
         "eos_token": LLAMA_SPECIALS[9], "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"})
 
