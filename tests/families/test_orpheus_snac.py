@@ -58,7 +58,7 @@ def test_matches_the_snac_package_within_1e_4(snac_tiny, snac_decoder, noise):
     ref = reference_audio(reference(snac_tiny, 0 if noise else None), FRAMES)
     out = ours.decode([DecodeItem(FRAMES, ())])[0]
     assert out.dtype == np.float32 and out.shape == (len(FRAMES) * 2048,)
-    assert float(np.abs(out - ref).max()) <= 1e-4  # measured 2.1e-7 (noise on) / 2.4e-7 (off): docs/orpheus.md
+    assert float(np.abs(out - ref).max()) <= 1e-4  # measured: docs/orpheus.md
     assert float(np.sqrt(np.mean(ref ** 2))) > 0.01  # not silence
 
 
@@ -91,7 +91,7 @@ def test_windowed_decode_with_three_frames_of_context_matches_one_shot(snac_deco
     windows = context_windows(FRAMES, new=4, left=3, right=3)
     assert len(windows) == 4 and [w.start for w in windows] == [0, 1, 5, 9]
     db = seam_error_db(np.concatenate(snac_decoder.decode(windows)), full)
-    assert db <= -40  # measured -117 dB (float rounding): docs/orpheus.md
+    assert db <= -40  # at float rounding, measured: docs/orpheus.md
 
 
 def test_too_little_context_shows_in_the_seam_error(snac_decoder):

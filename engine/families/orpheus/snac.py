@@ -387,12 +387,17 @@ def context_frames(decoder: SnacDecoder, frames: Sequence[Sequence[int]], target
     found = []
     for side in ("left", "right"):
         table = measure_context_table(decoder, frames, range(most + 1), new=new, side=side, other=most)
-        need = None  # the fewest frames from which every larger context stays below the target too
-        for ctx in sorted(table, reverse=True):
-            if table[ctx] >= target_db:
-                break
-            need = ctx
-        if need is None:
-            raise ValueError(f"no {side} context up to {most} frames reaches {target_db} dB: {table}")
-        found.append(need)
+        found.append(fewest_context(table, target_db, side))
     return found[0], found[1]
+
+
+def fewest_context(table: dict[int, float], target_db: float = -40.0, side: str = "") -> int:
+    """The fewest frames of context from which every larger one in `table` stays below `target_db`."""
+    need = None
+    for ctx in sorted(table, reverse=True):
+        if table[ctx] >= target_db:
+            break
+        need = ctx
+    if need is None:
+        raise ValueError(f"no {side} context in {sorted(table)} frames reaches {target_db} dB: {table}")
+    return need
