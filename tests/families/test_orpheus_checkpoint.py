@@ -230,3 +230,19 @@ def test_missing_weights_and_folders(folder, tmp_path):
     with pytest.raises(ModelNotFound):
         read_orpheus(tmp_path / "nowhere")
     assert not looks_like_orpheus(tmp_path / "nowhere")
+
+
+def test_weights_are_drawn_in_bounded_blocks(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from engine.families.orpheus import synthetic
+
+    monkeypatch.setattr(synthetic, "CHUNK_ELEMENTS", 1000)  # the tiny embedding then takes 157 blocks
+    config = llm_config("tiny")
+    write_llm_weights(tmp_path, config, seed=0, shard_bytes=None)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight")
+        assert embed.dtype == torch.bfloat16 and tuple(embed.shape) == (156940, 64)
+        assert abs(float(embed.float().std()) - 0.02) < 1e-3 and torch.equal(
+            f.get_tensor("model.norm.weight"), torch.ones(64, dtype=torch.bfloat16))
+        assert set(f.keys()) == {name for name, _ in llm_shapes(config)}

@@ -72,6 +72,9 @@ NOISE_GAIN = 0.1
 """Scale on the noise blocks' gains: at default init the noise term outweighs the codes' own signal; scaled, the
 codes dominate as in a trained model, and the noise stays large enough to see in tests."""
 
+CHUNK_ELEMENTS = 16 * 1024**2
+"""Most LLM weight elements drawn at once while writing (64 MiB of fp32)."""
+
 SHARD_BYTES = 5 * 1024**3
 """Largest shard of a `full` LLM (the hub's usual 5 GB cut)."""
 
@@ -171,11 +174,18 @@ def _plan_shards(shapes: list[tuple[str, tuple[int, ...]]], limit: int | None) -
     return shards
 
 
-def _llm_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+def _llm_chunks(name: str, shape: tuple[int, ...], seed: int) -> Iterator[torch.Tensor]:
+    """The tensor's bf16 values in row blocks of at most CHUNK_ELEMENTS, drawn from its own seeded generator (the
+    full model's 156 940 x 3072 embedding never sits in memory whole, nor in fp32)."""
     if name.endswith("norm.weight"):
-        return torch.ones(shape, dtype=torch.bfloat16)
+        yield torch.ones(shape, dtype=torch.bfloat16)
+        return
     gen = torch.Generator().manual_seed(_tensor_seed(seed, name))
-    return torch.randn(shape, generator=gen, dtype=torch.float32).mul_(INIT_STD).to(torch.bfloat16)
+    row = _numel(shape[1:])
+    step = max(1, CHUNK_ELEMENTS // row)
+    for at in range(0, shape[0], step):
+        rows = min(step, shape[0] - at)
+        yield torch.randn((rows, *shape[1:]), generator=gen).mul_(INIT_STD).to(torch.bfloat16)
 
 
 def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], seed: int) -> None:
@@ -195,9 +205,8 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], s
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
         for name, shape in tensors:
-            t = _llm_tensor(name, shape, seed)
-            f.write(t.view(torch.int16).numpy().tobytes())
-            del t
+            for block in _llm_chunks(name, shape, seed):
+                f.write(block.view(torch.int16).numpy().data)
     os.replace(tmp, path)
 
 
