@@ -130,7 +130,8 @@ def test_a_sharded_llm_reads_the_same(orpheus_tiny, tmp_path):
     copy = tmp_path / "sharded"
     shutil.copytree(orpheus_tiny, copy)
     (copy / "model.safetensors").unlink()
-    write_llm_weights(copy, llm_config("tiny"), seed=0, shard_bytes=8 * 1024**2)  # the 20 MB embedding alone, then the rest
+    # 8 MB shards: the 20 MB embedding alone, then everything else
+    write_llm_weights(copy, llm_config("tiny"), seed=0, shard_bytes=8 * 1024**2)
     info = read_orpheus(copy)
     assert len(info.llm_weights) == 2 and (copy / "model.safetensors.index.json").is_file()
     from safetensors import safe_open

@@ -46,13 +46,17 @@ class SnacConfig:
     vq_strides: tuple[int, ...]
     """Latent steps per code of each level (coarsest first): (4, 2, 1) for Orpheus' 7-code frame."""
     codebook_size: int
+    """Entries per level's codebook (4096)."""
     codebook_dim: int
+    """Width of a codebook entry before the output projection lifts it to latent_dim (8)."""
     noise: bool
     """The decoder blocks add run-time noise (NoiseBlock) after each upsampling."""
     depthwise: bool
     """Depthwise (grouped) convolutions in the input and residual layers."""
     encoder_dim: int
+    """Encoder width: read to size the encoder tensors the decoder leaves unread."""
     encoder_rates: tuple[int, ...]
+    """Encoder downsampling factors (the decoder's in reverse)."""
 
     @property
     def hop(self) -> int:
@@ -72,16 +76,22 @@ class LlamaSummary:
     hidden_size: int
     num_layers: int
     num_heads: int
+    """Query heads."""
     num_kv_heads: int
+    """Key/value heads (grouped-query attention: 8 in the release, 3 query heads each)."""
     head_dim: int
+    """`head_dim`, else hidden_size / num_heads."""
     intermediate_size: int
     vocab_size: int
+    """Embedding rows (156 940 in the release; the tokenizer knows fewer)."""
     rope_theta: float
     rope_scaling: dict[str, Any] | None
     """Llama-3 frequency scaling (`rope_type: llama3`, factor 32 in the release), or None."""
     max_position_embeddings: int
     tie_word_embeddings: bool
+    """The output head reuses the embedding (no lm_head tensor in the weights)."""
     torch_dtype: str | None
+    """The dtype the config names (bfloat16 in the release), if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +101,23 @@ class OrpheusInfo:
     root: Path
     """The LLM folder (what vLLM / transformers load), holding `snac/`."""
     snac_dir: Path
+    """`snac/`: what SnacDecoder loads."""
     snac_weights: Path
+    """`snac/pytorch_model.bin` (checked to exist; read only by the decoder, weights-only)."""
     sample_rate: int
     """24000: SNAC's rate, which is the family's output rate."""
     llm: LlamaSummary
+    """The LLM config facts, checked."""
     llm_config: dict[str, Any]
     """`config.json` as read."""
     snac: SnacConfig
+    """`snac/config.json`, checked to decode Orpheus frames."""
     llm_weights: tuple[Path, ...]
     """Safetensors file(s) of the LLM."""
     llm_dtype: str
     """Storage dtype of the embedding (BF16 in the release)."""
     tokenizer_file: Path
+    """`tokenizer.json`, checked for Llama's BOS/EOT and every custom token the grammar uses."""
 
 
 def looks_like_orpheus(model_dir: str | os.PathLike[str]) -> bool:

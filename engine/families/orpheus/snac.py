@@ -146,7 +146,7 @@ class SnacNet(nn.Module):
         self.decoder = _Decoder(cfg)
 
     def latent(self, levels: Sequence[torch.Tensor]) -> torch.Tensor:
-        """(B, n·4/stride) code rows per level -> (B, latent_dim, 4n) summed latent."""
+        """Code rows (B, n), (B, 2n), (B, 4n) -> their levels' latents summed, (B, latent_dim, 4n)."""
         return sum(q(c) for q, c in zip(self.quantizer.quantizers, levels))  # type: ignore[return-value]
 
     def forward(self, levels: Sequence[torch.Tensor], starts: torch.Tensor, seed: int | None) -> torch.Tensor:

@@ -287,8 +287,9 @@ def write_snac(snac_dir: Path, size: str, seed: int) -> None:
 
 def snac_tensors(cfg, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a SNAC state dict in the release's key names, drawn like torch's default init (conv
-    weights and biases uniform ±1/√fan_in, codebooks N(0, 1), Snake α 1, weight-norm gain ‖v‖), except that gains
-    and α are spread over ×0.5..1.5 so folding the norm and per-channel α are exercised, not identities."""
+    weights and biases uniform ±1/√fan_in, codebooks N(0, 1), Snake α 1, weight-norm gain ‖v‖), except that
+    gains and α are spread over ×0.5..1.5 so folding the norm and per-channel α are exercised, not identities,
+    and the noise and output gains are scaled (NOISE_GAIN, OUTPUT_GAIN)."""
     layout = snac_layout(cfg)
     shapes = {name: (shape, kind) for name, shape, kind in layout}
     for name, shape, kind in layout:
