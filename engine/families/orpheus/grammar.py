@@ -5,6 +5,10 @@ those mark the turn structure (start/end of human, AI and speech); 7 * 4096 of t
 carry SNAC codes: every 7 generated audio tokens form one frame, and the k-th token of a frame owns its own block
 of 4096 ids. Everything here is id arithmetic on ints; nothing imports torch or a tokenizer.
 
+Per sentence: `prompt_text(sentence)` (instead of engine.text.normalize, which would drop the emotion tags), then
+`build_prompt(text, voice, encode)`; generated ids go through one `FrameParser`, whose frames are the decoder's
+codes (engine.families.orpheus.snac).
+
 Decisions taken here (docs/orpheus.md has the reasoning):
 - The prompt is what the reference implementation hands its model, leading `<|begin_of_text|>` included.
 - Emotion tags from EMOTION_TAGS reach the prompt as written; any other `<...>` tag is dropped, never spoken and
