@@ -15,22 +15,23 @@ from typing import Any
 from engine.backends.base import DecodeItem
 from engine.config import SamplingOptions
 from engine.families.base import Encode, Sample
+from engine.families.orpheus import grammar
 from engine.prompt import Prompt
 from engine.voices import Voice, VoiceBank
 from engine.windowing import WindowSchedule
 
-SAMPLE_RATE = 24000
-SAMPLES_PER_FRAME = 2048
-TOKENS_PER_FRAME = 7
+SAMPLE_RATE = grammar.SAMPLE_RATE
+SAMPLES_PER_FRAME = grammar.SAMPLES_PER_FRAME
+TOKENS_PER_FRAME = grammar.FRAME_TOKENS
 FRAMES_PER_S = SAMPLE_RATE / SAMPLES_PER_FRAME
 """SNAC frames per second of audio (about 11.7; 82 LLM tokens a second for real time)."""
-DEFAULT_SAMPLING = SamplingOptions(temperature=0.6, top_k=0, top_p=0.8)
+DEFAULT_SAMPLING = SamplingOptions(temperature=grammar.TEMPERATURE, top_k=0, top_p=grammar.TOP_P)
 """Upstream's sampling (its repetition penalty of 1.3 is not applied: our generators have no penalties)."""
-SCHEDULE = WindowSchedule(first_new=1, first_right=1, new=4, growth=2.0, max_new=32, left=4, right=2,
+SCHEDULE = WindowSchedule(first_new=1, first_right=1, new=4, growth=2.0, max_new=32, left=3, right=2,
                           busy_first_new=4, busy_new=8, crossfade=0)
-"""Windows in SNAC frames (85 ms each). The first window is one frame with one frame of lookahead: first audio
-after 14 tokens. `left`/`right` are the decoder's context for seams below -40 dB, and with its noise keyed to the
-position windows join without a crossfade (docs/orpheus.md)."""
+"""Windows in SNAC frames (85 ms each). Three frames of left context and two of right put a seam far below -40 dB
+and, with the decoder's noise keyed to the position, windows join without a crossfade; the first window trades its
+one seam (one frame of lookahead, about -26 dB) for first audio after 14 tokens (docs/orpheus.md)."""
 WHOLE_FRAMES = 176
 """Frames of a whole-sentence decode (export): 15 s."""
 
@@ -46,19 +47,13 @@ class OrpheusGrammar:
     tokens_per_code: int = TOKENS_PER_FRAME
 
     def prompt(self, text: str, voice: Voice, conditioning: tuple[int, ...]) -> Prompt:
-        from engine.families.orpheus.grammar import build_prompt
-
-        return build_prompt(text, voice.name, self.encode)
+        return grammar.build_prompt(text, voice.name, self.encode)
 
     def parser(self) -> Any:
-        from engine.families.orpheus.grammar import FrameParser
-
-        return FrameParser()
+        return grammar.FrameParser()
 
     def normalize(self, sentence: str) -> str:
-        from engine.families.orpheus.grammar import normalize_keeping_tags
-
-        return normalize_keeping_tags(sentence)
+        return grammar.prompt_text(sentence)
 
     def token_cap(self, sentence: str) -> int:
         from engine.text import sentence_token_cap
@@ -102,33 +97,92 @@ class OrpheusFamily:
         return isinstance(config, dict) and self.llm_architecture in (config.get("architectures") or [])
 
     def read(self, root: Path) -> Any:
-        from engine.families.orpheus.checkpoint import read_checkpoint
+        from engine.families.orpheus.checkpoint import read_orpheus
+        from engine.model import checkpoint_hash
 
-        return read_checkpoint(root)
+        info = read_orpheus(root)
+        return OrpheusCheckpoint(info, grammar.OrpheusIds(), checkpoint_hash(info.root))
 
     def voices(self) -> VoiceBank:
-        from engine.families.orpheus.grammar import VOICES
-
-        return PresetBank({name: Voice(name, description, gender) for name, (gender, description) in VOICES.items()})
+        return PresetBank({name: Voice(name, f"Orpheus voice {name}", VOICE_GENDERS[name]) for name in grammar.VOICES})
 
     def grammar(self, checkpoint: Any, encode: Encode) -> OrpheusGrammar:
         return OrpheusGrammar(checkpoint.token_ids, encode)
 
     def decoder(self, checkpoint: Any, device: str, dtype: str, *, threads: int | None = None,
                 deterministic: bool = False, autotune: str = "none") -> Any:
+        import torch
+
         from engine.families.orpheus.snac import SnacDecoder
 
-        return SnacDecoder(checkpoint.snac_dir, device=device, dtype=dtype, num_threads=threads)
+        if device == "cpu" and threads:
+            torch.set_num_threads(threads)
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        return SnacDecoder(checkpoint.snac_dir, device=device, dtype=torch_dtype)
 
     def write_synthetic(self, out_dir: Path, size: str = "tiny", seed: int = 0, overwrite: bool = False) -> Path:
+        import shutil
+
+        from engine.errors import OutputError
         from engine.families.orpheus.synthetic import write_checkpoint
 
-        return write_checkpoint(out_dir, size=size, seed=seed, overwrite=overwrite)
+        out = Path(out_dir)
+        if overwrite and out.is_dir() and any(out.iterdir()):
+            if not self.looks_like(out):
+                raise OutputError(f"refusing to overwrite {out}: it is not empty and does not look like a checkpoint")
+            shutil.rmtree(out)
+        return write_checkpoint(out, size=size, seed=seed)
 
     def probe_item(self, length: int) -> DecodeItem:
         frames = tuple(tuple((97 * (f * TOKENS_PER_FRAME + k)) % 4096 for k in range(TOKENS_PER_FRAME))
                        for f in range(length))
         return DecodeItem(frames, ())
+
+
+VOICE_GENDERS = {"tara": "female", "leah": "female", "jess": "female", "leo": "male", "dan": "male", "mia": "female",
+                 "zac": "male", "zoe": "female"}
+"""The released voices' genders (what speech-dispatcher's voice types and the voice lists show)."""
+
+
+@dataclass(frozen=True)
+class OrpheusCheckpoint:
+    """A read Orpheus checkpoint (engine.families.base.Checkpoint) around engine.families.orpheus.checkpoint's
+    OrpheusInfo."""
+
+    info: Any
+    token_ids: Any
+    checkpoint_hash: str
+    family: str = "orpheus"
+
+    @property
+    def root(self) -> Path:
+        return self.info.root
+
+    @property
+    def llm_dir(self) -> Path:
+        return self.info.root  # the LLM folder is the checkpoint
+
+    @property
+    def llm_config(self) -> dict[str, Any]:
+        return self.info.llm_config
+
+    @property
+    def sample_rate(self) -> int:
+        return self.info.sample_rate
+
+    @property
+    def snac_dir(self) -> Path:
+        return self.info.snac_dir
+
+    def summary(self) -> list[str]:
+        """`voicectl model info`'s lines."""
+        llm = self.info.llm
+        return [f"sample rate  {self.sample_rate} Hz",
+                f"LLM          LlamaForCausalLM, {llm.num_layers} layers, hidden {llm.hidden_size}, "
+                f"vocab {llm.vocab_size}, {self.info.llm_dtype}",
+                f"codec        SNAC {self.info.snac.sample_rate} Hz in {self.snac_dir}",
+                f"tokens       audio {grammar.AUDIO_BASE}..{grammar.AUDIO_END - 1}, stop {grammar.END_OF_SPEECH}",
+                f"voices       {', '.join(grammar.VOICES)}"]
 
 
 class PresetBank(VoiceBank):

@@ -1,0 +1,87 @@
+"""Provides the measurements behind docs/orpheus.md: seam error vs context, and agreement with the `snac` package.
+
+`python -m engine.families.orpheus.measure --size full --seed 0` writes a synthetic SNAC of that size to a
+temporary folder, decodes random frames one-shot and in windows, and prints markdown tables.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.families.orpheus import grammar as g
+from engine.families.orpheus.snac import SnacDecoder, SnacItem, fewest_context, measure_context_table, position_noise
+from engine.families.orpheus.synthetic import write_snac
+
+
+def random_frames(n: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(n))
+
+
+def package_error(snac_dir: Path, decoder: SnacDecoder, frames) -> float | None:
+    """Max |ours - snac package| on `frames`, the package's NoiseBlocks drawing our noise; None without snac."""
+    try:
+        import snac
+    except ImportError:
+        return None
+    model = snac.SNAC.from_config(str(snac_dir / "config.json"))
+    model.load_state_dict(torch.load(snac_dir / "pytorch_model.bin", weights_only=True), strict=True)
+    for index, layer in enumerate(model.decoder.model):
+        if isinstance(layer, snac.layers.DecoderBlock):
+            block = layer.block[2]
+
+            def forward(x, index=index, block=block):
+                starts = torch.zeros(x.shape[0], dtype=torch.long)
+                return x + position_noise(decoder.seed, index, starts, x.shape[-1], x.dtype) * block.linear(x)
+
+            block.forward = forward
+    with torch.inference_mode():
+        ref = model.eval().decode([torch.tensor([r]) for r in g.split_levels(frames)])[0, 0].numpy()
+    ours = decoder.decode([SnacItem(tuple(frames), ())])[0]
+    return float(np.abs(ours - ref).max())
+
+
+def row(label: str, table: dict[int, float]) -> str:
+    return f"| {label} | " + " | ".join(f"{db:.1f}" for db in table.values()) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="full", choices=("tiny", "full"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--new", type=int, default=4, help="kept frames per window")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        snac_dir = Path(tmp) / "snac"
+        write_snac(snac_dir, args.size, args.seed)
+        decoder = SnacDecoder(snac_dir, seed=args.seed)
+        frames = random_frames(args.frames, args.seed)
+        full = decoder.decode([SnacItem(frames, ())])[0]
+        contexts = [0, 1, 2, 3, 4, 6]
+        print(f"{args.size} SNAC, seed {args.seed}, {args.frames} random frames, windows of {args.new} kept frames; "
+              f"one-shot RMS {float(np.sqrt(np.mean(full ** 2))):.3f}\n")
+        print("| context (frames) | " + " | ".join(map(str, contexts)) + " |")
+        print("|---" * (len(contexts) + 1) + "|")
+        tables = {side: measure_context_table(decoder, frames, contexts, new=args.new, side=side, other=8)
+                  for side in ("both", "left", "right")}
+        for side, label in (("both", "both sides"), ("left", "left only (right 8)"), ("right", "right only (left 8)")):
+            print(row(label, tables[side]))
+        print(f"\ncontext for a seam below -40 dB: left {fewest_context(tables['left'])}, "
+              f"right {fewest_context(tables['right'])} frames")
+        err = package_error(snac_dir, decoder, frames[:16])
+        print(f"max |ours - snac package| over 16 frames (fp32, same noise): {err:.2e}" if err is not None
+              else "snac package not installed")
+    print(f"({time.perf_counter() - t0:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} threads)")
+
+
+if __name__ == "__main__":
+    main()
