@@ -25,13 +25,15 @@ SAMPLES_PER_FRAME = grammar.SAMPLES_PER_FRAME
 TOKENS_PER_FRAME = grammar.FRAME_TOKENS
 FRAMES_PER_S = SAMPLE_RATE / SAMPLES_PER_FRAME
 """SNAC frames per second of audio (about 11.7; 82 LLM tokens a second for real time)."""
-DEFAULT_SAMPLING = SamplingOptions(temperature=grammar.TEMPERATURE, top_k=0, top_p=grammar.TOP_P)
-"""Upstream's sampling (its repetition penalty of 1.3 is not applied: our generators have no penalties)."""
-SCHEDULE = WindowSchedule(first_new=1, first_right=1, new=4, growth=2.0, max_new=32, left=3, right=2,
+DEFAULT_SAMPLING = SamplingOptions(temperature=grammar.TEMPERATURE, top_k=50, top_p=grammar.TOP_P)
+"""Upstream's temperature and top-p. Upstream has no top-k; 50 lets the graph lane's sampler (64 candidates) take
+every request, and at temperature 0.6 and top-p 0.8 a trained model's nucleus is far narrower than 50 ids. Its
+repetition penalty (1.3) is not applied: our generators have no penalties (docs/orpheus.md)."""
+SCHEDULE = WindowSchedule(first_new=1, new=4, growth=2.0, max_new=32, left=3, right=2,
                           busy_first_new=4, busy_new=8, crossfade=0)
-"""Windows in SNAC frames (85 ms each). Three frames of left context and two of right put a seam far below -40 dB
-and, with the decoder's noise keyed to the position, windows join without a crossfade; the first window trades its
-one seam (one frame of lookahead, about -26 dB) for first audio after 14 tokens (docs/orpheus.md)."""
+"""Windows in SNAC frames (85 ms each). Three frames of left context and two of right put every seam far below
+-40 dB and, with the decoder's noise keyed to the position, windows join without a crossfade. The first window is
+one frame: first audio after 21 tokens (docs/orpheus.md)."""
 WHOLE_FRAMES = 176
 """Frames of a whole-sentence decode (export): 15 s."""
 

@@ -1,6 +1,6 @@
 """Provides the measurements behind docs/orpheus.md: seam error vs context, and agreement with the `snac` package.
 
-`python -m engine.families.orpheus.measure --size full --seed 0` writes a synthetic SNAC of that size to a
+`python lab/orpheus_snac_measure.py --size full --seed 0` writes a synthetic SNAC of that size to a
 temporary folder, decodes random frames one-shot and in windows, and prints markdown tables.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from engine.families.orpheus import grammar as g
-from engine.families.orpheus.snac import SnacDecoder, SnacItem, fewest_context, measure_context_table, position_noise
+from engine.backends.base import DecodeItem
+from engine.families.orpheus.snac import SnacDecoder, fewest_context, measure_context_table, position_noise
 from engine.families.orpheus.synthetic import write_snac
 
 
@@ -42,7 +43,7 @@ def package_error(snac_dir: Path, decoder: SnacDecoder, frames) -> float | None:
             block.forward = forward
     with torch.inference_mode():
         ref = model.eval().decode([torch.tensor([r]) for r in g.split_levels(frames)])[0, 0].numpy()
-    ours = decoder.decode([SnacItem(tuple(frames), ())])[0]
+    ours = decoder.decode([DecodeItem(tuple(frames), ())])[0]
     return float(np.abs(ours - ref).max())
 
 
@@ -65,7 +66,7 @@ def main() -> None:
         write_snac(snac_dir, args.size, args.seed)
         decoder = SnacDecoder(snac_dir, seed=args.seed)
         frames = random_frames(args.frames, args.seed)
-        full = decoder.decode([SnacItem(frames, ())])[0]
+        full = decoder.decode([DecodeItem(frames, ())])[0]
         contexts = [0, 1, 2, 3, 4, 6]
         print(f"{args.size} SNAC, seed {args.seed}, {args.frames} random frames, windows of {args.new} kept frames; "
               f"one-shot RMS {float(np.sqrt(np.mean(full ** 2))):.3f}\n")

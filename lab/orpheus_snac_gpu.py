@@ -1,0 +1,88 @@
+"""Device probe for docs/benchmarks/orpheus.json's decoder figures: our SNAC on the GPU (fp32) against the `snac`
+package on the same weights, codes and noise (`snac_max_abs_err`), the pipeline's own windows (the family's
+schedule through engine.windowed_decode) against a one-shot decode (`seam_db`), and the decoder's time per window
+at crowd batch sizes.
+
+    python lab/orpheus_snac_gpu.py MODEL_DIR OUT.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.backends.base import DecodeItem
+from engine.families.orpheus import SCHEDULE, grammar as g
+from engine.families.orpheus.snac import SnacDecoder, position_noise
+from engine.windowed_decode import WindowedDecode
+
+
+def frames(n: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(n))
+
+
+def package_error(snac_dir: Path, ours: SnacDecoder, codes) -> float:
+    """Max |ours - package| with the package's noise blocks drawing our position-keyed noise."""
+    import snac
+
+    model = snac.SNAC.from_config(str(snac_dir / "config.json"))
+    model.load_state_dict(torch.load(snac_dir / "pytorch_model.bin", weights_only=True), strict=True)
+    for index, layer in enumerate(model.decoder.model):
+        if isinstance(layer, snac.layers.DecoderBlock):
+            block = layer.block[2]
+
+            def forward(x, index=index, block=block):
+                starts = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+                return x + position_noise(ours.seed, index, starts, x.shape[-1], x.dtype).to(x.device) * block.linear(x)
+
+            block.forward = forward
+    model = model.to("cuda").eval()
+    with torch.inference_mode():
+        ref = model.decode([torch.tensor([r], device="cuda") for r in g.split_levels(codes)])[0, 0].cpu().numpy()
+    mine = ours.decode([DecodeItem(tuple(codes), ())])[0]
+    return float(np.abs(mine - ref).max())
+
+
+def seam_db(decoder: SnacDecoder, codes) -> float:
+    """The pipeline's windows over `codes` (all of them there, as when the LLM is ahead) against one-shot."""
+    one = decoder.decode([DecodeItem(tuple(codes), ())])[0]
+    windows = WindowedDecode(SCHEDULE, (), decoder.samples_per_code)
+    parts = []
+    while (window := windows.next_window(len(codes), True)) is not None:
+        parts.append(windows.join(window, decoder.decode([windows.item(window, codes)])[0]))
+    joined = np.concatenate(parts)
+    err = np.abs(joined[:len(one)] - one[:len(joined)]).max()
+    return float(20 * np.log10(err / np.sqrt(np.mean(one ** 2))))
+
+
+def window_ms(decoder: SnacDecoder, length: int, batch: int, repeats: int = 5) -> float:
+    items = [DecodeItem(frames(length, 10 + i), (), 3, length - 2, 100) for i in range(batch)]
+    decoder.decode(items)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(repeats):
+        decoder.decode(items)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / repeats * 1e3
+
+
+def main() -> None:
+    model, out = Path(sys.argv[1]), Path(sys.argv[2])
+    decoder = SnacDecoder(model / "snac", device="cuda", dtype=torch.float32)
+    codes = frames(120, 0)
+    result = {"device": torch.cuda.get_device_name(), "schedule": repr(SCHEDULE),
+              "snac_max_abs_err": package_error(model / "snac", decoder, codes[:32]),
+              "seam_db": max(seam_db(decoder, frames(120, seed)) for seed in range(3)),
+              "window_ms": {f"{length}x{batch}": round(window_ms(decoder, length, batch), 2)
+                            for length in (6, 9, 13) for batch in (1, 16, 64, 128)}}
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
