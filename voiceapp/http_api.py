@@ -7,14 +7,22 @@ from the engine and encoded by a task of its own (`_Pump`), a few pieces ahead o
 response (its end, a client gone, the server stopping) stops that task, which closes the engine's stream (the engine
 aborts the request) and counts it. The first piece is awaited before the response starts, so a request the engine
 refuses gets an error status rather than a 200 with no audio, and the first bytes go out with the first audio.
+
+A response is one of three shapes: streamed audio (chunked, as it is synthesized), a sized body (`stream: false`,
+and FLAC unless streamed: encoded whole, sent with Content-Length), or server-sent events (`stream_format: "sse"`:
+OpenAI's speech.audio.delta events with the audio in base64, each naming the sentences that start in it, then
+speech.audio.done).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import socket
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from uuid import uuid4
 
@@ -28,7 +36,8 @@ from starlette.routing import Route
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
 from engine.types import AudioChunk
-from voiceapp.speech_api import ApiError, HttpLimits, authorized, models_body, parse_speech, voices_body
+from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, models_body, parse_speech,
+                                 voices_body)
 from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
 
 if TYPE_CHECKING:
@@ -41,6 +50,10 @@ PIECES_AHEAD = 2
 socket client."""
 CLOSE_GRACE_S = 1.0
 """On stop, how long uvicorn lets responses end before it cancels them."""
+IGNORED_HEADER = "X-Voiceapp-Ignored"
+"""A speech response's header naming the request's fields this server took but did not act on."""
+SSE_FRAMES_PER_S = 50
+"""The unit of speech.audio.done's output_tokens: 20 ms of audio (this engine does not count billing tokens)."""
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -68,6 +81,7 @@ class HttpApi:
         self._uvicorn: _Uvicorn | None = None
         self._task: asyncio.Task | None = None
         self._log_handler = _LogLines(log)
+        self._fields_logged: set[str] = set()
 
     @property
     def url(self) -> str:
@@ -141,11 +155,11 @@ class HttpApi:
         if len(self._pumps) >= self.limits.max_streams:
             raise ApiError(429, f"this server is speaking {len(self._pumps)} requests, the most it takes at once "
                                 f"(--http-max-streams); try again shortly", "too_many_requests", "rate_limit_error")
-        req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
-                               request_id=uuid4().hex)
+        req, ignored = self._synthesis_request(params)
         client = f"http {request.client.host}:{request.client.port}" if request.client else "http"
-        encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate)
-        pump = _Pump(self.server.stream(req, client, self.counts), encoder)
+        encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate, speed=params.speed,
+                                sized=params.sized)
+        pump = _Pump(self.server.stream(req, client, self.counts), encoder, synth.sample_rate, params.speed)
         self._pumps.add(pump)
         pump.task.add_done_callback(lambda _: self._pumps.discard(pump))
         try:
@@ -156,7 +170,33 @@ class HttpApi:
         except BaseException:
             pump.stop()
             raise
-        return _SpeechResponse(pump, first or b"", FORMATS[params.response_format].media_type)
+        headers = {"Cache-Control": "no-store", **({IGNORED_HEADER: ", ".join(ignored)} if ignored else {})}
+        media_type = FORMATS[params.response_format].media_type
+        if params.stream_format == "sse":
+            return _SpeechResponse(pump, _sse_events(pump, first, params.text), "text/event-stream", headers)
+        if params.sized:
+            try:
+                body = b"".join([p.data async for p in pump.pieces(first)])
+            finally:
+                pump.stop()
+            return Response(body, media_type=media_type, headers=headers)
+        return _SpeechResponse(pump, (p.data async for p in pump.pieces(first)), media_type, headers)
+
+    def _synthesis_request(self, params: SpeechParams) -> tuple[SynthesisRequest, list[str]]:
+        """The engine's request for `params`, and the names of the fields it leaves unused. The hook for a model
+        family that takes instructions (emotion, style): its synthesizer says so with `takes_instructions`, and this
+        is where they would be handed on; today's families have no such knob, so they are named as ignored."""
+        ignored = list(params.unknown)
+        if params.instructions and not getattr(self.server.synth, "takes_instructions", False):
+            ignored.insert(0, "instructions")
+        for name in ignored:
+            if name not in self._fields_logged:
+                self._fields_logged.add(name)
+                what = "the engine has no instruction knob" if name == "instructions" else "not an API field"
+                self.log(f"HTTP: ignoring the request field {name[:64]!r} ({what}; logged once)")
+        req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
+                               request_id=uuid4().hex)
+        return req, ignored
 
     async def _body(self, request: Request) -> bytes:
         """The request body, at most `limits.max_body_bytes` (413 past that, 408 when it does not come)."""
@@ -221,24 +261,43 @@ class StreamStopped(Exception):
     """The server stopped while a response was streaming."""
 
 
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A piece of a response's encoded audio."""
+
+    data: bytes
+    starts: tuple[tuple[int, float], ...] = ()
+    """(sentence index, start in seconds of the response's audio) for each sentence whose audio begins in the
+    samples encoded since the previous piece."""
+
+
 class _Pump:
     """One response's audio: a task pulls chunks from the engine and encodes them, at most PIECES_AHEAD pieces
     ahead of the client. `stop` cancels that task, and the engine's stream is closed inside it, undisturbed by the
     cancellation of the response itself (Starlette cancels a response whose client left, again and again until it
     ends)."""
 
-    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder) -> None:
-        self._pieces: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder, rate: int, speed: float) -> None:
+        self._pieces: asyncio.Queue[Piece | BaseException | None] = asyncio.Queue()
         self._room = asyncio.Semaphore(PIECES_AHEAD)
+        self._rate, self._speed = rate, speed
+        self._starts: list[tuple[int, float]] = []
+        self.seconds = 0.0
+        """Seconds of audio the response carries so far (after `speed`)."""
         self.task = asyncio.create_task(self._run(chunks, encoder))
 
     async def _run(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder) -> None:
         end: BaseException | None = StreamStopped("the server was stopped during the request")
+        sentence = -1
         try:
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 async for chunk in chunks:
+                    if not chunk.pause and chunk.sentence_index != sentence:
+                        sentence = chunk.sentence_index
+                        self._starts.append((sentence, round(self.seconds, 3)))
+                    self.seconds += len(chunk.samples) / self._rate / self._speed
                     await self._put(encoder.encode(chunk.samples))
-            await self._put(encoder.finish())
+            await self._put(encoder.finish(), last=True)
             end = None
         except Exception as err:  # the engine's VoiceError (or a bug): the response ends with it
             end = err
@@ -246,12 +305,13 @@ class _Pump:
             encoder.close()
             self._pieces.put_nowait(end)
 
-    async def _put(self, piece: bytes) -> None:
-        if piece:
+    async def _put(self, data: bytes, last: bool = False) -> None:
+        if data or (last and self._starts):
             await self._room.acquire()
-            self._pieces.put_nowait(piece)
+            self._pieces.put_nowait(Piece(data, tuple(self._starts)))
+            self._starts.clear()
 
-    async def next(self) -> bytes | None:
+    async def next(self) -> Piece | None:
         """The next piece; None at the end. Raises what ended the audio early (the engine's VoiceError, or
         StreamStopped), and again on every later call."""
         piece = await self._pieces.get()
@@ -263,8 +323,9 @@ class _Pump:
         self._room.release()
         return piece
 
-    async def pieces(self, first: bytes) -> AsyncIterator[bytes]:
-        yield first
+    async def pieces(self, first: Piece | None) -> AsyncIterator[Piece]:
+        if first is not None:
+            yield first
         while (piece := await self.next()) is not None:
             yield piece
 
@@ -272,11 +333,28 @@ class _Pump:
         self.task.cancel()
 
 
-class _SpeechResponse(StreamingResponse):
-    """Streams a pump's pieces; however the response ends, the pump stops."""
+async def _sse_events(pump: _Pump, first: Piece | None, text: str) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: a speech.audio.delta per piece (its audio in base64; ours: `sentences`, where each
+    sentence starting in it begins), then speech.audio.done with the usage (characters in, 20 ms frames out)."""
+    async for piece in pump.pieces(first):
+        event: dict[str, Any] = {"type": "speech.audio.delta", "audio": base64.b64encode(piece.data).decode()}
+        if piece.starts:
+            event["sentences"] = [{"index": index, "start_s": start} for index, start in piece.starts]
+        yield _sse(event)
+    frames = round(pump.seconds * SSE_FRAMES_PER_S)
+    yield _sse({"type": "speech.audio.done",
+                "usage": {"input_tokens": len(text), "output_tokens": frames, "total_tokens": len(text) + frames}})
 
-    def __init__(self, pump: _Pump, first: bytes, media_type: str) -> None:
-        super().__init__(pump.pieces(first), media_type=media_type, headers={"Cache-Control": "no-store"})
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+class _SpeechResponse(StreamingResponse):
+    """Streams a pump's pieces (`body`: what is sent of them); however the response ends, the pump stops."""
+
+    def __init__(self, pump: _Pump, body: AsyncIterator[bytes], media_type: str, headers: dict[str, str]) -> None:
+        super().__init__(body, media_type=media_type, headers=headers)
         self.pump = pump
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
