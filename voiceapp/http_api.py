@@ -29,6 +29,8 @@ from uuid import uuid4
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -70,8 +72,10 @@ class HttpApi:
     engine. With an API key, every request must carry it (Authorization: Bearer KEY)."""
 
     def __init__(self, server: EngineServer, sock: socket.socket, *, api_key: str | None = None,
-                 limits: HttpLimits = HttpLimits(), log: Callable[[str], None] = print) -> None:
+                 limits: HttpLimits = HttpLimits(), cors: tuple[str, ...] = (),
+                 log: Callable[[str], None] = print) -> None:
         self.server, self.sock, self.api_key, self.limits, self.log = server, sock, api_key, limits, log
+        self.cors = cors
         self.formats = supported_formats()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0, "busy": 0}
         """Speech requests by how they ended (served, cancelled: the client left, failed: the engine's error), and
@@ -101,8 +105,11 @@ class HttpApi:
                   Route("/v1/audio/models", self._guard(self._audio_models)),
                   Route("/v1/audio/voices", self._guard(self._voices)),
                   Route("/health", self._guard(self._health))]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
-                                                           Exception: self._internal_error})
+        middleware = [Middleware(_Cors, allow_origins=list(self.cors), allow_methods=["GET", "POST"],
+                                 allow_headers=["Authorization", "Content-Type"], expose_headers=[IGNORED_HEADER],
+                                 max_age=600)] if self.cors else []
+        return Starlette(routes=routes, middleware=middleware,
+                         exception_handlers={HTTPException: self._http_error, Exception: self._internal_error})
 
     async def start(self) -> None:
         """Serve on the bound socket, on this event loop (no signal handlers of uvicorn's: `serve` owns those)."""
@@ -364,6 +371,21 @@ class _SpeechResponse(StreamingResponse):
             pass  # the client left (servers of ASGI 2.4 say so by raising): the pump stops below
         finally:
             self.pump.stop()
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS, except that an origin not allowed gets no CORS header at all: its preflight a 403 in
+    OpenAI's error shape, its other requests the app's answer untouched (a browser then hides it from the page)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        origin = dict(scope.get("headers") or ()).get(b"origin") if scope["type"] == "http" else None
+        if origin is None or self.is_allowed_origin(origin.decode("latin-1")):
+            await super().__call__(scope, receive, send)
+        elif scope["method"] == "OPTIONS":
+            await error_response(ApiError(403, "this origin may not call the API (see voicectl serve --cors)",
+                                          "origin_not_allowed"))(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 class _Uvicorn(uvicorn.Server):

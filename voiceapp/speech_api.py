@@ -247,15 +247,24 @@ class HttpSettings:
     api_key: str | None = None
     """None: no key is asked for (loopback only)."""
     limits: HttpLimits = HttpLimits()
+    cors: tuple[str, ...] = ()
+    """Origins whose web pages may call the API from a browser ("*": any); empty: none (no CORS headers)."""
 
 
-def http_settings(listen: str, api_key: str | None, limits: HttpLimits = HttpLimits()) -> HttpSettings:
-    """`--http [HOST:]PORT` with its key, checked: an address other machines can reach needs a key."""
+def http_settings(listen: str, api_key: str | None, limits: HttpLimits = HttpLimits(),
+                  cors: Iterable[str] = ()) -> HttpSettings:
+    """`--http [HOST:]PORT` with its key and `--cors` origins, checked: an address other machines can reach needs a
+    key; an origin is `*` or scheme://host[:port]."""
     host, port = parse_listen(listen)
     if not api_key and not is_loopback(host):
         raise InputError(f"--http {listen}: other machines can reach that address, so requests need a key: set "
                          f"{API_KEY_ENV} (or pass --api-key), or listen on 127.0.0.1")
-    return HttpSettings(host, port, api_key or None, limits)
+    origins = tuple(dict.fromkeys(o.strip().rstrip("/") for o in cors))
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and (not sep or scheme not in ("http", "https") or not rest or "/" in rest):
+            raise InputError(f"--cors {origin!r}: expected an origin such as http://localhost:3000, or *")
+    return HttpSettings(host, port, api_key or None, limits, origins)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
