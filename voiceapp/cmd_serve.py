@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help="characters of text per HTTP request (default 4096, as OpenAI's API)")
     g.add_argument("--http-max-streams", type=int, default=64, metavar="N",
                    help="HTTP speech requests served at once; more get 429 (default 64)")
+    g.add_argument("--http-max-connections", type=int, default=256, metavar="N",
+                   help="HTTP connections held at once, idle ones included; more get 503 (default 256, fewer "
+                        "where the descriptor limit is low)")
     g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; repeat for more, or * for any) call "
                         "the API from a browser; off by default")
@@ -85,7 +88,8 @@ def http_settings(args: argparse.Namespace):
 
     if args.http is None:
         return None
-    limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams)
+    limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams,
+                        max_connections=args.http_max_connections)
     return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits, cors=args.cors)
 
 

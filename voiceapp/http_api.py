@@ -8,6 +8,13 @@ response (its end, a client gone, the server stopping) stops that task, which cl
 aborts the request) and counts it. The first piece is awaited before the response starts, so a request the engine
 refuses gets an error status rather than a 200 with no audio, and the first bytes go out with the first audio.
 
+Connections are held to deadlines and a count (`_GuardedH11`, uvicorn's h11 protocol with what it lacks): a
+request's head must arrive within HEAD_TIMEOUT_S of the connection or of the previous response, its body within
+BODY_TIMEOUT_S, a client that stops reading is cut after WRITE_TIMEOUT_S, an idle keep-alive connection after
+IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit, which the Unix socket
+shares) a new connection gets a 503 and is closed. On a loopback address the Host header must name it (DNS
+rebinding), and a POST must say its body is JSON (a web page cannot send that without CORS's consent).
+
 A response is one of three shapes: streamed audio (chunked, as it is synthesized), a sized body (`stream: false`,
 and FLAC unless streamed: encoded whole, sent with Content-Length), or server-sent events (`stream_format: "sse"`:
 OpenAI's speech.audio.delta events with the audio in base64, each naming the sentences that start in it, then
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import resource
 import contextlib
 import json
 import logging
@@ -26,7 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from uuid import uuid4
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -38,8 +48,8 @@ from starlette.routing import Route
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
 from engine.types import AudioChunk
-from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, models_body, parse_speech,
-                                 voices_body)
+from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, is_loopback, models_body,
+                                 parse_speech, public_text, voices_body)
 from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
 
 if TYPE_CHECKING:
@@ -47,6 +57,17 @@ if TYPE_CHECKING:
 
 BODY_TIMEOUT_S = 10.0
 """A request body must arrive within this (a client that sends it slowly holds a connection, never the engine)."""
+HEAD_TIMEOUT_S = 10.0
+"""A request's line and headers must arrive within this of the connection (or of the previous response)."""
+IDLE_TIMEOUT_S = 5
+"""A keep-alive connection with no new request is closed after this (uvicorn's timeout_keep_alive)."""
+WRITE_TIMEOUT_S = 15.0
+"""A client that reads nothing of a response for this long (its socket's buffers full) is cut off."""
+RESERVED_FDS = 32
+"""Descriptors kept from HTTP connections for the rest of the process (the engine's files, the Unix socket and
+its clients): HTTP takes at most half of what the descriptor limit leaves after these."""
+ACCEPT_BATCH = 64
+"""Connections accepted in one go (uvicorn's backlog): a flood is taken, and refused, a batch at a time."""
 PIECES_AHEAD = 2
 """Encoded pieces a response's pump may hold ahead of its client: past that the engine waits, as for a slow
 socket client."""
@@ -86,7 +107,12 @@ class HttpApi:
         self._task: asyncio.Task | None = None
         self._log_handler = _LogLines(log)
         self._fields_logged: set[str] = set()
-
+        self.max_connections = connection_cap(limits.max_connections)
+        """HTTP connections held at once: the configured limit, or less where the descriptor limit is low."""
+        self.refused_connections = 0
+        host, port = sock.getsockname()[:2]
+        self.hosts = loopback_hosts(port) if is_loopback(host) else None
+        """The Host headers a request may carry (None: any), on a loopback address."""
     @property
     def url(self) -> str:
         host, port = self.sock.getsockname()[:2]
@@ -95,7 +121,8 @@ class HttpApi:
     def status(self) -> dict[str, Any]:
         return {"url": self.url, "api_key": bool(self.api_key), "formats": list(self.formats),
                 "live": len(self._pumps), "max_streams": self.limits.max_streams,
-                "max_chars": self.limits.max_chars, **self.counts}
+                "max_chars": self.limits.max_chars, "max_connections": self.max_connections,
+                "refused_connections": self.refused_connections, **self.counts}
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -116,8 +143,10 @@ class HttpApi:
         uvicorn_log = logging.getLogger("uvicorn.error")
         uvicorn_log.addHandler(self._log_handler)
         uvicorn_log.propagate = False
-        config = uvicorn.Config(self.app(), lifespan="off", log_config=None, log_level="warning", access_log=False,
-                                server_header=False, timeout_graceful_shutdown=CLOSE_GRACE_S)
+        protocol = type("GuardedH11", (_GuardedH11,), {"api": self})
+        config = uvicorn.Config(self.app(), http=protocol, lifespan="off", log_config=None, log_level="warning",
+                                access_log=False, server_header=False, timeout_graceful_shutdown=CLOSE_GRACE_S,
+                                timeout_keep_alive=IDLE_TIMEOUT_S, backlog=ACCEPT_BATCH)
         self._uvicorn = _Uvicorn(config)
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self.sock]))
         while not self._uvicorn.started:
@@ -146,6 +175,12 @@ class HttpApi:
         """The API key check every route has, and refusals as OpenAI-style errors (counted)."""
         async def endpoint(request: Request) -> Response:
             try:
+                if self.hosts is not None and request.headers.get("host", "").lower() not in self.hosts:
+                    raise ApiError(403, "the Host header must name this server's loopback address (a page of "
+                                        "another site that resolves to it may not call it)", "host_not_allowed")
+                if request.method == "POST" and not is_json(request.headers.get("content-type", "")):
+                    raise ApiError(415, "the request body must be JSON: send Content-Type: application/json",
+                                   "unsupported_media_type")
                 if not authorized(request.headers.get("authorization"), self.api_key):
                     raise ApiError(401, "invalid API key: send Authorization: Bearer KEY with the key the server "
                                         "was started with", "invalid_api_key")
@@ -234,7 +269,7 @@ class HttpApi:
         return JSONResponse({"models": [{"id": m["id"]} for m in models_body(self.created)["data"]]})
 
     async def _voices(self, request: Request) -> Response:
-        voices = {name: voice.description for name, voice in self.server.synth.voices.all().items()}
+        voices = {name: public_text(voice.description) for name, voice in self.server.synth.voices.all().items()}
         return JSONResponse(voices_body(voices))
 
     async def _health(self, request: Request) -> Response:
@@ -257,6 +292,26 @@ class HttpApi:
             self.log(f"HTTP: internal error on {request.method} {request.url.path}: {one_line(exc)}")
         return error_response(ApiError(500, f"internal server error: {type(exc).__name__}", "internal_error",
                                        "server_error"))
+
+
+def connection_cap(configured: int) -> int:
+    """The HTTP connections this process may hold: `configured`, or half of what the descriptor limit leaves
+    after RESERVED_FDS where that is less (at least 2)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(2, min(configured, (soft - RESERVED_FDS) // 2))
+
+
+def loopback_hosts(port: int) -> frozenset[str]:
+    """The Host headers that name a loopback listener on `port` (the port may be left out only where it is 80)."""
+    names = ("localhost", "127.0.0.1", "[::1]")
+    return frozenset([f"{n}:{port}" for n in names] + (list(names) if port == 80 else []))
+
+
+def is_json(content_type: str) -> bool:
+    """application/json, with or without parameters (charset)."""
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -386,6 +441,77 @@ class _Cors(CORSMiddleware):
                                           "origin_not_allowed"))(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with the limits it lacks: at most `api.max_connections` at once (past that a 503 and
+    the connection closed), a deadline for each request's head (slowloris; also a connection that sends nothing),
+    and one for a client whose unread response fills the socket's buffers."""
+
+    api: HttpApi
+    _BUSY_BODY = json.dumps(ApiError(503, "too many connections; try again shortly", "too_many_connections",
+                                     "server_error").body()).encode()
+    _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+             b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) >= self.api.max_connections:
+            self.api.refused_connections += 1
+            self.transport = transport
+            transport.write(self._BUSY)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._head_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        if self in self.connections or self.flow is not None:
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.flow is None:  # refused in connection_made
+            return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+
+    def pause_writing(self) -> None:
+        if self.flow is None:
+            return
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(WRITE_TIMEOUT_S, self._cut, "did not read its response")
+
+    def resume_writing(self) -> None:
+        if self.flow is None:
+            return
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._cut, "sent no complete request")
+
+    def _cut(self, why: str) -> None:
+        if not self.transport.is_closing():
+            if why.startswith("did not read"):
+                self.api.log(f"HTTP: {self.client[0] if self.client else 'a client'} {why} for "
+                             f"{WRITE_TIMEOUT_S:g} s: connection closed")
+            self.transport.abort()
 
 
 class _Uvicorn(uvicorn.Server):

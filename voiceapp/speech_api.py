@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -58,11 +59,14 @@ class HttpLimits:
     """Characters of `input` per request (OpenAI's own limit, so clients that split text for it fit here)."""
     max_streams: int = 64
     """Speech requests served at once; more get 429."""
+    max_connections: int = 256
+    """HTTP connections held at once, idle ones included (fewer where the descriptor limit is low: see
+    voiceapp.http_api.connection_cap); past that a new one gets a 503 and is closed."""
 
     def __post_init__(self) -> None:
-        if self.max_chars < 1 or self.max_streams < 1:
+        if min(self.max_chars, self.max_streams, self.max_connections) < 1:
             raise InputError(f"HTTP limits must be at least 1 (max chars {self.max_chars}, max streams "
-                             f"{self.max_streams})")
+                             f"{self.max_streams}, max connections {self.max_connections})")
 
     @property
     def max_body_bytes(self) -> int:
@@ -220,6 +224,15 @@ def voices_body(voices: Mapping[str, str]) -> dict[str, Any]:
     aliases = [{"id": name, "name": name, "description": f"OpenAI's {name}: our {ours_}", "voice": ours_}
                for name, ours_ in sorted(OPENAI_VOICES.items()) if ours_ in voices and name not in voices]
     return {"voices": ours + aliases}
+
+
+_PATH = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?(?:[/\\][^\s/\\'\"]+)+[/\\]?")
+
+
+def public_text(text: str) -> str:
+    """`text` with every file path cut to its last part (a cloned voice's description names its reference file:
+    the listing must not tell callers about the machine's folders)."""
+    return _PATH.sub(lambda m: m.group(0).rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1], text)
 
 
 def models_body(created: int) -> dict[str, Any]:
