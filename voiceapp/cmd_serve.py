@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     g.add_argument("--http-max-connections", type=int, default=256, metavar="N",
                    help="HTTP connections held at once, idle ones included; more get 503 (default 256, fewer "
                         "where the descriptor limit is low)")
+    g.add_argument("--http-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long a client may take to send its request's head or body, or leave a response "
+                        "unread, before its connection is closed (default 10)")
     g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; repeat for more, or * for any) call "
                         "the API from a browser; off by default")
@@ -89,7 +92,7 @@ def http_settings(args: argparse.Namespace):
     if args.http is None:
         return None
     limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams,
-                        max_connections=args.http_max_connections)
+                        max_connections=args.http_max_connections, timeout_s=args.http_timeout)
     return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits, cors=args.cors)
 
 

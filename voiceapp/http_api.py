@@ -9,9 +9,9 @@ aborts the request) and counts it. The first piece is awaited before the respons
 refuses gets an error status rather than a 200 with no audio, and the first bytes go out with the first audio.
 
 Connections are held to deadlines and a count (`_GuardedH11`, uvicorn's h11 protocol with what it lacks): a
-request's head must arrive within HEAD_TIMEOUT_S of the connection or of the previous response, its body within
-BODY_TIMEOUT_S, a client that stops reading is cut after WRITE_TIMEOUT_S, an idle keep-alive connection after
-IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit, which the Unix socket
+request's head must arrive within `limits.timeout_s` of the connection or of the previous response, and its body
+within as long; a client whose unread response stalls the writes for as long is cut off, an idle keep-alive
+connection after IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit, which the Unix socket
 shares) a new connection gets a 503 and is closed. On a loopback address the Host header must name it (DNS
 rebinding), and a POST must say its body is JSON (a web page cannot send that without CORS's consent).
 
@@ -55,14 +55,9 @@ from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
 if TYPE_CHECKING:
     from voiceapp.server import EngineServer
 
-BODY_TIMEOUT_S = 10.0
-"""A request body must arrive within this (a client that sends it slowly holds a connection, never the engine)."""
-HEAD_TIMEOUT_S = 10.0
-"""A request's line and headers must arrive within this of the connection (or of the previous response)."""
-IDLE_TIMEOUT_S = 5
-"""A keep-alive connection with no new request is closed after this (uvicorn's timeout_keep_alive)."""
-WRITE_TIMEOUT_S = 15.0
-"""A client that reads nothing of a response for this long (its socket's buffers full) is cut off."""
+IDLE_TIMEOUT_S = 5.0
+"""A keep-alive connection with no new request is closed after this (uvicorn's timeout_keep_alive), or after
+`limits.timeout_s` where that is shorter."""
 RESERVED_FDS = 32
 """Descriptors kept from HTTP connections for the rest of the process (the engine's files, the Unix socket and
 its clients): HTTP takes at most half of what the descriptor limit leaves after these."""
@@ -146,7 +141,8 @@ class HttpApi:
         protocol = type("GuardedH11", (_GuardedH11,), {"api": self})
         config = uvicorn.Config(self.app(), http=protocol, lifespan="off", log_config=None, log_level="warning",
                                 access_log=False, server_header=False, timeout_graceful_shutdown=CLOSE_GRACE_S,
-                                timeout_keep_alive=IDLE_TIMEOUT_S, backlog=ACCEPT_BATCH)
+                                timeout_keep_alive=min(IDLE_TIMEOUT_S, self.limits.timeout_s),
+                                backlog=ACCEPT_BATCH)
         self._uvicorn = _Uvicorn(config)
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self.sock]))
         while not self._uvicorn.started:
@@ -256,9 +252,9 @@ class HttpApi:
                     raise too_big
 
         try:
-            await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+            await asyncio.wait_for(read(), self.limits.timeout_s)
         except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", "timeout") from None
+            raise ApiError(408, f"the request body did not arrive within {self.limits.timeout_s:g} s", "timeout") from None
         return bytes(body)
 
     async def _models(self, request: Request) -> Response:
@@ -491,7 +487,7 @@ class _GuardedH11(H11Protocol):
             return
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(WRITE_TIMEOUT_S, self._cut, "did not read its response")
+            self._write_timer = self.loop.call_later(self.api.limits.timeout_s, self._cut, "did not read its response")
 
     def resume_writing(self) -> None:
         if self.flow is None:
@@ -504,13 +500,13 @@ class _GuardedH11(H11Protocol):
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._cut, "sent no complete request")
+        self._head_timer = self.loop.call_later(self.api.limits.timeout_s, self._cut, "sent no complete request")
 
     def _cut(self, why: str) -> None:
         if not self.transport.is_closing():
             if why.startswith("did not read"):
                 self.api.log(f"HTTP: {self.client[0] if self.client else 'a client'} {why} for "
-                             f"{WRITE_TIMEOUT_S:g} s: connection closed")
+                             f"{self.api.limits.timeout_s:g} s: connection closed")
             self.transport.abort()
 
 

@@ -63,7 +63,13 @@ class HttpLimits:
     """HTTP connections held at once, idle ones included (fewer where the descriptor limit is low: see
     voiceapp.http_api.connection_cap); past that a new one gets a 503 and is closed."""
 
+    timeout_s: float = 10.0
+    """Seconds a client may take to send a request's head, or its body, or may leave a response unread while the
+    server waits to write; past that its connection is closed (a body: 408)."""
+
     def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise InputError(f"the HTTP timeout must be more than 0 seconds (not {self.timeout_s:g})")
         if min(self.max_chars, self.max_streams, self.max_connections) < 1:
             raise InputError(f"HTTP limits must be at least 1 (max chars {self.max_chars}, max streams "
                              f"{self.max_streams}, max connections {self.max_connections})")
