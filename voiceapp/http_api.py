@@ -11,8 +11,8 @@ refuses gets an error status rather than a 200 with no audio, and the first byte
 Connections are held to deadlines and a count (`_GuardedH11`, uvicorn's h11 protocol with what it lacks): a
 request's head must arrive within `limits.timeout_s` of the connection or of the previous response, and its body
 within as long; a client whose unread response stalls the writes for as long is cut off, an idle keep-alive
-connection after IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit, which the Unix socket
-shares) a new connection gets a 503 and is closed. On a loopback address the Host header must name it (DNS
+connection after IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit,
+which the Unix socket shares) a new connection gets a 503 and is closed. On a loopback address the Host header must name it (DNS
 rebinding), and a POST must say its body is JSON (a web page cannot send that without CORS's consent).
 
 A response is one of three shapes: streamed audio (chunked, as it is synthesized), a sized body (`stream: false`,
@@ -224,13 +224,14 @@ class HttpApi:
         """The engine's request for `params`, and the names of the fields it leaves unused. The hook for a model
         family that takes instructions (emotion, style): its synthesizer says so with `takes_instructions`, and this
         is where they would be handed on; today's families have no such knob, so they are named as ignored."""
-        ignored = list(params.unknown)
+        ignored = list(params.unused)
         if params.instructions and not getattr(self.server.synth, "takes_instructions", False):
             ignored.insert(0, "instructions")
         for name in ignored:
             if name not in self._fields_logged:
                 self._fields_logged.add(name)
-                what = "the engine has no instruction knob" if name == "instructions" else "not an API field"
+                what = {"instructions": "the engine has no instruction knob",
+                        "lang_code": "the model reads the text's own language"}.get(name, "not an API field")
                 self.log(f"HTTP: ignoring the request field {name[:64]!r} ({what}; logged once)")
         req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
                                request_id=uuid4().hex)
@@ -254,7 +255,8 @@ class HttpApi:
         try:
             await asyncio.wait_for(read(), self.limits.timeout_s)
         except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {self.limits.timeout_s:g} s", "timeout") from None
+            raise ApiError(408, f"the request body did not arrive within {self.limits.timeout_s:g} s",
+                           "timeout") from None
         return bytes(body)
 
     async def _models(self, request: Request) -> Response:

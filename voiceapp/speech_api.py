@@ -14,7 +14,8 @@ A request (`POST /v1/audio/speech`, a JSON object):
                    streamed as it is synthesized (FLAC when absent: whole, see voiceapp.speech_formats)
   lang_code        taken and unused (Kokoro-style clients send it; the model reads the text's own language)
   seed, sample_rate   ours (OpenAI has neither): the sampling seed, as `voicectl say --seed`; the output rate
-Any other field is ignored and named in the result (`SpeechParams.unknown`), for the server to log once.
+Any other field is ignored; those and lang_code are named in the result (`SpeechParams.unused`), for the server
+to log once per name and to list in its response.
 Errors are OpenAI's shape: {"error": {"message", "type", "param", "code"}} with a 4xx status.
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ API_KEY_ENV = "VOICEAPP_API_KEY"
 FIELDS = {"input", "voice", "response_format", "speed", "model", "instructions", "stream_format", "seed",
           "sample_rate", "stream", "lang_code"}
 """The fields a request may carry; others are ignored (and logged)."""
+UNUSED_FIELDS = {"lang_code"}
+"""Fields taken (and type-checked) but not acted on: the model reads the text's own language."""
 STREAM_FORMATS = ("audio", "sse")
 UNSET_INSTRUCTIONS = ("", "none", "null")
 """`instructions` values that mean none (after stripping, in any case)."""
@@ -115,8 +118,8 @@ class SpeechParams:
     """"audio": the bytes of response_format; "sse": server-sent events carrying them in base64."""
     sized: bool = False
     """Encode the whole body before sending it: lengths in the container's header, and a Content-Length."""
-    unknown: tuple[str, ...] = ()
-    """Fields of the request this API does not know (ignored)."""
+    unused: tuple[str, ...] = ()
+    """Fields of the request that nothing acts on: those this API does not know, and UNUSED_FIELDS."""
 
 
 def parse_speech(body: bytes, voices: Iterable[str], formats: Iterable[str], native_rate: int,
@@ -148,7 +151,7 @@ def parse_speech(body: bytes, voices: Iterable[str], formats: Iterable[str], nat
                         seed=_seed(request), speed=_speed(request), instructions=_instructions(request),
                         stream_format=stream_format,
                         sized=stream_format == "audio" and (stream is False or (stream is None and fmt == "flac")),
-                        unknown=tuple(sorted(set(request) - FIELDS)))
+                        unused=tuple(sorted((set(request) - FIELDS) | (set(request) & UNUSED_FIELDS))))
 
 
 def _string(request: dict[str, Any], name: str, default: str) -> str:

@@ -186,6 +186,7 @@ def test_kokoro_style_clients_with_stream_and_lang_code(served, reference):
             "lang_code": "a", "speed": 1.0}
     status, headers, data = send(served, body, {"Content-Type": "application/json"})
     assert status == 200 and int(headers["content-length"]) == len(data)
+    assert headers["x-voiceapp-ignored"] == "lang_code"
     assert len(soundfile.read(io.BytesIO(data), dtype="int16")[0]) == len(reference[0])
 
 

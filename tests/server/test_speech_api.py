@@ -79,7 +79,7 @@ def test_each_bad_field_is_named_in_a_400(request_, param, code):
 
 def test_what_real_clients_add_is_accepted():
     p = parse(input="Hi.", instructions="None", speed=1.5, stream=True, lang_code="a", temperature=0.5, x_y=None)
-    assert (p.instructions, p.speed, p.sized, p.unknown) == (None, 1.5, False, ("temperature", "x_y"))
+    assert (p.instructions, p.speed, p.sized, p.unused) == (None, 1.5, False, ("lang_code", "temperature", "x_y"))
     assert parse(input="Hi.", instructions="  Speak softly. ").instructions == "Speak softly."
     assert parse(input="Hi.", speed=0.25).speed == 0.25 and parse(input="Hi.", speed=4).speed == 4.0
     assert "0.25 to 4" in str(refused(input="Hi.", speed=9))
