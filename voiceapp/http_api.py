@@ -444,7 +444,9 @@ class _Cors(CORSMiddleware):
 class _GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with the limits it lacks: at most `api.max_connections` at once (past that a 503 and
     the connection closed), a deadline for each request's head (slowloris; also a connection that sends nothing),
-    and one for a client whose unread response fills the socket's buffers."""
+    and one for a client whose unread response fills the socket's buffers. And a client that half-closes after its
+    requests (`printf ... | nc`) gets all its answers: uvicorn let asyncio close the connection at the end of the
+    client's data, dropping the answers still to come."""
 
     api: HttpApi
     _BUSY_BODY = json.dumps(ApiError(503, "too many connections; try again shortly", "too_many_connections",
@@ -462,6 +464,7 @@ class _GuardedH11(H11Protocol):
             transport.close()
             return
         super().connection_made(transport)
+        self._peer_done = False
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -479,10 +482,27 @@ class _GuardedH11(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def eof_received(self) -> bool:
+        """The client sent all it will (true: keep the connection open to answer it)."""
+        if self.flow is None:
+            return False
+        self._peer_done = True
+        mid_body = self.conn.their_state is h11.SEND_BODY  # a body that can no longer arrive
+        return not (mid_body or self._answered_all())
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if self.transport.is_closing():
+            return
+        if self._peer_done and self._answered_all():
+            self._unset_keepalive_if_required()
+            self.transport.close()
+        elif self.conn.their_state is h11.IDLE:
             self._arm_head_timer()
+
+    def _answered_all(self) -> bool:
+        """No response under way and no request waiting in the buffer."""
+        return (self.cycle is None or self.cycle.response_complete) and not self.conn.trailing_data[0]
 
     def pause_writing(self) -> None:
         if self.flow is None:

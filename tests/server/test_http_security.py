@@ -207,7 +207,10 @@ def test_the_voice_listing_names_no_file_path(served):
 
 # ---- requests the way clients may send them ----------------------------------------------------------------
 
-def test_pipelined_requests_are_all_answered_in_order(served):
+@pytest.mark.parametrize("half_close", [False, True], ids=["open", "half-closed"])
+def test_pipelined_requests_are_all_answered_in_order(served, half_close):
+    """half-closed: the client shuts its side once the requests are out, as `printf ... | nc` does (uvicorn closed
+    the connection at that end of the data, and every answer after the first JSON one was lost)."""
     keep = {"Connection": None}
     bad = json.dumps({"input": "Hi.", "voice": "nobody"}).encode()
     requests = [request(served, "GET", "/health", headers=keep),
@@ -216,9 +219,9 @@ def test_pipelined_requests_are_all_answered_in_order(served):
                 request(served, "POST", "/v1/audio/speech", SPEECH, {"Content-Type": "application/json", **keep}),
                 request(served, "GET", "/nowhere", headers=keep),
                 request(served, "GET", "/health")]
-    got = exchange(served, b"".join(requests), timeout=10)
+    got = exchange(served, b"".join(requests), timeout=10, shut=half_close)
     statuses = [int(part[:3]) for part in got.split(b"HTTP/1.1 ")[1:] if part[:3].isdigit()]
-    assert statuses[:2] == [200, 400] and statuses[2] == 200 and statuses[-2:] == [404, 200], statuses
+    assert statuses == [200, 400, 200, 200, 404, 200], statuses
 
 
 def test_the_body_limit_counts_characters_not_escaped_bytes(served):
