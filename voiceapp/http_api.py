@@ -60,9 +60,13 @@ IDLE_TIMEOUT_S = 5.0
 `limits.timeout_s` where that is shorter."""
 RESERVED_FDS = 32
 """Descriptors kept from HTTP connections for the rest of the process (the engine's files, the Unix socket and
-its clients): HTTP takes at most half of what the descriptor limit leaves after these."""
-ACCEPT_BATCH = 64
-"""Connections accepted in one go (uvicorn's backlog): a flood is taken, and refused, a batch at a time."""
+its clients): HTTP holds at most half of what the descriptor limit leaves after these (`connection_cap`)."""
+ACCEPT_BATCH = 16
+"""Connections accepted in one go (uvicorn's backlog, which asyncio also hands to listen()): a flood is taken, and
+refused, a batch at a time, so the refused ones are closed before the next batch takes descriptors."""
+LISTEN_BACKLOG = 1024
+"""The kernel's queue of connections not yet accepted, set again once uvicorn has listened with ACCEPT_BATCH
+(queued connections hold no descriptor of ours; a short queue makes clients' connects wait a second or more)."""
 PIECES_AHEAD = 2
 """Encoded pieces a response's pump may hold ahead of its client: past that the engine waits, as for a slow
 socket client."""
@@ -105,6 +109,9 @@ class HttpApi:
         self.max_connections = connection_cap(limits.max_connections)
         """HTTP connections held at once: the configured limit, or less where the descriptor limit is low."""
         self.refused_connections = 0
+        """Connections turned away with a 503: the cap was full of connections busy with requests."""
+        self.evicted_connections = 0
+        """Connections closed to make room for a new one: the cap was full and they had no request under way."""
         host, port = sock.getsockname()[:2]
         self.hosts = loopback_hosts(port) if is_loopback(host) else None
         """The Host headers a request may carry (None: any), on a loopback address."""
@@ -117,7 +124,8 @@ class HttpApi:
         return {"url": self.url, "api_key": bool(self.api_key), "formats": list(self.formats),
                 "live": len(self._pumps), "max_streams": self.limits.max_streams,
                 "max_chars": self.limits.max_chars, "max_connections": self.max_connections,
-                "refused_connections": self.refused_connections, **self.counts}
+                "refused_connections": self.refused_connections, "evicted_connections": self.evicted_connections,
+                **self.counts}
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -150,6 +158,7 @@ class HttpApi:
                 self._task.result()
                 raise VoiceError(f"the HTTP API did not start on {self.url}")
             await asyncio.sleep(0.01)
+        self.sock.listen(LISTEN_BACKLOG)
 
     async def close(self) -> None:
         """Stop listening; responses still streaming are cut (their clients see the stream end early)."""
@@ -293,12 +302,12 @@ class HttpApi:
 
 
 def connection_cap(configured: int) -> int:
-    """The HTTP connections this process may hold: `configured`, or half of what the descriptor limit leaves
-    after RESERVED_FDS where that is less (at least 2)."""
+    """The HTTP connections this process may hold: `configured`, or half of what the descriptor limit leaves after
+    RESERVED_FDS and a batch of connections being refused (ACCEPT_BATCH), where that is less (at least 2)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return configured
-    return max(2, min(configured, (soft - RESERVED_FDS) // 2))
+    return max(2, min(configured, (soft - RESERVED_FDS - ACCEPT_BATCH) // 2))
 
 
 def loopback_hosts(port: int) -> frozenset[str]:
@@ -444,7 +453,8 @@ class _Cors(CORSMiddleware):
 class _GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with the limits it lacks: at most `api.max_connections` at once (past that a 503 and
     the connection closed), a deadline for each request's head (slowloris; also a connection that sends nothing),
-    and one for a client whose unread response fills the socket's buffers. And a client that half-closes after its
+    and one for a client whose unread response fills the socket's buffers. At the cap, a new connection replaces
+    the one that has waited longest for a request, if any does; only when all are busy is it refused. And a client that half-closes after its
     requests (`printf ... | nc`) gets all its answers: uvicorn let asyncio close the connection at the end of the
     client's data, dropping the answers still to come."""
 
@@ -457,7 +467,8 @@ class _GuardedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) >= self.api.max_connections:
+        self._since = self.loop.time()
+        if len(self.connections) >= self.api.max_connections and not self._evict_one():
             self.api.refused_connections += 1
             self.transport = transport
             transport.write(self._BUSY)
@@ -466,6 +477,23 @@ class _GuardedH11(H11Protocol):
         super().connection_made(transport)
         self._peer_done = False
         self._arm_head_timer()
+
+    def _evict_one(self) -> bool:
+        """Make room by closing the connection that has waited longest for a request (idle, or a head still
+        coming): a flood of silent connections then churns through the cap instead of holding it."""
+        waiting = [c for c in self.connections if isinstance(c, _GuardedH11) and c._waiting()]
+        if not waiting:
+            return False
+        victim = min(waiting, key=lambda c: c._since)
+        self.api.evicted_connections += 1
+        victim.transport.abort()
+        self.connections.discard(victim)  # its connection_lost comes on the next turn of the loop
+        return True
+
+    def _waiting(self) -> bool:
+        """Open, and neither answering a request nor holding one whole."""
+        return (not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete)
+                and self.conn.their_state is h11.IDLE)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._head_timer, self._write_timer):
