@@ -73,7 +73,9 @@ socket client."""
 CLOSE_GRACE_S = 1.0
 """On stop, how long uvicorn lets responses end before it cancels them."""
 IGNORED_HEADER = "X-Voiceapp-Ignored"
-"""A speech response's header naming the request's fields this server took but did not act on."""
+"""A speech response's header naming the request's fields this server took but did not act on (`ignored_list`)."""
+LOGGED_FIELDS_MAX = 256
+"""Distinct ignored field names the log mentions (once each); past that, one line says no more are logged."""
 SSE_FRAMES_PER_S = 50
 """The unit of speech.audio.done's output_tokens: 20 ms of audio (this engine does not count billing tokens)."""
 
@@ -115,6 +117,7 @@ class HttpApi:
         host, port = sock.getsockname()[:2]
         self.hosts = loopback_hosts(port) if is_loopback(host) else None
         """The Host headers a request may carry (None: any), on a loopback address."""
+
     @property
     def url(self) -> str:
         host, port = self.sock.getsockname()[:2]
@@ -177,7 +180,8 @@ class HttpApi:
     # -- requests -----------------------------------------------------------------------------------------
 
     def _guard(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        """The API key check every route has, and refusals as OpenAI-style errors (counted)."""
+        """The checks every route has (the Host on loopback, JSON on a POST, the API key), and refusals as
+        OpenAI-style errors (counted)."""
         async def endpoint(request: Request) -> Response:
             try:
                 if self.hosts is not None and request.headers.get("host", "").lower() not in self.hosts:
@@ -217,13 +221,16 @@ class HttpApi:
         except BaseException:
             pump.stop()
             raise
-        headers = {"Cache-Control": "no-store", **({IGNORED_HEADER: ", ".join(ignored)} if ignored else {})}
+        headers = {"Cache-Control": "no-store", **({IGNORED_HEADER: ignored_list(ignored)} if ignored else {})}
         media_type = FORMATS[params.response_format].media_type
         if params.stream_format == "sse":
             return _SpeechResponse(pump, _sse_events(pump, first, params.text), "text/event-stream", headers)
         if params.sized:
             try:
                 body = b"".join([p.data async for p in pump.pieces(first)])
+            except VoiceError as err:  # nothing was sent yet: the status can say so
+                self.log(f"HTTP: {request.url.path}: the engine failed: {err}")
+                return error_response(ApiError(500, str(err), "engine_error", "server_error"))
             finally:
                 pump.stop()
             return Response(body, media_type=media_type, headers=headers)
@@ -237,11 +244,15 @@ class HttpApi:
         if params.instructions and not getattr(self.server.synth, "takes_instructions", False):
             ignored.insert(0, "instructions")
         for name in ignored:
-            if name not in self._fields_logged:
-                self._fields_logged.add(name)
-                what = {"instructions": "the engine has no instruction knob",
-                        "lang_code": "the model reads the text's own language"}.get(name, "not an API field")
-                self.log(f"HTTP: ignoring the request field {name[:64]!r} ({what}; logged once)")
+            if name in self._fields_logged or len(self._fields_logged) > LOGGED_FIELDS_MAX:
+                continue
+            self._fields_logged.add(name)
+            if len(self._fields_logged) > LOGGED_FIELDS_MAX:
+                self.log(f"HTTP: {LOGGED_FIELDS_MAX} ignored field names logged; no more will be")
+                continue
+            what = {"instructions": "the engine has no instruction knob",
+                    "lang_code": "the model reads the text's own language"}.get(name, "not an API field")
+            self.log(f"HTTP: ignoring the request field {ascii_name(name)} ({what}; logged once)")
         req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
                                request_id=uuid4().hex)
         return req, ignored
@@ -314,6 +325,19 @@ def loopback_hosts(port: int) -> frozenset[str]:
     """The Host headers that name a loopback listener on `port` (the port may be left out only where it is 80)."""
     names = ("localhost", "127.0.0.1", "[::1]")
     return frozenset([f"{n}:{port}" for n in names] + (list(names) if port == 80 else []))
+
+
+def ascii_name(name: str) -> str:
+    """A field name as it may go into a header or a log line: JSON-escaped to printable ASCII (no line breaks),
+    at most 64 characters."""
+    text = json.dumps(name)[1:-1]
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def ignored_list(names: list[str], most: int = 16) -> str:
+    """IGNORED_HEADER's value: the names (`ascii_name`), at most `most` of them, then how many more."""
+    shown = ", ".join(ascii_name(name) for name in names[:most])
+    return shown + (f", and {len(names) - most} more" if len(names) > most else "")
 
 
 def is_json(content_type: str) -> bool:
