@@ -11,9 +11,10 @@ refuses gets an error status rather than a 200 with no audio, and the first byte
 Connections are held to deadlines and a count (`_GuardedH11`, uvicorn's h11 protocol with what it lacks): a
 request's head must arrive within `limits.timeout_s` of the connection or of the previous response, and its body
 within as long; a client whose unread response stalls the writes for as long is cut off, an idle keep-alive
-connection after IDLE_TIMEOUT_S, and past `max_connections` (kept well below the process's descriptor limit,
-which the Unix socket shares) a new connection gets a 503 and is closed. On a loopback address the Host header must name it (DNS
-rebinding), and a POST must say its body is JSON (a web page cannot send that without CORS's consent).
+connection after IDLE_TIMEOUT_S. At most `max_connections` are held (well below the process's descriptor limit,
+which the Unix socket shares): past that a new connection replaces the one waiting longest for a request, or gets
+a 503 when all are busy. On a loopback address the Host header must name it (DNS rebinding), and a POST must say
+its body is JSON (a web page cannot send that without CORS's consent).
 
 A response is one of three shapes: streamed audio (chunked, as it is synthesized), a sized body (`stream: false`,
 and FLAC unless streamed: encoded whole, sent with Content-Length), or server-sent events (`stream_format: "sse"`:
@@ -478,9 +479,9 @@ class _GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with the limits it lacks: at most `api.max_connections` at once (past that a 503 and
     the connection closed), a deadline for each request's head (slowloris; also a connection that sends nothing),
     and one for a client whose unread response fills the socket's buffers. At the cap, a new connection replaces
-    the one that has waited longest for a request, if any does; only when all are busy is it refused. And a client that half-closes after its
-    requests (`printf ... | nc`) gets all its answers: uvicorn let asyncio close the connection at the end of the
-    client's data, dropping the answers still to come."""
+    the one that has waited longest for a request, if any does; only when all are busy is it refused. And a
+    client that half-closes after its requests (`printf ... | nc`) gets all its answers: uvicorn let asyncio close
+    the connection at the end of the client's data, dropping the answers still to come."""
 
     api: HttpApi
     _BUSY_BODY = json.dumps(ApiError(503, "too many connections; try again shortly", "too_many_connections",
