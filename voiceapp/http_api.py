@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import resource
 import contextlib
 import json
 import logging
+import resource
 import socket
 import time
 from dataclasses import dataclass
