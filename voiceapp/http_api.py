@@ -253,7 +253,7 @@ class HttpApi:
                 continue
             what = {"instructions": "the engine has no instruction knob",
                     "lang_code": "the model reads the text's own language"}.get(name, "not an API field")
-            self.log(f"HTTP: ignoring the request field {ascii_name(name)} ({what}; logged once)")
+            self.log(f"HTTP: ignoring the request field \"{ascii_name(name)}\" ({what}; logged once)")
         req = SynthesisRequest(params.text, voice=params.voice, options=SamplingOptions(seed=params.seed),
                                request_id=uuid4().hex)
         return req, ignored

@@ -201,7 +201,7 @@ def test_unknown_fields_are_ignored_named_and_logged_once():
         log = server.proc.stderr.read().decode()
     finally:
         server.stop()
-    assert log.count("'temperature'") == 1 and log.count("'normalize'") == 1
+    assert log.count('"temperature"') == 1 and log.count('"normalize"') == 1
 
 
 def test_the_openai_sdk_parses_the_server_sent_events(served, reference):
