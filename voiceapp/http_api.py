@@ -360,6 +360,7 @@ class Piece:
     """A piece of a response's encoded audio."""
 
     data: bytes
+    """Encoded bytes of the response format (b"" only for a last piece that just carries `starts`)."""
     starts: tuple[tuple[int, float], ...] = ()
     """(sentence index, start in seconds of the response's audio) for each sentence whose audio begins in the
     samples encoded since the previous piece."""

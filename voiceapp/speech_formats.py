@@ -48,6 +48,7 @@ class Format:
     """How FFmpeg writes a response format."""
 
     media_type: str
+    """The response's Content-Type."""
     muxer: str
     """FFmpeg's container name ("" for raw samples, written without FFmpeg)."""
     codec: str
@@ -55,7 +56,9 @@ class Format:
     bit_rate: int = 0
     """For the lossy codecs; 0: the codec's own choice."""
     muxer_options: dict[str, str] = field(default_factory=dict)
+    """The container's FFmpeg options (a streamed body also gets flush_packets, so each packet goes out at once)."""
     codec_options: dict[str, str] = field(default_factory=dict)
+    """The encoder's FFmpeg options."""
 
 
 FORMATS = {
