@@ -139,8 +139,9 @@ class HttpApi:
                   Route("/v1/audio/models", self._guard(self._audio_models)),
                   Route("/v1/audio/voices", self._guard(self._voices)),
                   Route("/health", self._guard(self._health))]
+        # any request header, for an allowed origin: the openai SDK in a browser sends its own x-stainless-* ones
         middleware = [Middleware(_Cors, allow_origins=list(self.cors), allow_methods=["GET", "POST"],
-                                 allow_headers=["Authorization", "Content-Type"], expose_headers=[IGNORED_HEADER],
+                                 allow_headers=["*"], expose_headers=[IGNORED_HEADER],
                                  max_age=600)] if self.cors else []
         return Starlette(routes=routes, middleware=middleware,
                          exception_handlers={HTTPException: self._http_error, Exception: self._internal_error})

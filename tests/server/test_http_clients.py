@@ -225,7 +225,8 @@ def test_the_openai_sdk_parses_the_server_sent_events(served, reference):
 
 # ---- CORS --------------------------------------------------------------------------------------------------
 
-PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+PREFLIGHT = {"Access-Control-Request-Method": "POST",  # as the openai SDK in a browser asks
+             "Access-Control-Request-Headers": "authorization,content-type,x-stainless-lang,x-stainless-retry-count"}
 
 
 def test_cors_preflight_is_answered_for_an_allowed_origin(served):
