@@ -31,12 +31,12 @@ class Limited(Served):
     """A server started under a descriptor limit of FD_LIMIT, with --http-timeout TIMEOUT_S."""
 
     def __init__(self, *args: str) -> None:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))  # inherited by the server only
-        try:
-            super().__init__("--http-timeout", str(TIMEOUT_S), *args)
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        super().__init__("--http-timeout", str(TIMEOUT_S), *args, preexec_fn=lower_descriptor_limit)
+
+
+def lower_descriptor_limit() -> None:
+    """In the server's process, before it runs: at most FD_LIMIT open descriptors."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
 @pytest.fixture(scope="module")

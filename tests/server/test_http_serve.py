@@ -33,11 +33,11 @@ SEED, VOICE = 5, "mia"
 class Served:
     """A `voicectl serve --http 127.0.0.1:0` process with its own socket and user dirs."""
 
-    def __init__(self, *args: str, env: dict | None = None) -> None:
+    def __init__(self, *args: str, env: dict | None = None, **popen) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="vh-"))
         self.env = {"VOICEAPP_SOCKET": str(self.dir / "engine.sock"), "XDG_CACHE_HOME": str(self.dir / "cache"),
                     "XDG_DATA_HOME": str(self.dir / "data"), **(env or {})}
-        self.proc = start_serve("--http", "127.0.0.1:0", *args, env=self.env)
+        self.proc = start_serve("--http", "127.0.0.1:0", *args, env=self.env, **popen)
         self.url = re.search(r"http://\S+/v1", self.proc.startup_log).group(0)
 
     def client(self, key: str = "none"):
