@@ -180,13 +180,15 @@ def test_open_webui(served, reference):
 
 
 def test_kokoro_style_clients_with_stream_and_lang_code(served, reference):
-    # Kokoro-FastAPI's OpenAI-style body: stream and lang_code besides OpenAI's fields; stream false asks for the
-    # whole file at once
+    # remsky/Kokoro-FastAPI, api/src/structures/schemas.py (OpenAISpeechRequest): the fields a client written for it
+    # may send besides OpenAI's; stream false asks for the whole file at once
     body = {"model": "kokoro", "input": TEXT, "voice": "alloy", "response_format": "wav", "stream": False,
-            "lang_code": "a", "speed": 1.0}
+            "lang_code": "a", "speed": 1.0, "download_format": None, "return_download_link": False,
+            "volume_multiplier": 1.0, "normalization_options": {"normalize": True}}
     status, headers, data = send(served, body, {"Content-Type": "application/json"})
     assert status == 200 and int(headers["content-length"]) == len(data)
-    assert headers["x-voiceapp-ignored"] == "lang_code"
+    assert headers["x-voiceapp-ignored"] == ("download_format, lang_code, normalization_options, "
+                                             "return_download_link, volume_multiplier")
     assert len(soundfile.read(io.BytesIO(data), dtype="int16")[0]) == len(reference[0])
 
 
