@@ -317,3 +317,12 @@ def test_at_the_cap_a_busy_server_refuses_new_connections_with_a_503():
         assert wait_for(lambda: status_of(exchange(server, request(server, "GET", "/health"))) == 200, timeout=5)
     finally:
         server.stop()
+
+
+def test_status_tells_how_the_connection_cap_was_met(limited):
+    from tests.cli_helpers import voicectl
+
+    text = voicectl("status", env=limited.env).stdout.decode()
+    http = limited.http()
+    assert (f"connections at the cap ({http['max_connections']}): {http['evicted_connections']} idle ones replaced, "
+            f"{http['refused_connections']} refused") in text
