@@ -29,12 +29,13 @@ def served():
     server.stop()
 
 
-def send(served, body, headers=None, method="POST", path="/v1/audio/speech", raw: bytes | None = None):
-    """One request on its own connection: (status, headers with lower-case names, body)."""
+def send(served, body, headers=None, method="POST", path="/v1/audio/speech"):
+    """One request (`body` as JSON, None for none) on its own connection: (status, headers with lower-case names,
+    body)."""
     url = urllib.parse.urlsplit(served.url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
     try:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data, headers=headers or {})
         response = conn.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
