@@ -43,6 +43,15 @@ def add_parser(sub) -> None:
                    help="characters of text per HTTP request (default 4096, as OpenAI's API)")
     g.add_argument("--http-max-streams", type=int, default=64, metavar="N",
                    help="HTTP speech requests served at once; more get 429 (default 64)")
+    g.add_argument("--http-max-connections", type=int, default=256, metavar="N",
+                   help="HTTP connections held at once, idle ones included; more get 503 (default 256, fewer "
+                        "where the descriptor limit is low)")
+    g.add_argument("--http-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long a client may take to send its request's head or body, or leave a response "
+                        "unread, before its connection is closed (default 10)")
+    g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000; repeat for more, or * for any) call "
+                        "the API from a browser; off by default")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -82,8 +91,9 @@ def http_settings(args: argparse.Namespace):
 
     if args.http is None:
         return None
-    limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams)
-    return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits)
+    limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams,
+                        max_connections=args.http_max_connections, timeout_s=args.http_timeout)
+    return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits, cors=args.cors)
 
 
 def log(line: str) -> None:
@@ -123,7 +133,7 @@ async def serve(args: argparse.Namespace, http=None) -> None:
     if listener is not None:
         from voiceapp.http_api import HttpApi
 
-        server.http = HttpApi(server, listener, api_key=http.api_key, limits=http.limits, log=log)
+        server.http = HttpApi(server, listener, api_key=http.api_key, limits=http.limits, cors=http.cors, log=log)
     background = None
     try:
         if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)

@@ -74,7 +74,9 @@ def describe_http(http: dict) -> str:
     key = "API key required" if http["api_key"] else "no API key"
     return (f"HTTP API: {http['url']} ({key}; {', '.join(http['formats'])}); {http['live']} live of at most "
             f"{http['max_streams']}, {http['served']} served, {http['cancelled']} cancelled, {http['failed']} "
-            f"failed, {http['rejected']} rejected, {http['busy']} turned away busy")
+            f"failed, {http['rejected']} rejected, {http['busy']} turned away busy"
+            + (f"; connections at the cap ({http['max_connections']}): {http['evicted_connections']} idle ones "
+               f"replaced, {http['refused_connections']} refused" if "max_connections" in http else ""))
 
 
 def describe_tuning(tuning: dict) -> str:

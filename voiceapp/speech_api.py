@@ -4,10 +4,18 @@ name means, who may ask, the error bodies. `voiceapp.http_api` serves them; noth
 A request (`POST /v1/audio/speech`, a JSON object):
   input            the text (required; at most `HttpLimits.max_chars` characters)
   voice            one of our voices (`voicectl voices`), or an OpenAI voice name (OPENAI_VOICES maps it to a preset)
-  response_format  wav | pcm | flac | mp3 | opus, those the installed libsndfile can write (voiceapp.speech_formats)
-  speed            only 1 (a voice's speaking rate is part of the voice); anything else is refused
+  response_format  wav | pcm | flac | mp3 | opus | aac, those the installed FFmpeg can write (voiceapp.speech_formats)
+  speed            0.25 to 4.0: the tempo, pitch kept (FFmpeg's atempo)
   model            any string: one engine serves every model name (GET /v1/models lists those clients send)
+  instructions     kept in SpeechParams; a model without an instruction knob ignores it (the response says so);
+                   "None" and "" mean none (Home Assistant sends the string "None" when unset)
+  stream_format    "audio" (the bytes of response_format) or "sse" (OpenAI's speech.audio.delta events)
+  stream           false: the body is encoded whole and sent with its length (sizes in its header); true or absent:
+                   streamed as it is synthesized (FLAC when absent: whole, see voiceapp.speech_formats)
+  lang_code        taken and unused (Kokoro-style clients send it; the model reads the text's own language)
   seed, sample_rate   ours (OpenAI has neither): the sampling seed, as `voicectl say --seed`; the output rate
+Any other field is ignored; those and lang_code are named in the result (`SpeechParams.unused`), for the server
+to log once per name and to list in its response.
 Errors are OpenAI's shape: {"error": {"message", "type", "param", "code"}} with a 4xx status.
 """
 from __future__ import annotations
@@ -15,12 +23,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from engine.errors import InputError
 from engine.text import is_speakable, normalize
 from engine.voices import resolve_name
+from voiceapp.speech_formats import SPEED_RANGE
 
 OPENAI_VOICES = {"alloy": "ava", "ash": "leo", "ballad": "max", "cedar": "leo", "coral": "emma", "echo": "leo",
                  "fable": "sam", "marin": "ava", "nova": "emma", "onyx": "max", "sage": "mia", "shimmer": "mia",
@@ -35,7 +45,13 @@ OPENAI_PCM_RATE = 24000
 API_KEY_ENV = "VOICEAPP_API_KEY"
 """Where `voicectl serve --http` takes the API key from when --api-key is not given."""
 FIELDS = {"input", "voice", "response_format", "speed", "model", "instructions", "stream_format", "seed",
-          "sample_rate"}
+          "sample_rate", "stream", "lang_code"}
+"""The fields a request may carry; others are ignored (and logged)."""
+UNUSED_FIELDS = {"lang_code"}
+"""Fields taken (and type-checked) but not acted on: the model reads the text's own language."""
+STREAM_FORMATS = ("audio", "sse")
+UNSET_INSTRUCTIONS = ("", "none", "null")
+"""`instructions` values that mean none (after stripping, in any case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +62,26 @@ class HttpLimits:
     """Characters of `input` per request (OpenAI's own limit, so clients that split text for it fit here)."""
     max_streams: int = 64
     """Speech requests served at once; more get 429."""
+    max_connections: int = 256
+    """HTTP connections held at once, idle ones included (fewer where the descriptor limit is low: see
+    voiceapp.http_api.connection_cap); past that a new one gets a 503 and is closed."""
+
+    timeout_s: float = 10.0
+    """Seconds a client may take to send a request's head, or its body, or may leave a response unread while the
+    server waits to write; past that its connection is closed (a body: 408)."""
 
     def __post_init__(self) -> None:
-        if self.max_chars < 1 or self.max_streams < 1:
+        if not self.timeout_s > 0:
+            raise InputError(f"the HTTP timeout must be more than 0 seconds (not {self.timeout_s:g})")
+        if min(self.max_chars, self.max_streams, self.max_connections) < 1:
             raise InputError(f"HTTP limits must be at least 1 (max chars {self.max_chars}, max streams "
-                             f"{self.max_streams})")
+                             f"{self.max_streams}, max connections {self.max_connections})")
 
     @property
     def max_body_bytes(self) -> int:
-        """Bytes of a request body: the longest input written as JSON escapes (6 bytes a character), and room."""
-        return 6 * self.max_chars + 4096
+        """Bytes of a request body: the longest input written as JSON escapes (12 bytes a character: one outside
+        the BMP is a surrogate pair, two 6-byte escapes), and room for the other fields."""
+        return 12 * self.max_chars + 4096
 
 
 class ApiError(Exception):
@@ -84,6 +110,16 @@ class SpeechParams:
     response_format: str
     sample_rate: int
     seed: int | None = None
+    speed: float = 1.0
+    """The tempo, within SPEED_RANGE (1: as the voice speaks)."""
+    instructions: str | None = None
+    """How to speak, for a model family that takes it; None when unset ("None" and "" included)."""
+    stream_format: str = "audio"
+    """"audio": the bytes of response_format; "sse": server-sent events carrying them in base64."""
+    sized: bool = False
+    """Encode the whole body before sending it: lengths in the container's header, and a Content-Length."""
+    unused: tuple[str, ...] = ()
+    """Fields of the request that nothing acts on: those this API does not know, and UNUSED_FIELDS."""
 
 
 def parse_speech(body: bytes, voices: Iterable[str], formats: Iterable[str], native_rate: int,
@@ -96,18 +132,26 @@ def parse_speech(body: bytes, voices: Iterable[str], formats: Iterable[str], nat
         raise bad("the request body is not valid JSON", "invalid_json") from None
     if not isinstance(request, dict):
         raise bad("the request body must be a JSON object", "invalid_json")
-    unknown = sorted(set(request) - FIELDS)
-    if unknown:
-        raise bad(f"unknown parameter {unknown[0]!r}", "unknown_parameter", unknown[0])
     formats = tuple(formats)
     fmt = _string(request, "response_format", "mp3" if "mp3" in formats else "wav")
     if fmt not in formats:
         raise bad(f"response_format {fmt!r} is not supported here; use one of {', '.join(formats)}",
                   "unsupported_value", "response_format")
-    _check_options(request)
+    _string(request, "model", "")
+    _string(request, "lang_code", "")
+    stream_format = _string(request, "stream_format", "audio")
+    if stream_format not in STREAM_FORMATS:
+        raise bad(f"stream_format must be \"audio\" or \"sse\", not {stream_format[:32]!r}", "unsupported_value",
+                  "stream_format")
+    stream = request.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad("stream must be true or false", "invalid_type", "stream")
     return SpeechParams(text=_input(request, limits), voice=resolve_voice(_string(request, "voice", "default"), voices),
                         response_format=fmt, sample_rate=_sample_rate(request, fmt, native_rate),
-                        seed=_seed(request))
+                        seed=_seed(request), speed=_speed(request), instructions=_instructions(request),
+                        stream_format=stream_format,
+                        sized=stream_format == "audio" and (stream is False or (stream is None and fmt == "flac")),
+                        unused=tuple(sorted((set(request) - FIELDS) | (set(request) & UNUSED_FIELDS))))
 
 
 def _string(request: dict[str, Any], name: str, default: str) -> str:
@@ -133,23 +177,22 @@ def _input(request: dict[str, Any], limits: HttpLimits) -> str:
     return text
 
 
-def _check_options(request: dict[str, Any]) -> None:
-    """`model` is a string; what OpenAI offers and this engine cannot honour is refused rather than ignored."""
-    _string(request, "model", "")
+def _speed(request: dict[str, Any]) -> float:
     speed = request.get("speed")
-    if speed is not None:
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)):
-            raise bad("speed must be a number", "invalid_type", "speed")
-        if speed != 1:
-            raise bad(f"speed {speed:g} is not supported: only 1. A voice's speaking rate is part of the voice "
-                      f"(max speaks slower, sam quicker; see GET /v1/audio/voices)", "unsupported_value", "speed")
-    if _string(request, "instructions", ""):
-        raise bad("instructions are not supported: voices are fixed presets (see GET /v1/audio/voices)",
-                  "unsupported_value", "instructions")
-    if _string(request, "stream_format", "audio") != "audio":
-        raise bad("stream_format must be \"audio\" (the audio is streamed as it is synthesized); server-sent "
-                  "events are not supported", "unsupported_value", "stream_format")
-    _string(request, "model", "")
+    if speed is None:
+        return 1.0
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)):
+        raise bad("speed must be a number", "invalid_type", "speed")
+    low, high = SPEED_RANGE
+    if not low <= speed <= high:
+        raise bad(f"speed {speed:g} is out of range: it goes from {low:g} to {high:g} (1 is the voice's own pace)",
+                  "unsupported_value", "speed")
+    return float(speed)
+
+
+def _instructions(request: dict[str, Any]) -> str | None:
+    text = _string(request, "instructions", "").strip()
+    return None if text.lower() in UNSET_INSTRUCTIONS else text
 
 
 def _sample_rate(request: dict[str, Any], fmt: str, native_rate: int) -> int:
@@ -192,6 +235,15 @@ def voices_body(voices: Mapping[str, str]) -> dict[str, Any]:
     return {"voices": ours + aliases}
 
 
+_PATH = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?(?:[/\\][^\s/\\'\"]+)+[/\\]?")
+
+
+def public_text(text: str) -> str:
+    """`text` with every file path cut to its last part (a cloned voice's description names its reference file:
+    the listing must not tell callers about the machine's folders)."""
+    return _PATH.sub(lambda m: m.group(0).rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1], text)
+
+
 def models_body(created: int) -> dict[str, Any]:
     """GET /v1/models, in OpenAI's list shape."""
     return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "voiceapp"}
@@ -217,15 +269,24 @@ class HttpSettings:
     api_key: str | None = None
     """None: no key is asked for (loopback only)."""
     limits: HttpLimits = HttpLimits()
+    cors: tuple[str, ...] = ()
+    """Origins whose web pages may call the API from a browser ("*": any); empty: none (no CORS headers)."""
 
 
-def http_settings(listen: str, api_key: str | None, limits: HttpLimits = HttpLimits()) -> HttpSettings:
-    """`--http [HOST:]PORT` with its key, checked: an address other machines can reach needs a key."""
+def http_settings(listen: str, api_key: str | None, limits: HttpLimits = HttpLimits(),
+                  cors: Iterable[str] = ()) -> HttpSettings:
+    """`--http [HOST:]PORT` with its key and `--cors` origins, checked: an address other machines can reach needs a
+    key; an origin is `*` or scheme://host[:port]."""
     host, port = parse_listen(listen)
     if not api_key and not is_loopback(host):
         raise InputError(f"--http {listen}: other machines can reach that address, so requests need a key: set "
                          f"{API_KEY_ENV} (or pass --api-key), or listen on 127.0.0.1")
-    return HttpSettings(host, port, api_key or None, limits)
+    origins = tuple(dict.fromkeys(o.strip().rstrip("/") for o in cors))
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and (not sep or scheme not in ("http", "https") or not rest or "/" in rest):
+            raise InputError(f"--cors {origin!r}: expected an origin such as http://localhost:3000, or *")
+    return HttpSettings(host, port, api_key or None, limits, origins)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -74,11 +74,11 @@ def fake_server(sock_path):
     server.stop()
 
 
-def start_serve(*args, env=None):
+def start_serve(*args, env=None, **popen):
     """`voicectl serve` as a subprocess; returns once it listens (its stderr line says so, and is kept in the
-    process's `startup_log` with the lines before it)."""
+    process's `startup_log` with the lines before it). `popen`: more subprocess.Popen keywords."""
     proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, **popen)
     seen = b""
     while b"listening on" not in seen:
         line = proc.stderr.readline()

@@ -11,7 +11,8 @@ import soundfile
 from engine.errors import InputError
 from voiceapp.speech_api import (OPENAI_VOICES, ApiError, HttpLimits, authorized, http_settings, is_loopback,
                                  parse_listen, parse_speech, resolve_voice, voices_body)
-from voiceapp.speech_formats import FORMATS, StreamEncoder, pcm16, supported_formats
+from voiceapp.speech_formats import (FORMATS, WAV_UNKNOWN_SIZE, StreamEncoder, atempo_stages, pcm16,
+                                     supported_formats)
 
 VOICES = ("ava", "emma", "leo", "max", "mia", "sam")
 ALL_FORMATS = tuple(FORMATS)
@@ -58,26 +59,46 @@ def test_voices_ours_first_then_openai_names_case_insensitive():
     ({"input": "*** !!"}, "input", "empty_input"),
     ({"input": 5}, "input", "invalid_type"),
     ({"input": "x" * 4097}, "input", "string_above_max_length"),
-    ({"input": "Hi.", "speed": 1.25}, "speed", "unsupported_value"),
+    ({"input": "Hi.", "speed": 4.01}, "speed", "unsupported_value"),
+    ({"input": "Hi.", "speed": 0.2}, "speed", "unsupported_value"),
     ({"input": "Hi.", "speed": "fast"}, "speed", "invalid_type"),
-    ({"input": "Hi.", "instructions": "whisper"}, "instructions", "unsupported_value"),
-    ({"input": "Hi.", "stream_format": "sse"}, "stream_format", "unsupported_value"),
-    ({"input": "Hi.", "response_format": "aac"}, "response_format", "unsupported_value"),
+    ({"input": "Hi.", "speed": True}, "speed", "invalid_type"),
+    ({"input": "Hi.", "instructions": 3}, "instructions", "invalid_type"),
+    ({"input": "Hi.", "stream_format": "json"}, "stream_format", "unsupported_value"),
+    ({"input": "Hi.", "stream": "yes"}, "stream", "invalid_type"),
+    ({"input": "Hi.", "lang_code": ["en"]}, "lang_code", "invalid_type"),
+    ({"input": "Hi.", "response_format": "ogg"}, "response_format", "unsupported_value"),
     ({"input": "Hi.", "seed": 1.5}, "seed", "invalid_type"),
     ({"input": "Hi.", "seed": True}, "seed", "invalid_type"),
     ({"input": "Hi.", "model": 3}, "model", "invalid_type"),
-    ({"input": "Hi.", "temperature": 0.5}, "temperature", "unknown_parameter"),
 ])
 def test_each_bad_field_is_named_in_a_400(request_, param, code):
     err = refused(**request_)
     assert (err.param, err.code) == (param, code), str(err)
 
 
+def test_what_real_clients_add_is_accepted():
+    p = parse(input="Hi.", instructions="None", speed=1.5, stream=True, lang_code="a", temperature=0.5, x_y=None)
+    assert (p.instructions, p.speed, p.sized, p.unused) == (None, 1.5, False, ("lang_code", "temperature", "x_y"))
+    assert parse(input="Hi.", instructions="  Speak softly. ").instructions == "Speak softly."
+    assert parse(input="Hi.", speed=0.25).speed == 0.25 and parse(input="Hi.", speed=4).speed == 4.0
+    assert "0.25 to 4" in str(refused(input="Hi.", speed=9))
+
+
+def test_stream_false_asks_for_a_sized_body_and_flac_is_sized_unless_streamed():
+    assert parse(input="Hi.", response_format="wav", stream=False).sized
+    assert not parse(input="Hi.", response_format="wav").sized
+    assert parse(input="Hi.", response_format="flac").sized
+    assert not parse(input="Hi.", response_format="flac", stream=True).sized
+    assert not parse(input="Hi.", response_format="wav", stream=False, stream_format="sse").sized
+
+
 def test_speed_one_and_empty_extras_are_fine_and_limits_are_configurable():
     assert parse(input="Hi.", speed=1, instructions="", stream_format="audio", model="anything").text == "Hi."
     assert parse(input="x y " * 1024, limits=HttpLimits(max_chars=4096)).text
     assert refused(input="Hello there.", limits=HttpLimits(max_chars=5)).code == "string_above_max_length"
-    assert HttpLimits(max_chars=100).max_body_bytes >= 6 * 100  # any input of the limit fits as JSON escapes
+    astral = json.dumps({"input": "\U0001F600" * 100, "voice": "mia", "model": "tts-1"}).encode()
+    assert len(astral) <= HttpLimits(max_chars=100).max_body_bytes  # 100 astral characters as JSON escapes fit
     with pytest.raises(InputError):
         HttpLimits(max_streams=0)
 
@@ -124,8 +145,8 @@ def tone(seconds=1.0, rate=16000):
     return (0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 
-def encode(fmt, samples, out_rate=16000, piece=1000):
-    enc = StreamEncoder(fmt, 16000, out_rate)
+def encode(fmt, samples, out_rate=16000, piece=1000, **options):
+    enc = StreamEncoder(fmt, 16000, out_rate, **options)
     parts = [enc.encode(samples[i:i + piece]) for i in range(0, len(samples), piece)]
     return parts, parts and b"".join(parts) + enc.finish()
 
@@ -138,7 +159,7 @@ def test_pcm16_rounds_and_clips():
 def test_wav_and_pcm_stream_exact_samples_from_the_first_chunk():
     x = tone()
     parts, wav = encode("wav", x)
-    assert parts[0][:4] == b"RIFF" and struct.unpack("<I", parts[0][40:44]) == (0xFFFFFFFF,)
+    assert parts[0][:4] == b"RIFF" and struct.unpack("<I", parts[0][40:44]) == (WAV_UNKNOWN_SIZE,)
     assert all(len(p) == 2000 for p in parts[1:])  # every chunk goes out as it comes
     data, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
     assert rate == 16000 and np.array_equal(data, pcm16(x))
@@ -158,7 +179,7 @@ def test_resampled_pcm_is_the_one_shot_resample_within_a_step():
     assert np.max(np.abs(got[:n] - want[:n])) <= 2
 
 
-@pytest.mark.parametrize("fmt", [f for f in ("flac", "mp3", "opus") if f in supported_formats()])
+@pytest.mark.parametrize("fmt", [f for f in ("flac", "mp3", "opus", "aac") if f in supported_formats()])
 def test_compressed_formats_stream_while_encoding_and_decode_with_ffmpeg(fmt):
     av = pytest.importorskip("av")
     x = tone(2.0)
@@ -180,3 +201,64 @@ def test_an_abandoned_encoder_closes_quietly():
     enc.encode(tone(0.1))
     enc.close()
     enc.close()
+
+
+def dominant_hz(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples.astype(np.float64) * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+def av_decoded(data: bytes) -> tuple[np.ndarray, int]:
+    av = pytest.importorskip("av")
+    with av.open(io.BytesIO(data)) as container:
+        return (np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]),
+                container.streams.audio[0].rate)
+
+
+def test_atempo_stages_stay_within_one_stages_range():
+    assert atempo_stages(1.5) == [1.5] and atempo_stages(0.5) == [0.5]
+    for speed in (0.25, 0.3, 2.5, 4.0):
+        stages = atempo_stages(speed)
+        assert len(stages) == 2 and all(0.5 <= s <= 2.0 for s in stages)
+        assert abs(np.prod(stages) - speed) < 1e-9
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.8, 1.7, 4.0])
+def test_speed_changes_the_length_exactly_and_keeps_the_pitch(speed):
+    x = tone(1.5)  # 220 Hz
+    parts, pcm = encode("pcm", x, piece=1000, speed=speed)
+    got = np.frombuffer(pcm, "<i2")
+    assert len(got) == round(len(x) / speed)
+    assert sum(map(len, parts)) >= 0.8 * len(pcm)  # streamed as it goes: the filter holds back a window at most
+    assert abs(dominant_hz(got, 16000) - 220) < 3
+    tail = np.abs(got[-1600:-640].astype(int)).reshape(-1, 160)  # the last 100 ms but 40 (a fade), in 10 ms
+    assert tail.max(axis=1).min() > 0.8 * 0.5 * 32767  # the tone lasts to the end: the filter's window not cut
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f in supported_formats()])
+def test_sized_bodies_carry_their_length_and_decode_to_it(fmt):
+    x = tone(1.0)
+    parts, data = encode(fmt, x, sized=True)
+    assert not any(parts)  # all of it comes from finish()
+    if fmt == "pcm":
+        assert np.array_equal(np.frombuffer(data, "<i2"), pcm16(x))
+        return
+    decoded, rate = av_decoded(data)
+    want = len(x) * rate // 16000
+    slack = {"aac": 1024 + 1024}.get(fmt, 0)  # ADTS cannot say the encoder's priming; see speech_formats
+    assert want <= len(decoded) <= want + slack, (len(decoded), want)
+    if fmt != "aac":  # libsndfile has no AAC
+        info = soundfile.info(io.BytesIO(data))
+        assert info.frames == len(x) and len(soundfile.read(io.BytesIO(data))[0]) == len(x)
+    if fmt == "wav":
+        assert struct.unpack("<I", data[40:44]) == (2 * len(x),)
+
+
+@pytest.mark.parametrize("fmt", [f for f in ("mp3", "opus", "flac", "aac") if f in supported_formats()])
+def test_streamed_bodies_decode_to_the_length_within_a_codec_frame(fmt):
+    x = tone(1.0)
+    _, data = encode(fmt, x, piece=1600)
+    decoded, rate = av_decoded(data)
+    want = len(x) * rate // 16000
+    frame = {"mp3": 1152, "aac": 1024 + 1024}.get(fmt, 0)  # MP3: the end padding; AAC: priming and padding
+    assert want <= len(decoded) <= want + frame, (len(decoded), want)
