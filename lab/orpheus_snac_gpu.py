@@ -1,7 +1,7 @@
 """Device probe for docs/benchmarks/orpheus.json's decoder figures: our SNAC on the GPU (fp32) against the `snac`
 package on the same weights, codes and noise (`snac_max_abs_err`), the pipeline's own windows (the family's
 schedule through engine.windowed_decode) against a one-shot decode (`seam_db`), and the decoder's time per window
-at crowd batch sizes.
+at crowd batch sizes, eager and from captured graphs.
 
     python lab/orpheus_snac_gpu.py MODEL_DIR OUT.json
 """
@@ -78,8 +78,11 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "schedule": repr(SCHEDULE),
               "snac_max_abs_err": package_error(model / "snac", decoder, codes[:32]),
               "seam_db": max(seam_db(decoder, frames(120, seed)) for seed in range(3)),
-              "window_ms": {f"{length}x{batch}": round(window_ms(decoder, length, batch), 2)
-                            for length in (6, 9, 13) for batch in (1, 16, 64, 128)}}
+              "window_ms_eager": {f"{length}x{batch}": round(window_ms(decoder, length, batch), 2)
+                                  for length in (6, 13, 21) for batch in (1, 16, 64)}}
+    result["graph_capture_s"] = round(decoder.warmup((6, 13, 21), (1, 16, 64)), 1)
+    result["window_ms_graphs"] = {f"{length}x{batch}": round(window_ms(decoder, length, batch), 2)
+                                  for length in (6, 13, 21) for batch in (1, 16, 64)}
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

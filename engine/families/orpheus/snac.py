@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -163,6 +164,14 @@ _MIX = 0x45D9F3B
 """Multiplier of a well-mixing 32-bit integer hash; below 2**31, so products of 32-bit values stay in int64."""
 
 
+def _mix32_int(x: int) -> int:
+    """_mix32 of one Python int (a key computed on the host: no tensor, so graph capture copies nothing)."""
+    x &= _MASK
+    x = (((x >> 16) ^ x) * _MIX) & _MASK
+    x = (((x >> 16) ^ x) * _MIX) & _MASK
+    return (x >> 16) ^ x
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """An avalanche hash of int64 tensors holding 32-bit values (no overflow: every product is < 2**59)."""
     x = x & _MASK
@@ -175,7 +184,7 @@ def position_noise(seed: int, block: int, starts: torch.Tensor, steps: int, dtyp
     """Standard-normal noise (B, 1, steps) for time steps starts[b] .. starts[b] + steps - 1 of decoder layer
     `block`: a pure function of (seed, block, absolute step), drawn by hashing and Box-Muller."""
     pos = starts.reshape(-1, 1).long() + torch.arange(steps, device=starts.device)
-    key = _mix32(torch.tensor((seed * 0x9E3779B1 + block * 0x85EBCA77) & _MASK, device=starts.device))
+    key = _mix32_int((seed * 0x9E3779B1 + block * 0x85EBCA77) & _MASK)
     h = _mix32(pos ^ key)
     # two independent 24-bit uniforms in (0, 1) from one hash chain: exact in float32
     u1 = ((h >> 8).float() + 0.5) * 2.0 ** -24
@@ -273,6 +282,10 @@ def fold_weight_norm(gain: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------- the decoder
 
+GRAPH_BATCHES = (1, 4, 8, 16, 32, 64)
+"""Window batches the GPU decoder captures graphs for (a batch replays the smallest graph that holds it)."""
+
+
 class SnacDecoder:
     """CodecDecoder over our SNAC: one "code" is one 7-token frame (2048 samples at 24 kHz).
 
@@ -292,11 +305,17 @@ class SnacDecoder:
         """The noise seed, or None when no noise is added."""
         self.sample_rate: int = self.net.cfg.sample_rate
         self.samples_per_code: int = self.net.cfg.samples_per_frame
-        self.max_batch = max_batch
-        self.batch_limit = 64 if self.device.type == "cuda" else 16
+        self.max_batch = max(max_batch, max(GRAPH_BATCHES)) if self.device.type == "cuda" else max_batch
+        self.batch_limit = max(GRAPH_BATCHES) if self.device.type == "cuda" else 16
         """Most windows worth handing over in one decode() call."""
-        self.fixed_shapes = False
-        """Windows decode at their own length (no graphs are captured)."""
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        """On a GPU the decoder's own stream: the legacy default stream would wait for (and hold up) the LLM's."""
+        self.graphs: dict[tuple[int, int], tuple[Any, list[torch.Tensor], torch.Tensor, torch.Tensor]] = {}
+        """CUDA graphs by (batch, frames): the window's codes and start in static inputs, its audio out."""
+        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.fixed_shapes = self.device.type == "cuda"
+        """On a GPU windows are widened to the schedule's standard lengths and replay a captured graph (eager SNAC
+        is hundreds of small kernels a window, launched from Python beside the LLM's thread)."""
 
     def decode(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """Audio of each item's kept frames: float32, (keep_stop - keep_start) · 2048 samples."""
@@ -317,15 +336,63 @@ class SnacDecoder:
                         out[i] = np.ascontiguousarray(audio[row, start * spf: stop * spf])
         return out
 
-    def warmup(self, lengths: Sequence[int], batches: Sequence[int], background: bool = False) -> float:
-        """Nothing to capture: SNAC windows decode eagerly at their own length."""
-        return 0.0
+    def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (), background: bool = False) -> float:
+        """Capture a graph for each window length and batch (GPU only; each batch rounded up to GRAPH_BATCHES).
+        Returns the seconds it took."""
+        if self.stream is None:
+            return 0.0
+        t0 = time.perf_counter()
+        mode = "thread_local" if background else "global"
+        for batch in sorted({next((b for b in GRAPH_BATCHES if b >= n), GRAPH_BATCHES[-1]) for n in batches} or
+                            {GRAPH_BATCHES[0]}):
+            for length in lengths:
+                self._capture(batch, length, mode)
+        return time.perf_counter() - t0
+
+    def _capture(self, batch: int, length: int, mode: str) -> None:
+        if (batch, length) in self.graphs:
+            return
+        sizes = [length * k for k in (1, 2, 4)]  # frames' codes at levels 0, 1, 2
+        levels = [torch.zeros((batch, n), dtype=torch.long, device=self.device) for n in sizes]
+        starts = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            for _ in range(2):  # cuDNN's algorithm choice and lazy initialisation happen outside the capture
+                self.net(levels, starts, self.seed)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=mode):
+                out = self.net(levels, starts, self.seed)
+            graph.replay()  # a graph's first launch uploads it: here, not in a request
+        self.graphs[(batch, length)] = (graph, levels, starts, out)
 
     def _forward(self, items: Sequence[DecodeItem]) -> np.ndarray:
         rows = [g.split_levels(item.codes) for item in items]
-        levels = [torch.tensor([r[level] for r in rows], dtype=torch.long, device=self.device) for level in range(3)]
-        starts = torch.tensor([item.start for item in items], dtype=torch.long, device=self.device)
-        return self.net(levels, starts, self.seed).float().cpu().numpy()
+        levels = [torch.tensor([r[level] for r in rows], dtype=torch.long) for level in range(3)]
+        starts = torch.tensor([item.start for item in items], dtype=torch.long)
+        if self.stream is None:
+            return self.net(levels, starts, self.seed).float().numpy()
+        with torch.cuda.stream(self.stream):
+            out = self._replay(levels, starts)
+            if out is None:
+                out = self.net([x.to(self.device, non_blocking=True) for x in levels],
+                               starts.to(self.device, non_blocking=True), self.seed)
+            audio = out.float().cpu()  # waits for this stream only
+        return audio.numpy()
+
+    def _replay(self, levels: list[torch.Tensor], starts: torch.Tensor) -> torch.Tensor | None:
+        """The captured graph for this batch (rounded up) and length, its inputs filled; None where none fits.
+        Rows past the batch hold stale codes: rows are independent, and their audio is cut off."""
+        b, n = levels[0].shape
+        bucket = next((x for x in GRAPH_BATCHES if x >= b and (x, n) in self.graphs), None)
+        if bucket is None:
+            return None
+        graph, level_in, starts_in, out = self.graphs[(bucket, n)]
+        for dst, src in zip(level_in, levels):
+            dst[:b].copy_(src, non_blocking=True)
+        starts_in[:b].copy_(starts, non_blocking=True)
+        graph.replay()
+        return out[:b]
 
     def _require_finite(self, audio: np.ndarray) -> np.ndarray:
         if not np.isfinite(audio).all():
