@@ -235,9 +235,51 @@ class Manifest:
             f.flush()
             os.fsync(f.fileno())
 
+    def finish(self, plan: ExportPlan, outputs: list[Path], assembly: dict[str, Any]) -> None:
+        """Record a finished export in place of an unfinished one, then delete the parts: the settings, the
+        assembly's (`assembly`: output format, loudness, metadata) and each output's name and size, so that a rerun
+        can say it is complete without rendering anything (`completed`)."""
+        data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "settings": dataclasses.asdict(plan.settings),
+                "sentences": len(plan.sentences), "outputs": [p.name for p in outputs], "parts": self.parts.dir.name,
+                "chapters": [{"title": plan.chapter_title(r), "first": r.start} for r in plan.chapter_ranges()],
+                "done": [], "complete": {"assembly": assembly, "files": {p.name: p.stat().st_size for p in outputs},
+                                         "at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}}
+        with replacing(self.path) as tmp, open(tmp, "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        self.parts.remove()
+
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         self.parts.remove()
+
+
+def completed_problem(data: dict[str, Any], plan: ExportPlan, assembly: dict[str, Any], folder: Path) -> str | None:
+    """Why a finished export's record (Manifest.finish) does not stand for this run's output, or None when it
+    does: a setting that decides the audio or its assembly changed (named, old and new), or an output file is
+    gone or another size. Settings known only from the engine (model hash, platform) are not compared: the record
+    is read before any model is loaded."""
+    done = data["complete"]
+    now = dataclasses.asdict(plan.settings)
+    for key in (k for k in now if k not in ExportSettings.ENGINE_KEYS):
+        if data["settings"].get(key) != now[key]:
+            return "the input changed" if key == "input_sha256" else \
+                f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"
+    if data["sentences"] != len(plan.sentences):
+        return f"it had {data['sentences']} sentences, the input now has {len(plan.sentences)}"
+    for key in sorted(set(done.get("assembly", {})) | set(assembly)):
+        before = done.get("assembly", {}).get(key)
+        if before != assembly.get(key):
+            return f"{key.replace('_', ' ')} was {before!r}, now {assembly.get(key)!r}"
+    for name, size in done.get("files", {}).items():
+        try:
+            actual = (folder / name).stat().st_size
+        except OSError:
+            return f"{name} is gone"
+        if actual != size:
+            return f"{name} changed since (size {actual}, was {size})"
+    return None
 
 
 MANIFEST_FIELDS = {"settings": dict, "sentences": int, "outputs": list, "parts": str, "chapters": list,
@@ -261,6 +303,11 @@ def manifest_problem(data: dict[str, Any]) -> str | None:
         return "'chapters' is not a list of titles and first sentences"
     if not all(_is(i, int) and 0 <= i < count for i in data["done"]):
         return f"'done' is not a list of sentence numbers below {count}"
+    done = data.get("complete")
+    if done is not None and not (isinstance(done, dict) and isinstance(done.get("assembly"), dict)
+                                 and isinstance(done.get("files"), dict)
+                                 and all(_is(v, int) for v in done["files"].values())):
+        return "'complete' is not a record of a finished export"
     return None
 
 

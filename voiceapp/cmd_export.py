@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_overwriting_input(args.input, layout, plan)
     show = "bar" if sys.stderr.isatty() else "lines"
     with lock_output(layout):
+        if not args.restart and already_complete(plan, layout, args):
+            return 0
         try:
             stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
         except KeyboardInterrupt:
@@ -277,6 +279,39 @@ def export_config(config):
     return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=WindowSchedule.whole())
 
 
+def assembly_settings(args: argparse.Namespace, layout: Layout) -> dict:
+    """What decides the output files besides the sentences' audio, and the engine asked for (its identity, model
+    hash and platform, is known only once it is loaded): a finished export is complete only for the same."""
+    return {"output": "chapter files" if layout.split else "one file", "normalize_loudness": args.normalize_loudness,
+            "engine": f"backend={args.backend} model={args.model} compute={args.compute} quantize={args.quantize}"}
+
+
+def already_complete(plan, layout: Layout, args: argparse.Namespace) -> bool:
+    """True, after saying so, when the manifest records this very export as finished and its files are there;
+    raises (one line naming what differs, and --restart) when it records a finished export of other settings.
+    False when there is no finished export to speak of (none, or an unfinished one: previous_run decides)."""
+    from engine.export_plan import Manifest, ManifestError, Parts, completed_problem
+
+    manifest = Manifest(layout.manifest, Parts(layout.parts))
+    if not manifest.exists():
+        return False
+    data = manifest.load()
+    if data.get("complete") is None:
+        return False
+    problem = completed_problem(data, plan, assembly_settings(args, layout), layout.manifest.parent)
+    if problem:
+        raise ManifestError(f"{layout.out} is already exported, but {problem}; pass --restart to render it again")
+    s = data["settings"]
+    _print_notices(f"{layout.out} is already complete ({data['complete'].get('at', '?')}: {data['sentences']} "
+                   f"sentences in {len(data['chapters'])} chapters, voice {s['voice']}, seed {s['seed']}, backend "
+                   f"{s['backend']}, model {s['model_hash'][:12]}, {s['sample_rate']} Hz); nothing to do (pass "
+                   f"--restart to render it again)")
+    if args.json:
+        print(json.dumps({"complete": True, "sentences": data["sentences"], "chapters": len(data["chapters"]),
+                          "outputs": data["outputs"]}))
+    return True
+
+
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
     """The earlier run's manifest to resume, or None to start over. Only --restart discards an earlier export's
     finished sentences; one that cannot be resumed (corrupt, another version, other settings) is refused."""
@@ -349,9 +384,10 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
         if layout.has_cue(plan):
             marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
             write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
+        manifest.finish(plan, [t.path for t in tracks] + ([layout.cue] if layout.has_cue(plan) else []),
+                        assembly_settings(args, layout))
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
-    manifest.remove()
     end = time.perf_counter()
     wall, e2e = end - progress.t0, end - process_start_perf()
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed

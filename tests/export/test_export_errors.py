@@ -62,7 +62,8 @@ def test_disk_full_while_assembling_keeps_every_sentence(clean, tmp_path, capsys
     monkeypatch.setattr(wave.Wave_write, "writeframes", full_disk)
     code, err = export(capsys, str(src), "-o", str(out))
     assert code == 1 and "disk full" in err and "the 6 finished sentences are kept" in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "o.wav.manifest.json", "o.wav.parts", "want.wav"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "o.wav.manifest.json", "o.wav.parts", "want.wav",
+                                                         "want.wav.manifest.json"]
     monkeypatch.undo()
     code, err = export(capsys, str(src), "-o", str(out), "--resume")
     assert code == 0 and "6 were already done" in err, err
@@ -74,7 +75,7 @@ def test_disk_full_before_any_sentence_leaves_nothing(clean, tmp_path, capsys, m
     monkeypatch.setattr(export_plan.Parts, "write", full_disk)
     code, err = export(capsys, str(src), "-o", str(tmp_path / "o.wav"))
     assert code == 1 and err == f"voicectl: disk full while writing {tmp_path / 'o.wav'}; nothing was written", err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "want.wav"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "want.wav", "want.wav.manifest.json"]
 
 
 def test_progress_reports_eta_and_speed_from_this_runs_pace(capsys, monkeypatch):
