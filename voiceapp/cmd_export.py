@@ -361,14 +361,14 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     resumed = len(done)
     rows = lane_rows(synth.generator)
     jobs = args.jobs or (rows + GPU_SPARE_JOBS if rows else CPU_JOBS)
-    progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
+    progress = Progress([len(s.text) for s in plan.sentences], done, synth.sample_rate, show_progress)
     try:
         parts.dir.mkdir(exist_ok=True)
         manifest.save(plan, done, outputs)
 
         def on_done(index: int, samples: int) -> None:
             done.add(index)
-            progress.update(samples)
+            progress.update(index, samples)
             manifest.save(plan, done, outputs, force=False)
 
         try:
@@ -450,40 +450,58 @@ PROGRESS_LINE_EVERY_S = 30.0
 
 
 class Progress:
-    """Sentences done, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
-    PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way."""
+    """Progress, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
+    PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way.
 
-    def __init__(self, total: int, initial: int, sample_rate: int, show: str | None, clock=time.perf_counter) -> None:
-        self.sample_rate, self.samples, self.clock = sample_rate, 0, clock
-        self.total, self.done, self.initial = total, initial, initial
+    Progress is measured in characters of text, not sentences: a sentence's render time follows its length, and a
+    book's sentences range from a two-word title to a long period, so a count of sentences swings the ETA with
+    every short one. The ETA is this run's characters per second over the whole run (resumed sentences cost it
+    nothing) applied to the characters left."""
+
+    def __init__(self, chars: list[int], done: set[int], sample_rate: int, show: str | None,
+                 clock=time.perf_counter) -> None:
+        self.chars, self.sample_rate, self.samples, self.clock = chars, sample_rate, 0, clock
+        self.total, self.done, self.initial = len(chars), len(done), len(done)
+        self.total_chars = max(sum(chars), 1)
+        self.done_chars = self.initial_chars = sum(chars[i] for i in done)
         self.t0 = self._last_line = clock()
         self.lines = show == "lines"
         self.bar = None
         if show == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="sentence", file=sys.stderr, dynamic_ncols=True)
+            # smoothing=0: tqdm's own rate and ETA are then the whole run's average too
+            self.bar = tqdm(total=self.total_chars, initial=self.done_chars, unit="char", unit_scale=True,
+                            smoothing=0, file=sys.stderr, dynamic_ncols=True)
 
     def xrt(self) -> float:
         return self.samples / self.sample_rate / max(self.clock() - self.t0, 1e-9)
 
-    def update(self, samples: int) -> None:
+    def update(self, index: int, samples: int) -> None:
+        """Sentence `index` is finished: `samples` of audio."""
         self.samples += samples
         self.done += 1
+        self.done_chars += self.chars[index]
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{self.xrt():.1f}x real time", refresh=False)
-            self.bar.update(1)
+            self.bar.set_postfix_str(f"{self.done}/{self.total} sentences, {self.xrt():.1f}x real time",
+                                     refresh=False)
+            self.bar.update(self.chars[index])
         elif self.lines and self.clock() - self._last_line >= PROGRESS_LINE_EVERY_S:
             self._last_line = self.clock()
             print(f"voicectl: {self.line()}", file=sys.stderr, flush=True)
 
+    def eta_s(self) -> float | None:
+        """Seconds left at this run's average characters per second; None before its first sentence."""
+        rendered = self.done_chars - self.initial_chars
+        if rendered <= 0:
+            return None
+        return (self.clock() - self.t0) / rendered * (self.total_chars - self.done_chars)
+
     def line(self) -> str:
-        """"412/1800 sentences (23%), 31.0x real time, ETA 12m05s"; the ETA from this run's own pace."""
-        elapsed = self.clock() - self.t0
-        rendered = self.done - self.initial
-        eta = "-" if not rendered else _duration(elapsed / rendered * (self.total - self.done))
-        return (f"{self.done}/{self.total} sentences ({100 * self.done // max(self.total, 1)}%), "
-                f"{self.xrt():.1f}x real time, ETA {eta}")
+        """"412/1800 sentences, 23% of the text, 31.0x real time, ETA 12m05s"."""
+        eta = self.eta_s()
+        return (f"{self.done}/{self.total} sentences, {100 * self.done_chars // self.total_chars}% of the text, "
+                f"{self.xrt():.1f}x real time, ETA {'-' if eta is None else _duration(eta)}")
 
     def close(self) -> None:
         if self.bar is not None:
