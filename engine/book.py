@@ -19,6 +19,7 @@ Rules (each has a test):
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import posixpath
 import re
@@ -52,6 +53,12 @@ class Chapter:
 class Book:
     title: str
     chapters: tuple[Chapter, ...]
+    author: str = ""
+    """The EPUB's first dc:creator ("" when unknown or not an EPUB)."""
+    language: str = ""
+    """The EPUB's dc:language as written there, a BCP 47 tag such as "en" or "en-GB" ("" when unknown)."""
+    cover: bytes | None = None
+    """The EPUB's cover image as stored (not checked to be an image: the front end does that), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +331,38 @@ def parse_epub(data: bytes, title: str, name: str = "the EPUB") -> Book:
         _refuse_encrypted(archive, docs, name)
         toc = _toc_titles(archive, opf, items, base)
         sections = [_html_blocks(_read_member(archive, doc, name)) for doc in docs]
-        book_title = (opf.findtext("opf:metadata/dc:title", None, _NS) or "").strip() or title
+        book_title = _meta(opf, "title") or title
+        cover = _cover(archive, opf, items, base)
     book = _book(book_title, [_Section(blocks, _split_level(blocks), toc.get(doc))
                               for doc, blocks in zip(docs, sections)])
     if not book.chapters:
         raise InputError(f"{name} has no readable text (only images, or an empty or unsupported EPUB)")
-    return book
+    return dataclasses.replace(book, author=_meta(opf, "creator"), language=_meta(opf, "language"), cover=cover)
+
+
+def _meta(opf: ElementTree.Element, key: str) -> str:
+    """The OPF's first dc:`key`, whitespace collapsed ("" when there is none)."""
+    return " ".join((opf.findtext(f"opf:metadata/dc:{key}", None, _NS) or "").split())
+
+
+MAX_COVER_BYTES = 16 * 1024 * 1024
+"""Largest cover image read from an EPUB; a larger one is left out (the front end has its own, lower, limit)."""
+
+
+def _cover(archive: zipfile.ZipFile, opf: ElementTree.Element, items: dict, base: str) -> bytes | None:
+    """The cover image's bytes: the manifest item marked cover-image (EPUB 3), else the one a <meta name="cover">
+    names (EPUB 2); None when there is none, or it is missing or too large."""
+    item = next((i for i in items.values() if "cover-image" in (i.get("properties") or "").split()), None)
+    if item is None:
+        meta = next((m for m in opf.iterfind("opf:metadata/opf:meta", _NS) if m.get("name") == "cover"), None)
+        item = items.get(meta.get("content")) if meta is not None else None
+    if item is None:
+        return None
+    try:
+        info = archive.getinfo(_href(base, item.get("href", "")))
+        return archive.read(info) if info.file_size <= MAX_COVER_BYTES else None
+    except (KeyError, zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
+        return None
 
 
 def _rootfile(archive: zipfile.ZipFile, name: str) -> str:

@@ -146,6 +146,21 @@ class Parts:
             return None
         return np.frombuffer(data, dtype="<i2")
 
+    def samples(self, index: int) -> int:
+        """The sentence's sample count from its part's header alone (InputError when the part is missing or is
+        not one); read() checks the samples themselves."""
+        try:
+            with open(self.path(index), "rb") as f:
+                head = f.read(PART_HEADER.size)
+        except OSError:
+            head = b""
+        if len(head) == PART_HEADER.size:
+            magic, stored_index, samples, _ = PART_HEADER.unpack(head)
+            if magic == PART_MAGIC and stored_index == index:
+                return samples
+        raise InputError(f"finished sentence {index} in {self.dir} is missing or corrupt; rerun with --resume "
+                         f"to render it again")
+
     def written(self) -> int:
         """How many part files are there now, without reading them (progress watchers; 0 without the folder)."""
         try:
@@ -398,30 +413,54 @@ def ceiling_notice(gains: list[ChapterGain], titles: list[str], target_dbfs: flo
             f"chapters below {target_dbfs:g} dBFS RMS: {named}{more}")
 
 
+def sentence_starts(parts: Parts, track: Track, pause: int) -> tuple[list[int], int]:
+    """Where each of the track's sentences starts, in samples from the track's start, and the track's length: from
+    the parts' headers, before any audio is read (what a container's chapter marks need up front)."""
+    starts, at = [], 0
+    for i in track.sentences:
+        if i != track.sentences.start:
+            at += pause
+        starts.append(at)
+        at += parts.samples(i)
+    return starts, at
+
+
+def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None = None) -> Iterator[bytes]:
+    """The track's audio as 16-bit PCM pieces, one sentence or pause at a time: `pause` zeros between sentences,
+    each sentence scaled by its gain in `gains` (one per sentence of the book) where given."""
+    for i in track.sentences:
+        if i != track.sentences.start and pause:
+            yield bytes(2 * pause)
+        pcm = _part(parts, i)
+        gain = 1.0 if gains is None else gains[i]
+        yield pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain)
+
+
+Encoder = Callable[[Track, Path, Iterator[bytes], list[int], int], None]
+"""encode(track, tmp, pcm, sentence starts, length): writes the track's audio into the temp file `tmp`."""
+
+
 def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
-             gains: list[float] | None = None) -> tuple[list[list[int]], int]:
-    """Write each track's sentences in order, `pause` zeros between them, as 16-bit WAV (temp file, then rename);
-    `gains`, if given, holds one gain per sentence (its chapter's: chapter_gains).
-    Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
+             gains: list[float] | None = None, encoder: Encoder | None = None) -> tuple[list[list[int]], int]:
+    """Write each track's sentences in order, `pause` zeros between them (temp file, then rename): as 16-bit WAV,
+    or through `encoder` where given; `gains`, if given, holds one gain per sentence (its chapter's:
+    chapter_gains). Returns each track's sentence start offsets in samples (for chapter marks) and the samples
+    written in all."""
     offsets, total = [], 0
     for track in tracks:
-        starts = []
-        with replacing(track.path, ".partial") as tmp, wave.open(str(tmp), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(sample_rate)
-            written = 0
-            for i in track.sentences:
-                if i != track.sentences.start:
-                    w.writeframes(bytes(2 * pause))
-                    written += pause
-                starts.append(written)
-                pcm = _part(parts, i)
-                gain = 1.0 if gains is None else gains[i]
-                w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
-                written += len(pcm)
+        starts, length = sentence_starts(parts, track, pause)
+        with replacing(track.path, ".partial") as tmp:
+            if encoder is not None:
+                encoder(track, tmp, track_pcm(parts, track, pause, gains), starts, length)
+            else:
+                with wave.open(str(tmp), "wb") as w:
+                    w.setnchannels(1)
+                    w.setsampwidth(2)
+                    w.setframerate(sample_rate)
+                    for piece in track_pcm(parts, track, pause, gains):
+                        w.writeframes(piece)
         offsets.append(starts)
-        total += written
+        total += length
     return offsets, total
 
 
@@ -444,6 +483,15 @@ def to_pcm16(samples: np.ndarray) -> bytes:
 def apply_gain(pcm: np.ndarray, gain: float) -> bytes:
     """16-bit samples scaled by `gain` (rounded, clipped), as 16-bit PCM bytes."""
     return np.clip(np.rint(pcm.astype(np.float64) * gain), -32768, 32767).astype("<i2").tobytes()
+
+
+CUE_MAX_FRAMES = (99 * 60 + 59) * 75 + 74
+"""99:59:74, the last INDEX a CUE sheet's two-digit minutes can write (many players read no more digits)."""
+
+
+def cue_fits(marks: list[tuple[str, int]], sample_rate: int) -> bool:
+    """Whether every chapter start in `marks` (title, sample) can be written as MM:SS:FF with two-digit minutes."""
+    return all(start * 75 // sample_rate <= CUE_MAX_FRAMES for _, start in marks)
 
 
 def cue_sheet(title: str, wav_name: str, marks: list[tuple[str, int]], sample_rate: int) -> str:

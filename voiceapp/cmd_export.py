@@ -1,9 +1,11 @@
-"""Provides `voicectl export BOOK -o OUT.wav | DIR/`: render a .txt, .md or .epub book to WAV, resumably.
+"""Provides `voicectl export BOOK -o OUT.m4b | .mp3 | .opus | .wav | DIR/`: render a .txt, .md or .epub book to
+an audiobook file, resumably.
 
 Sentences render concurrently (--jobs), each with its own seed derived from --seed and its index, into finished
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
-bytes as an uninterrupted one. Outputs: one WAV (+ a CUE sheet of chapters when there are several), or one WAV
-per chapter (-o DIR/ or --split-chapters). Without --resume an earlier unfinished export is never discarded
+bytes as an uninterrupted one. Outputs: one M4B, MP3 or Opus file with chapter marks, title, author and cover
+(voiceapp.containers), one WAV (+ a CUE sheet of chapters when there are several), or one file per chapter (-o DIR/,
+WAV, or --split-chapters). A finished export leaves its manifest as its record: run again, it says it is complete. Without --resume an earlier unfinished export is never discarded
 silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
 the output names the running one's pid).
 """
@@ -35,13 +37,17 @@ MAX_EPUB_BYTES = 512 * 1024 * 1024
 def add_parser(sub) -> None:
     from engine.export_plan import LOUDNESS_TARGET_DBFS, PEAK_CEILING_DBFS
 
-    p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to WAV; resumable")
+    p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to an audiobook file; "
+                                      "resumable")
     p.add_argument("input", help=".txt, .md or .epub file, or - for plain text on stdin")
     p.add_argument("-o", "--out", required=True,
-                   help="OUT.wav (one file, plus OUT.cue listing the chapters when there are several), "
-                        "or DIR/ (one WAV per chapter)")
+                   help="OUT.m4b, OUT.mp3 or OUT.opus (chapters, title, author and cover inside), OUT.wav (plus "
+                        "OUT.cue listing the chapters when there are several), or DIR/ (one WAV per chapter)")
     p.add_argument("--split-chapters", action="store_true",
-                   help="one WAV per chapter; with -o OUT.wav they are named 'OUT 01 - Title.wav'")
+                   help="one file per chapter; with -o OUT.m4b they are named 'OUT 01 - Title.m4b'")
+    p.add_argument("--title", help="the book's title in the file's tags (default: the EPUB's, else the file name)")
+    p.add_argument("--author", help="the author in the file's tags (default: the EPUB's)")
+    p.add_argument("--cover", metavar="IMAGE", help="a PNG or JPEG cover for M4B, MP3 and Opus (default: the EPUB's)")
     p.add_argument("--jobs", type=int, help=f"sentences rendered at once (default {CPU_JOBS}; on a GPU, as many as "
                                              f"its lane holds)")
     p.add_argument("--resume", action="store_true",
@@ -73,12 +79,13 @@ def run(args: argparse.Namespace) -> int:
     layout = Layout.from_args(args)
     plan = make_plan(args)
     refuse_overwriting_input(args.input, layout, plan)
+    tags = book_tags(args, plan.book, layout)
     show = "bar" if sys.stderr.isatty() else "lines"
     with lock_output(layout):
-        if not args.restart and already_complete(plan, layout, args):
+        if not args.restart and already_complete(plan, layout, args, tags):
             return 0
         try:
-            stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
+            stats = asyncio.run(export(plan, layout, args, tags, None if args.no_progress else show))
         except KeyboardInterrupt:
             raise interrupted(layout, len(plan.sentences)) from None
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
@@ -106,10 +113,13 @@ class Layout:
     def from_args(cls, args: argparse.Namespace) -> "Layout":
         from engine.errors import OutputError
 
+        from voiceapp.containers import check_suffix
+
         out = Path(args.out)
         directory = args.out.endswith(("/", os.sep)) or out.is_dir()
         if not directory:
-            check_output(out)
+            check_suffix(out)
+            check_output(out, any_suffix=True)
             return cls(out, False, args.split_chapters)
         if not out.parent.is_dir():
             raise OutputError(f"{out}: directory {out.parent} does not exist")
@@ -138,9 +148,15 @@ class Layout:
     def cue(self) -> Path:
         return self.out.with_suffix(".cue")
 
+    @property
+    def suffix(self) -> str:
+        """The output files' suffix: .wav, or a container's (voiceapp.containers)."""
+        return ".wav" if self.directory else self.out.suffix.lower()
+
     def has_cue(self, plan) -> bool:
-        """One WAV of several chapters gets a CUE sheet of them."""
-        return not self.split and len(plan.book.chapters) > 1
+        """One WAV of several chapters gets a CUE sheet of them (while the sheet can mark them: cue_fits);
+        the other formats hold their chapters themselves."""
+        return not self.split and self.suffix == ".wav" and len(plan.book.chapters) > 1
 
     def files(self, plan) -> list[Path]:
         """Every file the export writes (besides the parts)."""
@@ -156,7 +172,7 @@ class Layout:
         width = max(2, len(str(len(ranges))))
         prefix = "" if self.directory else f"{self.out.stem} "
         folder = self.out if self.directory else self.out.parent
-        return [Track(folder / f"{prefix}{n:0{width}d} - {_file_title(plan.book.chapters[n - 1].title)}.wav", r)
+        return [Track(folder / f"{prefix}{n:0{width}d} - {_file_title(plan.chapter_title(r))}{self.suffix}", r)
                 for n, r in enumerate(ranges, 1)]
 
 
@@ -245,7 +261,7 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 
 # ---- running it -------------------------------------------------------------------------------------------
 
-async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: str | None) -> dict:
+async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_progress: str | None) -> dict:
     from engine.export_plan import Manifest, Parts
     from engine.factory import build_synthesizer
     from engine.metrics import RequestMetrics
@@ -264,7 +280,7 @@ async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: 
     synth = build_synthesizer(export_config(engine_config(args)), events=on_event)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
-        stats = await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
+        stats = await render_and_assemble(plan, synth, manifest, layout, args, tags, show_progress)
     finally:
         await synth.close()
     return {**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}}
@@ -279,14 +295,44 @@ def export_config(config):
     return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=WindowSchedule.whole())
 
 
-def assembly_settings(args: argparse.Namespace, layout: Layout) -> dict:
+def assembly_settings(args: argparse.Namespace, layout: Layout, tags) -> dict:
     """What decides the output files besides the sentences' audio, and the engine asked for (its identity, model
     hash and platform, is known only once it is loaded): a finished export is complete only for the same."""
-    return {"output": "chapter files" if layout.split else "one file", "normalize_loudness": args.normalize_loudness,
-            "engine": f"backend={args.backend} model={args.model} compute={args.compute} quantize={args.quantize}"}
+    from engine.export_plan import sha256_bytes
+
+    settings = {"output": "chapter files" if layout.split else "one file", "normalize_loudness":
+                args.normalize_loudness, "engine": f"backend={args.backend} model={args.model} compute={args.compute} "
+                                                   f"quantize={args.quantize}", "format": layout.suffix}
+    if layout.suffix != ".wav":
+        settings.update(title=tags.title, author=tags.author, language=tags.language,
+                        cover=sha256_bytes(tags.cover.data)[:16] if tags.cover else None)
+    return settings
 
 
-def already_complete(plan, layout: Layout, args: argparse.Namespace) -> bool:
+def book_tags(args: argparse.Namespace, book, layout: Layout):
+    """The title, author, language and cover the output's tags get: the flags, else the EPUB's. A --cover that is
+    not a sane image is an InputError; an EPUB's own bad cover is left out with a notice. Checked before any model
+    is loaded; WAV has no tags (its CUE names the title)."""
+    from engine.errors import InputError
+    from voiceapp.containers import MAX_COVER_BYTES, Tags, read_cover
+
+    if layout.suffix == ".wav":
+        return Tags(args.title or book.title)
+    cover = None
+    if args.cover:
+        data = read_input_bytes(args.cover, MAX_COVER_BYTES, kind="image file")
+        if data is None:
+            raise InputError(f"{args.cover}: the cover is larger than {MAX_COVER_BYTES >> 20} MB")
+        cover = read_cover(data, args.cover)
+    elif book.cover is not None:
+        try:
+            cover = read_cover(book.cover, f"{args.input}'s cover")
+        except InputError as err:
+            _print_notices(f"{err}; the output has no cover")
+    return Tags(args.title or book.title, author=args.author or book.author, language=book.language, cover=cover)
+
+
+def already_complete(plan, layout: Layout, args: argparse.Namespace, tags) -> bool:
     """True, after saying so, when the manifest records this very export as finished and its files are there;
     raises (one line naming what differs, and --restart) when it records a finished export of other settings.
     False when there is no finished export to speak of (none, or an unfinished one: previous_run decides)."""
@@ -298,7 +344,7 @@ def already_complete(plan, layout: Layout, args: argparse.Namespace) -> bool:
     data = manifest.load()
     if data.get("complete") is None:
         return False
-    problem = completed_problem(data, plan, assembly_settings(args, layout), layout.manifest.parent)
+    problem = completed_problem(data, plan, assembly_settings(args, layout, tags), layout.manifest.parent)
     if problem:
         raise ManifestError(f"{layout.out} is already exported, but {problem}; pass --restart to render it again")
     s = data["settings"]
@@ -351,8 +397,9 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
     return plan
 
 
-async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
-    from engine.export_plan import assemble, cue_sheet, pause_samples, render_parts
+async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
+                              show_progress: str | None) -> dict:
+    from engine.export_plan import assemble, cue_fits, cue_sheet, pause_samples, render_parts
     from engine.factory import lane_rows
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -380,12 +427,20 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             _save_quietly(manifest, plan, done, outputs)
         gains = None if args.normalize_loudness is None else loudness_gains(plan, parts, args.normalize_loudness)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
-        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains)
+        encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, synth.sample_rate)
+        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains, encoder)
+        written = [t.path for t in tracks]
         if layout.has_cue(plan):
             marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
-            write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
-        manifest.finish(plan, [t.path for t in tracks] + ([layout.cue] if layout.has_cue(plan) else []),
-                        assembly_settings(args, layout))
+            if cue_fits(marks, synth.sample_rate):
+                write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, synth.sample_rate))
+                written.append(layout.cue)
+            else:
+                layout.cue.unlink(missing_ok=True)  # an earlier export's sheet would mark another book
+                _print_notices(f"no {layout.cue.name}: the last chapter starts after 99:59, which a CUE sheet's "
+                               f"minutes cannot mark in many players; export to .m4b, .mp3 or .opus for chapters "
+                               f"in the file, or pass --split-chapters")
+        manifest.finish(plan, written, assembly_settings(args, layout, tags))
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
     end = time.perf_counter()
@@ -393,6 +448,27 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
     return {"audio_s": total / synth.sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
             "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
+
+
+def container_encoder(plan, layout: Layout, tags, sample_rate: int):
+    """assemble's encoder for M4B, MP3 and Opus: one file with a chapter mark per chapter, or (split) one file per
+    chapter tagged with its title, the book's as album, and its number."""
+    from voiceapp.containers import CONTAINERS, Mark, encode
+
+    container = CONTAINERS[layout.suffix]
+    numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}
+
+    def encoder(track, tmp, pcm, starts, length) -> None:
+        if layout.split:
+            mine = dataclasses.replace(tags, title=plan.chapter_title(track.sentences), album=tags.title,
+                                       track=numbers[track.path])
+            return encode(tmp, container, sample_rate, pcm, [], mine)
+        ranges = plan.chapter_ranges()
+        bounds = [starts[r.start - track.sentences.start] for r in ranges] + [length]
+        marks = [Mark(plan.chapter_title(r), a, b) for r, a, b in zip(ranges, bounds, bounds[1:])]
+        encode(tmp, container, sample_rate, pcm, marks, tags)
+
+    return encoder
 
 
 def loudness_gains(plan, parts, target_dbfs: float) -> list[float]:

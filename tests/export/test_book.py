@@ -155,23 +155,27 @@ CONTAINER = ('<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:nam
 
 
 def make_epub(docs: dict[str, str], spine: list[str], *, nav: str | None = None, ncx: str | None = None,
-              extra: dict[str, str] | None = None, title="A Tiny Book", opf: str | None = None) -> bytes:
+              extra: dict[str, str] | None = None, title="A Tiny Book", opf: str | None = None,
+              author: str = "", language: str = "", cover: bytes | None = None) -> bytes:
     items = "".join(f'<item id="{n}" href="{n}" media-type="application/xhtml+xml"/>' for n in docs)
     if nav:
         items += '<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>'
     if ncx:
         items += '<item id="ncx" href="toc.ncx" media-type="application/x-dtbncx+xml"/>'
-    items += '<item id="img" href="cover.png" media-type="image/png"/>'
+    marked = ' properties="cover-image"' if cover is not None else ""
+    items += f'<item id="img" href="cover.png" media-type="image/png"{marked}/>'
+    meta = (f"<dc:creator>{author}</dc:creator>" if author else "") + (
+        f"<dc:language>{language}</dc:language>" if language else "")
     refs = "".join(f'<itemref idref="{n}"/>' for n in spine)
     opf = opf or ('<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
-           f'<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{title}</dc:title></metadata>'
+           f'<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{title}</dc:title>{meta}</metadata>'
            f'<manifest>{items}</manifest><spine>{refs}</spine></package>')
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("mimetype", "application/epub+zip")
         z.writestr("META-INF/container.xml", CONTAINER)
         z.writestr("OEBPS/content.opf", opf)
-        z.writestr("OEBPS/cover.png", b"\x89PNG fake")
+        z.writestr("OEBPS/cover.png", b"\x89PNG fake" if cover is None else cover)
         for name, body in docs.items():
             z.writestr(f"OEBPS/{name}", xhtml(body))
         if nav:
