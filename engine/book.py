@@ -1,4 +1,5 @@
-"""Provides book reading for export: .txt / .md / .epub -> chapters of paragraphs -> sentences. Pure (stdlib only).
+"""Provides book reading for export: .txt / .md / .epub -> chapters of paragraphs -> sentences. Pure (the standard
+library, and markdown-it-py for Markdown).
 
 Rules (each has a test):
 - Paragraphs are separated by blank lines. Hard-wrapped prose (lines near the paragraph's longest line, itself at
@@ -6,8 +7,10 @@ Rules (each has a test):
 - .txt chapters start at a paragraph whose first line is a heading: "Chapter 12", "CHAPTER XII.", "Chapter Twelve:
   The Storm", "Book 2", "Part One", "Prologue", "Epilogue", ... (a short second line is taken as its title), or a
   markdown "# Heading".
-- .md: YAML front matter, fenced code blocks, images, HTML tags/comments, footnotes and link targets are dropped;
-  link texts, emphasis and inline code keep their words; list items, table rows and quotes are read as lines.
+- .md (CommonMark and tables, parsed by markdown-it-py): YAML front matter, code blocks, images, HTML tags and
+  blocks, footnote markers and link targets are dropped; link texts, emphasis and inline code keep their words;
+  list items, table rows and quotes are read as lines. A code fence never closed would hide the rest of the book:
+  its opening line is dropped and what follows is read, with a notice.
   Chapters start at the most important heading level used more than once (so a lone "# Book Title" above
   "## Chapter" headings is not a chapter); other headings are read as lines.
 - .epub: META-INF/container.xml -> the OPF -> spine order (navigation documents and linear="no" items skipped);
@@ -59,6 +62,9 @@ class Book:
     """The EPUB's dc:language as written there, a BCP 47 tag such as "en" or "en-GB" ("" when unknown)."""
     cover: bytes | None = None
     """The EPUB's cover image as stored (not checked to be an image: the front end does that), or None."""
+    notices: tuple[str, ...] = ()
+    """What the reader had to work around (a code fence never closed, a table of contents it could not use), one
+    line each, for the front end to show."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +91,7 @@ def read_book(name: str, data: bytes | str, title: str | None = None) -> Book:
         return parse_epub(data if isinstance(data, bytes) else data.encode(), title, name)
     text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
     if suffix in (".md", ".markdown"):
-        return parse_markdown(text, title)
+        return parse_markdown(text, title, name)
     return parse_text(text, title)
 
 
@@ -155,38 +161,21 @@ def _unwrap(lines: list[str]) -> list[str]:
 
 # ---- markdown ---------------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
-_SETEXT = re.compile(r"^\s{0,3}(=+|-+)\s*$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
-_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*\S")
-_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)+\|?\s*$")
-_LIST = re.compile(r"^\s*(?:[-*+]|\d{1,9}[.)])\s+")
-_QUOTE = re.compile(r"^\s{0,3}(?:>\s?)+")
-_INLINE = [
-    (re.compile(r"<!--.*?-->", re.S), ""),
-    (re.compile(r"!\[[^\]]*\]\([^)]*\)|!\[[^\]]*\]\[[^\]]*\]"), ""),  # images
-    (re.compile(r"\[\^[^\]]+\]"), ""),  # footnote references
-    (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),  # [text](url)
-    (re.compile(r"\[([^\]]+)\]\[[^\]]*\]"), r"\1"),  # [text][ref]
-    (re.compile(r"<(?:https?|ftp|mailto):[^>]*>"), ""),  # autolinks
-    (re.compile(r"</?[A-Za-z][^>]*>"), ""),  # HTML tags
-    (re.compile(r"(`+)(.+?)\1"), r"\2"),  # inline code
-    (re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1"), r"\2"),
-    (re.compile(r"\*(?=\S)(.+?)(?<=\S)\*"), r"\1"),
-    (re.compile(r"(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)"), r"\1"),
-    (re.compile(r"~~(.+?)~~"), r"\1"),
-]
+_FOOTNOTE_REF = re.compile(r"\[\^[^\]\s]+\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
-_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|~<>])")
+_SKIPPED_MD = frozenset({"fence", "code_block", "html_block"})
+"""Markdown blocks that are not read: code and raw HTML."""
 
 
-def parse_markdown(text: str, title: str) -> Book:
-    blocks = _markdown_blocks(_drop_front_matter(text.splitlines()))
+def parse_markdown(text: str, title: str, name: str = "the Markdown file") -> Book:
+    """Markdown through markdown-it-py (CommonMark and tables): headings, paragraphs, list items, quotes and table
+    rows become blocks; code, HTML blocks and images are not read."""
+    blocks, notices = _markdown_blocks(_drop_front_matter(text.splitlines()), name)
     levels = [b.level for b in blocks if b.level]
     repeated = sorted(level for level in set(levels) if levels.count(level) > 1)
     chapter_level = repeated[0] if repeated else min(levels, default=1)
     book_title = next((b.text for b in blocks if 0 < b.level < chapter_level), title)
-    return _book(book_title, [_Section(blocks, chapter_level)])
+    return dataclasses.replace(_book(book_title, [_Section(blocks, chapter_level)]), notices=tuple(notices))
 
 
 def _drop_front_matter(lines: list[str]) -> list[str]:
@@ -197,71 +186,75 @@ def _drop_front_matter(lines: list[str]) -> list[str]:
     return lines
 
 
-def _markdown_blocks(lines: list[str]) -> list[_Block]:
+def _markdown_blocks(lines: list[str], name: str) -> tuple[list[_Block], list[str]]:
+    """The document's blocks, and a notice for each code fence never closed: CommonMark runs such a fence to the
+    end of the document, which would silently drop the rest of a book, so its opening line is dropped instead and
+    what follows is read as text."""
+    from markdown_it import MarkdownIt
+
+    parser = MarkdownIt("commonmark").enable("table")
+    notices: list[str] = []
+    while True:
+        tokens = parser.parse("\n".join(lines))
+        fence = next((t for t in tokens if t.type == "fence" and t.map and not _closed(t, lines)), None)
+        if fence is None:
+            break
+        start = fence.map[0]
+        notices.append(f"{name}: the code block opened at line {start + 1} is never closed; the "
+                       f"{len(lines) - start - 1} lines after it are read as text")
+        lines = lines[:start] + [""] + lines[start + 1:]
     blocks: list[_Block] = []
-    para: list[str] = []
-    fence = ""
+    level, row = 0, None
+    for token in tokens:
+        if token.type == "heading_open":
+            level = int(token.tag[1])
+        elif token.type == "heading_close":
+            level = 0
+        elif token.type == "tr_open":
+            row = []
+        elif token.type == "tr_close" and row is not None:
+            blocks.append(_Block(", ".join(cell for cell in row if cell)))
+            row = None
+        elif token.type == "inline":
+            pieces = _inline_lines(token)
+            if row is not None:
+                row.append(" ".join(pieces))
+            elif level:
+                blocks.append(_Block(" ".join(pieces), level))
+            else:
+                blocks.extend(_Block(piece) for piece in pieces if piece)
+    return [b for b in blocks if b.text], notices
 
-    def flush() -> None:
-        if para:
-            blocks.extend(_Block(t) for t in _unwrap_markdown(para) if t)
-            para.clear()
 
-    for line in lines:
-        m = _FENCE.match(line)
-        if fence or m:
-            if m and (not fence or m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)):
-                fence = "" if fence else m.group(1)
-            flush()
+def _closed(fence, lines: list[str]) -> bool:
+    """Whether a fence token ends at a closing fence line (else it ran to the end of the document)."""
+    last = fence.map[1] - 1
+    if last <= fence.map[0] or last >= len(lines):
+        return False
+    close = lines[last].strip().lstrip("> ")  # a fence may sit in a quote or a list item
+    return close.startswith(fence.markup[0] * len(fence.markup)) and not close.strip(fence.markup[0])
+
+
+def _inline_lines(token) -> list[str]:
+    """An inline token's words as lines (a hard break starts a new one): text and inline code kept, images, raw
+    HTML tags, autolinks and footnote markers dropped, soft breaks read as spaces."""
+    lines, text, autolink = [], [], False
+    for child in token.children or ():
+        if child.type == "link_open" and child.markup == "autolink":
+            autolink = True
+        elif child.type == "link_close" and autolink:
+            autolink = False
+        elif autolink or child.type in ("image", "html_inline"):
             continue
-        heading = _ATX.match(line)
-        setext = _SETEXT.match(line)
-        if heading:
-            flush()
-            blocks.append(_Block(_inline(heading.group(2)), len(heading.group(1))))
-        elif setext and para and not _LIST.match(para[0]):
-            blocks.append(_Block(_inline(" ".join(para)), 1 if setext.group(1)[0] == "=" else 2))
-            para.clear()
-        elif not line.strip() or _RULE.match(line) or setext:
-            flush()
-        elif not (_REF_DEF.match(line) or _TABLE_SEP.match(line)):
-            para.append(line)
-    flush()
-    return blocks
-
-
-def _unwrap_markdown(lines: list[str]) -> list[str]:
-    """A markdown paragraph: soft line breaks are spaces; list items, table rows and hard breaks start a line."""
-    out: list[str] = []
-    joined = False
-    for raw in lines:
-        line = _QUOTE.sub("", raw)
-        starts = bool(_LIST.match(line)) or line.lstrip().startswith("|") or not out or not joined
-        line = _LIST.sub("", line)
-        if line.strip().startswith("|"):
-            line = ", ".join(c.strip() for c in line.strip().strip("|").split("|") if c.strip())
-        text = _inline(line.strip())
-        if starts:
-            out.append(text)
-        else:
-            out[-1] = f"{out[-1]} {text}"
-        joined = not (raw.endswith("  ") or raw.endswith("\\") or raw.lstrip().startswith("|"))
-    return [t.rstrip("\\").strip() for t in out]
-
-
-def _inline(text: str) -> str:
-    """Markdown inline syntax -> the words it shows. Backslash escapes are protected while the rules run."""
-    escaped: list[str] = []
-
-    def protect(m: re.Match[str]) -> str:
-        escaped.append(m.group(1))
-        return f"\ue000{len(escaped) - 1}\ue001"
-
-    text = _ESCAPE.sub(protect, text)
-    for pattern, repl in _INLINE:
-        text = pattern.sub(repl, text)
-    text = _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(text.split()))  # where removed syntax left gaps
-    return re.sub("\ue000(\\d+)\ue001", lambda m: escaped[int(m.group(1))], text)
+        elif child.type in ("text", "code_inline"):
+            text.append(child.content)
+        elif child.type == "softbreak":
+            text.append(" ")
+        elif child.type == "hardbreak":
+            lines.append("".join(text))
+            text = []
+    lines.append("".join(text))
+    return [_SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(_FOOTNOTE_REF.sub("", line).split())) for line in lines]
 
 
 # ---- assembling chapters ----------------------------------------------------------------------------------

@@ -233,6 +233,8 @@ def make_plan(args: argparse.Namespace):
     if isinstance(data, str):
         require_speakable(data, source)
     book = read_book(name, data)
+    for notice in book.notices:
+        _print_notices(notice)
     config = engine_config(args)
     sentences = book_sentences(book, config.join.max_sentence_chars)
     if not sentences:

@@ -137,6 +137,21 @@ def test_markdown_intro_before_the_first_chapter_is_front_matter():
     assert titles(book) == [FRONT_MATTER, "One", "Two"]
 
 
+def test_an_unclosed_code_fence_does_not_drop_the_rest_of_the_book():
+    text = "# One\n\nFirst text.\n\n```\nx = 1\n\n# Two\n\nThe rest of the book.\n"
+    book = read_book("b.md", text)
+    assert titles(book) == ["One", "Two"] and book.chapters[1].paragraphs == ("Two", "The rest of the book.")
+    assert book.chapters[0].paragraphs == ("One", "First text.", "x = 1")
+    assert book.notices == ("b.md: the code block opened at line 5 is never closed; the 5 lines after it are read "
+                            "as text",)
+
+
+def test_closed_code_fences_are_not_read_even_in_quotes_and_lists():
+    text = "# One\n\n> ```\n> quoted()\n> ```\n\n- item\n\n  ~~~~\n  listed()\n  ~~~~\n\nEnd.\n"
+    book = read_book("b.md", text)
+    assert book.chapters[0].paragraphs == ("One", "item", "End.") and book.notices == ()
+
+
 def test_markdown_of_only_code_has_no_sentences():
     assert book_sentences(read_book("c.md", "```\nx = 1\n```\n"), 280) == []
 
