@@ -13,9 +13,14 @@ Rules (each has a test):
   its opening line is dropped and what follows is read, with a notice.
   Chapters start at the most important heading level used more than once (so a lone "# Book Title" above
   "## Chapter" headings is not a chapter); other headings are read as lines.
-- .epub: META-INF/container.xml -> the OPF -> spine order (navigation documents and linear="no" items skipped);
-  each spine document is a chapter, titled from the table of contents, else its first heading; a document holding
-  several top-level headings is split at them. Scripts, styles, <pre> blocks and ruby annotations are not read.
+- .epub: META-INF/container.xml -> the OPF -> spine order (navigation documents and linear="no" items skipped).
+  Chapters start where the table of contents points (the EPUB 3 nav of epub:type toc, else the EPUB 2 NCX; a
+  link's #fragment cuts a document at that element), titled by the entry and the entries it is nested in ("PART
+  II, CHAPTER I."); a spine document the table does not point into continues the chapter before it, unless it
+  opens with a heading. Without a table of contents, or with one that points at no document of the book, each
+  spine document is a chapter titled by its first heading (split at its top headings where it holds several),
+  with a notice. Scripts, styles, <pre> blocks and ruby annotations are not read. Title, author, language and
+  cover image come from the OPF.
 - Chapter titles are spoken (they are the chapter's first lines). Text before the first chapter heading is a
   chapter of its own ("Front matter") unless it is only headings (a book title), which then opens the first
   chapter. Chapters without speakable text are dropped.
@@ -322,15 +327,64 @@ def parse_epub(data: bytes, title: str, name: str = "the EPUB") -> Book:
         docs = [_href(base, i.get("href", "")) for i in spine
                 if i.get("media-type") in _XHTML_TYPES and "nav" not in (i.get("properties") or "").split()]
         _refuse_encrypted(archive, docs, name)
-        toc = _toc_titles(archive, opf, items, base)
-        sections = [_html_blocks(_read_member(archive, doc, name)) for doc in docs]
+        toc, found = _toc(archive, items, base)
+        parsed = [_html_blocks(_read_member(archive, doc, name)) for doc in docs]
         book_title = _meta(opf, "title") or title
         cover = _cover(archive, opf, items, base)
-    book = _book(book_title, [_Section(blocks, _split_level(blocks), toc.get(doc))
-                              for doc, blocks in zip(docs, sections)])
+    usable = [entry for entry in toc if entry.doc in docs]
+    notices = []
+    if usable:
+        sections = _nav_sections(docs, parsed, usable)
+        if len(usable) < len(toc):
+            notices.append(f"{name}: {len(toc) - len(usable)} entries of its table of contents point at documents "
+                           f"that are not in the book; they are left out")
+    else:
+        notices.append(f"{name}: " + ("its table of contents points at no document of the book" if found else
+                                      "it has no table of contents") + "; its chapters follow the spine")
+        sections = [_Section(blocks, _split_level(blocks)) for blocks, _ in parsed]
+    book = _book(book_title, sections)
     if not book.chapters:
         raise InputError(f"{name} has no readable text (only images, or an empty or unsupported EPUB)")
-    return dataclasses.replace(book, author=_meta(opf, "creator"), language=_meta(opf, "language"), cover=cover)
+    return dataclasses.replace(book, author=_meta(opf, "creator"), language=_meta(opf, "language"), cover=cover,
+                               notices=tuple(notices))
+
+
+@dataclass(frozen=True, slots=True)
+class _TocEntry:
+    """One linked entry of a table of contents."""
+
+    labels: tuple[str, ...]
+    """Its label after those of the entries it is nested in, outermost first ("PART II.", "CHAPTER I. ...")."""
+    doc: str
+    """The document it points at, as a path in the archive."""
+    fragment: str
+    """The element id it points at in that document ("": the document's start)."""
+
+    @property
+    def title(self) -> str:
+        """"Part II, Chapter I": the outer labels without their closing punctuation, then its own."""
+        return ", ".join([*(label.rstrip(" .:;,") for label in self.labels[:-1]), self.labels[-1]])
+
+
+def _nav_sections(docs: list[str], parsed: list[tuple[list[_Block], dict[str, int]]],
+                  toc: list[_TocEntry]) -> list[_Section]:
+    """The spine's blocks cut where the table of contents points, each piece titled by its entry (a deeper entry
+    at the same place wins: it names its parents too). A document the table does not point into continues the
+    chapter before it, unless it opens with a heading; text before the first entry is a section of its own."""
+    starts: dict[tuple[str, int], str] = {}
+    for entry in toc:
+        blocks, anchors = parsed[docs.index(entry.doc)]
+        starts[entry.doc, anchors.get(entry.fragment, 0) if entry.fragment else 0] = entry.title
+    pointed = {entry.doc for entry in toc}
+    sections: list[_Section] = []
+    for doc, (blocks, _) in zip(docs, parsed):
+        for i, block in enumerate(blocks):
+            title = starts.get((doc, i))
+            opens = i == 0 and doc not in pointed and block.level > 0
+            if title is not None or opens or not sections:
+                sections.append(_Section([], 0, title))
+            sections[-1].blocks.append(block)
+    return sections
 
 
 def _meta(opf: ElementTree.Element, key: str) -> str:
@@ -400,29 +454,43 @@ def _refuse_encrypted(archive: zipfile.ZipFile, docs: list[str], name: str) -> N
         raise InputError(f"{name} is DRM-protected (its text is encrypted); export needs a DRM-free EPUB")
 
 
-def _toc_titles(archive: zipfile.ZipFile, opf: ElementTree.Element, items: dict, base: str) -> dict[str, str]:
-    """Document path -> its first title in the table of contents (EPUB 3 nav, else EPUB 2 NCX)."""
-    titles: dict[str, str] = {}
-    for item in items.values():
+def _toc(archive: zipfile.ZipFile, items: dict, base: str) -> tuple[list[_TocEntry], bool]:
+    """The linked entries of the table of contents in reading order (the EPUB 3 navigation document's toc nav, else
+    the EPUB 2 NCX), and whether there is a table of contents at all."""
+    navs = [i for i in items.values() if "nav" in (i.get("properties") or "").split()]
+    ncxs = [i for i in items.values() if i.get("media-type") == "application/x-dtbncx+xml"]
+    for item in navs + ncxs:
         href = _href(base, item.get("href", ""))
-        if href not in archive.namelist():
+        try:
+            data = archive.read(href)
+        except (KeyError, zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
             continue
-        if "nav" in (item.get("properties") or "").split():
+        if item in navs:
             parser = _NavParser()
-            parser.feed(_read_member(archive, href, "").decode("utf-8", "replace"))
-            for target, label in parser.links:
-                titles.setdefault(_href(posixpath.dirname(href), target), label)
-        elif item.get("media-type") == "application/x-dtbncx+xml":
+            parser.feed(data.decode("utf-8", "replace"))
+            links = parser.entries()
+        else:
             try:
-                ncx = ElementTree.fromstring(_read_member(archive, href, ""))
-            except ElementTree.ParseError:
+                links = list(_ncx_entries(ElementTree.fromstring(data).find("ncx:navMap", _NS), ()))
+            except (ElementTree.ParseError, TypeError):
                 continue
-            for point in ncx.iter(f"{{{_NS['ncx']}}}navPoint"):
-                label = " ".join((point.findtext("ncx:navLabel/ncx:text", "", _NS) or "").split())
-                content = point.find("ncx:content", _NS)
-                if label and content is not None:
-                    titles.setdefault(_href(posixpath.dirname(href), content.get("src", "")), label)
-    return titles
+        folder = posixpath.dirname(href)
+        entries = [_TocEntry(labels, _href(folder, target), unquote(target.partition("#")[2]))
+                   for labels, target in links]
+        if entries:
+            return entries, True
+    return [], False
+
+
+def _ncx_entries(parent: ElementTree.Element, outer: tuple[str, ...]):
+    """(labels, src) of each navPoint under `parent`, depth first, in document order."""
+    for point in parent.iterfind("ncx:navPoint", _NS):
+        label = " ".join((point.findtext("ncx:navLabel/ncx:text", "", _NS) or "").split())
+        labels = (*outer, label) if label else outer
+        content = point.find("ncx:content", _NS)
+        if label and content is not None and content.get("src"):
+            yield labels, content.get("src", "")
+        yield from _ncx_entries(point, labels)
 
 
 def _split_level(blocks: list[_Block]) -> int:
@@ -445,11 +513,18 @@ class _TextParser(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.blocks: list[_Block] = []
+        self.anchors: dict[str, int] = {}
+        """Element id -> the index of the block it starts (or falls in)."""
         self._text: list[str] = []
         self._level = 0
         self._skip_tag, self._skip_depth = "", 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _BLOCK_TAGS and not self._skip_depth:
+            self._flush()
+        for key, value in attrs:
+            if key == "id" and value:
+                self.anchors.setdefault(value, len(self.blocks))
         if self._skip_depth:
             self._skip_depth += tag == self._skip_tag
         elif tag in _SKIP_TAGS or any(v and _SKIP_TYPES & set(v.split()) for k, v in attrs if k.endswith("type")):
@@ -485,33 +560,58 @@ class _TextParser(HTMLParser):
         self._flush()
 
 
-def _html_blocks(data: bytes) -> list[_Block]:
+def _html_blocks(data: bytes) -> tuple[list[_Block], dict[str, int]]:
+    """The document's blocks, and where its element ids fall among them."""
     parser = _TextParser()
     parser.feed(data.decode("utf-8", "replace"))
     parser.close()
-    return parser.blocks
+    return parser.blocks, parser.anchors
 
 
 class _NavParser(HTMLParser):
-    """The links of an EPUB 3 navigation document: (href, label)."""
+    """The entries of an EPUB 3 navigation document's table of contents (the nav of epub:type toc, else every nav):
+    each list item's label (its link's or span's text) with the labels of the items it is nested in, and its
+    link."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
-        self.links: list[tuple[str, str]] = []
+        self.found: dict[bool, list[tuple[tuple[str, ...], str]]] = {True: [], False: []}
+        self._nav_depth, self._toc = 0, False
+        self._items: list[str] = []
+        """The labels of the list items we are in ("" until a label is read)."""
+        self._label: list[str] | None = None
         self._href: str | None = None
-        self._label: list[str] = []
+
+    def entries(self) -> list[tuple[tuple[str, ...], str]]:
+        return self.found[True] or self.found[False]
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self._href, self._label = dict(attrs).get("href"), []
+        a = dict(attrs)
+        if tag == "nav":
+            self._nav_depth += 1
+            self._toc = self._toc or "toc" in (a.get("epub:type") or "").split()
+        elif not self._nav_depth:
+            return
+        elif tag == "li":
+            self._items.append("")
+        elif tag in ("a", "span") and self._items and not self._items[-1] and self._label is None:
+            self._label, self._href = [], a.get("href") if tag == "a" else None
 
     def handle_data(self, data: str) -> None:
-        if self._href is not None:
+        if self._label is not None:
             self._label.append(data)
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "a" and self._href is not None:
+        if tag == "nav" and self._nav_depth:
+            self._nav_depth -= 1
+            self._toc = self._toc and bool(self._nav_depth)
+        elif tag == "li" and self._items:
+            self._items.pop()
+        elif tag in ("a", "span") and self._label is not None:
             label = " ".join("".join(self._label).split())
-            if label:
-                self.links.append((self._href, label))
-            self._href = None
+            self._label = None
+            if label and self._items:
+                self._items[-1] = label
+                if self._href:
+                    labels = tuple(item for item in self._items if item)
+                    self.found[self._toc].append((labels, self._href))

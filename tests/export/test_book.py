@@ -220,6 +220,52 @@ def test_epub_spine_order_toc_titles_and_text():
     assert book.chapters[1].paragraphs == ("Chapter One", "It was a dark night.", "The rain fell hard.")
 
 
+PARTS = {
+    "p1c1.xhtml": "<h1>PART I.</h1><h2>CHAPTER I.</h2><p>First of part one.</p>",
+    "p1c2.xhtml": "<h2>CHAPTER II.</h2><p>Second of part one.</p><h3 id='s2'>A Section</h3><p>Its text.</p>",
+    "p2c1.xhtml": "<h1>PART II.</h1><h2>CHAPTER I.</h2><p>First of part two.</p>",
+    "p2c1b.xhtml": "<p>The same chapter, in a second file.</p>",
+}
+PARTS_NAV = ('<nav epub:type="toc"><ol>'
+             '<li><span>PART I.</span><ol><li><a href="p1c1.xhtml">CHAPTER I.</a></li>'
+             '<li><a href="p1c2.xhtml">CHAPTER II.</a><ol><li><a href="p1c2.xhtml#s2">A Section</a></li></ol></li>'
+             '</ol></li><li><span>PART II.</span><ol><li><a href="p2c1.xhtml">CHAPTER I.</a></li></ol></li>'
+             '</ol></nav><nav epub:type="landmarks"><ol><li><a href="p2c1b.xhtml">Not the toc</a></li></ol></nav>')
+
+
+def test_epub_parts_chapters_and_sections_from_the_nav_are_nested_titles():
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), nav=PARTS_NAV))
+    assert titles(book) == ["PART I, CHAPTER I.", "PART I, CHAPTER II.", "PART I, CHAPTER II, A Section",
+                            "PART II, CHAPTER I."]
+    assert book.chapters[1].paragraphs == ("CHAPTER II.", "Second of part one.")
+    assert book.chapters[2].paragraphs == ("A Section", "Its text.")
+    assert book.chapters[3].paragraphs == ("PART II.", "CHAPTER I.", "First of part two.",
+                                           "The same chapter, in a second file.")
+    assert book.notices == ()
+
+
+def test_epub2_ncx_nesting_gives_the_same_titles():
+    ncx = ('<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" version="2005-1"><navMap>'
+           '<navPoint id="a"><navLabel><text>PART I.</text></navLabel><content src="p1c1.xhtml"/>'
+           '<navPoint id="b"><navLabel><text>CHAPTER I.</text></navLabel><content src="p1c1.xhtml"/></navPoint>'
+           '<navPoint id="c"><navLabel><text>CHAPTER II.</text></navLabel><content src="p1c2.xhtml"/></navPoint>'
+           '</navPoint><navPoint id="d"><navLabel><text>PART II.</text></navLabel><content src="p2c1.xhtml"/>'
+           '</navPoint></navMap></ncx>')
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), ncx=ncx))
+    assert titles(book) == ["PART I, CHAPTER I.", "PART I, CHAPTER II.", "PART II."]
+
+
+@pytest.mark.parametrize("nav,said", [
+    (None, "b.epub: it has no table of contents; its chapters follow the spine"),
+    ('<nav epub:type="toc"><ol><li><a href="gone.xhtml">Gone</a></li></ol></nav>',
+     "b.epub: its table of contents points at no document of the book; its chapters follow the spine"),
+])
+def test_epub_without_a_usable_nav_follows_the_spine_with_a_notice(nav, said):
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), nav=nav))
+    assert titles(book) == ["PART I.", "CHAPTER II.", "PART II.", "Section 4"]
+    assert book.notices == (said,)
+
+
 def test_epub2_ncx_titles_and_heading_fallback():
     ncx = ('<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" version="2005-1"><navMap>'
            '<navPoint id="p1"><navLabel><text>From the NCX</text></navLabel><content src="c1.xhtml"/></navPoint>'
