@@ -45,8 +45,10 @@ WRAP_MIN_WIDTH = 50
 WRAP_SLACK = 20
 """A line this close to the paragraph's longest line was wrapped there: it continues on the next line."""
 MAX_HEADING_CHARS = 80
-MAX_EPUB_MEMBER_BYTES = 64 * 1024 * 1024
-"""Largest uncompressed spine document read from an EPUB (zip-bomb guard)."""
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+"""Default cap on a book's text (UTF-8 bytes); the front end passes its --max-mb instead."""
+MARKUP_FACTOR = 4
+"""An EPUB member may be this many times the text cap uncompressed: its markup is not text."""
 FRONT_MATTER = "Front matter"
 
 
@@ -88,12 +90,14 @@ class _Block:
     level: int = 0
 
 
-def read_book(name: str, data: bytes | str, title: str | None = None) -> Book:
-    """Parse a .txt, .md/.markdown or .epub file's contents (by `name`'s suffix; anything else is plain text)."""
+def read_book(name: str, data: bytes | str, title: str | None = None, max_bytes: int = MAX_TEXT_BYTES) -> Book:
+    """Parse a .txt, .md/.markdown or .epub file's contents (by `name`'s suffix; anything else is plain text).
+    An EPUB's text may hold at most `max_bytes` (UTF-8), and each of its members at most MARKUP_FACTOR times
+    that uncompressed: a small zip can expand to gigabytes."""
     title = title or posixpath.splitext(posixpath.basename(name))[0] or "Untitled"
     suffix = posixpath.splitext(name.lower())[1]
     if suffix == ".epub":
-        return parse_epub(data if isinstance(data, bytes) else data.encode(), title, name)
+        return parse_epub(data if isinstance(data, bytes) else data.encode(), title, name, max_bytes)
     text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
     if suffix in (".md", ".markdown"):
         return parse_markdown(text, title, name)
@@ -312,7 +316,7 @@ _NS = {"c": "urn:oasis:names:tc:opendocument:xmlns:container", "opf": "http://ww
 _XHTML_TYPES = ("application/xhtml+xml", "text/html", "application/xml")
 
 
-def parse_epub(data: bytes, title: str, name: str = "the EPUB") -> Book:
+def parse_epub(data: bytes, title: str, name: str = "the EPUB", max_bytes: int = MAX_TEXT_BYTES) -> Book:
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile:
@@ -328,7 +332,14 @@ def parse_epub(data: bytes, title: str, name: str = "the EPUB") -> Book:
                 if i.get("media-type") in _XHTML_TYPES and "nav" not in (i.get("properties") or "").split()]
         _refuse_encrypted(archive, docs, name)
         toc, found = _toc(archive, items, base)
-        parsed = [_html_blocks(_read_member(archive, doc, name)) for doc in docs]
+        docs = list(dict.fromkeys(docs))  # a document the spine lists again is read once
+        parsed, text_bytes = [], 0
+        for doc in docs:
+            parsed.append(_html_blocks(_read_member(archive, doc, name, max_bytes * MARKUP_FACTOR)))
+            text_bytes += sum(len(b.text.encode()) + 1 for b in parsed[-1][0])
+            if text_bytes > max_bytes:
+                raise InputError(f"{name}: its text is larger than {max_bytes / 2**20:g} MB; pass --max-mb N to "
+                                 f"allow more, or split it")
         book_title = _meta(opf, "title") or title
         cover = _cover(archive, opf, items, base)
     usable = [entry for entry in toc if entry.doc in docs]
@@ -406,9 +417,8 @@ def _cover(archive: zipfile.ZipFile, opf: ElementTree.Element, items: dict, base
     if item is None:
         return None
     try:
-        info = archive.getinfo(_href(base, item.get("href", "")))
-        return archive.read(info) if info.file_size <= MAX_COVER_BYTES else None
-    except (KeyError, zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
+        return _read_member(archive, _href(base, item.get("href", "")), "", MAX_COVER_BYTES)
+    except InputError:
         return None
 
 
@@ -420,17 +430,26 @@ def _rootfile(archive: zipfile.ZipFile, name: str) -> str:
     return rootfile.get("full-path", "")
 
 
-def _read_member(archive: zipfile.ZipFile, path: str, name: str) -> bytes:
+def _read_member(archive: zipfile.ZipFile, path: str, name: str,
+                 limit: int = MAX_TEXT_BYTES * MARKUP_FACTOR) -> bytes:
+    """A member's bytes, at most `limit` of them uncompressed (read no further than that, whatever its header
+    says)."""
     try:
         info = archive.getinfo(path)
     except KeyError:
         raise InputError(f"{name}: {path} is listed in the EPUB but missing from it") from None
-    if info.file_size > MAX_EPUB_MEMBER_BYTES:
-        raise InputError(f"{name}: {path} is larger than {MAX_EPUB_MEMBER_BYTES >> 20} MB uncompressed")
+    too_large = InputError(f"{name}: {path} is larger than {limit / 2**20:g} MB uncompressed; pass --max-mb N to "
+                           f"allow more")
+    if info.file_size > limit:
+        raise too_large
     try:
-        return archive.read(info)
+        with archive.open(info) as f:
+            data = f.read(limit + 1)
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as err:
         raise InputError(f"{name}: cannot read {path} ({err})") from None
+    if len(data) > limit:
+        raise too_large
+    return data
 
 
 def _xml(archive: zipfile.ZipFile, path: str, name: str) -> ElementTree.Element:
@@ -462,8 +481,8 @@ def _toc(archive: zipfile.ZipFile, items: dict, base: str) -> tuple[list[_TocEnt
     for item in navs + ncxs:
         href = _href(base, item.get("href", ""))
         try:
-            data = archive.read(href)
-        except (KeyError, zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
+            data = _read_member(archive, href, "")
+        except InputError:
             continue
         if item in navs:
             parser = _NavParser()

@@ -24,12 +24,12 @@ import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, get_type_hints
+from typing import Any, BinaryIO, Callable, Iterator, get_type_hints
 from uuid import uuid4
 
 import numpy as np
 
-from engine.atomic import replacing
+from engine.atomic import writing
 from engine.book import Book, Sentence
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError
@@ -128,7 +128,7 @@ class Parts:
     def write(self, index: int, samples: np.ndarray) -> None:
         """Store float samples as the 16-bit PCM the WAV will hold (to_pcm16)."""
         data = to_pcm16(samples)
-        with replacing(self.path(index)) as tmp, open(tmp, "wb") as f:
+        with writing(self.path(index)) as f:
             f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
             f.write(data)
 
@@ -245,7 +245,7 @@ class Manifest:
                 "chapters": [{"title": plan.book.chapters[plan.sentences[r.start].chapter].title, "first": r.start}
                              for r in plan.chapter_ranges()],
                 "done": sorted(done)}
-        with replacing(self.path) as tmp, open(tmp, "w") as f:
+        with writing(self.path, mode="w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
@@ -259,13 +259,18 @@ class Manifest:
                 "chapters": [{"title": plan.chapter_title(r), "first": r.start} for r in plan.chapter_ranges()],
                 "done": [], "complete": {"assembly": assembly, "files": {p.name: p.stat().st_size for p in outputs},
                                          "at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}}
-        with replacing(self.path) as tmp, open(tmp, "w") as f:
+        with writing(self.path, mode="w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
         self.parts.remove()
 
     def remove(self) -> None:
+        """Delete the manifest and the parts; ManifestError where the manifest's name holds a directory (not ours:
+        it is left as it is)."""
+        if self.path.is_dir() and not self.path.is_symlink():
+            raise ManifestError(f"{self.path} is a directory, not an export manifest; move it away or choose "
+                                f"another -o")
         self.path.unlink(missing_ok=True)
         self.parts.remove()
 
@@ -436,8 +441,8 @@ def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None 
         yield pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain)
 
 
-Encoder = Callable[[Track, Path, Iterator[bytes], list[int], int], None]
-"""encode(track, tmp, pcm, sentence starts, length): writes the track's audio into the temp file `tmp`."""
+Encoder = Callable[[Track, BinaryIO, Iterator[bytes], list[int], int], None]
+"""encode(track, file, pcm, sentence starts, length): writes the track's audio into `file` (a new temp file)."""
 
 
 def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
@@ -449,11 +454,11 @@ def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
     offsets, total = [], 0
     for track in tracks:
         starts, length = sentence_starts(parts, track, pause)
-        with replacing(track.path, ".partial") as tmp:
+        with writing(track.path, ".partial") as f:
             if encoder is not None:
-                encoder(track, tmp, track_pcm(parts, track, pause, gains), starts, length)
+                encoder(track, f, track_pcm(parts, track, pause, gains), starts, length)
             else:
-                with wave.open(str(tmp), "wb") as w:
+                with wave.open(f, "wb") as w:
                     w.setnchannels(1)
                     w.setsampwidth(2)
                     w.setframerate(sample_rate)

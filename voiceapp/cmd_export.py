@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -67,6 +68,20 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+LOUDNESS_RANGE_DBFS = (-50.0, -6.0)
+"""--normalize-loudness targets accepted: quieter is near-silence, louder than the peak ceiling allows."""
+
+
+def check_loudness_target(target: float | None) -> None:
+    """InputError unless --normalize-loudness is absent or a finite level in LOUDNESS_RANGE_DBFS (-inf would scale
+    every chapter to silence, nan every sample to nothing)."""
+    from engine.errors import InputError
+
+    low, high = LOUDNESS_RANGE_DBFS
+    if target is not None and not (math.isfinite(target) and low <= target <= high):
+        raise InputError(f"--normalize-loudness {target:g}: give an RMS level from {low:g} to {high:g} dBFS")
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InputError
 
@@ -76,9 +91,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--jobs must be at least 1")
     if args.resume and args.restart:
         raise InputError("--resume and --restart exclude each other")
+    check_loudness_target(args.normalize_loudness)
     layout = Layout.from_args(args)
     plan = make_plan(args)
     refuse_overwriting_input(args.input, layout, plan)
+    refuse_read_only_outputs(layout, plan)
     tags = book_tags(args, plan.book, layout)
     show = "bar" if sys.stderr.isatty() else "lines"
     with lock_output(layout):
@@ -185,14 +202,37 @@ def refuse_overwriting_input(source: str, layout: Layout, plan) -> None:
     so hard links and symlinks count), or a parts folder (deleted at the end) that holds it."""
     from engine.errors import InputError
 
-    source_id = None if source == "-" else _file_id(source)
+    source_id = _stdin_id() if source == "-" else _file_id(source)
     if source_id is None:
         return
     for path in layout.files(plan):
         if _file_id(path) == source_id:
-            raise InputError(f"{source}: the export would overwrite its own input (as {path}); choose another -o")
+            raise InputError(f"{'stdin' if source == '-' else source}: the export would overwrite its own input (as "
+                             f"{path}); choose another -o")
     if Path(os.path.realpath(source)).is_relative_to(os.path.realpath(layout.parts)):
         raise InputError(f"{source} is inside {layout.parts}, which the export deletes; move it or choose another -o")
+
+
+def refuse_read_only_outputs(layout: Layout, plan) -> None:
+    """An output file (a chapter file, the CUE sheet) marked read-only is kept, as a read-only WAV is: OutputError
+    before any work, instead of replacing it."""
+    from engine.errors import OutputError
+    from voiceapp.wavout import read_only
+
+    for path in layout.files(plan)[:-2]:  # not the manifest and the lock: the export's own
+        if path.exists() and not path.is_dir() and read_only(path):
+            raise OutputError(f"{path} exists and is read-only; remove it or choose another -o")
+
+
+def _stdin_id() -> tuple[int, int] | None:
+    """(device, inode) of stdin where it is a regular file (`export - < FILE`); None for a pipe or a terminal."""
+    import stat
+
+    try:
+        st = os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def _file_id(path: str | Path) -> tuple[int, int] | None:
@@ -215,6 +255,8 @@ def lock_output(layout: Layout):
         raise OutputError(f"{layout.out}: another export to it is running (pid {held.pid}); wait for it to end, "
                           f"or choose another -o") from None
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OutputError(f"{layout.lock} is a symbolic link, not an export's lock; remove it") from None
         raise OutputError(f"cannot create {layout.lock}: {err.strerror or err}") from None
 
 
@@ -232,7 +274,7 @@ def make_plan(args: argparse.Namespace):
     source = "stdin" if args.input == "-" else args.input
     if isinstance(data, str):
         require_speakable(data, source)
-    book = read_book(name, data)
+    book = read_book(name, data, max_bytes=args.max_mb * 1024 * 1024)
     for notice in book.notices:
         _print_notices(notice)
     config = engine_config(args)
@@ -445,6 +487,10 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
         manifest.finish(plan, written, assembly_settings(args, layout, tags))
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
+    except BaseException:
+        if not done:
+            manifest.remove()  # nothing to resume: a manifest of no sentences would only block the next run
+        raise
     end = time.perf_counter()
     wall, e2e = end - progress.t0, end - process_start_perf()
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
@@ -460,15 +506,15 @@ def container_encoder(plan, layout: Layout, tags, sample_rate: int):
     container = CONTAINERS[layout.suffix]
     numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}
 
-    def encoder(track, tmp, pcm, starts, length) -> None:
+    def encoder(track, file, pcm, starts, length) -> None:
         if layout.split:
             mine = dataclasses.replace(tags, title=plan.chapter_title(track.sentences), album=tags.title,
                                        track=numbers[track.path])
-            return encode(tmp, container, sample_rate, pcm, [], mine)
+            return encode(file, track.path, container, sample_rate, pcm, [], mine)
         ranges = plan.chapter_ranges()
         bounds = [starts[r.start - track.sentences.start] for r in ranges] + [length]
         marks = [Mark(plan.chapter_title(r), a, b) for r, a, b in zip(ranges, bounds, bounds[1:])]
-        encode(tmp, container, sample_rate, pcm, marks, tags)
+        encode(file, track.path, container, sample_rate, pcm, marks, tags)
 
     return encoder
 
@@ -517,10 +563,10 @@ def output_error(err: OSError, manifest, done: set[int], out: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    from engine.atomic import replacing
+    from engine.atomic import writing
 
-    with replacing(path) as tmp:
-        tmp.write_text(text)
+    with writing(path, mode="w") as f:
+        f.write(text)
 
 
 PROGRESS_LINE_EVERY_S = 30.0

@@ -4,7 +4,7 @@ title, author, language and cover, encoded by FFmpeg through PyAV.
 The audio comes as an iterator of 16-bit PCM pieces (one finished sentence or one pause at a time), so memory stays
 flat however long the book. The chapter marks are known before the first sample, from the parts' headers: MP3 keeps
 them in the ID3 tag at the file's start. The file is written beside its target and renamed over it when complete
-(engine.atomic), as the WAV is.
+(engine.atomic.writing), as the WAV is.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 import numpy as np
 
@@ -131,16 +131,16 @@ class Mark:
     end: int
 
 
-def encode(tmp: Path, container: Container, sample_rate: int, pcm: Iterable[bytes], marks: list[Mark],
-           tags: Tags) -> None:
-    """Write `pcm` (16-bit mono pieces at `sample_rate`) into the file `tmp` as `container`, with `marks` and
-    `tags`. Any FFmpeg failure becomes one OutputError line."""
+def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, pcm: Iterable[bytes],
+           marks: list[Mark], tags: Tags) -> None:
+    """Write `pcm` (16-bit mono pieces at `sample_rate`) into `file` (a new, seekable file that will become
+    `path`) as `container`, with `marks` and `tags`. Any FFmpeg failure becomes one OutputError line."""
     import av
 
     try:
-        out = av.open(str(tmp), "w", format=container.format, options=container.options)
+        out = av.open(file, "w", format=container.format, options=container.options)
     except av.FFmpegError as err:
-        raise OutputError(f"cannot write {tmp.name}: {err}") from None
+        raise OutputError(f"cannot write {path}: {err}") from None
     try:
         stream = out.add_stream(container.codec, rate=_encoder_rate(container.codec, sample_rate),
                                 options=container.codec_options)
@@ -172,7 +172,7 @@ def encode(tmp: Path, container: Container, sample_rate: int, pcm: Iterable[byte
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
     except av.FFmpegError as err:
-        raise OutputError(f"cannot encode {tmp.name}: {err}") from None
+        raise OutputError(f"cannot encode {path}: {err}") from None
     finally:
         out.close()
 
