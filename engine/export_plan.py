@@ -406,16 +406,42 @@ def _chapter_gain(parts: Parts, sentences: range, target_dbfs: float, ceiling_db
     return ChapterGain(wanted) if wanted <= limit else ChapterGain(limit, 20 * math.log10(wanted / limit))
 
 
+def chapter_lufs_gains(parts: Parts, chapters: list[range], target_lufs: float, pause: int, sample_rate: int,
+                       ceiling_dbfs: float = PEAK_CEILING_DBFS) -> list[ChapterGain]:
+    """Each chapter's gain to `target_lufs` of BS.1770 integrated loudness (engine.loudness), measured on the
+    chapter as it is heard, pauses included (the gating leaves silence out), limited so its highest peak stays at
+    or below `ceiling_dbfs`. One chapter's audio at a time, a sentence at a time."""
+    from engine.loudness import LoudnessMeter
+
+    gains = []
+    for sentences in chapters:
+        meter, peak = LoudnessMeter(sample_rate), 0
+        for piece in track_pcm(parts, Track(Path(), sentences), pause):
+            pcm = np.frombuffer(piece, "<i2")
+            meter.add(pcm, 1 / PCM_SCALE)
+            peak = max(peak, int(np.abs(pcm.astype(np.int32)).max()) if len(pcm) else 0)
+        measured = meter.lufs()
+        if not math.isfinite(measured) or peak == 0:
+            gains.append(ChapterGain(1.0))  # silence stays silence
+            continue
+        wanted = 10 ** ((target_lufs - measured) / 20)
+        limit = 10 ** (ceiling_dbfs / 20) / (peak / PCM_SCALE)
+        gains.append(ChapterGain(wanted) if wanted <= limit else
+                     ChapterGain(limit, 20 * math.log10(wanted / limit)))
+    return gains
+
+
 def ceiling_notice(gains: list[ChapterGain], titles: list[str], target_dbfs: float,
-                   ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3) -> str | None:
+                   ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3, option: str = "--normalize-loudness",
+                   unit: str = "dBFS RMS") -> str | None:
     """One line naming the chapters the peak ceiling holds below the target (the first `most`), or None."""
     short = [(n, title, g.short_db) for n, (g, title) in enumerate(zip(gains, titles), 1) if g.short_db > 0.0]
     if not short:
         return None
     named = ", ".join(f'{n} "{title}" by {db:.1f} dB' for n, title, db in short[:most])
     more = f" and {len(short) - most} more" if len(short) > most else ""
-    return (f"--normalize-loudness: the {ceiling_dbfs:g} dBFS peak ceiling holds {len(short)} of {len(gains)} "
-            f"chapters below {target_dbfs:g} dBFS RMS: {named}{more}")
+    return (f"{option}: the {ceiling_dbfs:g} dBFS peak ceiling holds {len(short)} of {len(gains)} "
+            f"chapters below {target_dbfs:g} {unit}: {named}{more}")
 
 
 def sentence_starts(parts: Parts, track: Track, pause: int) -> tuple[list[int], int]:

@@ -58,6 +58,10 @@ def add_parser(sub) -> None:
                    help=f"scale each chapter to this RMS level, pauses excluded (default {LOUDNESS_TARGET_DBFS:g} "
                         f"dBFS); peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, and a notice names any chapter that this "
                         f"keeps below the level")
+    p.add_argument("--loudness", type=lufs_level, metavar="LUFS",
+                   help="scale each chapter to this integrated loudness (ITU-R BS.1770): --loudness -18 or "
+                        "--loudness=-18LUFS (argparse takes a bare -18LUFS for an option); "
+                        f"peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, as with --normalize-loudness")
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
@@ -68,18 +72,30 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def lufs_level(text: str) -> float:
+    """--loudness's value: a number, optionally followed by LUFS ("-18LUFS", "-18 LUFS", "-18")."""
+    number = text.strip()
+    if number.upper().endswith("LUFS"):
+        number = number[:-4].strip()
+    try:
+        return float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a loudness such as -18LUFS") from None
+
+
 LOUDNESS_RANGE_DBFS = (-50.0, -6.0)
 """--normalize-loudness targets accepted: quieter is near-silence, louder than the peak ceiling allows."""
 
 
-def check_loudness_target(target: float | None) -> None:
+def check_loudness_target(target: float | None, option: str = "--normalize-loudness", what: str = "an RMS level",
+                          unit: str = "dBFS") -> None:
     """InputError unless --normalize-loudness is absent or a finite level in LOUDNESS_RANGE_DBFS (-inf would scale
     every chapter to silence, nan every sample to nothing)."""
     from engine.errors import InputError
 
     low, high = LOUDNESS_RANGE_DBFS
     if target is not None and not (math.isfinite(target) and low <= target <= high):
-        raise InputError(f"--normalize-loudness {target:g}: give an RMS level from {low:g} to {high:g} dBFS")
+        raise InputError(f"{option} {target:g}: give {what} from {low:g} to {high:g} {unit}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.restart:
         raise InputError("--resume and --restart exclude each other")
     check_loudness_target(args.normalize_loudness)
+    check_loudness_target(args.loudness, "--loudness", "an integrated loudness", "LUFS")
+    if args.loudness is not None and args.normalize_loudness is not None:
+        raise InputError("--loudness and --normalize-loudness exclude each other: one target per book")
     layout = Layout.from_args(args)
     plan = make_plan(args)
     refuse_overwriting_input(args.input, layout, plan)
@@ -345,7 +364,7 @@ def assembly_settings(args: argparse.Namespace, layout: Layout, tags) -> dict:
     from engine.export_plan import sha256_bytes
 
     settings = {"output": "chapter files" if layout.split else "one file", "normalize_loudness":
-                args.normalize_loudness, "engine": f"backend={args.backend} model={args.model} compute={args.compute} "
+                args.normalize_loudness, "loudness_lufs": args.loudness, "engine": f"backend={args.backend} model={args.model} compute={args.compute} "
                                                    f"quantize={args.quantize}", "format": layout.suffix}
     if layout.suffix != ".wav":
         settings.update(title=tags.title, author=tags.author, language=tags.language,
@@ -469,8 +488,8 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
         finally:
             progress.close()
             _save_quietly(manifest, plan, done, outputs)
-        gains = None if args.normalize_loudness is None else loudness_gains(plan, parts, args.normalize_loudness)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
+        gains = loudness_gains(plan, parts, args, pause, synth.sample_rate)
         encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, synth.sample_rate)
         offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains, encoder)
         written = [t.path for t in tracks]
@@ -519,13 +538,21 @@ def container_encoder(plan, layout: Layout, tags, sample_rate: int):
     return encoder
 
 
-def loudness_gains(plan, parts, target_dbfs: float) -> list[float]:
-    """--normalize-loudness: one gain per sentence, its chapter's; a notice names chapters the ceiling holds back."""
-    from engine.export_plan import ceiling_notice, chapter_gains
+def loudness_gains(plan, parts, args: argparse.Namespace, pause: int, sample_rate: int) -> list[float] | None:
+    """--normalize-loudness (RMS) or --loudness (LUFS): one gain per sentence, its chapter's; a notice names
+    chapters the peak ceiling holds back. None without either."""
+    from engine.export_plan import ceiling_notice, chapter_gains, chapter_lufs_gains
 
     ranges = plan.chapter_ranges()
-    gains = chapter_gains(parts, ranges, target_dbfs)
-    notice = ceiling_notice(gains, [plan.chapter_title(r) for r in ranges], target_dbfs)
+    titles = [plan.chapter_title(r) for r in ranges]
+    if args.loudness is not None:
+        gains = chapter_lufs_gains(parts, ranges, args.loudness, pause, sample_rate)
+        notice = ceiling_notice(gains, titles, args.loudness, option="--loudness", unit="LUFS")
+    elif args.normalize_loudness is not None:
+        gains = chapter_gains(parts, ranges, args.normalize_loudness)
+        notice = ceiling_notice(gains, titles, args.normalize_loudness)
+    else:
+        return None
     if notice:
         _print_notices(notice)
     return [g.gain for g, r in zip(gains, ranges) for _ in r]
