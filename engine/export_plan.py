@@ -24,12 +24,12 @@ import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, get_type_hints
+from typing import Any, BinaryIO, Callable, Iterator, get_type_hints
 from uuid import uuid4
 
 import numpy as np
 
-from engine.atomic import replacing
+from engine.atomic import writing
 from engine.book import Book, Sentence
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError
@@ -128,7 +128,7 @@ class Parts:
     def write(self, index: int, samples: np.ndarray) -> None:
         """Store float samples as the 16-bit PCM the WAV will hold (to_pcm16)."""
         data = to_pcm16(samples)
-        with replacing(self.path(index)) as tmp, open(tmp, "wb") as f:
+        with writing(self.path(index)) as f:
             f.write(PART_HEADER.pack(PART_MAGIC, index, len(data) // 2, zlib.crc32(data)))
             f.write(data)
 
@@ -145,6 +145,21 @@ class Parts:
         if magic != PART_MAGIC or stored_index != index or len(data) != samples * 2 or zlib.crc32(data) != crc:
             return None
         return np.frombuffer(data, dtype="<i2")
+
+    def samples(self, index: int) -> int:
+        """The sentence's sample count from its part's header alone (InputError when the part is missing or is
+        not one); read() checks the samples themselves."""
+        try:
+            with open(self.path(index), "rb") as f:
+                head = f.read(PART_HEADER.size)
+        except OSError:
+            head = b""
+        if len(head) == PART_HEADER.size:
+            magic, stored_index, samples, _ = PART_HEADER.unpack(head)
+            if magic == PART_MAGIC and stored_index == index:
+                return samples
+        raise InputError(f"finished sentence {index} in {self.dir} is missing or corrupt; rerun with --resume "
+                         f"to render it again")
 
     def written(self) -> int:
         """How many part files are there now, without reading them (progress watchers; 0 without the folder)."""
@@ -230,14 +245,61 @@ class Manifest:
                 "chapters": [{"title": plan.book.chapters[plan.sentences[r.start].chapter].title, "first": r.start}
                              for r in plan.chapter_ranges()],
                 "done": sorted(done)}
-        with replacing(self.path) as tmp, open(tmp, "w") as f:
+        with writing(self.path, mode="w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
 
+    def finish(self, plan: ExportPlan, outputs: list[Path], assembly: dict[str, Any]) -> None:
+        """Record a finished export in place of an unfinished one, then delete the parts: the settings, the
+        assembly's (`assembly`: output format, loudness, metadata) and each output's name and size, so that a rerun
+        can say it is complete without rendering anything (`completed`)."""
+        data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "settings": dataclasses.asdict(plan.settings),
+                "sentences": len(plan.sentences), "outputs": [p.name for p in outputs], "parts": self.parts.dir.name,
+                "chapters": [{"title": plan.chapter_title(r), "first": r.start} for r in plan.chapter_ranges()],
+                "done": [], "complete": {"assembly": assembly, "files": {p.name: p.stat().st_size for p in outputs},
+                                         "at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}}
+        with writing(self.path, mode="w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        self.parts.remove()
+
     def remove(self) -> None:
+        """Delete the manifest and the parts; ManifestError where the manifest's name holds a directory (not ours:
+        it is left as it is)."""
+        if self.path.is_dir() and not self.path.is_symlink():
+            raise ManifestError(f"{self.path} is a directory, not an export manifest; move it away or choose "
+                                f"another -o")
         self.path.unlink(missing_ok=True)
         self.parts.remove()
+
+
+def completed_problem(data: dict[str, Any], plan: ExportPlan, assembly: dict[str, Any], folder: Path) -> str | None:
+    """Why a finished export's record (Manifest.finish) does not stand for this run's output, or None when it
+    does: a setting that decides the audio or its assembly changed (named, old and new), or an output file is
+    gone or another size. Settings known only from the engine (model hash, platform) are not compared: the record
+    is read before any model is loaded."""
+    done = data["complete"]
+    now = dataclasses.asdict(plan.settings)
+    for key in (k for k in now if k not in ExportSettings.ENGINE_KEYS):
+        if data["settings"].get(key) != now[key]:
+            return "the input changed" if key == "input_sha256" else \
+                f"{key.replace('_', ' ')} was {data['settings'].get(key)!r}, now {now[key]!r}"
+    if data["sentences"] != len(plan.sentences):
+        return f"it had {data['sentences']} sentences, the input now has {len(plan.sentences)}"
+    for key in sorted(set(done.get("assembly", {})) | set(assembly)):
+        before = done.get("assembly", {}).get(key)
+        if before != assembly.get(key):
+            return f"{key.replace('_', ' ')} was {before!r}, now {assembly.get(key)!r}"
+    for name, size in done.get("files", {}).items():
+        try:
+            actual = (folder / name).stat().st_size
+        except OSError:
+            return f"{name} is gone"
+        if actual != size:
+            return f"{name} changed since (size {actual}, was {size})"
+    return None
 
 
 MANIFEST_FIELDS = {"settings": dict, "sentences": int, "outputs": list, "parts": str, "chapters": list,
@@ -261,6 +323,11 @@ def manifest_problem(data: dict[str, Any]) -> str | None:
         return "'chapters' is not a list of titles and first sentences"
     if not all(_is(i, int) and 0 <= i < count for i in data["done"]):
         return f"'done' is not a list of sentence numbers below {count}"
+    done = data.get("complete")
+    if done is not None and not (isinstance(done, dict) and isinstance(done.get("assembly"), dict)
+                                 and isinstance(done.get("files"), dict)
+                                 and all(_is(v, int) for v in done["files"].values())):
+        return "'complete' is not a record of a finished export"
     return None
 
 
@@ -339,42 +406,92 @@ def _chapter_gain(parts: Parts, sentences: range, target_dbfs: float, ceiling_db
     return ChapterGain(wanted) if wanted <= limit else ChapterGain(limit, 20 * math.log10(wanted / limit))
 
 
+def chapter_lufs_gains(parts: Parts, chapters: list[range], target_lufs: float, pause: int, sample_rate: int,
+                       ceiling_dbfs: float = PEAK_CEILING_DBFS) -> list[ChapterGain]:
+    """Each chapter's gain to `target_lufs` of BS.1770 integrated loudness (engine.loudness), measured on the
+    chapter as it is heard, pauses included (the gating leaves silence out), limited so its highest peak stays at
+    or below `ceiling_dbfs`. One chapter's audio at a time, a sentence at a time."""
+    from engine.loudness import LoudnessMeter
+
+    gains = []
+    for sentences in chapters:
+        meter, peak = LoudnessMeter(sample_rate), 0
+        for piece in track_pcm(parts, Track(Path(), sentences), pause):
+            pcm = np.frombuffer(piece, "<i2")
+            meter.add(pcm, 1 / PCM_SCALE)
+            peak = max(peak, int(np.abs(pcm.astype(np.int32)).max()) if len(pcm) else 0)
+        measured = meter.lufs()
+        if not math.isfinite(measured) or peak == 0:
+            gains.append(ChapterGain(1.0))  # silence stays silence
+            continue
+        wanted = 10 ** ((target_lufs - measured) / 20)
+        limit = 10 ** (ceiling_dbfs / 20) / (peak / PCM_SCALE)
+        gains.append(ChapterGain(wanted) if wanted <= limit else
+                     ChapterGain(limit, 20 * math.log10(wanted / limit)))
+    return gains
+
+
 def ceiling_notice(gains: list[ChapterGain], titles: list[str], target_dbfs: float,
-                   ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3) -> str | None:
+                   ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3, option: str = "--normalize-loudness",
+                   unit: str = "dBFS RMS") -> str | None:
     """One line naming the chapters the peak ceiling holds below the target (the first `most`), or None."""
     short = [(n, title, g.short_db) for n, (g, title) in enumerate(zip(gains, titles), 1) if g.short_db > 0.0]
     if not short:
         return None
     named = ", ".join(f'{n} "{title}" by {db:.1f} dB' for n, title, db in short[:most])
     more = f" and {len(short) - most} more" if len(short) > most else ""
-    return (f"--normalize-loudness: the {ceiling_dbfs:g} dBFS peak ceiling holds {len(short)} of {len(gains)} "
-            f"chapters below {target_dbfs:g} dBFS RMS: {named}{more}")
+    return (f"{option}: the {ceiling_dbfs:g} dBFS peak ceiling holds {len(short)} of {len(gains)} "
+            f"chapters below {target_dbfs:g} {unit}: {named}{more}")
+
+
+def sentence_starts(parts: Parts, track: Track, pause: int) -> tuple[list[int], int]:
+    """Where each of the track's sentences starts, in samples from the track's start, and the track's length: from
+    the parts' headers, before any audio is read (what a container's chapter marks need up front)."""
+    starts, at = [], 0
+    for i in track.sentences:
+        if i != track.sentences.start:
+            at += pause
+        starts.append(at)
+        at += parts.samples(i)
+    return starts, at
+
+
+def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None = None) -> Iterator[bytes]:
+    """The track's audio as 16-bit PCM pieces, one sentence or pause at a time: `pause` zeros between sentences,
+    each sentence scaled by its gain in `gains` (one per sentence of the book) where given."""
+    for i in track.sentences:
+        if i != track.sentences.start and pause:
+            yield bytes(2 * pause)
+        pcm = _part(parts, i)
+        gain = 1.0 if gains is None else gains[i]
+        yield pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain)
+
+
+Encoder = Callable[[Track, BinaryIO, Iterator[bytes], list[int], int], None]
+"""encode(track, file, pcm, sentence starts, length): writes the track's audio into `file` (a new temp file)."""
 
 
 def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
-             gains: list[float] | None = None) -> tuple[list[list[int]], int]:
-    """Write each track's sentences in order, `pause` zeros between them, as 16-bit WAV (temp file, then rename);
-    `gains`, if given, holds one gain per sentence (its chapter's: chapter_gains).
-    Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
+             gains: list[float] | None = None, encoder: Encoder | None = None) -> tuple[list[list[int]], int]:
+    """Write each track's sentences in order, `pause` zeros between them (temp file, then rename): as 16-bit WAV,
+    or through `encoder` where given; `gains`, if given, holds one gain per sentence (its chapter's:
+    chapter_gains). Returns each track's sentence start offsets in samples (for chapter marks) and the samples
+    written in all."""
     offsets, total = [], 0
     for track in tracks:
-        starts = []
-        with replacing(track.path, ".partial") as tmp, wave.open(str(tmp), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(sample_rate)
-            written = 0
-            for i in track.sentences:
-                if i != track.sentences.start:
-                    w.writeframes(bytes(2 * pause))
-                    written += pause
-                starts.append(written)
-                pcm = _part(parts, i)
-                gain = 1.0 if gains is None else gains[i]
-                w.writeframes(pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain))
-                written += len(pcm)
+        starts, length = sentence_starts(parts, track, pause)
+        with writing(track.path, ".partial") as f:
+            if encoder is not None:
+                encoder(track, f, track_pcm(parts, track, pause, gains), starts, length)
+            else:
+                with wave.open(f, "wb") as w:
+                    w.setnchannels(1)
+                    w.setsampwidth(2)
+                    w.setframerate(sample_rate)
+                    for piece in track_pcm(parts, track, pause, gains):
+                        w.writeframes(piece)
         offsets.append(starts)
-        total += written
+        total += length
     return offsets, total
 
 
@@ -397,6 +514,15 @@ def to_pcm16(samples: np.ndarray) -> bytes:
 def apply_gain(pcm: np.ndarray, gain: float) -> bytes:
     """16-bit samples scaled by `gain` (rounded, clipped), as 16-bit PCM bytes."""
     return np.clip(np.rint(pcm.astype(np.float64) * gain), -32768, 32767).astype("<i2").tobytes()
+
+
+CUE_MAX_FRAMES = (99 * 60 + 59) * 75 + 74
+"""99:59:74, the last INDEX a CUE sheet's two-digit minutes can write (many players read no more digits)."""
+
+
+def cue_fits(marks: list[tuple[str, int]], sample_rate: int) -> bool:
+    """Whether every chapter start in `marks` (title, sample) can be written as MM:SS:FF with two-digit minutes."""
+    return all(start * 75 // sample_rate <= CUE_MAX_FRAMES for _, start in marks)
 
 
 def cue_sheet(title: str, wav_name: str, marks: list[tuple[str, int]], sample_rate: int) -> str:

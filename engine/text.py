@@ -22,6 +22,10 @@ Rules chosen by `normalize` (documented here once; the tests hold one example of
   slash twenty twenty-four".
 - Times: "3:30 pm" -> "three thirty p m", "14:05" -> "fourteen oh five", "9:00" -> "nine o'clock",
   "18:00" -> "eighteen hundred", "7am" -> "seven a m".
+- Narration: "p. 5" "page five" ("pp." pages, "ch." chapter, "vol." volume, "fig." figure: only before a number);
+  a Roman numeral after a title word, "Chapter IV" "Chapter four" (not "I" after a lowercase word: "the part I
+  liked"), and after a regnal name, "Henry VIII" "Henry the Eighth" (names listed: "World War II" stays); a
+  four-digit number after a year cue ("in 1066") or before an era ("1066 AD") is a year, "ten sixty-six".
 - Abbreviations: "Dr." is Doctor, but Drive after a capitalized name and not before one ("Elm Dr."); "St." is
   Saint before a capitalized word, otherwise Street. A sentence-final "etc." keeps its period.
 - Units only right after a number ("5 km", "20°C", "1 h"); single letters (m, s, g, h) only as whole words.
@@ -238,6 +242,89 @@ def _say_address(m: Match[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
+# A narrator's readings: book references, Roman numerals, years with a cue
+
+_REFERENCE_WORDS = {"p": "page", "pp": "pages", "ch": "chapter", "chap": "chapter", "vol": "volume",
+                    "vols": "volumes", "fig": "figure", "figs": "figures"}
+_ROMAN = r"M{0,3}(?:CM|CD|D?C{0,3})(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})"
+_REFERENCE = re.compile(r"(?<![\w.])([Pp][Pp]?|[Cc][Hh](?:[Aa][Pp])?|[Vv][Oo][Ll][Ss]?|[Ff][Ii][Gg][Ss]?)\.\s*"
+                        r"(?=\d|(?=[IVXLCDM])(?:" + _ROMAN +
+                        r")\b|[ivxl]{1,6}\b)")
+_TITLE_WORDS = ("chapter|part|book|volume|vol|act|scene|canto|section|appendix|letter|psalm|page|chapters|parts|"
+                "books|volumes|pages")
+_TITLE_NUMERAL = re.compile(r"(?<![\w.])(?i:(" + _TITLE_WORDS + r"))\s+(?:(?=[IVXLCDM])(" + _ROMAN +
+                            r")|([ivxl]{1,6}))\b(?!')")
+_REGNAL_NAMES = ("Alexander|Alfonso|Alfred|Anne|Benedict|Boniface|Carlos|Catherine|Charles|Christian|Clement|Constantine|"
+                 "Cyrus|David|Edward|Elizabeth|Ferdinand|Francis|Frederick|George|Gregory|Gustav|Gustavus|Harold|"
+                 "Henry|Innocent|Isabella|James|Joanna|John|Juan|Leo|Leopold|Louis|Ludwig|Malcolm|Mary|Napoleon|"
+                 "Nicholas|Otto|Paul|Peter|Philip|Pius|Ptolemy|Ramesses|Richard|Robert|Rudolf|Sixtus|Stephen|Umberto|"
+                 "Urban|Victor|Wilhelm|William")
+_REGNAL = re.compile(r"\b(" + _REGNAL_NAMES + r")\s+(?=[IVXLC])(" + _ROMAN + r")\b(?!['\w])")
+_YEAR_CUE = re.compile(r"\b(in|of|since|until|till|by|from|before|after|around|circa|year|c\.)\s+(\d{4})\b(?![.,:]\d|\w)",
+                       re.I)
+_ERA = re.compile(r"(?<![\w.,])(\d{1,4})\s*(A\.D\.|B\.C\.|AD|BC|BCE|CE)(?![\w])")
+_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
+
+
+def _roman(numeral: str) -> int:
+    """A well-formed Roman numeral's value (the patterns above only match well-formed ones)."""
+    values = [_ROMAN_VALUES[c] for c in numeral.upper()]
+    return sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+
+
+def _say_title_numeral(m: Match[str]) -> str:
+    """"Chapter IV" -> "Chapter four", "page iv" -> "page four". Not "I" after a lowercase word: "the part I
+    liked" is a pronoun; nor a lowercase run that is no numeral."""
+    word, upper, lower = m.groups()
+    numeral = upper or lower
+    if (upper == "I" and word.islower()) or not re.fullmatch(_ROMAN, numeral.upper()):
+        return m.group()
+    return f"{word} {_cardinal(_roman(numeral))}"
+
+
+def _say_reference(m: Match[str]) -> str:
+    word = _REFERENCE_WORDS[m.group(1).lower()]
+    return (word.capitalize() if m.group(1)[0].isupper() else word) + " "
+
+
+def _say_narration(text: str) -> str:
+    """A narrator's readings, before numbers are read: "p. 5" "page 5", "pp." "pages", "ch." "chapter", "vol."
+    "volume", "fig." "figure" (only before a number); a Roman numeral after a title word, "Chapter IV" "Chapter
+    four"; after a regnal name, "Henry VIII" "Henry the Eighth"; a four-digit year after a cue ("in 1066") or
+    with an era ("1066 AD") as a year, "ten sixty-six"."""
+    if "." in text:
+        text = _REFERENCE.sub(_say_reference, text)
+    if _may_hold_roman(text):
+        text = _TITLE_NUMERAL.sub(_say_title_numeral, text)
+        text = _REGNAL.sub(lambda m: f"{m.group(1)} the {_ordinal(_roman(m.group(2))).capitalize()}", text)
+    if _HAS_DIGIT.search(text):
+        text = _YEAR_CUE.sub(lambda m: f"{m.group(1)} {_year(int(m.group(2)))}", text)
+        text = _ERA.sub(lambda m: f"{_year(int(m.group(1)))} {' '.join(m.group(2).replace('.', ''))}", text)
+    return text
+
+
+_ROMAN_WORD = re.compile(r"\b(?:[IVXLCDM]{2,}|[VXLCDM]|[ivxl]{2,}|[vxl])\b")
+"""A word that may be a Roman numeral other than a lone "I" (mostly the pronoun: see _may_hold_roman)."""
+_TITLE_SET = frozenset(_TITLE_WORDS.split("|"))
+_REGNAL_SET = frozenset(_REGNAL_NAMES.split("|"))
+
+
+def _may_hold_roman(text: str) -> bool:
+    """A cheap test before the passes that read Roman numerals: a word that may be one, or a lone "I" after a
+    title word or a regnal name."""
+    if _ROMAN_WORD.search(text):
+        return True
+    at = text.find(" I")
+    while at != -1:
+        if at + 2 == len(text) or not text[at + 2].isalnum():
+            before = text[:at].rsplit(None, 1)
+            if before and (before[-1].lower() in _TITLE_SET or before[-1] in _REGNAL_SET):
+                return True
+        at = text.find(" I", at + 2)
+    return False
+
+
 # Abbreviations
 
 _ABBREVIATIONS = {
@@ -590,6 +677,7 @@ def normalize(text: str) -> str:
         text = _EMAIL.sub(_say_address, text)
     if "." in text or "://" in text:
         text = _URL.sub(_say_address, text)
+    text = _say_narration(text)
     text = _ABBREVIATION.sub(_expand_abbreviation, text)
     if _HAS_DIGIT.search(text):
         text = _say_numbers(text)

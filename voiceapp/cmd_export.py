@@ -1,9 +1,11 @@
-"""Provides `voicectl export BOOK -o OUT.wav | DIR/`: render a .txt, .md or .epub book to WAV, resumably.
+"""Provides `voicectl export BOOK -o OUT.m4b | .mp3 | .opus | .wav | DIR/`: render a .txt, .md or .epub book to
+an audiobook file, resumably.
 
 Sentences render concurrently (--jobs), each with its own seed derived from --seed and its index, into finished
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
-bytes as an uninterrupted one. Outputs: one WAV (+ a CUE sheet of chapters when there are several), or one WAV
-per chapter (-o DIR/ or --split-chapters). Without --resume an earlier unfinished export is never discarded
+bytes as an uninterrupted one. Outputs: one M4B, MP3 or Opus file with chapter marks, title, author and cover
+(voiceapp.containers), one WAV (+ a CUE sheet of chapters when there are several), or one file per chapter (-o DIR/,
+WAV, or --split-chapters). A finished export leaves its manifest as its record: run again, it says it is complete. Without --resume an earlier unfinished export is never discarded
 silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
 the output names the running one's pid).
 """
@@ -14,6 +16,7 @@ import asyncio
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -35,13 +38,17 @@ MAX_EPUB_BYTES = 512 * 1024 * 1024
 def add_parser(sub) -> None:
     from engine.export_plan import LOUDNESS_TARGET_DBFS, PEAK_CEILING_DBFS
 
-    p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to WAV; resumable")
+    p = sub.add_parser("export", help="render a book (.txt, .md, .epub, or - for stdin) to an audiobook file; "
+                                      "resumable")
     p.add_argument("input", help=".txt, .md or .epub file, or - for plain text on stdin")
     p.add_argument("-o", "--out", required=True,
-                   help="OUT.wav (one file, plus OUT.cue listing the chapters when there are several), "
-                        "or DIR/ (one WAV per chapter)")
+                   help="OUT.m4b, OUT.mp3 or OUT.opus (chapters, title, author and cover inside), OUT.wav (plus "
+                        "OUT.cue listing the chapters when there are several), or DIR/ (one WAV per chapter)")
     p.add_argument("--split-chapters", action="store_true",
-                   help="one WAV per chapter; with -o OUT.wav they are named 'OUT 01 - Title.wav'")
+                   help="one file per chapter; with -o OUT.m4b they are named 'OUT 01 - Title.m4b'")
+    p.add_argument("--title", help="the book's title in the file's tags (default: the EPUB's, else the file name)")
+    p.add_argument("--author", help="the author in the file's tags (default: the EPUB's)")
+    p.add_argument("--cover", metavar="IMAGE", help="a PNG or JPEG cover for M4B, MP3 and Opus (default: the EPUB's)")
     p.add_argument("--jobs", type=int, help=f"sentences rendered at once (default {CPU_JOBS}; on a GPU, as many as "
                                              f"its lane holds)")
     p.add_argument("--resume", action="store_true",
@@ -51,6 +58,10 @@ def add_parser(sub) -> None:
                    help=f"scale each chapter to this RMS level, pauses excluded (default {LOUDNESS_TARGET_DBFS:g} "
                         f"dBFS); peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, and a notice names any chapter that this "
                         f"keeps below the level")
+    p.add_argument("--loudness", type=lufs_level, metavar="LUFS",
+                   help="scale each chapter to this integrated loudness (ITU-R BS.1770): --loudness -18 or "
+                        "--loudness=-18LUFS (argparse takes a bare -18LUFS for an option); "
+                        f"peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, as with --normalize-loudness")
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
@@ -59,6 +70,32 @@ def add_parser(sub) -> None:
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
     p.set_defaults(run=run)
+
+
+def lufs_level(text: str) -> float:
+    """--loudness's value: a number, optionally followed by LUFS ("-18LUFS", "-18 LUFS", "-18")."""
+    number = text.strip()
+    if number.upper().endswith("LUFS"):
+        number = number[:-4].strip()
+    try:
+        return float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a loudness such as -18LUFS") from None
+
+
+LOUDNESS_RANGE_DBFS = (-50.0, -6.0)
+"""--normalize-loudness targets accepted: quieter is near-silence, louder than the peak ceiling allows."""
+
+
+def check_loudness_target(target: float | None, option: str = "--normalize-loudness", what: str = "an RMS level",
+                          unit: str = "dBFS") -> None:
+    """InputError unless --normalize-loudness is absent or a finite level in LOUDNESS_RANGE_DBFS (-inf would scale
+    every chapter to silence, nan every sample to nothing)."""
+    from engine.errors import InputError
+
+    low, high = LOUDNESS_RANGE_DBFS
+    if target is not None and not (math.isfinite(target) and low <= target <= high):
+        raise InputError(f"{option} {target:g}: give {what} from {low:g} to {high:g} {unit}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,13 +107,21 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--jobs must be at least 1")
     if args.resume and args.restart:
         raise InputError("--resume and --restart exclude each other")
+    check_loudness_target(args.normalize_loudness)
+    check_loudness_target(args.loudness, "--loudness", "an integrated loudness", "LUFS")
+    if args.loudness is not None and args.normalize_loudness is not None:
+        raise InputError("--loudness and --normalize-loudness exclude each other: one target per book")
     layout = Layout.from_args(args)
     plan = make_plan(args)
     refuse_overwriting_input(args.input, layout, plan)
+    refuse_read_only_outputs(layout, plan)
+    tags = book_tags(args, plan.book, layout)
     show = "bar" if sys.stderr.isatty() else "lines"
     with lock_output(layout):
+        if not args.restart and already_complete(plan, layout, args, tags):
+            return 0
         try:
-            stats = asyncio.run(export(plan, layout, args, None if args.no_progress else show))
+            stats = asyncio.run(export(plan, layout, args, tags, None if args.no_progress else show))
         except KeyboardInterrupt:
             raise interrupted(layout, len(plan.sentences)) from None
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
@@ -104,10 +149,13 @@ class Layout:
     def from_args(cls, args: argparse.Namespace) -> "Layout":
         from engine.errors import OutputError
 
+        from voiceapp.containers import check_suffix
+
         out = Path(args.out)
         directory = args.out.endswith(("/", os.sep)) or out.is_dir()
         if not directory:
-            check_output(out)
+            check_suffix(out)
+            check_output(out, any_suffix=True)
             return cls(out, False, args.split_chapters)
         if not out.parent.is_dir():
             raise OutputError(f"{out}: directory {out.parent} does not exist")
@@ -136,9 +184,15 @@ class Layout:
     def cue(self) -> Path:
         return self.out.with_suffix(".cue")
 
+    @property
+    def suffix(self) -> str:
+        """The output files' suffix: .wav, or a container's (voiceapp.containers)."""
+        return ".wav" if self.directory else self.out.suffix.lower()
+
     def has_cue(self, plan) -> bool:
-        """One WAV of several chapters gets a CUE sheet of them."""
-        return not self.split and len(plan.book.chapters) > 1
+        """One WAV of several chapters gets a CUE sheet of them (while the sheet can mark them: cue_fits);
+        the other formats hold their chapters themselves."""
+        return not self.split and self.suffix == ".wav" and len(plan.book.chapters) > 1
 
     def files(self, plan) -> list[Path]:
         """Every file the export writes (besides the parts)."""
@@ -154,7 +208,7 @@ class Layout:
         width = max(2, len(str(len(ranges))))
         prefix = "" if self.directory else f"{self.out.stem} "
         folder = self.out if self.directory else self.out.parent
-        return [Track(folder / f"{prefix}{n:0{width}d} - {_file_title(plan.book.chapters[n - 1].title)}.wav", r)
+        return [Track(folder / f"{prefix}{n:0{width}d} - {_file_title(plan.chapter_title(r))}{self.suffix}", r)
                 for n, r in enumerate(ranges, 1)]
 
 
@@ -167,14 +221,37 @@ def refuse_overwriting_input(source: str, layout: Layout, plan) -> None:
     so hard links and symlinks count), or a parts folder (deleted at the end) that holds it."""
     from engine.errors import InputError
 
-    source_id = None if source == "-" else _file_id(source)
+    source_id = _stdin_id() if source == "-" else _file_id(source)
     if source_id is None:
         return
     for path in layout.files(plan):
         if _file_id(path) == source_id:
-            raise InputError(f"{source}: the export would overwrite its own input (as {path}); choose another -o")
+            raise InputError(f"{'stdin' if source == '-' else source}: the export would overwrite its own input (as "
+                             f"{path}); choose another -o")
     if Path(os.path.realpath(source)).is_relative_to(os.path.realpath(layout.parts)):
         raise InputError(f"{source} is inside {layout.parts}, which the export deletes; move it or choose another -o")
+
+
+def refuse_read_only_outputs(layout: Layout, plan) -> None:
+    """An output file (a chapter file, the CUE sheet) marked read-only is kept, as a read-only WAV is: OutputError
+    before any work, instead of replacing it."""
+    from engine.errors import OutputError
+    from voiceapp.wavout import read_only
+
+    for path in layout.files(plan)[:-2]:  # not the manifest and the lock: the export's own
+        if path.exists() and not path.is_dir() and read_only(path):
+            raise OutputError(f"{path} exists and is read-only; remove it or choose another -o")
+
+
+def _stdin_id() -> tuple[int, int] | None:
+    """(device, inode) of stdin where it is a regular file (`export - < FILE`); None for a pipe or a terminal."""
+    import stat
+
+    try:
+        st = os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def _file_id(path: str | Path) -> tuple[int, int] | None:
@@ -197,6 +274,8 @@ def lock_output(layout: Layout):
         raise OutputError(f"{layout.out}: another export to it is running (pid {held.pid}); wait for it to end, "
                           f"or choose another -o") from None
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OutputError(f"{layout.lock} is a symbolic link, not an export's lock; remove it") from None
         raise OutputError(f"cannot create {layout.lock}: {err.strerror or err}") from None
 
 
@@ -213,7 +292,9 @@ def make_plan(args: argparse.Namespace):
     source = "stdin" if args.input == "-" else args.input
     if isinstance(data, str):
         require_speakable(data, source)
-    book = read_book(name, data)
+    book = read_book(name, data, max_bytes=args.max_mb * 1024 * 1024)
+    for notice in book.notices:
+        _print_notices(notice)
     config = engine_config(args)
     sentences = book_sentences(book, config.join.max_sentence_chars)
     if not sentences:
@@ -243,7 +324,7 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 
 # ---- running it -------------------------------------------------------------------------------------------
 
-async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: str | None) -> dict:
+async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_progress: str | None) -> dict:
     from engine.export_plan import Manifest, Parts
     from engine.factory import build_synthesizer
     from engine.metrics import RequestMetrics
@@ -262,7 +343,7 @@ async def export(plan, layout: Layout, args: argparse.Namespace, show_progress: 
     synth = build_synthesizer(export_config(engine_config(args)), events=on_event)
     try:
         plan = engine_checked(plan, synth, manifest, earlier)
-        stats = await render_and_assemble(plan, synth, manifest, layout, args, show_progress)
+        stats = await render_and_assemble(plan, synth, manifest, layout, args, tags, show_progress)
     finally:
         await synth.close()
     return {**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}}
@@ -277,6 +358,69 @@ def export_config(config):
 
     whole = WindowSchedule.whole(family_of(config.model).whole_codes)
     return dataclasses.replace(config, deterministic=True, warm_up=False, schedule=whole)
+
+
+def assembly_settings(args: argparse.Namespace, layout: Layout, tags) -> dict:
+    """What decides the output files besides the sentences' audio, and the engine asked for (its identity, model
+    hash and platform, is known only once it is loaded): a finished export is complete only for the same."""
+    from engine.export_plan import sha256_bytes
+
+    settings = {"output": "chapter files" if layout.split else "one file", "normalize_loudness":
+                args.normalize_loudness, "loudness_lufs": args.loudness, "engine": f"backend={args.backend} model={args.model} compute={args.compute} "
+                                                   f"quantize={args.quantize}", "format": layout.suffix}
+    if layout.suffix != ".wav":
+        settings.update(title=tags.title, author=tags.author, language=tags.language,
+                        cover=sha256_bytes(tags.cover.data)[:16] if tags.cover else None)
+    return settings
+
+
+def book_tags(args: argparse.Namespace, book, layout: Layout):
+    """The title, author, language and cover the output's tags get: the flags, else the EPUB's. A --cover that is
+    not a sane image is an InputError; an EPUB's own bad cover is left out with a notice. Checked before any model
+    is loaded; WAV has no tags (its CUE names the title)."""
+    from engine.errors import InputError
+    from voiceapp.containers import MAX_COVER_BYTES, Tags, read_cover
+
+    if layout.suffix == ".wav":
+        return Tags(args.title or book.title)
+    cover = None
+    if args.cover:
+        data = read_input_bytes(args.cover, MAX_COVER_BYTES, kind="image file")
+        if data is None:
+            raise InputError(f"{args.cover}: the cover is larger than {MAX_COVER_BYTES >> 20} MB")
+        cover = read_cover(data, args.cover)
+    elif book.cover is not None:
+        try:
+            cover = read_cover(book.cover, f"{args.input}'s cover")
+        except InputError as err:
+            _print_notices(f"{err}; the output has no cover")
+    return Tags(args.title or book.title, author=args.author or book.author, language=book.language, cover=cover)
+
+
+def already_complete(plan, layout: Layout, args: argparse.Namespace, tags) -> bool:
+    """True, after saying so, when the manifest records this very export as finished and its files are there;
+    raises (one line naming what differs, and --restart) when it records a finished export of other settings.
+    False when there is no finished export to speak of (none, or an unfinished one: previous_run decides)."""
+    from engine.export_plan import Manifest, ManifestError, Parts, completed_problem
+
+    manifest = Manifest(layout.manifest, Parts(layout.parts))
+    if not manifest.exists():
+        return False
+    data = manifest.load()
+    if data.get("complete") is None:
+        return False
+    problem = completed_problem(data, plan, assembly_settings(args, layout, tags), layout.manifest.parent)
+    if problem:
+        raise ManifestError(f"{layout.out} is already exported, but {problem}; pass --restart to render it again")
+    s = data["settings"]
+    _print_notices(f"{layout.out} is already complete ({data['complete'].get('at', '?')}: {data['sentences']} "
+                   f"sentences in {len(data['chapters'])} chapters, voice {s['voice']}, seed {s['seed']}, backend "
+                   f"{s['backend']}, model {s['model_hash'][:12]}, {s['sample_rate']} Hz); nothing to do (pass "
+                   f"--restart to render it again)")
+    if args.json:
+        print(json.dumps({"complete": True, "sentences": data["sentences"], "chapters": len(data["chapters"]),
+                          "outputs": data["outputs"]}))
+    return True
 
 
 def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | None:
@@ -318,8 +462,9 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
     return plan
 
 
-async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_progress: str | None) -> dict:
-    from engine.export_plan import assemble, cue_sheet, pause_samples, render_parts
+async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
+                              show_progress: str | None) -> dict:
+    from engine.export_plan import assemble, cue_fits, cue_sheet, pause_samples, render_parts
     from engine.factory import lane_rows
 
     parts, tracks = manifest.parts, layout.tracks(plan)
@@ -328,14 +473,14 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
     resumed = len(done)
     rows = lane_rows(synth.generator)
     jobs = args.jobs or (rows + GPU_SPARE_JOBS if rows else CPU_JOBS)
-    progress = Progress(len(plan.sentences), resumed, synth.sample_rate, show_progress)
+    progress = Progress([len(s.text) for s in plan.sentences], done, synth.sample_rate, show_progress)
     try:
         parts.dir.mkdir(exist_ok=True)
         manifest.save(plan, done, outputs)
 
         def on_done(index: int, samples: int) -> None:
             done.add(index)
-            progress.update(samples)
+            progress.update(index, samples)
             manifest.save(plan, done, outputs, force=False)
 
         try:
@@ -345,15 +490,28 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
         finally:
             progress.close()
             _save_quietly(manifest, plan, done, outputs)
-        gains = None if args.normalize_loudness is None else loudness_gains(plan, parts, args.normalize_loudness)
         pause = pause_samples(synth.join.pause_s, synth.sample_rate)
-        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains)
+        gains = loudness_gains(plan, parts, args, pause, synth.sample_rate)
+        encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, synth.sample_rate)
+        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains, encoder)
+        written = [t.path for t in tracks]
         if layout.has_cue(plan):
             marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
-            write_text_atomic(layout.cue, cue_sheet(plan.book.title, layout.out.name, marks, synth.sample_rate))
+            if cue_fits(marks, synth.sample_rate):
+                write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, synth.sample_rate))
+                written.append(layout.cue)
+            else:
+                layout.cue.unlink(missing_ok=True)  # an earlier export's sheet would mark another book
+                _print_notices(f"no {layout.cue.name}: the last chapter starts after 99:59, which a CUE sheet's "
+                               f"minutes cannot mark in many players; export to .m4b, .mp3 or .opus for chapters "
+                               f"in the file, or pass --split-chapters")
+        manifest.finish(plan, written, assembly_settings(args, layout, tags))
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
-    manifest.remove()
+    except BaseException:
+        if not done:
+            manifest.remove()  # nothing to resume: a manifest of no sentences would only block the next run
+        raise
     end = time.perf_counter()
     wall, e2e = end - progress.t0, end - process_start_perf()
     rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
@@ -361,13 +519,42 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, show_
             "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
 
 
-def loudness_gains(plan, parts, target_dbfs: float) -> list[float]:
-    """--normalize-loudness: one gain per sentence, its chapter's; a notice names chapters the ceiling holds back."""
-    from engine.export_plan import ceiling_notice, chapter_gains
+def container_encoder(plan, layout: Layout, tags, sample_rate: int):
+    """assemble's encoder for M4B, MP3 and Opus: one file with a chapter mark per chapter, or (split) one file per
+    chapter tagged with its title, the book's as album, and its number."""
+    from voiceapp.containers import CONTAINERS, Mark, encode
+
+    container = CONTAINERS[layout.suffix]
+    numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}
+
+    def encoder(track, file, pcm, starts, length) -> None:
+        if layout.split:
+            mine = dataclasses.replace(tags, title=plan.chapter_title(track.sentences), album=tags.title,
+                                       track=numbers[track.path])
+            return encode(file, track.path, container, sample_rate, pcm, [], mine)
+        ranges = plan.chapter_ranges()
+        bounds = [starts[r.start - track.sentences.start] for r in ranges] + [length]
+        marks = [Mark(plan.chapter_title(r), a, b) for r, a, b in zip(ranges, bounds, bounds[1:])]
+        encode(file, track.path, container, sample_rate, pcm, marks, tags)
+
+    return encoder
+
+
+def loudness_gains(plan, parts, args: argparse.Namespace, pause: int, sample_rate: int) -> list[float] | None:
+    """--normalize-loudness (RMS) or --loudness (LUFS): one gain per sentence, its chapter's; a notice names
+    chapters the peak ceiling holds back. None without either."""
+    from engine.export_plan import ceiling_notice, chapter_gains, chapter_lufs_gains
 
     ranges = plan.chapter_ranges()
-    gains = chapter_gains(parts, ranges, target_dbfs)
-    notice = ceiling_notice(gains, [plan.chapter_title(r) for r in ranges], target_dbfs)
+    titles = [plan.chapter_title(r) for r in ranges]
+    if args.loudness is not None:
+        gains = chapter_lufs_gains(parts, ranges, args.loudness, pause, sample_rate)
+        notice = ceiling_notice(gains, titles, args.loudness, option="--loudness", unit="LUFS")
+    elif args.normalize_loudness is not None:
+        gains = chapter_gains(parts, ranges, args.normalize_loudness)
+        notice = ceiling_notice(gains, titles, args.normalize_loudness)
+    else:
+        return None
     if notice:
         _print_notices(notice)
     return [g.gain for g, r in zip(gains, ranges) for _ in r]
@@ -405,10 +592,10 @@ def output_error(err: OSError, manifest, done: set[int], out: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    from engine.atomic import replacing
+    from engine.atomic import writing
 
-    with replacing(path) as tmp:
-        tmp.write_text(text)
+    with writing(path, mode="w") as f:
+        f.write(text)
 
 
 PROGRESS_LINE_EVERY_S = 30.0
@@ -416,40 +603,58 @@ PROGRESS_LINE_EVERY_S = 30.0
 
 
 class Progress:
-    """Sentences done, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
-    PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way."""
+    """Progress, ETA and x-real-time on stderr: a tqdm bar on a terminal ("bar"), else a line every
+    PROGRESS_LINE_EVERY_S ("lines"), or nothing (None). Counts the audio rendered either way.
 
-    def __init__(self, total: int, initial: int, sample_rate: int, show: str | None, clock=time.perf_counter) -> None:
-        self.sample_rate, self.samples, self.clock = sample_rate, 0, clock
-        self.total, self.done, self.initial = total, initial, initial
+    Progress is measured in characters of text, not sentences: a sentence's render time follows its length, and a
+    book's sentences range from a two-word title to a long period, so a count of sentences swings the ETA with
+    every short one. The ETA is this run's characters per second over the whole run (resumed sentences cost it
+    nothing) applied to the characters left."""
+
+    def __init__(self, chars: list[int], done: set[int], sample_rate: int, show: str | None,
+                 clock=time.perf_counter) -> None:
+        self.chars, self.sample_rate, self.samples, self.clock = chars, sample_rate, 0, clock
+        self.total, self.done, self.initial = len(chars), len(done), len(done)
+        self.total_chars = max(sum(chars), 1)
+        self.done_chars = self.initial_chars = sum(chars[i] for i in done)
         self.t0 = self._last_line = clock()
         self.lines = show == "lines"
         self.bar = None
         if show == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="sentence", file=sys.stderr, dynamic_ncols=True)
+            # smoothing=0: tqdm's own rate and ETA are then the whole run's average too
+            self.bar = tqdm(total=self.total_chars, initial=self.done_chars, unit="char", unit_scale=True,
+                            smoothing=0, file=sys.stderr, dynamic_ncols=True)
 
     def xrt(self) -> float:
         return self.samples / self.sample_rate / max(self.clock() - self.t0, 1e-9)
 
-    def update(self, samples: int) -> None:
+    def update(self, index: int, samples: int) -> None:
+        """Sentence `index` is finished: `samples` of audio."""
         self.samples += samples
         self.done += 1
+        self.done_chars += self.chars[index]
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{self.xrt():.1f}x real time", refresh=False)
-            self.bar.update(1)
+            self.bar.set_postfix_str(f"{self.done}/{self.total} sentences, {self.xrt():.1f}x real time",
+                                     refresh=False)
+            self.bar.update(self.chars[index])
         elif self.lines and self.clock() - self._last_line >= PROGRESS_LINE_EVERY_S:
             self._last_line = self.clock()
             print(f"voicectl: {self.line()}", file=sys.stderr, flush=True)
 
+    def eta_s(self) -> float | None:
+        """Seconds left at this run's average characters per second; None before its first sentence."""
+        rendered = self.done_chars - self.initial_chars
+        if rendered <= 0:
+            return None
+        return (self.clock() - self.t0) / rendered * (self.total_chars - self.done_chars)
+
     def line(self) -> str:
-        """"412/1800 sentences (23%), 31.0x real time, ETA 12m05s"; the ETA from this run's own pace."""
-        elapsed = self.clock() - self.t0
-        rendered = self.done - self.initial
-        eta = "-" if not rendered else _duration(elapsed / rendered * (self.total - self.done))
-        return (f"{self.done}/{self.total} sentences ({100 * self.done // max(self.total, 1)}%), "
-                f"{self.xrt():.1f}x real time, ETA {eta}")
+        """"412/1800 sentences, 23% of the text, 31.0x real time, ETA 12m05s"."""
+        eta = self.eta_s()
+        return (f"{self.done}/{self.total} sentences, {100 * self.done_chars // self.total_chars}% of the text, "
+                f"{self.xrt():.1f}x real time, ETA {'-' if eta is None else _duration(eta)}")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -31,7 +31,8 @@ class PidLock:
     def acquire(cls, path: Path) -> "PidLock":
         """Take the lock at once and write our pid into the file, or raise LockHeld."""
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # never through a symbolic link: one planted in a shared directory would have us truncate its target
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

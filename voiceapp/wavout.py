@@ -15,10 +15,10 @@ from engine.errors import OutputError
 from engine.types import AudioChunk
 
 
-def check_output(path: Path) -> None:
-    """Fail before any work if the output cannot be written."""
+def check_output(path: Path, any_suffix: bool = False) -> None:
+    """Fail before any work if the output cannot be written (a .wav, unless `any_suffix`: the caller checked it)."""
     parent = path.parent if str(path.parent) else Path(".")
-    if path.suffix.lower() != ".wav":
+    if not any_suffix and path.suffix.lower() != ".wav":
         raise OutputError(f"{path}: output must be a .wav file")
     if not parent.is_dir():
         raise OutputError(f"{path}: directory {parent} does not exist")

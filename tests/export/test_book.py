@@ -137,6 +137,21 @@ def test_markdown_intro_before_the_first_chapter_is_front_matter():
     assert titles(book) == [FRONT_MATTER, "One", "Two"]
 
 
+def test_an_unclosed_code_fence_does_not_drop_the_rest_of_the_book():
+    text = "# One\n\nFirst text.\n\n```\nx = 1\n\n# Two\n\nThe rest of the book.\n"
+    book = read_book("b.md", text)
+    assert titles(book) == ["One", "Two"] and book.chapters[1].paragraphs == ("Two", "The rest of the book.")
+    assert book.chapters[0].paragraphs == ("One", "First text.", "x = 1")
+    assert book.notices == ("b.md: the code block opened at line 5 is never closed; the 5 lines after it are read "
+                            "as text",)
+
+
+def test_closed_code_fences_are_not_read_even_in_quotes_and_lists():
+    text = "# One\n\n> ```\n> quoted()\n> ```\n\n- item\n\n  ~~~~\n  listed()\n  ~~~~\n\nEnd.\n"
+    book = read_book("b.md", text)
+    assert book.chapters[0].paragraphs == ("One", "item", "End.") and book.notices == ()
+
+
 def test_markdown_of_only_code_has_no_sentences():
     assert book_sentences(read_book("c.md", "```\nx = 1\n```\n"), 280) == []
 
@@ -155,23 +170,27 @@ CONTAINER = ('<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:nam
 
 
 def make_epub(docs: dict[str, str], spine: list[str], *, nav: str | None = None, ncx: str | None = None,
-              extra: dict[str, str] | None = None, title="A Tiny Book", opf: str | None = None) -> bytes:
+              extra: dict[str, str] | None = None, title="A Tiny Book", opf: str | None = None,
+              author: str = "", language: str = "", cover: bytes | None = None) -> bytes:
     items = "".join(f'<item id="{n}" href="{n}" media-type="application/xhtml+xml"/>' for n in docs)
     if nav:
         items += '<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>'
     if ncx:
         items += '<item id="ncx" href="toc.ncx" media-type="application/x-dtbncx+xml"/>'
-    items += '<item id="img" href="cover.png" media-type="image/png"/>'
+    marked = ' properties="cover-image"' if cover is not None else ""
+    items += f'<item id="img" href="cover.png" media-type="image/png"{marked}/>'
+    meta = (f"<dc:creator>{author}</dc:creator>" if author else "") + (
+        f"<dc:language>{language}</dc:language>" if language else "")
     refs = "".join(f'<itemref idref="{n}"/>' for n in spine)
     opf = opf or ('<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
-           f'<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{title}</dc:title></metadata>'
+           f'<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{title}</dc:title>{meta}</metadata>'
            f'<manifest>{items}</manifest><spine>{refs}</spine></package>')
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("mimetype", "application/epub+zip")
         z.writestr("META-INF/container.xml", CONTAINER)
         z.writestr("OEBPS/content.opf", opf)
-        z.writestr("OEBPS/cover.png", b"\x89PNG fake")
+        z.writestr("OEBPS/cover.png", b"\x89PNG fake" if cover is None else cover)
         for name, body in docs.items():
             z.writestr(f"OEBPS/{name}", xhtml(body))
         if nav:
@@ -199,6 +218,52 @@ def test_epub_spine_order_toc_titles_and_text():
     assert titles(book) == ["2. Light", "1. Darkness"]  # spine order; the image-only cover is dropped
     assert book.chapters[0].paragraphs == ("Second", "Line one", "line two", "R&D \u2014 done.")
     assert book.chapters[1].paragraphs == ("Chapter One", "It was a dark night.", "The rain fell hard.")
+
+
+PARTS = {
+    "p1c1.xhtml": "<h1>PART I.</h1><h2>CHAPTER I.</h2><p>First of part one.</p>",
+    "p1c2.xhtml": "<h2>CHAPTER II.</h2><p>Second of part one.</p><h3 id='s2'>A Section</h3><p>Its text.</p>",
+    "p2c1.xhtml": "<h1>PART II.</h1><h2>CHAPTER I.</h2><p>First of part two.</p>",
+    "p2c1b.xhtml": "<p>The same chapter, in a second file.</p>",
+}
+PARTS_NAV = ('<nav epub:type="toc"><ol>'
+             '<li><span>PART I.</span><ol><li><a href="p1c1.xhtml">CHAPTER I.</a></li>'
+             '<li><a href="p1c2.xhtml">CHAPTER II.</a><ol><li><a href="p1c2.xhtml#s2">A Section</a></li></ol></li>'
+             '</ol></li><li><span>PART II.</span><ol><li><a href="p2c1.xhtml">CHAPTER I.</a></li></ol></li>'
+             '</ol></nav><nav epub:type="landmarks"><ol><li><a href="p2c1b.xhtml">Not the toc</a></li></ol></nav>')
+
+
+def test_epub_parts_chapters_and_sections_from_the_nav_are_nested_titles():
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), nav=PARTS_NAV))
+    assert titles(book) == ["PART I, CHAPTER I.", "PART I, CHAPTER II.", "PART I, CHAPTER II, A Section",
+                            "PART II, CHAPTER I."]
+    assert book.chapters[1].paragraphs == ("CHAPTER II.", "Second of part one.")
+    assert book.chapters[2].paragraphs == ("A Section", "Its text.")
+    assert book.chapters[3].paragraphs == ("PART II.", "CHAPTER I.", "First of part two.",
+                                           "The same chapter, in a second file.")
+    assert book.notices == ()
+
+
+def test_epub2_ncx_nesting_gives_the_same_titles():
+    ncx = ('<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" version="2005-1"><navMap>'
+           '<navPoint id="a"><navLabel><text>PART I.</text></navLabel><content src="p1c1.xhtml"/>'
+           '<navPoint id="b"><navLabel><text>CHAPTER I.</text></navLabel><content src="p1c1.xhtml"/></navPoint>'
+           '<navPoint id="c"><navLabel><text>CHAPTER II.</text></navLabel><content src="p1c2.xhtml"/></navPoint>'
+           '</navPoint><navPoint id="d"><navLabel><text>PART II.</text></navLabel><content src="p2c1.xhtml"/>'
+           '</navPoint></navMap></ncx>')
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), ncx=ncx))
+    assert titles(book) == ["PART I, CHAPTER I.", "PART I, CHAPTER II.", "PART II."]
+
+
+@pytest.mark.parametrize("nav,said", [
+    (None, "b.epub: it has no table of contents; its chapters follow the spine"),
+    ('<nav epub:type="toc"><ol><li><a href="gone.xhtml">Gone</a></li></ol></nav>',
+     "b.epub: its table of contents points at no document of the book; its chapters follow the spine"),
+])
+def test_epub_without_a_usable_nav_follows_the_spine_with_a_notice(nav, said):
+    book = read_book("b.epub", make_epub(PARTS, list(PARTS), nav=nav))
+    assert titles(book) == ["PART I.", "CHAPTER II.", "PART II.", "Section 4"]
+    assert book.notices == (said,)
 
 
 def test_epub2_ncx_titles_and_heading_fallback():

@@ -71,7 +71,8 @@ def test_killed_export_resumes_to_the_same_bytes(clean, tmp_path, sig):
     err = ok(voicectl("export", str(src), "-o", str(out), *FAST, "--resume"))
     assert f"{finished} were already done" in err
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # manifest and parts are gone
+    # the parts are gone; the manifest is now the record of the finished export
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav", "out.wav.manifest.json"]
 
 
 @pytest.mark.slow
@@ -191,6 +192,7 @@ def test_directory_output_writes_one_wav_per_chapter(clean, tmp_path):
     src, want_wav, _ = clean
     ok(voicectl("export", str(src), "-o", f"{tmp_path / 'book'}/", *FAST))
     names = sorted(os.listdir(tmp_path / "book"))
+    assert names.pop() == "export.manifest.json"  # the record of the finished export
     assert names == [f"0{c} - Chapter {c}.wav" for c in range(1, 6)]
     frames = 0
     for name in names:
@@ -276,5 +278,5 @@ def test_output_on_another_filesystem_than_the_current_directory_and_tmp(clean, 
         ok(voicectl(*args, "--resume", "--jobs", "16", cwd=tmp_path, env=env))
         assert (mnt / "out.wav").read_bytes() == want_wav and (mnt / "out.cue").read_text() == want_cue
         ok(voicectl("export", str(src), "-o", "mnt/book/", *FAST, cwd=tmp_path, env=env))
-        assert len(os.listdir(mnt / "book")) == 5
-        assert sorted(os.listdir(mnt)) == ["book", "out.cue", "out.wav"] and os.listdir(tmp_path / "tmp") == []
+        assert len(os.listdir(mnt / "book")) == 6  # 5 chapters and the manifest
+        assert sorted(os.listdir(mnt)) == ["book", "out.cue", "out.wav", "out.wav.manifest.json"] and os.listdir(tmp_path / "tmp") == []

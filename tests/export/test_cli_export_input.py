@@ -69,7 +69,8 @@ def test_a_second_export_to_the_same_output_refuses_at_once(clean, tmp_path):
         first.wait()
         first.stderr.close()
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav"]  # no manifest, parts or lock left
+    # no parts or lock are left; the manifest is the record of the finished export
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cue", "out.wav", "out.wav.manifest.json"]
     ok(voicectl("export", str(src), "-o", str(out), *FAST))  # the lock is free again
 
 

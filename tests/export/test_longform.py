@@ -44,6 +44,7 @@ JOBS = "64"
 TITLE_LAST = re.compile(r"\b(?:Mr|Mrs|Dr|St|Messrs)\.$")
 """A sentence never ends with a title: that would cut "Mr. Holmes" or "Messrs. Lestrade and Gregson" in two."""
 WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+AUTHOR = "Arthur Conan Doyle"
 
 
 def words(text: str) -> list[str]:
@@ -60,7 +61,8 @@ def source() -> str:
 @pytest.fixture(scope="module")
 def epub(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("novel") / "scarlet.epub"
-    subprocess.run([sys.executable, str(MAKE_EPUB), str(NOVEL), str(out)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(MAKE_EPUB), str(NOVEL), str(out), "--author", AUTHOR], check=True,
+                   capture_output=True)
     return out
 
 
@@ -78,7 +80,8 @@ def sentences(book):
 
 def test_make_epub_writes_the_same_valid_epub3_every_time(epub, tmp_path):
     again = tmp_path / "again.epub"
-    subprocess.run([sys.executable, str(MAKE_EPUB), str(NOVEL), str(again)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(MAKE_EPUB), str(NOVEL), str(again), "--author", AUTHOR], check=True,
+                   capture_output=True)
     assert again.read_bytes() == epub.read_bytes()
     data = epub.read_bytes()
     assert data[30:58] == b"mimetypeapplication/epub+zip"  # first, stored, no extra field: what readers sniff
@@ -101,9 +104,11 @@ def test_make_epub_writes_the_same_valid_epub3_every_time(epub, tmp_path):
 
 
 def test_the_book_has_every_word_of_the_novel_in_order(book, sentences, source):
-    assert [c.title for c in book.chapters][:2] == ["CHAPTER I. MR. SHERLOCK HOLMES.",
-                                                     "CHAPTER II. THE SCIENCE OF DEDUCTION."]
-    assert len(book.chapters) == 14 and book.chapters[7].title == "CHAPTER I. ON THE GREAT ALKALI PLAIN."
+    assert [c.title for c in book.chapters][:2] == ["PART I, CHAPTER I. MR. SHERLOCK HOLMES.",
+                                                     "PART I, CHAPTER II. THE SCIENCE OF DEDUCTION."]
+    # the nav nests chapters under their part: two "CHAPTER I." titles are told apart, and Part II is named
+    assert len(book.chapters) == 14 and book.chapters[7].title == "PART II, CHAPTER I. ON THE GREAT ALKALI PLAIN."
+    assert len({c.title for c in book.chapters}) == 14 and book.notices == ()
     assert words(" ".join(s.text for s in sentences)) == words(source)
     assert all(len(s.text) <= JOIN.max_sentence_chars for s in sentences)
     assert not [s.text for s in sentences if TITLE_LAST.search(s.text)]
@@ -225,3 +230,34 @@ def test_normalize_loudness_puts_every_chapter_of_the_novel_within_1_db_of_the_t
         assert 20 * np.log10(np.max(np.abs(speech)) / 32767) <= -3.0 + 1e-3
         gain = np.dot(speech, want) / np.dot(want, want)  # one gain for the whole chapter, same audio otherwise
         assert np.max(np.abs(speech - want * gain)) <= 1.0, chapter.title
+
+
+@pytest.mark.slow
+def test_the_novel_as_m4b_has_its_chapters_tags_cover_and_the_wavs_duration(epub, book, tmp_path):
+    """The EPUB's title, author and language, a --cover, a chapter mark where the WAV's CUE puts each chapter,
+    and the WAV's duration to within one AAC frame (1024 samples), read back with PyAV."""
+    import av
+
+    from tests.export.test_containers import png
+
+    (tmp_path / "cover.png").write_bytes(png(60, 90))
+    for suffix, extra in ((".wav", []), (".m4b", ["--cover", str(tmp_path / "cover.png")])):
+        proc = voicectl("export", str(epub), "-o", str(tmp_path / f"scarlet{suffix}"), "--backend", "fake", "--jobs",
+                        JOBS, "--no-progress", *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+    seconds = len(read_wav(tmp_path / "scarlet.wav")) / RATE
+    marks = cue_marks((tmp_path / "scarlet.cue").read_text())
+    with av.open(str(tmp_path / "scarlet.m4b")) as m4b:
+        audio = m4b.streams.audio[0]
+        assert abs(float(audio.duration * audio.time_base) - seconds) <= 1024 / RATE
+        assert (audio.codec_context.name, audio.sample_rate, audio.metadata["language"]) == ("aac", RATE, "eng")
+        tags = m4b.metadata
+        assert (tags["major_brand"], tags["title"], tags["artist"], tags["genre"]) == (
+            "M4B ", "A STUDY IN SCARLET", AUTHOR, "Audiobook")
+        chapters = m4b.chapters()
+        assert [c["metadata"]["title"] for c in chapters] == [c.title for c in book.chapters]
+        for c, (title, at) in zip(chapters, marks):
+            assert abs(float(c["start"] * c["time_base"]) - at / RATE) <= 1 / 75, title
+        assert float(chapters[-1]["end"] * chapters[-1]["time_base"]) == pytest.approx(seconds, abs=0.001)
+        cover = next(s for s in m4b.streams.video if s.disposition & av.stream.Disposition.attached_pic)
+        assert bytes(next(m4b.demux(cover))) == (tmp_path / "cover.png").read_bytes()
