@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,11 @@ from pathlib import Path
 from engine.atomic import replacing
 from engine.errors import InputError, VoiceNotFound
 from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
+
+try:
+    import tomllib  # Python 3.11+
+except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+    import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
 """Presets shipped with the project."""
