@@ -28,7 +28,7 @@ from engine.prompt import Prompt, build_controllable_prompt, build_globals_promp
 from engine.text import SentenceSplitter, is_speakable, normalize, sentence_token_cap, text_pieces
 from engine.tokens import GLOBAL_COUNT, TokenIds, TokenParser
 from engine.types import AudioChunk
-from engine.voices import GlobalsCache, MemoryGlobalsCache, Voice, VoiceBank, available_voice
+from engine.voices import GlobalsCache, MemoryGlobalsCache, Voice, VoiceBank, available_voice, stored_globals
 from engine.windowed_decode import WindowedDecode
 from engine.windowing import Window, WindowSchedule
 
@@ -235,7 +235,7 @@ class Synthesizer(UtteranceFolds):
         """The voice's 32 speaker globals: stored, cached for this checkpoint, or computed once now."""
         voice = self.voices.get(name)
         if voice.global_tokens is not None:
-            return voice.global_tokens
+            return stored_globals(voice, getattr(self.model_info, "checkpoint_hash", None))
         async with self._globals_lock:
             cached = self.globals_cache.get(voice) if self.globals_cache else None
             if cached is None:

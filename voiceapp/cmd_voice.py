@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     add.add_argument("--gender", choices=["female", "male"], default="female", help="recorded for display only")
     add.add_argument("--description", default="", help="shown by `voicectl voices`")
     add.add_argument("--force", action="store_true", help="replace an existing user voice of that name")
+    add.add_argument("--shadow-preset", action="store_true",
+                     help="let the new voice hide the built-in preset of that name (every front end then uses yours)")
     add.add_argument("--model", metavar="DIR", help="checkpoint directory")
     rm = actions.add_parser("remove", help="delete one of your voices")
     rm.add_argument("name")
@@ -35,10 +37,11 @@ def add_voice(args: argparse.Namespace) -> int:
     if not NAME_RE.match(args.name):
         raise InputError(f"voice name {args.name!r}: use 1-32 lowercase letters, digits, - or _")
     bank = VoiceBank()
-    existing = bank.all().get(args.name)
-    if existing is not None and not args.force:
-        where = "a built-in preset" if existing.global_tokens is None else "your voice"
-        raise InputError(f"{args.name!r} is already {where}; pick another name or pass --force")
+    if bank.builtin(args.name) is not None and not args.shadow_preset:
+        raise InputError(f"{args.name!r} is a built-in preset; pick another name, or pass --shadow-preset to hide "
+                         "the preset behind your voice")
+    if (bank.dirs[-1] / f"{args.name}.toml").exists() and not args.force:
+        raise InputError(f"{args.name!r} is already your voice; pick another name or pass --force")
     wav = read_reference(args.ref)
     info = load_model_info(resolve_model_dir(args.model))
     from engine.backends.bicodec import BiCodecDecoder

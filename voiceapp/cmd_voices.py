@@ -31,5 +31,6 @@ def run(args: argparse.Namespace) -> int:
         mark = "*" if name == DEFAULT_VOICE else " "
         attrs = f"{voice.gender}, pitch {voice.pitch}, speed {voice.speed}" if voice.global_tokens is None \
             else f"{voice.gender}, from reference audio"
-        print(f"{mark} {name:<10} {attrs:<40} {status:<11} {voice.description}")
+        description = " ".join(voice.description.split())  # one line a voice, whatever the file holds
+        print(f"{mark} {name:<10} {attrs:<40} {status:<11} {description}")
     return 0

@@ -49,3 +49,87 @@ def test_clone_bad_references(tiny_model, tmp_path):
     proc = voicectl("voice", "add", "Bad Name!", "--from", str(tmp_path / "silent.wav"))
     assert proc.returncode != 0 and "lowercase" in proc.stderr
     assert voicectl("voice", "add", "ava", "--from", str(tmp_path / "silent.wav")).returncode != 0
+
+
+def sine_reference(path, seconds: float = 2.0, rate: int = 16000):
+    t = np.arange(int(rate * seconds)) / rate
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), rate)
+    return path
+
+
+def test_quotes_backslashes_and_newlines_in_a_voice_file_round_trip(tiny_model, tmp_path):
+    """`voice add` wrote TOML with an f-string: a `"` in the reference's name (the default description), or a
+    `"`, `\\` or a newline in --description, made a file that broke every later command."""
+    from engine.voices import VoiceBank, user_data_dir
+
+    ref = sine_reference(tmp_path / 'take "2".wav')
+    hostile = 'say "hi"\\n, C:\\voices\\\nsecond line'
+    try:
+        proc = voicectl("voice", "add", "quoted", "--from", str(ref), "--model", str(tiny_model))
+        assert proc.returncode == 0, proc.stderr
+        proc = voicectl("voice", "add", "hostile", "--from", str(ref), "--model", str(tiny_model),
+                        "--description", hostile)
+        assert proc.returncode == 0, proc.stderr
+        voices = VoiceBank().all()
+        assert voices["hostile"].description == hostile and 'take "2".wav' in voices["quoted"].description
+        listed = voicectl("voices")
+        assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+        assert "quoted" in listed.stdout and "hostile" in listed.stdout
+        out = tmp_path / "o.wav"
+        proc = voicectl("say", "Still speaking.", "--voice", "hostile", "--backend", "fake", "--no-server",
+                        "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        for name in ("quoted", "hostile"):
+            (user_data_dir() / "voices" / f"{name}.toml").unlink(missing_ok=True)
+
+
+def test_a_broken_user_voice_file_is_skipped_with_one_line_naming_it(tmp_path):
+    """One unreadable file in the user's voice folder must not take every other voice down with it."""
+    from engine.voices import user_data_dir
+
+    folder = user_data_dir() / "voices"
+    folder.mkdir(parents=True, exist_ok=True)
+    bad = folder / "broken.toml"
+    bad.write_text('name = "broken"\ndescription = "unclosed\n', encoding="utf-8")
+    try:
+        listed = voicectl("voices")
+        assert listed.returncode == 0, listed.stderr
+        assert "ava" in listed.stdout and "broken" not in listed.stdout
+        note = listed.stderr.strip()
+        assert note.startswith("voicectl: ") and "\n" not in note and "broken.toml" in note, note
+        out = tmp_path / "o.wav"
+        proc = voicectl("say", "Other voices still speak.", "--backend", "fake", "--no-server", "--out", str(out))
+        assert proc.returncode == 0 and out.exists(), proc.stderr
+        proc = voicectl("say", "This one cannot.", "--voice", "broken", "--backend", "fake", "--no-server",
+                        "--out", str(out))
+        assert "broken.toml" in cli_helpers.one_line_error(proc)
+    finally:
+        bad.unlink()
+
+
+def test_a_clone_does_not_shadow_a_built_in_preset_without_saying_so(tmp_path):
+    """`voice add ava --force` silently replaced the default voice for every front end; --force replaces only
+    your own voices, and hiding a preset takes --shadow-preset."""
+    ref = sine_reference(tmp_path / "ref.wav")
+    proc = voicectl("voice", "add", "ava", "--from", str(ref), "--force")
+    err = cli_helpers.one_line_error(proc)
+    assert "built-in" in err and "--shadow-preset" in err, err
+
+
+def test_a_clone_from_another_checkpoint_is_refused_with_one_line(tiny_model, tmp_path):
+    """A cloned voice's speaker tokens belong to the checkpoint that extracted them (its hash is stored with
+    them); another checkpoint would speak them as some other voice, or as noise. The reference recording is not
+    kept, so they cannot be recomputed: one line says which voice and how to clone it again."""
+    from engine.voices import Voice, VoiceBank, user_data_dir
+
+    bank = VoiceBank()
+    bank.save_user_voice(Voice(name="elsewhere", global_tokens=tuple(range(32)), model_hash="0123456789abcdef"))
+    try:
+        proc = voicectl("say", "Whose voice is this?", "--voice", "elsewhere", "--model", str(tiny_model),
+                        "--backend", "torch", "--no-server", "--out", str(tmp_path / "o.wav"))
+        err = cli_helpers.one_line_error(proc)
+        assert "elsewhere" in err and "0123456789abcdef" in err and "voice add" in err, err
+        assert not (tmp_path / "o.wav").exists()
+    finally:
+        (user_data_dir() / "voices" / "elsewhere.toml").unlink()
