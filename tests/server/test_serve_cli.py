@@ -303,3 +303,23 @@ def test_out_of_descriptors_the_server_logs_one_line_and_recovers(sock_path, tmp
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stop_leaves_an_unrelated_process_that_reuses_a_dead_servers_pid_alone(sock_path, tmp_path):
+    """A SIGKILLed server leaves its lock file, pid inside. Once that pid is reused, `stop` used to SIGTERM
+    whoever had it (and `status` named it). A pid counts only while its process holds the lock."""
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Path(sock_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(sock_path + ".lock").write_text(f"{bystander.pid}\n")  # what the killed server left, pid reused
+        env = {"VOICEAPP_SOCKET": sock_path}
+        err = one_line_error(voicectl("stop", env=env))
+        assert "no server running" in err, err
+        assert voicectl("status", env=env).returncode != 0
+        assert bystander.poll() is None, "stop killed a process that was never a server"
+    finally:
+        bystander.kill()
+        bystander.wait()
