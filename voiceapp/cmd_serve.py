@@ -68,7 +68,9 @@ def tunes(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InputError
+    from voiceapp.autostart import unblock_stop_signals
 
+    unblock_stop_signals()  # a parent's blocked or ignored SIGTERM would make `voicectl stop` wait in vain
     if args.idle_timeout < 0:
         raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
     asyncio.run(serve(args, http_settings(args)))

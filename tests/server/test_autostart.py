@@ -149,3 +149,57 @@ def test_auto_started_server_speaks_as_in_process_on_the_tiny_checkpoint(tiny_mo
     local, _ = say_json("Short one.", tmp_path / "c.wav", *args, "--no-server", env=env)
     assert first["server_started"] and second["server_pid"] == first["server_pid"] and local["server_pid"] is None
     assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav") and same_audio(tmp_path / "a.wav", tmp_path / "c.wav")
+
+
+BLOCKED = ("import os, signal, sys\n"
+           "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\n"
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+"""Runs the rest of its command line with SIGTERM and SIGINT blocked and SIGTERM ignored, as speech-dispatcher's
+generic module runs `voicectl speechd speak` (a mask and ignored signals survive exec, and pass to every child)."""
+
+
+def signal_bits(pid: int, field: str) -> int:
+    """The signal set `field` (SigBlk, SigIgn) of process `pid`, as a bit mask."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def test_a_server_started_under_a_blocked_signal_mask_still_stops_at_once(sock_path, tmp_path):
+    """A server spawned by a client whose SIGTERM was blocked ignored `voicectl stop`, which gave up after 10 s;
+    the spawned server now starts with an empty mask and default dispositions, and `serve` unblocks them too."""
+    import signal
+    import time
+
+    env = {"VOICEAPP_SOCKET": sock_path}
+    proc = subprocess.run([sys.executable, "-c", BLOCKED, "-m", "voiceapp.cli", "say", "Blocked.",
+                           "--out", str(tmp_path / "a.wav"), *FAKE], capture_output=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    pid = json.loads(proc.stdout)["server_pid"]
+    terminating = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    assert not signal_bits(pid, "SigBlk") & terminating and not signal_bits(pid, "SigIgn") & terminating
+    t0 = time.monotonic()
+    stop = voicectl("stop", env=env)
+    assert stop.returncode == 0, stop.stderr.decode()
+    assert time.monotonic() - t0 < 2.0 and wait_for(lambda: gone(sock_path), timeout=2)
+
+
+def test_serve_run_under_a_blocked_signal_mask_stops_on_sigterm(sock_path):
+    """`voicectl serve` started directly by a parent that blocks SIGTERM (a service manager's wrapper, a script
+    run from speech-dispatcher) unblocks it before it loads anything."""
+    import signal
+
+    env = {**os.environ, "VOICEAPP_SOCKET": sock_path}
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED, "-m", "voiceapp.cli", "serve", "--backend", "fake"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: Path(sock_path).exists(), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=2) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
