@@ -23,6 +23,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    from voiceapp import limits
+
+    limits.apply(parser)  # every numeric option checked by the one table (range, finiteness)
     return parser
 
 
@@ -45,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits
+        if args.command is None:
+            parser.print_help()
+            return 2
         return int(args.run(args) or 0)
     except VoiceError as err:
         print(f"voicectl: {err}", file=sys.stderr)

@@ -223,11 +223,15 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
     options = message.get("options") or {}
     if not isinstance(text, str) or not isinstance(voice, str) or not isinstance(options, dict):
         raise InputError("say: text and voice must be strings, options an object")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise InputError("say: seed must be an integer or null")
-    allowed = {"temperature", "top_k", "top_p", "max_tokens"}
+    from voiceapp.limits import REQUEST
+
+    allowed = set(REQUEST) - {"seed"}
     if set(options) - allowed:
         raise InputError(f"say: unknown options {sorted(set(options) - allowed)}")
+    if seed is not None:
+        REQUEST["seed"].check(seed, "say: seed")
+    for key, value in options.items():  # the CLI's table: a float top_k or a NaN fails here, not deep in a sampler
+        REQUEST[key].check(value, f"say: {key}")
     try:
         return SynthesisRequest(text, voice=voice, options=SamplingOptions(seed=seed, **options),
                                 request_id=uuid4().hex)
