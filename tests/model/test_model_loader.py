@@ -268,3 +268,32 @@ def test_synthetic_checkpoint_is_valid(tiny_model):
     info = load_model_info(tiny_model)
     assert info.token_ids == TokenIds() and info.sample_rate == 16000
     assert info.bicodec_config["mel_params"]["hop_length"] == 320
+
+
+def test_checkpoint_hash_covers_every_byte_and_is_computed_once(tmp_path, monkeypatch):
+    """Two checkpoints that differ only in the middle of a weight file must not share caches (the hash read 1 MiB
+    at each end of a weight file); each file is read once, then its digest is kept under the user cache, keyed by
+    its path, size, times and inode."""
+    import engine.model as model
+
+    root = tmp_path / "ckpt"
+    for sub in ("LLM", "BiCodec"):
+        (root / sub).mkdir(parents=True)
+    put(root / "config.yaml", TOP_CONFIG)
+    weights = root / "LLM" / "model.safetensors"
+    blob = bytearray(os.urandom(5 * 1024 * 1024))
+    weights.write_bytes(bytes(blob))
+    put(root / "BiCodec" / "config.yaml", "x: 1\n")
+    read = []
+    real = model._file_digest
+    monkeypatch.setattr(model, "_file_digest", lambda path: read.append(path.name) or real(path))
+    first = checkpoint_hash(root)
+    assert sorted(read) == ["config.yaml", "config.yaml", "model.safetensors"]
+    read.clear()
+    assert checkpoint_hash(root) == first and read == []  # the second time from the cache: nothing read
+
+    before = weights.stat()
+    blob[len(blob) // 2] ^= 0xFF  # one byte in the middle, same size and modification time
+    weights.write_bytes(bytes(blob))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert checkpoint_hash(root) != first and read == ["model.safetensors"]
