@@ -371,7 +371,7 @@ def checkpoint_hash(model_dir: str | os.PathLike[str]) -> str:
     h = hashlib.sha256(b"voiceapp-checkpoint-v2\0")
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
         h.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\0".encode())
-        h.update(bytes.fromhex(_cached_digest(path)))
+        h.update(bytes.fromhex(cached_file_digest(path)))
     return h.hexdigest()[:16]
 
 
@@ -388,8 +388,9 @@ def _digests_file() -> Path:
     return user_cache_dir() / "file-digests.json"
 
 
-def _cached_digest(path: Path) -> str:
-    """`_file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`)."""
+def cached_file_digest(path: Path) -> str:
+    """`_file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`): the file is read
+    once per version. Also what checks the int8 LLM's file against the digest written with it."""
     key, store = _digest_key(path), _digests_file()
     try:
         known = json.loads(store.read_text(encoding="utf-8"))

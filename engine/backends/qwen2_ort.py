@@ -82,22 +82,47 @@ def cached_path(folder: Path, quantize: str = "int8") -> Path:
     return folder / f"llm-{quantize}-v{FORMAT_VERSIONS[quantize]}.onnx"
 
 
+def digest_path(path: Path) -> Path:
+    """The converted model's SHA-256, written beside it when it is converted (`intact` checks it)."""
+    return path.with_name(path.name + ".sha256")
+
+
+def intact(path: Path) -> bool:
+    """Whether the converted model at `path` is the one that was written: its digest file is there and matches
+    every byte (a truncated or altered file fails, or loads and computes other numbers without a word). The file is
+    read once per version of it (engine.model.cached_file_digest), not at every start."""
+    from engine.model import cached_file_digest
+
+    try:
+        return digest_path(path).read_text(encoding="ascii").strip() == cached_file_digest(path)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: None,
             quantize: str = "int8") -> Path:
-    """Write the `quantize` model of `llm_dir` to `path`; the file appears complete or not at all, and other format
-    versions of it beside it are removed."""
+    """Write the `quantize` model of `llm_dir` to `path`, and its digest beside it; the file appears complete or
+    not at all, and other format versions of it beside it are removed."""
+    import hashlib
+
+    from engine.atomic import replacing
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         model = build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, progress=progress)
+        data = model.SerializeToString()
         with open(tmp, "wb") as f:
-            f.write(model.SerializeToString())
+            f.write(data)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+    with replacing(digest_path(path), suffix=f".{os.getpid()}.tmp") as digest:
+        digest.write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
     for old in path.parent.glob(f"llm-{quantize}-v*.onnx"):
         if old != path:
             old.unlink(missing_ok=True)
+            digest_path(old).unlink(missing_ok=True)
     return path
 
 
