@@ -68,11 +68,27 @@ def supported() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
 
 
+TELEMETRY_ENV = {"ORT_DISABLE_TELEMETRY": "1"}
+"""What ONNX Runtime reads to keep its usage events (sent to its vendor by default in the official Linux builds
+since 1.29) off; `voiceapp.cli.main` sets it too, for every process voicectl starts."""
+
+
+def runtime():
+    """The onnxruntime module, its telemetry off: the environment variable before it is first loaded (a user's
+    own value is kept), and its API call where this version has one."""
+    for name, value in TELEMETRY_ENV.items():
+        os.environ.setdefault(name, value)
+    import onnxruntime as ort
+
+    disable = getattr(ort, "disable_telemetry_events", None)
+    if disable is not None:
+        disable()
+    return ort
+
+
 def describe(quantize: str = "int8") -> str:
     """Which weights and runtime run the LLM (for notices and the platform of a deterministic export)."""
-    import onnxruntime
-
-    return f"{quantize} weights through onnxruntime {onnxruntime.__version__}"
+    return f"{quantize} weights through onnxruntime {runtime().__version__}"
 
 
 # ---- conversion ----------------------------------------------------------------------------------------------
@@ -471,7 +487,7 @@ def _model(graph):
 def _session(model: str | bytes, threads: int, spin: bool = False):
     """An ONNX Runtime CPU session on `threads` threads that sleep, not spin, when idle (unless `spin`): the
     decoder (torch) computes on the same cores."""
-    import onnxruntime as ort
+    ort = runtime()
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

@@ -328,3 +328,24 @@ async def test_a_damaged_int8_file_is_noticed_and_converted_again(llm_dir, tmp_p
     notices.clear()
     assert await tokens() == clean and qwen2_ort.intact(path)
     assert sum("does not match" in n for n in notices) == 1, notices
+
+
+def test_onnx_runtime_telemetry_is_off_wherever_it_is_loaded() -> None:
+    """ONNX Runtime's official Linux builds send usage events by default (model names, hashes); the engine turns
+    them off wherever it loads the runtime: the environment variable it reads (for this process and its children)
+    and its API call, in a fresh interpreter that never set either."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, onnxruntime\n"
+            "called = []\n"
+            "real = onnxruntime.disable_telemetry_events\n"
+            "onnxruntime.disable_telemetry_events = lambda: called.append(1) or real()\n"
+            "from engine.backends import qwen2_ort\n"
+            "qwen2_ort.describe()\n"
+            "print(os.environ.get('ORT_DISABLE_TELEMETRY'), len(called))\n")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1"], proc.stdout

@@ -203,3 +203,13 @@ def test_serve_run_under_a_blocked_signal_mask_stops_on_sigterm(sock_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_processes_voicectl_starts_have_onnx_runtime_telemetry_off(sock_path, tmp_path):
+    """voicectl turns ONNX Runtime's telemetry (and vLLM's and the Hub client's usage reports) off for itself and
+    so for every process it starts (here a background server), before any of them loads those libraries."""
+    env = {"VOICEAPP_SOCKET": sock_path}
+    metrics, _ = say_json("Quiet.", tmp_path / "a.wav", *FAKE, env=env)
+    environ = Path(f"/proc/{metrics['server_pid']}/environ").read_bytes().split(b"\0")
+    assert {b"ORT_DISABLE_TELEMETRY=1", b"VLLM_NO_USAGE_STATS=1", b"HF_HUB_DISABLE_TELEMETRY=1"} <= set(environ)
+    assert voicectl("stop", env=env).returncode == 0
