@@ -145,7 +145,7 @@ def spawn_server(path: Path, config: EngineConfig, idle_s: float) -> tuple[subpr
                                  stdout=subprocess.DEVNULL, stderr=log.fd, start_new_session=True)
     except OSError as err:
         log.close()
-        raise VoiceError(f"cannot start a background engine server: {err.strerror or err}") from None
+        raise VoiceError(f"cannot run {sys.executable}: {err.strerror or err}") from None
     return child, log
 
 
@@ -183,7 +183,11 @@ async def start_server(path: Path, config: EngineConfig, events: EventSink) -> R
         # no model: the one-line error in-process would give, before a futile start; the server gets the path
         config = replace(config, model=str(resolve_model_dir(config.model).resolve()))
     idle_s = idle_timeout()
-    child, log = spawn_server(path, config, idle_s)
+    try:
+        child, log = spawn_server(path, config, idle_s)
+    except VoiceError as err:  # its socket's folder cannot be made or is not ours, or no process can start
+        events(Notice(f"the background engine server did not start ({err}); speaking in-process"))
+        return None
     try:
         remote = await wait_for_server(path, config, child, log, events)
     finally:

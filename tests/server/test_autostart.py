@@ -213,3 +213,40 @@ def test_processes_voicectl_starts_have_onnx_runtime_telemetry_off(sock_path, tm
     environ = Path(f"/proc/{metrics['server_pid']}/environ").read_bytes().split(b"\0")
     assert {b"ORT_DISABLE_TELEMETRY=1", b"VLLM_NO_USAGE_STATS=1", b"HF_HUB_DISABLE_TELEMETRY=1"} <= set(environ)
     assert voicectl("stop", env=env).returncode == 0
+
+
+def test_a_socket_path_under_a_file_is_one_line_for_serve_and_in_process_speech_for_say(tmp_path):
+    """A socket whose folder cannot be made (a file stands where a folder should be) was a FileExistsError
+    traceback from `serve` and from `say` starting a server; now serve says so in one line, and say speaks
+    in-process after one notice, like any server that cannot start."""
+    (tmp_path / "afile").write_text("a file, not a folder")
+    sock = str(tmp_path / "afile" / "engine.sock")
+    err = one_line_error(voicectl("serve", "--backend", "fake", "--socket", sock, timeout=60))
+    assert "afile" in err, err
+    proc = voicectl("say", "Said anyway.", "--out", str(tmp_path / "a.wav"), *FAKE, "--socket", sock)
+    assert proc.returncode == 0, proc.stderr.decode()
+    notes = [line for line in proc.stderr.decode().splitlines() if "afile" in line]
+    assert len(notes) == 1 and notes[0].startswith("voicectl: ") and "in-process" in notes[0], notes
+    assert (tmp_path / "a.wav").stat().st_size > 1000 and "Traceback" not in proc.stderr.decode()
+
+
+def test_a_socket_folder_squatted_by_another_user_is_refused_and_say_speaks_in_process(tmp_path):
+    """The default socket's folder (here under $XDG_RUNTIME_DIR; /tmp/voiceapp-UID without it) made first by
+    another user: nothing of ours goes in it and no server there is used. `say` said so and stopped; it now
+    speaks in-process after that one line, as for any server that cannot start. `serve` refuses in one line."""
+    import shutil
+
+    runtime = tmp_path / "runtime"
+    squatted = runtime / "voiceapp"
+    squatted.mkdir(parents=True)
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    shutil.chown(squatted, 65534, 65534)
+    env = {"XDG_RUNTIME_DIR": str(runtime), "VOICEAPP_SOCKET": ""}
+    proc = voicectl("say", "Mine alone.", "--out", str(tmp_path / "a.wav"), *FAKE, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    notes = [line for line in proc.stderr.decode().splitlines() if str(squatted) in line]
+    assert len(notes) == 1 and "not a directory owned by you" in notes[0] and "in-process" in notes[0], notes
+    assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+    assert list(squatted.iterdir()) == []
+    assert "owned by you" in one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))
