@@ -232,6 +232,8 @@ def _read_mapping(path: Path, what: str, load: Any, parse_error: type[Exception]
             data = load(f)
     except FileNotFoundError:
         raise ModelFormatError(f"{path}: missing (expected {what})") from None
+    except RecursionError:  # the parsers recurse once a level: Python's own limit (about 1000) is the depth limit
+        raise ModelFormatError(f"{path}: nested too deeply to be {what}") from None
     except (OSError, UnicodeDecodeError, parse_error) as err:
         raise ModelFormatError(f"{path}: cannot parse (expected {what} in {kind.split()[0]}): "
                                f"{_one_line(err)}") from None
@@ -264,6 +266,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         raise ModelFormatError(f"{path}: cannot read: {err.strerror or err}") from None
     try:
         header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: not a safetensors file (header nested too deeply)") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ModelFormatError(f"{path}: not a safetensors file (header is not JSON)") from None
     if not isinstance(header, dict):
@@ -396,7 +400,7 @@ def cached_file_digest(path: Path) -> str:
         known = json.loads(store.read_text(encoding="utf-8"))
         if not isinstance(known, dict):
             known = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         known = {}
     digest = known.get(key)
     if isinstance(digest, str) and len(digest) == 64:

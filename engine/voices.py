@@ -102,6 +102,8 @@ def load_voice_file(path: Path) -> Voice:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise InputError(f"cannot read voice file {path.name}: {err}") from None
+    except RecursionError:
+        raise InputError(f"cannot read voice file {path.name}: nested too deeply") from None
     try:
         globals_ = data.pop("global_tokens", None)
         known = {"name", "description", "gender", "pitch", "speed", "seed", "model_hash"}
@@ -220,7 +222,7 @@ class GlobalsCache:
             if data.get("fingerprint") != voice.fingerprint:
                 return None
             return check_globals(data["global_tokens"], "cache")
-        except (OSError, ValueError, KeyError, TypeError, InputError):
+        except (OSError, ValueError, KeyError, TypeError, InputError, RecursionError):
             return None
 
     def put(self, voice: Voice, codes: tuple[int, ...]) -> None:

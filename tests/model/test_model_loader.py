@@ -131,7 +131,26 @@ def _truncate(path: Path) -> None:
     put(path, data[:-4])
 
 
+DEEP = 50_000
+"""Nesting that no parser of ours survives on Python's stack: a RecursionError traceback until it was caught."""
+
+
+def _deep_header(path: Path) -> None:
+    blob = ("[" * DEEP + "]" * DEEP).encode()
+    put(path, len(blob).to_bytes(8, "little") + blob)
+
+
 BREAKAGES = {
+    "top config nested 50,000 deep": (lambda c: put(c / "config.yaml", "a: " + "[" * DEEP + "]" * DEEP),
+                                      "config.yaml", "nested too deeply"),
+    "LLM config nested 50,000 deep": (lambda c: put(c / "LLM" / "config.json", "[" * DEEP + "]" * DEEP),
+                                      "LLM/config.json", "nested too deeply"),
+    "tokenizer nested 50,000 deep": (lambda c: put(c / "LLM" / "tokenizer.json", '{"a": ' + "[" * DEEP + "]" * DEEP
+                                                   + "}"), "LLM/tokenizer.json", "nested too deeply"),
+    "BiCodec config nested 50,000 deep": (lambda c: put(c / "BiCodec" / "config.yaml", "{" * DEEP + "}" * DEEP),
+                                          "BiCodec/config.yaml", "nested too deeply"),
+    "LLM header nested 50,000 deep": (lambda c: _deep_header(c / "LLM" / "model.safetensors"),
+                                      "LLM/model.safetensors", "nested too deeply"),
     "missing top config": (lambda c: (c / "config.yaml").unlink(), "config.yaml", "missing"),
     "no sample_rate": (lambda c: put(c / "config.yaml", "volume_normalize: true\n"), "config.yaml", "sample_rate"),
     "missing LLM config": (lambda c: (c / "LLM" / "config.json").unlink(), "LLM/config.json", "missing"),
