@@ -6,6 +6,9 @@ import re
 import sys
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+REFERENCE_READ_S = 6.0
+"""Seconds of the reference that are read: what the speaker encoder uses (BiCodecDecoder's 6 s clip, a shorter
+recording tiled up to it): a long recording is never read whole (docs/reliability.md)."""
 
 
 def add_parser(sub) -> None:
@@ -55,7 +58,8 @@ def add_voice(args: argparse.Namespace) -> int:
 
 
 def read_reference(path: str, rate: int = 16000):
-    """Mono float64 audio at `rate`: first channel, resampled with soxr (VHQ) when needed."""
+    """The first REFERENCE_READ_S seconds of a recording (all of a shorter one), mono float32 at `rate`: the first
+    channel, resampled with soxr (VHQ) when needed. Only those frames are read from the file."""
     import numpy as np
     import soundfile as sf
     import soxr
@@ -71,13 +75,14 @@ def read_reference(path: str, rate: int = 16000):
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror or err}") from None
     try:
-        with file:
-            audio, sr = sf.read(file, dtype="float64", always_2d=True)
+        with file, sf.SoundFile(file) as sound:
+            sr = sound.samplerate
+            audio = sound.read(frames=int(REFERENCE_READ_S * sr), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as err:
         raise InputError(f"cannot read {path} as audio: {str(err).splitlines()[0]}") from None
-    audio = audio[:, 0]
+    audio = np.ascontiguousarray(audio[:, 0])
     if sr != rate:
-        audio = soxr.resample(audio, sr, rate, quality="VHQ")
+        audio = soxr.resample(audio, sr, rate, quality="VHQ").astype(np.float32, copy=False)
     if len(audio) < rate // 2 or not np.isfinite(audio).all() or not np.abs(audio).max() > 1e-4:
         raise InputError(f"{path}: need at least 0.5 s of non-silent audio")
     return audio
