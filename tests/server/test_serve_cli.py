@@ -323,3 +323,16 @@ def test_stop_leaves_an_unrelated_process_that_reuses_a_dead_servers_pid_alone(s
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", "two words", " padded", "tab\tinside", "line\nbreak", "\u00a0nbsp"])
+def test_an_api_key_no_client_can_send_is_refused_at_start_up(key, tmp_path):
+    """An Authorization header carries printable ASCII without spaces (a client cannot send 'Bearer clé', and
+    servers strip the spaces around it): such a key locked every client out of a server that started fine."""
+    env = {"VOICEAPP_SOCKET": str(tmp_path / "s.sock"), "VOICEAPP_API_KEY": ""}
+    for how in (["--api-key", key], []):
+        extra = {} if how else {"VOICEAPP_API_KEY": key}
+        err = one_line_error(voicectl("serve", "--backend", "fake", "--http", "127.0.0.1:0", *how,
+                                      env={**env, **extra}, timeout=60))
+        assert "API key" in err and "printable ASCII" in err, err
+    assert not (tmp_path / "s.sock").exists()
