@@ -336,3 +336,23 @@ def test_an_api_key_no_client_can_send_is_refused_at_start_up(key, tmp_path):
                                       env={**env, **extra}, timeout=60))
         assert "API key" in err and "printable ASCII" in err, err
     assert not (tmp_path / "s.sock").exists()
+
+
+async def test_a_clean_stop_mid_request_is_not_called_a_kill(served):
+    """A client that reads as it plays has audio waiting in the socket when `voicectl stop` comes: the server's
+    "stopped" frame queued behind it was dropped when the connection closed, and the client said the server was
+    "killed or crashed?". It now tells a stop (the server removed its lock) from a death (the lock left behind)."""
+    proc, path, env = served
+    from engine.config import SynthesisRequest
+
+    remote = await RemoteSynthesizer.connect(path)
+    chunks = remote.synthesize(SynthesisRequest(LONG_TEXT * 3))
+    await chunks.__anext__()
+    await asyncio.sleep(1.0)  # the fake engine runs far ahead: the socket's buffers fill while we do not read
+    stopped = await asyncio.to_thread(voicectl, "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr.decode()
+    with pytest.raises(ServerGone) as err:
+        async for _ in chunks:
+            pass
+    assert err.value.audio_started and "was stopped" in str(err.value) and "crashed" not in str(err.value), err
+    await remote.close()
