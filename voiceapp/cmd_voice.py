@@ -58,8 +58,8 @@ def add_voice(args: argparse.Namespace) -> int:
 
 
 def read_reference(path: str, rate: int = 16000):
-    """The first REFERENCE_READ_S seconds of a recording (all of a shorter one), mono float32 at `rate`: the first
-    channel, resampled with soxr (VHQ) when needed. Only those frames are read from the file."""
+    """The first REFERENCE_READ_S seconds of a recording (all of a shorter one), mono float32 at `rate`: its
+    loudest channel, resampled with soxr (VHQ) when needed. Only those frames are read from the file."""
     import numpy as np
     import soundfile as sf
     import soxr
@@ -78,14 +78,32 @@ def read_reference(path: str, rate: int = 16000):
         with file, sf.SoundFile(file) as sound:
             sr = sound.samplerate
             audio = sound.read(frames=int(REFERENCE_READ_S * sr), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError) as err:
+    except sf.LibsndfileError as err:
+        if "not recognised" in err.error_string or "not recognized" in err.error_string:
+            raise InputError(f"{path} is not an audio file (or not in a format libsndfile reads, such as WAV, "
+                             f"FLAC, Ogg or MP3)") from None
+        raise InputError(f"cannot read {path} as audio: {err.error_string.strip().rstrip('.')}") from None
+    except (RuntimeError, OSError) as err:
         raise InputError(f"cannot read {path} as audio: {str(err).splitlines()[0]}") from None
-    audio = np.ascontiguousarray(audio[:, 0])
+    if not np.isfinite(audio).all():
+        raise InputError(f"{path} holds NaN or infinite samples; export it again as ordinary audio")
+    audio = loudest_channel(audio)
     if sr != rate:
         audio = soxr.resample(audio, sr, rate, quality="VHQ").astype(np.float32, copy=False)
-    if len(audio) < rate // 2 or not np.isfinite(audio).all() or not np.abs(audio).max() > 1e-4:
-        raise InputError(f"{path}: need at least 0.5 s of non-silent audio")
+    if len(audio) < rate // 2:
+        raise InputError(f"{path}: need at least 0.5 s of audio, got {len(audio) / rate:.2f} s")
+    if not np.abs(audio).max() > 1e-4:
+        raise InputError(f"{path}: the first {REFERENCE_READ_S:g} s are silent; need a recording of the voice")
     return audio
+
+
+def loudest_channel(audio):
+    """The channel of [frames, channels] with the most energy, as one contiguous array: a recording with the voice
+    on one side only (the other silent) keeps the voice, and no downmix can cancel channels in opposite phase."""
+    import numpy as np
+
+    energy = np.einsum("fc,fc->c", audio, audio, dtype=np.float64)
+    return np.ascontiguousarray(audio[:, int(np.argmax(energy))])
 
 
 def remove_voice(args: argparse.Namespace) -> int:

@@ -40,12 +40,13 @@ def test_clone_a_voice_then_use_it_then_remove_it(tiny_model, tmp_path):
 def test_clone_bad_references(tiny_model, tmp_path):
     (tmp_path / "text.wav").write_text("not audio at all")
     sf.write(tmp_path / "silent.wav", np.zeros(16000 * 2, np.float32), 16000)
-    said = {"missing.wav": "no such file", "text.wav": "as audio", "silent.wav": "non-silent", ".": "a directory"}
+    said = {"missing.wav": "no such file", "text.wav": "not an audio file", "silent.wav": "silent",
+            ".": "a directory"}
     for ref, name in [("missing.wav", "a"), ("text.wav", "b"), ("silent.wav", "c"), (".", "d")]:
         proc = voicectl("voice", "add", name, "--from", str(tmp_path / ref), "--model", str(tiny_model))
         err = proc.stderr.strip()
         assert proc.returncode != 0 and err.startswith("voicectl: ") and "\n" not in err, err
-        assert said[ref] in err and "System error" not in err, err
+        assert said[ref] in err and "System error" not in err and "Error opening" not in err, err
     proc = voicectl("voice", "add", "Bad Name!", "--from", str(tmp_path / "silent.wav"))
     assert proc.returncode != 0 and "lowercase" in proc.stderr
     assert voicectl("voice", "add", "ava", "--from", str(tmp_path / "silent.wav")).returncode != 0
@@ -154,3 +155,31 @@ def test_a_long_reference_is_read_only_as_far_as_it_is_used(tmp_path):
     assert audio.dtype == np.float32 and len(audio) == round(REFERENCE_READ_S * 16000)
     whole = 180 * rate * 8  # the whole file as float64: 32 MB
     assert peak < whole / 20, peak
+
+
+def test_reference_messages_say_what_is_wrong(tmp_path):
+    """NaN samples were called silence, a voice in the right channel only was called silence (the left channel
+    was taken), and a file that is not audio got libsndfile's own wording ("Error opening <_io.BufferedReader
+    ...>: Format not recognised.")."""
+    import pytest
+
+    from engine.errors import InputError
+    from voiceapp.cmd_voice import read_reference
+
+    rate = 16000
+    voice = 0.3 * np.sin(2 * np.pi * 180 * np.arange(rate * 2) / rate)
+    with_nan = voice.copy()
+    with_nan[rate] = np.nan
+    sf.write(tmp_path / "nan.wav", with_nan.astype(np.float32), rate, subtype="FLOAT")
+    with pytest.raises(InputError, match="NaN or infinite") as err:
+        read_reference(str(tmp_path / "nan.wav"))
+    assert "silent" not in str(err.value)
+
+    sf.write(tmp_path / "right.wav", np.stack([np.zeros_like(voice), voice], axis=1).astype(np.float32), rate)
+    assert np.abs(read_reference(str(tmp_path / "right.wav"))).max() > 0.25
+
+    (tmp_path / "notes.wav").write_text("not audio at all")
+    with pytest.raises(InputError) as err:
+        read_reference(str(tmp_path / "notes.wav"))
+    assert str(err.value).startswith(f"{tmp_path / 'notes.wav'} is not an audio file"), err.value
+    assert "_io" not in str(err.value) and "Error opening" not in str(err.value), err.value
