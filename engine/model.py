@@ -38,10 +38,9 @@ FAMILY_SIZES = {
 MAX_HEADER = 100 * 1024 * 1024
 """Largest safetensors header we accept (the format's own limit)."""
 
-HASH_SAMPLE = 1024 * 1024
-"""Bytes hashed at each end of a weight file by `checkpoint_hash`."""
+HASH_CACHE_ENTRIES = 4096
+"""Most file digests kept in the user cache's `file-digests.json` (the oldest go first)."""
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".gguf")
 
 HINT = ("run `voicectl model download`, or `voicectl model synth --size tiny DIR` for a random test model, "
         f"then pass --model DIR or set {ENV_VAR}=DIR")
@@ -233,6 +232,8 @@ def _read_mapping(path: Path, what: str, load: Any, parse_error: type[Exception]
             data = load(f)
     except FileNotFoundError:
         raise ModelFormatError(f"{path}: missing (expected {what})") from None
+    except RecursionError:  # the parsers recurse once a level: Python's own limit (about 1000) is the depth limit
+        raise ModelFormatError(f"{path}: nested too deeply to be {what}") from None
     except (OSError, UnicodeDecodeError, parse_error) as err:
         raise ModelFormatError(f"{path}: cannot parse (expected {what} in {kind.split()[0]}): "
                                f"{_one_line(err)}") from None
@@ -265,6 +266,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         raise ModelFormatError(f"{path}: cannot read: {err.strerror or err}") from None
     try:
         header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: not a safetensors file (header nested too deeply)") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ModelFormatError(f"{path}: not a safetensors file (header is not JSON)") from None
     if not isinstance(header, dict):
@@ -359,9 +362,9 @@ def checkpoint_hash(model_dir: str | os.PathLike[str]) -> str:
     """A short stable hash of a checkpoint's contents (16 hex digits), for keying caches.
 
     Covers the top-level config.yaml and every non-hidden file under LLM/, BiCodec/ and wav2vec2-large-xlsr-53/:
-    relative path, size, full contents of config/tokenizer files, and the first and last MiB of weight files
-    (which include the safetensors header), so it is fast on multi-GB checkpoints and independent of where the
-    directory lives or its timestamps.
+    relative path, size and every byte, so two checkpoints that differ anywhere never share a cache; independent
+    of where the directory lives or its timestamps. Each file is read once: its digest is kept in the user cache
+    (`_file_digest`), so later starts only stat the files.
     """
     root = Path(model_dir)
     files = [root / "config.yaml"] if (root / "config.yaml").is_file() else []
@@ -369,16 +372,56 @@ def checkpoint_hash(model_dir: str | os.PathLike[str]) -> str:
         if (root / sub).is_dir():
             files += [p for p in (root / sub).rglob("*")
                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)]
-    h = hashlib.sha256(b"voiceapp-checkpoint-v1\0")
+    h = hashlib.sha256(b"voiceapp-checkpoint-v2\0")
     for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        size = path.stat().st_size
-        h.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
-        with open(path, "rb") as f:
-            if path.suffix in WEIGHT_SUFFIXES and size > 2 * HASH_SAMPLE:
-                h.update(f.read(HASH_SAMPLE))
-                f.seek(size - HASH_SAMPLE)
-                h.update(f.read(HASH_SAMPLE))
-            else:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+        h.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\0".encode())
+        h.update(bytes.fromhex(cached_file_digest(path)))
     return h.hexdigest()[:16]
+
+
+def _digest_key(path: Path) -> str:
+    """What identifies one version of a file: its real path, size, inode, modification and change times (a
+    rewrite that keeps the size and resets the modification time still moves the change time)."""
+    st = path.stat()
+    return f"{path.resolve()}\0{st.st_size}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+
+
+def _digests_file() -> Path:
+    from engine.voices import user_cache_dir
+
+    return user_cache_dir() / "file-digests.json"
+
+
+def cached_file_digest(path: Path) -> str:
+    """`_file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`): the file is read
+    once per version. Also what checks the int8 LLM's file against the digest written with it."""
+    key, store = _digest_key(path), _digests_file()
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError, RecursionError):
+        known = {}
+    digest = known.get(key)
+    if isinstance(digest, str) and len(digest) == 64:
+        return digest
+    digest = _file_digest(path)
+    known[key] = digest
+    try:  # another process may write it too: the last complete file wins, and a lost entry costs one read
+        from engine.atomic import replacing
+
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(store, suffix=f".{os.getpid()}.tmp") as tmp:
+            tmp.write_text(json.dumps(dict(list(known.items())[-HASH_CACHE_ENTRIES:])), encoding="utf-8")
+    except OSError:
+        pass  # a read-only cache only costs reading the file again next time
+    return digest
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of every byte of the file, in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -221,7 +221,7 @@ class Synthesizer(UtteranceFolds):
         computed once now with the LLM. Empty for a family whose voices need none (Orpheus names the voice in the
         prompt)."""
         voice = self.voices.get(name)
-        stored = self.grammar.stored_conditioning(voice)
+        stored = self.grammar.stored_conditioning(voice, getattr(self.model_info, "checkpoint_hash", None))
         if stored is not None:
             return stored
         async with self._globals_lock:

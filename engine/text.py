@@ -633,7 +633,10 @@ def _say_numbers(text: str) -> str:
 
 _SYMBOL_WORDS = {"&": "and", "@": "at", "+": "plus", "=": "equals", "<": "less than", ">": "greater than",
                  "%": "percent", "\u00b0": "degrees", "/": "slash", ".": "dot"}
-_SYMBOL = re.compile(r"\s*[&@+%\u00b0]\s*|(?<=[\w)])\s*[=<>]\s*(?=[\w(-])|(?<=\w)/(?=\w)|(?<=\w)\.(?=[A-Za-z])")
+_SYMBOL = re.compile(r"(?<!\s)\s*[&@+%\u00b0]\s*|(?<=[\w)])\s*[=<>]\s*(?=[\w(-])|(?<=\w)/(?=\w)|(?<=\w)\.(?=[A-Za-z])")
+"""A symbol to say as a word, with the spaces around it. The spaces before one are matched only from the start
+of their run (`(?<!\s)`): tried from every place inside a long run, `\s*` read the rest of the run each time, so a
+run of n spaces cost n * n steps (a megabyte of them blocked the HTTP API's loop)."""
 _ATTRIBUTE = r"""\s+[\w:-]+(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>/=]+))?"""
 _HTML_TAG = re.compile(rf"</?[A-Za-z][\w:-]*(?:{_ATTRIBUTE})*\s*/?>")
 """A markup tag, attributes and all (HTML, or SSML such as <break time="1s"/>): stripped, never read aloud."""

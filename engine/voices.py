@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.atomic import replacing
 from engine.errors import InputError, VoiceNotFound
 from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
+
+try:
+    import tomllib  # Python 3.11+
+except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+    import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
 """Presets shipped with the project."""
@@ -73,6 +78,18 @@ class Voice:
         return f"{self.gender}/{self.pitch}/{self.speed}/{self.seed}"
 
 
+def stored_globals(voice: Voice, model_hash: str | None) -> tuple[int, ...]:
+    """A cloned voice's stored speaker tokens, for an engine running the checkpoint `model_hash` (None: no
+    checkpoint, the fake engine). Tokens extracted by another checkpoint mean another voice there, and the
+    recording they came from is not kept to extract them again: an InputError says so. A file without a hash
+    (written by hand) is trusted."""
+    assert voice.global_tokens is not None
+    if model_hash and voice.model_hash and voice.model_hash != model_hash:
+        raise InputError(f"voice {voice.name!r} was cloned with checkpoint {voice.model_hash}, not this one "
+                         f"({model_hash}); clone it again: voicectl voice add {voice.name} --from REF.wav --force")
+    return voice.global_tokens
+
+
 def check_globals(codes, where: str) -> tuple[int, ...]:
     codes = tuple(int(c) for c in codes)
     if len(codes) != GLOBAL_COUNT or not all(0 <= c < GLOBAL_CODEBOOK for c in codes):
@@ -85,47 +102,98 @@ def load_voice_file(path: Path) -> Voice:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise InputError(f"cannot read voice file {path.name}: {err}") from None
-    globals_ = data.pop("global_tokens", None)
-    known = {"name", "description", "gender", "pitch", "speed", "seed", "model_hash"}
-    fields = {k: v for k, v in data.items() if k in known}
-    fields.setdefault("name", path.stem)
-    return Voice(**fields, global_tokens=tuple(globals_) if globals_ is not None else None, path=path)
+    except RecursionError:
+        raise InputError(f"cannot read voice file {path.name}: nested too deeply") from None
+    try:
+        globals_ = data.pop("global_tokens", None)
+        known = {"name", "description", "gender", "pitch", "speed", "seed", "model_hash"}
+        fields = {k: v for k, v in data.items() if k in known}
+        fields.setdefault("name", path.stem)
+        for key, value in fields.items():
+            if not isinstance(value, int if key == "seed" else str) or isinstance(value, bool):
+                raise InputError(f"{key} must be {'an integer' if key == 'seed' else 'a string'}")
+        return Voice(**fields, global_tokens=tuple(globals_) if globals_ is not None else None, path=path)
+    except (InputError, TypeError, ValueError) as err:
+        raise InputError(f"cannot read voice file {path.name}: {err}") from None
+
+
+def voice_file_text(voice: Voice) -> str:
+    """`voice` as the TOML of a voice file, written by a TOML writer: any text survives in any field (a quote, a
+    backslash or a newline in a description once made a file no command could read)."""
+    import tomli_w
+
+    data: dict[str, object] = {"name": voice.name, "description": voice.description, "gender": voice.gender,
+                               "global_tokens": list(voice.global_tokens or ())}
+    if voice.model_hash:
+        data["model_hash"] = voice.model_hash
+    return tomli_w.dumps(data)
+
+
+def _skip_notice(path: Path, err: InputError) -> None:
+    """The one line that says a voice file was left out, and why."""
+    print(f"voicectl: skipped {path}: {str(err).removeprefix(f'cannot read voice file {path.name}: ')}",
+          file=sys.stderr)
 
 
 class VoiceBank:
-    """All voices: builtin presets, then user voices (which may shadow presets)."""
+    """All voices: builtin presets, then user voices (which may shadow presets). A file that cannot be read is
+    left out, said once in one line on stderr (until it changes), so one bad file does not take the others down;
+    asking for its voice by name gives its error."""
 
-    def __init__(self, dirs: list[Path] | None = None, default: str = DEFAULT_VOICE) -> None:
+    def __init__(self, dirs: list[Path] | None = None, default: str = DEFAULT_VOICE,
+                 on_skip: Callable[[Path, InputError], None] = _skip_notice) -> None:
         self.dirs = dirs if dirs is not None else [BUILTIN_DIR, user_data_dir() / "voices"]
         self.default = default
         """The voice "" and "default" mean."""
-        self._parsed: dict[Path, tuple[tuple[int, int], Voice]] = {}
-        """Voice files read so far, by path, with the (mtime, size) they had: each request looks its voice up,
-        and parsing every file each time cost ~0.9 ms a request on a 2-core machine."""
+        self.on_skip = on_skip
+        """Told of each voice file left out, once per version of the file."""
+        self._parsed: dict[Path, tuple[tuple[int, int], Voice | InputError]] = {}
+        """Voice files read so far, by path, with the (mtime, size) they had, and the voice or why it could not
+        be read: each request looks its voice up, and parsing every file each time cost ~0.9 ms a request on a
+        2-core machine."""
 
     def all(self) -> dict[str, Voice]:
-        """Every voice now on disk: files added, changed or removed since the last call count at once."""
+        """Every readable voice now on disk: files added, changed or removed since the last call count at once."""
         voices: dict[str, Voice] = {}
         for d in self.dirs:
             for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
                 voice = self._load(path)
-                voices[voice.name] = voice
+                if isinstance(voice, Voice):
+                    voices[voice.name] = voice
         return voices
 
-    def _load(self, path: Path) -> Voice:
+    def builtin(self, name: str) -> Voice | None:
+        """The preset shipped as `name` (the first folder's), whether or not a user voice shadows it."""
+        path = self.dirs[0] / f"{name}.toml"
+        voice = self._load(path) if len(self.dirs) > 1 and path.is_file() else None
+        return voice if isinstance(voice, Voice) else None
+
+    def _load(self, path: Path, notify: bool = True) -> Voice | InputError:
         try:
             st = path.stat()
-        except OSError:
-            return load_voice_file(path)  # gone since the listing: its one-line error
+        except OSError as err:  # gone since the listing
+            return InputError(f"cannot read voice file {path.name}: {err.strerror or err}")
         stamp = (st.st_mtime_ns, st.st_size)
         known = self._parsed.get(path)
         if known is None or known[0] != stamp:
-            known = (stamp, load_voice_file(path))
+            try:
+                known = (stamp, load_voice_file(path))
+            except InputError as err:
+                known = (stamp, err)
+                if notify:
+                    self.on_skip(path, err)
             self._parsed[path] = known
         return known[1]
 
     def get(self, name: str) -> Voice:
         name = self.default if name in ("", "default") else name
+        for d in reversed(self.dirs):  # the file of that name first: if it cannot be read, its error, in one line
+            path = d / f"{name}.toml"
+            if path.is_file():
+                found = self._load(path, notify=False)
+                if isinstance(found, InputError):
+                    raise InputError(str(found))
+                break
         voices = self.all()
         if name not in voices:
             raise VoiceNotFound(f"unknown voice {name!r}; available: {', '.join(sorted(voices)) or 'none'}")
@@ -135,13 +203,9 @@ class VoiceBank:
         """Write a cloned voice (with stored globals) to the user voice directory."""
         d = self.dirs[-1]
         d.mkdir(parents=True, exist_ok=True)
-        lines = [f'name = "{voice.name}"', f'description = "{voice.description}"', f'gender = "{voice.gender}"',
-                 f"global_tokens = {list(voice.global_tokens or ())}"]
-        if voice.model_hash:
-            lines.append(f'model_hash = "{voice.model_hash}"')
         path = d / f"{voice.name}.toml"
         with replacing(path) as tmp:
-            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            tmp.write_text(voice_file_text(voice), encoding="utf-8")
         return path
 
 
@@ -160,7 +224,7 @@ class GlobalsCache:
             if data.get("fingerprint") != voice.fingerprint:
                 return None
             return check_globals(data["global_tokens"], "cache")
-        except (OSError, ValueError, KeyError, TypeError, InputError):
+        except (OSError, ValueError, KeyError, TypeError, InputError, RecursionError):
             return None
 
     def put(self, voice: Voice, codes: tuple[int, ...]) -> None:

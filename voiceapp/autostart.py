@@ -34,6 +34,18 @@ FIRST_POLL_S, LAST_POLL_S = 0.01, 0.05
 """The socket is tried again after FIRST_POLL_S, each wait twice the one before, up to LAST_POLL_S. A try on a socket
 nobody listens on fails at once, so trying often costs little, and the first request waits at most LAST_POLL_S
 beyond the moment the server listens."""
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+"""What `voicectl stop` and Ctrl-C send: a server must never start with them blocked or ignored."""
+SIGNAL_SHIM = ("import os, signal, sys\n"
+               "signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+               "for name in sys.argv[1].split(','):\n"
+               "    signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
+               "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n")
+"""Run as `python -S -c SIGNAL_SHIM SIGNALS CMD...`: empties the signal mask, gives SIGNALS their default action
+and execs the interpreter with CMD. A mask and ignored signals survive fork and exec, so a server spawned by a
+client that has SIGTERM blocked (speech-dispatcher's generic module blocks it for the programs it runs) would
+never hear `voicectl stop`; subprocess offers no way to clear them short of preexec_fn, which is unsafe in a
+process with threads. It costs one more interpreter start (without site), against an engine's seconds."""
 MAX_LOG_BYTES = 1 << 20
 """A log bigger than this when a server starts is moved aside (to LOG.1) first."""
 
@@ -127,12 +139,26 @@ def spawn_server(path: Path, config: EngineConfig, idle_s: float) -> tuple[subpr
     prepare_socket_dir(path, is_default_location(path))
     log = ServerLog.open(log_path(path))
     try:
-        child = subprocess.Popen(serve_command(path, config, idle_s), stdin=subprocess.DEVNULL,
+        python, *rest = serve_command(path, config, idle_s)
+        command = [python, "-S", "-c", SIGNAL_SHIM, ",".join(STOP_SIGNALS), *rest]
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=log.fd, start_new_session=True)
     except OSError as err:
         log.close()
-        raise VoiceError(f"cannot start a background engine server: {err.strerror or err}") from None
+        raise VoiceError(f"cannot run {sys.executable}: {err.strerror or err}") from None
     return child, log
+
+
+def unblock_stop_signals() -> None:
+    """Empty this process's signal mask and give SIGTERM and SIGINT their default actions where they were ignored
+    (what a parent may hand down; see SIGNAL_SHIM): `serve` calls it before loading anything."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for name in STOP_SIGNALS:
+        sig = getattr(signal, name)
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 async def connect_or_start(path: Path, config: EngineConfig, events: EventSink = ignore_events,
@@ -157,7 +183,11 @@ async def start_server(path: Path, config: EngineConfig, events: EventSink) -> R
         # no model: the one-line error in-process would give, before a futile start; the server gets the path
         config = replace(config, model=str(resolve_model_dir(config.model).resolve()))
     idle_s = idle_timeout()
-    child, log = spawn_server(path, config, idle_s)
+    try:
+        child, log = spawn_server(path, config, idle_s)
+    except VoiceError as err:  # its socket's folder cannot be made or is not ours, or no process can start
+        events(Notice(f"the background engine server did not start ({err}); speaking in-process"))
+        return None
     try:
         remote = await wait_for_server(path, config, child, log, events)
     finally:

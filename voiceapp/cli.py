@@ -23,6 +23,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    from voiceapp import limits
+
+    limits.apply(parser)  # every numeric option checked by the one table (range, finiteness)
     return parser
 
 
@@ -32,6 +35,12 @@ voicectl multiplies no matrices with numpy. Only on x86-64, whose torch wheels b
 matrix products may run on OpenBLAS. A user's own setting wins (docs/startup.md)."""
 
 
+NO_TELEMETRY = {"ORT_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+"""Usage reports the libraries we load would send by default: ONNX Runtime's official Linux builds (to their
+vendor; engine.backends.qwen2_ort also calls the runtime's own switch), vLLM's usage statistics and the Hub client's
+download telemetry. Off in voicectl and everything it starts; a user's own setting wins."""
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
     import platform
@@ -39,17 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     if platform.machine().lower() in ("x86_64", "amd64"):
         for name, value in BLAS_THREADS.items():
             os.environ.setdefault(name, value)
+    for name, value in NO_TELEMETRY.items():  # inherited by every process voicectl starts
+        os.environ.setdefault(name, value)
     from engine.errors import VoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits
+        if args.command is None:
+            parser.print_help()
+            return 2
         return int(args.run(args) or 0)
     except VoiceError as err:
         print(f"voicectl: {err}", file=sys.stderr)

@@ -27,6 +27,24 @@ from voiceapp.server_socket import (CONNECT_TIMEOUT_S, SentSay, default_socket_p
 
 
 
+STOP_SETTLE_S = 2.0
+"""How long a client whose connection ended waits to learn whether the server stopped or died."""
+
+
+async def stopped_cleanly(path: Path, settle_s: float = STOP_SETTLE_S) -> bool:
+    """Whether the server at `path`, whose connection just ended, is stopping cleanly: a server that stops (voicectl
+    stop, SIGTERM, its idle timeout) removes its lock file once its connections are closed; one that is killed or
+    crashes leaves the file with nobody holding it. False when neither shows within `settle_s`."""
+    lock, end = lock_path(path), time.monotonic() + settle_s
+    while time.monotonic() < end:
+        if not lock.exists():
+            return True
+        if lock_holder(path) is None:
+            return False
+        await asyncio.sleep(0.02)
+    return False
+
+
 class ServerGone(VoiceError):
     """The server closed the connection in the middle of a request (killed, crashed or shut down)."""
 
@@ -225,8 +243,12 @@ class RemoteSynthesizer(UtteranceFolds):
             frame = None
         if frame is None:
             said = "after some audio" if state.audio else "before any audio"
-            raise ServerGone(f"the voicectl server (pid {self.info.get('pid', '?')}) stopped in the middle of the "
-                             f"request, {said} (killed or crashed?)", audio_started=state.audio)
+            pid = self.info.get("pid", "?")
+            if await stopped_cleanly(self.path):  # its "stopped" frame was queued behind audio we had not read
+                raise ServerGone(f"the voicectl server (pid {pid}) was stopped during the request, {said}",
+                                 audio_started=state.audio)
+            raise ServerGone(f"the voicectl server (pid {pid}) stopped in the middle of the request, {said} "
+                             f"(killed or crashed?)", audio_started=state.audio)
         return frame
 
     async def close(self) -> None:

@@ -466,11 +466,11 @@ def _log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m voiceapp.cmd_bench ...`: the same as `voicectl bench ...` without loading the other commands."""
-    parser = argparse.ArgumentParser(prog="voicectl")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.run(args) or 0)
+    """`python -m voiceapp.cmd_bench ...`: the same as `voicectl bench ...` (its option checks and one-line errors
+    included), without loading the other commands."""
+    from voiceapp.cli import main as voicectl
+
+    return voicectl(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

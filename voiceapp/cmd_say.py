@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
 
 
 BUFFER_S = (0.5, 600.0)
-"""--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB."""
+"""--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB (the row
+"buffer" of voiceapp.limits.OPTIONS checks it)."""
 BUFFER_DEFAULT_S = 30.0
 """The player's ring unless --buffer says otherwise: an engine faster than the speakers makes up to this much ahead
 instead of waiting on them, so --json's wall time is the engine's for anything shorter, and a fast stretch banks
@@ -38,21 +39,9 @@ audio for a slow one. A few MB of memory."""
 def add_playback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
     p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
-    p.add_argument("--buffer", type=buffer_seconds, default=BUFFER_DEFAULT_S, metavar="SECONDS",
+    p.add_argument("--buffer", type=float, default=BUFFER_DEFAULT_S, metavar="SECONDS",
                    help=f"audio the player may hold ahead of what it plays (default {BUFFER_DEFAULT_S:g}): the "
                         f"engine makes speech ahead while it can instead of waiting on the speakers")
-
-
-def buffer_seconds(value: str) -> float:
-    """--buffer's value, or argparse's one-line error."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not BUFFER_S[0] <= seconds <= BUFFER_S[1]:  # NaN and inf fail too
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from {BUFFER_S[0]:g} to "
-                                         f"{BUFFER_S[1]:g}")
-    return seconds
 
 
 @dataclass

@@ -77,7 +77,9 @@ def tunes(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InputError
+    from voiceapp.autostart import unblock_stop_signals
 
+    unblock_stop_signals()  # a parent's blocked or ignored SIGTERM would make `voicectl stop` wait in vain
     if args.idle_timeout < 0:
         raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
     asyncio.run(serve(args, http_settings(args)))
@@ -87,13 +89,25 @@ def run(args: argparse.Namespace) -> int:
 def http_settings(args: argparse.Namespace):
     """--http and its options as voiceapp.speech_api.HttpSettings, checked before anything starts; None without
     --http."""
+    from engine.errors import InputError
     from voiceapp.speech_api import API_KEY_ENV, HttpLimits, http_settings as settings
 
     if args.http is None:
         return None
     limits = HttpLimits(max_chars=args.http_max_chars, max_streams=args.http_max_streams,
                         max_connections=args.http_max_connections, timeout_s=args.http_timeout)
-    return settings(args.http, args.api_key or os.environ.get(API_KEY_ENV), limits, cors=args.cors)
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    if key and not sendable_key(key):
+        where = "--api-key" if args.api_key else API_KEY_ENV
+        raise InputError(f"the API key from {where} must be printable ASCII without spaces (an Authorization "
+                         f"header cannot carry anything else, so no client could use it)")
+    return settings(args.http, key, limits, cors=args.cors)
+
+
+def sendable_key(key: str) -> bool:
+    """Whether a client can send `key` in `Authorization: Bearer KEY`: printable ASCII, no whitespace (HTTP
+    header values are ASCII by practice, and the spaces around a value are stripped)."""
+    return all("!" <= c <= "~" for c in key)
 
 
 def log(line: str) -> None:

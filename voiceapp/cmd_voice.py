@@ -6,6 +6,9 @@ import re
 import sys
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+REFERENCE_READ_S = 6.0
+"""Seconds of the reference that are read: what the speaker encoder uses (BiCodecDecoder's 6 s clip, a shorter
+recording tiled up to it): a long recording is never read whole (docs/reliability.md)."""
 
 
 def add_parser(sub) -> None:
@@ -17,6 +20,8 @@ def add_parser(sub) -> None:
     add.add_argument("--gender", choices=["female", "male"], default="female", help="recorded for display only")
     add.add_argument("--description", default="", help="shown by `voicectl voices`")
     add.add_argument("--force", action="store_true", help="replace an existing user voice of that name")
+    add.add_argument("--shadow-preset", action="store_true",
+                     help="let the new voice hide the built-in preset of that name (every front end then uses yours)")
     add.add_argument("--model", metavar="DIR", help="checkpoint directory")
     rm = actions.add_parser("remove", help="delete one of your voices")
     rm.add_argument("name")
@@ -35,10 +40,11 @@ def add_voice(args: argparse.Namespace) -> int:
     if not NAME_RE.match(args.name):
         raise InputError(f"voice name {args.name!r}: use 1-32 lowercase letters, digits, - or _")
     bank = VoiceBank()
-    existing = bank.all().get(args.name)
-    if existing is not None and not args.force:
-        where = "a built-in preset" if existing.global_tokens is None else "your voice"
-        raise InputError(f"{args.name!r} is already {where}; pick another name or pass --force")
+    if bank.builtin(args.name) is not None and not args.shadow_preset:
+        raise InputError(f"{args.name!r} is a built-in preset; pick another name, or pass --shadow-preset to hide "
+                         "the preset behind your voice")
+    if (bank.dirs[-1] / f"{args.name}.toml").exists() and not args.force:
+        raise InputError(f"{args.name!r} is already your voice; pick another name or pass --force")
     wav = read_reference(args.ref)
     info = load_model_info(resolve_model_dir(args.model))
     from engine.backends.bicodec import BiCodecDecoder
@@ -52,7 +58,8 @@ def add_voice(args: argparse.Namespace) -> int:
 
 
 def read_reference(path: str, rate: int = 16000):
-    """Mono float64 audio at `rate`: first channel, resampled with soxr (VHQ) when needed."""
+    """The first REFERENCE_READ_S seconds of a recording (all of a shorter one), mono float32 at `rate`: its
+    loudest channel, resampled with soxr (VHQ) when needed. Only those frames are read from the file."""
     import numpy as np
     import soundfile as sf
     import soxr
@@ -68,16 +75,35 @@ def read_reference(path: str, rate: int = 16000):
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror or err}") from None
     try:
-        with file:
-            audio, sr = sf.read(file, dtype="float64", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError) as err:
+        with file, sf.SoundFile(file) as sound:
+            sr = sound.samplerate
+            audio = sound.read(frames=int(REFERENCE_READ_S * sr), dtype="float32", always_2d=True)
+    except sf.LibsndfileError as err:
+        if "not recognised" in err.error_string or "not recognized" in err.error_string:
+            raise InputError(f"{path} is not an audio file (or not in a format libsndfile reads, such as WAV, "
+                             f"FLAC, Ogg or MP3)") from None
+        raise InputError(f"cannot read {path} as audio: {err.error_string.strip().rstrip('.')}") from None
+    except (RuntimeError, OSError) as err:
         raise InputError(f"cannot read {path} as audio: {str(err).splitlines()[0]}") from None
-    audio = audio[:, 0]
+    if not np.isfinite(audio).all():
+        raise InputError(f"{path} holds NaN or infinite samples; export it again as ordinary audio")
+    audio = loudest_channel(audio)
     if sr != rate:
-        audio = soxr.resample(audio, sr, rate, quality="VHQ")
-    if len(audio) < rate // 2 or not np.isfinite(audio).all() or not np.abs(audio).max() > 1e-4:
-        raise InputError(f"{path}: need at least 0.5 s of non-silent audio")
+        audio = soxr.resample(audio, sr, rate, quality="VHQ").astype(np.float32, copy=False)
+    if len(audio) < rate // 2:
+        raise InputError(f"{path}: need at least 0.5 s of audio, got {len(audio) / rate:.2f} s")
+    if not np.abs(audio).max() > 1e-4:
+        raise InputError(f"{path}: the first {REFERENCE_READ_S:g} s are silent; need a recording of the voice")
     return audio
+
+
+def loudest_channel(audio):
+    """The channel of [frames, channels] with the most energy, as one contiguous array: a recording with the voice
+    on one side only (the other silent) keeps the voice, and no downmix can cancel channels in opposite phase."""
+    import numpy as np
+
+    energy = np.einsum("fc,fc->c", audio, audio, dtype=np.float64)
+    return np.ascontiguousarray(audio[:, int(np.argmax(energy))])
 
 
 def remove_voice(args: argparse.Namespace) -> int:

@@ -33,5 +33,6 @@ def run(args: argparse.Namespace) -> int:
             status = "-" if cache is None else "cached" if cache.has(voice) else "not cached"
             attrs = f"{voice.gender}, pitch {voice.pitch}, speed {voice.speed}"
         mark = "*" if name == bank.default else " "
-        print(f"{mark} {name:<10} {attrs:<40} {status:<11} {voice.description}")
+        description = " ".join(voice.description.split())  # one line a voice, whatever the file holds
+        print(f"{mark} {name:<10} {attrs:<40} {status:<11} {description}")
     return 0

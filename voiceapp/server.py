@@ -53,10 +53,14 @@ def prepare_socket_dir(path: Path, private: bool) -> None:
     if len(os.fsencode(str(path))) > MAX_UNIX_PATH:
         raise InputError(f"socket path {path} is too long ({len(os.fsencode(str(path)))} bytes; Unix sockets "
                          f"allow {MAX_UNIX_PATH}); choose a shorter --socket")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a folder (or a link to one) once it returns
+        st = os.lstat(path.parent)
+    except OSError as err:  # a file where a folder should be, no permission, a read-only filesystem
+        raise InputError(f"cannot make the socket's folder {path.parent}: {err.strerror or err}; pass another "
+                         f"--socket") from None
     if not private:
         return
-    st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise VoiceError(f"{path.parent} is not a directory owned by you; refusing to put the server socket there")
     if st.st_mode & 0o077:
@@ -223,11 +227,15 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
     options = message.get("options") or {}
     if not isinstance(text, str) or not isinstance(voice, str) or not isinstance(options, dict):
         raise InputError("say: text and voice must be strings, options an object")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise InputError("say: seed must be an integer or null")
-    allowed = {"temperature", "top_k", "top_p", "max_tokens"}
+    from voiceapp.limits import REQUEST
+
+    allowed = set(REQUEST) - {"seed"}
     if set(options) - allowed:
         raise InputError(f"say: unknown options {sorted(set(options) - allowed)}")
+    if seed is not None:
+        REQUEST["seed"].check(seed, "say: seed")
+    for key, value in options.items():  # the CLI's table: a float top_k or a NaN fails here, not deep in a sampler
+        REQUEST[key].check(value, f"say: {key}")
     try:
         return SynthesisRequest(text, voice=voice, options=SamplingOptions(seed=seed, **options),
                                 request_id=uuid4().hex)

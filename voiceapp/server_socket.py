@@ -63,14 +63,44 @@ def lock_path(path: Path) -> Path:
 
 
 def lock_holder(path: Path) -> int | None:
-    """The pid in the lock file of the socket at `path` while that process lives: the server listening there, or
-    one still loading its engine. None when there is no lock file, no pid in it yet, or its process is gone."""
+    """The pid in the lock file of the socket at `path` while that process holds the lock: the server listening
+    there, or one still loading its engine. None when there is no lock file, no pid in it yet, or no process holds
+    it. A live process of that pid is not enough: the pid of a killed server is soon another process's."""
     try:
-        pid = int(lock_path(path).read_text().strip())
-        os.kill(pid, 0)
+        fd = os.open(lock_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        pid = int(os.read(fd, 32).decode(errors="replace").strip())
+        return pid if holds_flock(fd, pid) else None
     except (OSError, ValueError):
         return None
-    return pid
+    finally:
+        os.close(fd)
+
+
+def holds_flock(fd: int, pid: int) -> bool:
+    """Whether process `pid` holds a flock on the file open at `fd`. Linux lists the locks it holds in
+    /proc/locks, which asks without taking one; elsewhere a shared-lock probe says whether anyone holds it."""
+    st = os.fstat(fd)
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()  # "1: FLOCK ADVISORY WRITE 6279 fe:00:2147162 0 EOF"
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4] == str(pid) and \
+                        fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+                    return True
+        return False
+    except OSError:
+        pass
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def serve_pids(socket_file: str | Path) -> list[int]:

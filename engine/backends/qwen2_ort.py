@@ -69,11 +69,27 @@ def supported() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
 
 
+TELEMETRY_ENV = {"ORT_DISABLE_TELEMETRY": "1"}
+"""What ONNX Runtime reads to keep its usage events (sent to its vendor by default in the official Linux builds
+since 1.29) off; `voiceapp.cli.main` sets it too, for every process voicectl starts."""
+
+
+def runtime():
+    """The onnxruntime module, its telemetry off: the environment variable before it is first loaded (a user's
+    own value is kept), and its API call where this version has one."""
+    for name, value in TELEMETRY_ENV.items():
+        os.environ.setdefault(name, value)
+    import onnxruntime as ort
+
+    disable = getattr(ort, "disable_telemetry_events", None)
+    if disable is not None:
+        disable()
+    return ort
+
+
 def describe(quantize: str = "int8") -> str:
     """Which weights and runtime run the LLM (for notices and the platform of a deterministic export)."""
-    import onnxruntime
-
-    return f"{quantize} weights through onnxruntime {onnxruntime.__version__}"
+    return f"{quantize} weights through onnxruntime {runtime().__version__}"
 
 
 # ---- conversion ----------------------------------------------------------------------------------------------
@@ -83,22 +99,47 @@ def cached_path(folder: Path, quantize: str = "int8") -> Path:
     return folder / f"llm-{quantize}-v{FORMAT_VERSIONS[quantize]}.onnx"
 
 
+def digest_path(path: Path) -> Path:
+    """The converted model's SHA-256, written beside it when it is converted (`intact` checks it)."""
+    return path.with_name(path.name + ".sha256")
+
+
+def intact(path: Path) -> bool:
+    """Whether the converted model at `path` is the one that was written: its digest file is there and matches
+    every byte (a truncated or altered file fails, or loads and computes other numbers without a word). The file is
+    read once per version of it (engine.model.cached_file_digest), not at every start."""
+    from engine.model import cached_file_digest
+
+    try:
+        return digest_path(path).read_text(encoding="ascii").strip() == cached_file_digest(path)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: None,
             quantize: str = "int8") -> Path:
-    """Write the `quantize` model of `llm_dir` to `path`; the file appears complete or not at all, and other format
-    versions of it beside it are removed."""
+    """Write the `quantize` model of `llm_dir` to `path`, and its digest beside it; the file appears complete or
+    not at all, and other format versions of it beside it are removed."""
+    import hashlib
+
+    from engine.atomic import replacing
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         model = build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, progress=progress)
+        data = model.SerializeToString()
         with open(tmp, "wb") as f:
-            f.write(model.SerializeToString())
+            f.write(data)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+    with replacing(digest_path(path), suffix=f".{os.getpid()}.tmp") as digest:
+        digest.write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
     for old in path.parent.glob(f"llm-{quantize}-v*.onnx"):
         if old != path:
             old.unlink(missing_ok=True)
+            digest_path(old).unlink(missing_ok=True)
     return path
 
 
@@ -448,7 +489,7 @@ def _model(graph):
 def _session(model: str | bytes, threads: int, spin: bool = False):
     """An ONNX Runtime CPU session on `threads` threads that sleep, not spin, when idle (unless `spin`): the
     decoder (torch) computes on the same cores."""
-    import onnxruntime as ort
+    ort = runtime()
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

@@ -303,6 +303,10 @@ class TorchTokenGenerator:
         if not static_supported(read_config(llm_dir)):
             raise ModelFormatError(f"the LLM in {llm_dir} is not Spark's Qwen2: no {q} path (--quantize none)")
         path = qwen2_ort.cached_path(self._quantized_dir, q)
+        if path.is_file() and not qwen2_ort.intact(path):  # truncated, altered, or from before digests
+            self.events(Notice(f"the {q} LLM {path.name} in {path.parent} does not match its digest; "
+                               f"converting it again"))
+            path.unlink(missing_ok=True)
         if not path.is_file():
             t0 = time.perf_counter()
             self.events(Notice(f"converting the LLM to {q} for the CPU (once for this checkpoint) into {path.parent}"))

@@ -93,8 +93,9 @@ class Grammar(Protocol):
         """A request's sampling with the family's defaults where it kept the engine-wide ones."""
         ...
 
-    def stored_conditioning(self, voice: Voice) -> tuple[int, ...] | None:
-        """The voice's conditioning where it needs no computing (stored, or none needed), else None."""
+    def stored_conditioning(self, voice: Voice, checkpoint_hash: str | None) -> tuple[int, ...] | None:
+        """The voice's conditioning where it needs no computing (stored, or none needed), else None; stored
+        conditioning made with another checkpoint (`checkpoint_hash`: the engine's) is an InputError."""
         ...
 
     async def conditioning(self, voice: Voice, sample: Sample) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from engine.families.base import Encode, Sample
 from engine.prompt import Prompt, build_controllable_prompt, build_globals_prompt
 from engine.text import normalize, sentence_token_cap
 from engine.tokens import GLOBAL_CODEBOOK, GLOBAL_COUNT, SEMANTIC_CODEBOOK, TokenIds, TokenParser
-from engine.voices import Voice, VoiceBank
+from engine.voices import Voice, VoiceBank, stored_globals
 from engine.windowing import WHOLE_CODES, WindowSchedule
 
 VOICE_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -51,8 +51,8 @@ class SparkGrammar:
     def sampling(self, opts: SamplingOptions) -> SamplingOptions:
         return opts  # the engine-wide defaults are Spark's
 
-    def stored_conditioning(self, voice: Voice) -> tuple[int, ...] | None:
-        return voice.global_tokens
+    def stored_conditioning(self, voice: Voice, checkpoint_hash: str | None) -> tuple[int, ...] | None:
+        return None if voice.global_tokens is None else stored_globals(voice, checkpoint_hash)
 
     async def conditioning(self, voice: Voice, sample: Sample) -> tuple[int, ...]:
         """Run the controllable prompt, constrained to the output grammar

@@ -106,6 +106,6 @@ def test_a_partial_file_of_a_killed_say_is_removed_by_the_next_write(tmp_path):
 @pytest.mark.parametrize("value", ["0", "0.2", "-3", "601", "nan", "inf", "lots"])
 def test_a_buffer_outside_its_range_is_refused_before_anything_loads(value, tmp_path):
     proc = voicectl("say", "Hello there.", "--buffer", value, "--model", str(tmp_path / "none"), "--no-server")
-    err = proc.stderr.decode().strip().splitlines()
-    assert proc.returncode == 2 and err[-1].startswith("voicectl say: error: argument --buffer:"), err
-    assert "0.5 to 600" in err[-1] and "model" not in err[-1]
+    err = one_line_error(proc)  # the one table of numeric limits (voiceapp.limits)
+    assert proc.returncode == 2 and err.startswith(f"voicectl: --buffer {value}: "), err
+    assert "0.5 to 600" in err and "model" not in err

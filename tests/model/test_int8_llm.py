@@ -135,7 +135,8 @@ async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> Non
     assert streams[0] == streams[1] and len(streams[0]) == 300
     assert sum(n.startswith("converting the LLM to int8 for the CPU") for n in notices) == 1, notices
     assert sum(n.startswith("LLM on the CPU: int8 weights through onnxruntime") for n in notices) == 2, notices
-    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int8-v{qwen2_ort.FORMAT_VERSIONS['int8']}.onnx"]
+    name = f"llm-int8-v{qwen2_ort.FORMAT_VERSIONS['int8']}.onnx"
+    assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [name, name + ".sha256"]  # the file, its digest
 
 
 def test_quantize_is_checked() -> None:
@@ -189,7 +190,8 @@ async def test_int4_converts_into_its_own_file(llm_dir, tmp_path) -> None:
     assert len(ids) >= 1
     assert any(n.startswith("LLM on the CPU: int4 weights through onnxruntime") for n in notices), notices
     assert any("use --quantize int8" in n for n in notices), notices
-    assert [p.name for p in (tmp_path / "llm").iterdir()] == [f"llm-int4-v{qwen2_ort.FORMAT_VERSIONS['int4']}.onnx"]
+    name = f"llm-int4-v{qwen2_ort.FORMAT_VERSIONS['int4']}.onnx"
+    assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [name, name + ".sha256"]  # the file, its digest
 
 
 async def test_a_cache_folder_that_cannot_be_written_leaves_the_llm_in_fp32(llm_dir, tmp_path) -> None:
@@ -295,3 +297,55 @@ async def test_a_failing_row_step_fails_every_stream_in_it_and_frees_the_rows(ro
     assert rows_gen._shared.taken == [False, False]
     monkeypatch.undo()
     assert len(await read(rows_gen, "c", 20)) == 20
+
+
+async def test_a_damaged_int8_file_is_noticed_and_converted_again(llm_dir, tmp_path) -> None:
+    """The converted file carries a digest: a byte flipped inside its weights (which changed the audio without a
+    word) or a truncated file (which failed every run, never rebuilt) is converted again, with one notice."""
+    notices: list[str] = []
+
+    async def tokens() -> list[int]:
+        gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                                  quantized_dir=tmp_path / "llm", events=lambda e: notices.append(e.message))
+        try:
+            return await read(gen, "r", 20)
+        finally:
+            await gen.close()
+
+    clean = await tokens()
+    path = qwen2_ort.cached_path(tmp_path / "llm")
+    assert qwen2_ort.intact(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) * 3 // 4] ^= 0x40  # inside the weights; the file still loads
+    path.write_bytes(bytes(data))
+    notices.clear()
+    assert await tokens() == clean
+    damaged = [n for n in notices if "does not match" in n]
+    assert len(damaged) == 1 and str(path.name) in damaged[0], notices
+    assert sum(n.startswith("converting the LLM to int8 for the CPU") for n in notices) == 1, notices
+
+    path.write_bytes(path.read_bytes()[:1000])  # truncated
+    notices.clear()
+    assert await tokens() == clean and qwen2_ort.intact(path)
+    assert sum("does not match" in n for n in notices) == 1, notices
+
+
+def test_onnx_runtime_telemetry_is_off_wherever_it_is_loaded() -> None:
+    """ONNX Runtime's official Linux builds send usage events by default (model names, hashes); the engine turns
+    them off wherever it loads the runtime: the environment variable it reads (for this process and its children)
+    and its API call, in a fresh interpreter that never set either."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, onnxruntime\n"
+            "called = []\n"
+            "real = onnxruntime.disable_telemetry_events\n"
+            "onnxruntime.disable_telemetry_events = lambda: called.append(1) or real()\n"
+            "from engine.backends import qwen2_ort\n"
+            "qwen2_ort.describe()\n"
+            "print(os.environ.get('ORT_DISABLE_TELEMETRY'), len(called))\n")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1"], proc.stdout

@@ -131,7 +131,26 @@ def _truncate(path: Path) -> None:
     put(path, data[:-4])
 
 
+DEEP = 50_000
+"""Nesting that no parser of ours survives on Python's stack: a RecursionError traceback until it was caught."""
+
+
+def _deep_header(path: Path) -> None:
+    blob = ("[" * DEEP + "]" * DEEP).encode()
+    put(path, len(blob).to_bytes(8, "little") + blob)
+
+
 BREAKAGES = {
+    "top config nested 50,000 deep": (lambda c: put(c / "config.yaml", "a: " + "[" * DEEP + "]" * DEEP),
+                                      "config.yaml", "nested too deeply"),
+    "LLM config nested 50,000 deep": (lambda c: put(c / "LLM" / "config.json", "[" * DEEP + "]" * DEEP),
+                                      "LLM/config.json", "nested too deeply"),
+    "tokenizer nested 50,000 deep": (lambda c: put(c / "LLM" / "tokenizer.json", '{"a": ' + "[" * DEEP + "]" * DEEP
+                                                   + "}"), "LLM/tokenizer.json", "nested too deeply"),
+    "BiCodec config nested 50,000 deep": (lambda c: put(c / "BiCodec" / "config.yaml", "{" * DEEP + "}" * DEEP),
+                                          "BiCodec/config.yaml", "nested too deeply"),
+    "LLM header nested 50,000 deep": (lambda c: _deep_header(c / "LLM" / "model.safetensors"),
+                                      "LLM/model.safetensors", "nested too deeply"),
     "missing top config": (lambda c: (c / "config.yaml").unlink(), "config.yaml", "missing"),
     "no sample_rate": (lambda c: put(c / "config.yaml", "volume_normalize: true\n"), "config.yaml", "sample_rate"),
     "missing LLM config": (lambda c: (c / "LLM" / "config.json").unlink(), "LLM/config.json", "missing"),
@@ -268,3 +287,32 @@ def test_synthetic_checkpoint_is_valid(tiny_model):
     info = load_model_info(tiny_model)
     assert info.token_ids == TokenIds() and info.sample_rate == 16000
     assert info.bicodec_config["mel_params"]["hop_length"] == 320
+
+
+def test_checkpoint_hash_covers_every_byte_and_is_computed_once(tmp_path, monkeypatch):
+    """Two checkpoints that differ only in the middle of a weight file must not share caches (the hash read 1 MiB
+    at each end of a weight file); each file is read once, then its digest is kept under the user cache, keyed by
+    its path, size, times and inode."""
+    import engine.model as model
+
+    root = tmp_path / "ckpt"
+    for sub in ("LLM", "BiCodec"):
+        (root / sub).mkdir(parents=True)
+    put(root / "config.yaml", TOP_CONFIG)
+    weights = root / "LLM" / "model.safetensors"
+    blob = bytearray(os.urandom(5 * 1024 * 1024))
+    weights.write_bytes(bytes(blob))
+    put(root / "BiCodec" / "config.yaml", "x: 1\n")
+    read = []
+    real = model._file_digest
+    monkeypatch.setattr(model, "_file_digest", lambda path: read.append(path.name) or real(path))
+    first = checkpoint_hash(root)
+    assert sorted(read) == ["config.yaml", "config.yaml", "model.safetensors"]
+    read.clear()
+    assert checkpoint_hash(root) == first and read == []  # the second time from the cache: nothing read
+
+    before = weights.stat()
+    blob[len(blob) // 2] ^= 0xFF  # one byte in the middle, same size and modification time
+    weights.write_bytes(bytes(blob))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert checkpoint_hash(root) != first and read == ["model.safetensors"]

@@ -64,3 +64,15 @@ def test_the_available_voice_is_the_one_asked_for_else_the_first_by_name() -> No
     assert available_voice("zed", ["zed", "bench"]) == "zed"
     assert available_voice("nobody", ["zed", "bench"]) == "bench"
     assert available_voice("default", []) == DEFAULT_VOICE
+
+
+def test_a_voice_file_nested_50000_deep_is_left_out_not_a_traceback(tmp_path) -> None:
+    """tomllib recurses once a level: a voice file nested 50,000 deep was a RecursionError out of every lookup."""
+    write(tmp_path / "a.toml", "a", "fine")
+    (tmp_path / "deep.toml").write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
+    skipped = []
+    bank = VoiceBank([tmp_path], on_skip=lambda path, err: skipped.append((path.name, str(err))))
+    assert list(bank.all()) == ["a"]
+    assert skipped == [("deep.toml", "cannot read voice file deep.toml: nested too deeply")]
+    with pytest.raises(InputError, match="deep.toml: nested too deeply"):
+        bank.get("deep")

@@ -149,3 +149,104 @@ def test_auto_started_server_speaks_as_in_process_on_the_tiny_checkpoint(tiny_mo
     local, _ = say_json("Short one.", tmp_path / "c.wav", *args, "--no-server", env=env)
     assert first["server_started"] and second["server_pid"] == first["server_pid"] and local["server_pid"] is None
     assert same_audio(tmp_path / "a.wav", tmp_path / "b.wav") and same_audio(tmp_path / "a.wav", tmp_path / "c.wav")
+
+
+BLOCKED = ("import os, signal, sys\n"
+           "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\n"
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+"""Runs the rest of its command line with SIGTERM and SIGINT blocked and SIGTERM ignored, as speech-dispatcher's
+generic module runs `voicectl speechd speak` (a mask and ignored signals survive exec, and pass to every child)."""
+
+
+def signal_bits(pid: int, field: str) -> int:
+    """The signal set `field` (SigBlk, SigIgn) of process `pid`, as a bit mask."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def test_a_server_started_under_a_blocked_signal_mask_still_stops_at_once(sock_path, tmp_path):
+    """A server spawned by a client whose SIGTERM was blocked ignored `voicectl stop`, which gave up after 10 s;
+    the spawned server now starts with an empty mask and default dispositions, and `serve` unblocks them too."""
+    import signal
+    import time
+
+    env = {"VOICEAPP_SOCKET": sock_path}
+    proc = subprocess.run([sys.executable, "-c", BLOCKED, "-m", "voiceapp.cli", "say", "Blocked.",
+                           "--out", str(tmp_path / "a.wav"), *FAKE], capture_output=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    pid = json.loads(proc.stdout)["server_pid"]
+    terminating = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    assert not signal_bits(pid, "SigBlk") & terminating and not signal_bits(pid, "SigIgn") & terminating
+    t0 = time.monotonic()
+    stop = voicectl("stop", env=env)
+    assert stop.returncode == 0, stop.stderr.decode()
+    assert time.monotonic() - t0 < 2.0 and wait_for(lambda: gone(sock_path), timeout=2)
+
+
+def test_serve_run_under_a_blocked_signal_mask_stops_on_sigterm(sock_path):
+    """`voicectl serve` started directly by a parent that blocks SIGTERM (a service manager's wrapper, a script
+    run from speech-dispatcher) unblocks it before it loads anything."""
+    import signal
+
+    env = {**os.environ, "VOICEAPP_SOCKET": sock_path}
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED, "-m", "voiceapp.cli", "serve", "--backend", "fake"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: Path(sock_path).exists(), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=2) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_processes_voicectl_starts_have_onnx_runtime_telemetry_off(sock_path, tmp_path):
+    """voicectl turns ONNX Runtime's telemetry (and vLLM's and the Hub client's usage reports) off for itself and
+    so for every process it starts (here a background server), before any of them loads those libraries."""
+    env = {"VOICEAPP_SOCKET": sock_path}
+    metrics, _ = say_json("Quiet.", tmp_path / "a.wav", *FAKE, env=env)
+    environ = Path(f"/proc/{metrics['server_pid']}/environ").read_bytes().split(b"\0")
+    assert {b"ORT_DISABLE_TELEMETRY=1", b"VLLM_NO_USAGE_STATS=1", b"HF_HUB_DISABLE_TELEMETRY=1"} <= set(environ)
+    assert voicectl("stop", env=env).returncode == 0
+
+
+def test_a_socket_path_under_a_file_is_one_line_for_serve_and_in_process_speech_for_say(tmp_path):
+    """A socket whose folder cannot be made (a file stands where a folder should be) was a FileExistsError
+    traceback from `serve` and from `say` starting a server; now serve says so in one line, and say speaks
+    in-process after one notice, like any server that cannot start."""
+    (tmp_path / "afile").write_text("a file, not a folder")
+    sock = str(tmp_path / "afile" / "engine.sock")
+    err = one_line_error(voicectl("serve", "--backend", "fake", "--socket", sock, timeout=60))
+    assert "afile" in err, err
+    proc = voicectl("say", "Said anyway.", "--out", str(tmp_path / "a.wav"), *FAKE, "--socket", sock)
+    assert proc.returncode == 0, proc.stderr.decode()
+    notes = [line for line in proc.stderr.decode().splitlines() if "afile" in line]
+    assert len(notes) == 1 and notes[0].startswith("voicectl: ") and "in-process" in notes[0], notes
+    assert (tmp_path / "a.wav").stat().st_size > 1000 and "Traceback" not in proc.stderr.decode()
+
+
+def test_a_socket_folder_squatted_by_another_user_is_refused_and_say_speaks_in_process(tmp_path):
+    """The default socket's folder (here under $XDG_RUNTIME_DIR; /tmp/voiceapp-UID without it) made first by
+    another user: nothing of ours goes in it and no server there is used. `say` said so and stopped; it now
+    speaks in-process after that one line, as for any server that cannot start. `serve` refuses in one line."""
+    import shutil
+
+    runtime = tmp_path / "runtime"
+    squatted = runtime / "voiceapp"
+    squatted.mkdir(parents=True)
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    shutil.chown(squatted, 65534, 65534)
+    env = {"XDG_RUNTIME_DIR": str(runtime), "VOICEAPP_SOCKET": ""}
+    proc = voicectl("say", "Mine alone.", "--out", str(tmp_path / "a.wav"), *FAKE, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    notes = [line for line in proc.stderr.decode().splitlines() if str(squatted) in line]
+    assert len(notes) == 1 and "not a directory owned by you" in notes[0] and "in-process" in notes[0], notes
+    assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+    assert list(squatted.iterdir()) == []
+    assert "owned by you" in one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))

@@ -303,3 +303,56 @@ def test_out_of_descriptors_the_server_logs_one_line_and_recovers(sock_path, tmp
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stop_leaves_an_unrelated_process_that_reuses_a_dead_servers_pid_alone(sock_path, tmp_path):
+    """A SIGKILLed server leaves its lock file, pid inside. Once that pid is reused, `stop` used to SIGTERM
+    whoever had it (and `status` named it). A pid counts only while its process holds the lock."""
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Path(sock_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(sock_path + ".lock").write_text(f"{bystander.pid}\n")  # what the killed server left, pid reused
+        env = {"VOICEAPP_SOCKET": sock_path}
+        err = one_line_error(voicectl("stop", env=env))
+        assert "no server running" in err, err
+        assert voicectl("status", env=env).returncode != 0
+        assert bystander.poll() is None, "stop killed a process that was never a server"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", "two words", " padded", "tab\tinside", "line\nbreak", "\u00a0nbsp"])
+def test_an_api_key_no_client_can_send_is_refused_at_start_up(key, tmp_path):
+    """An Authorization header carries printable ASCII without spaces (a client cannot send 'Bearer clé', and
+    servers strip the spaces around it): such a key locked every client out of a server that started fine."""
+    env = {"VOICEAPP_SOCKET": str(tmp_path / "s.sock"), "VOICEAPP_API_KEY": ""}
+    for how in (["--api-key", key], []):
+        extra = {} if how else {"VOICEAPP_API_KEY": key}
+        err = one_line_error(voicectl("serve", "--backend", "fake", "--http", "127.0.0.1:0", *how,
+                                      env={**env, **extra}, timeout=60))
+        assert "API key" in err and "printable ASCII" in err, err
+    assert not (tmp_path / "s.sock").exists()
+
+
+async def test_a_clean_stop_mid_request_is_not_called_a_kill(served):
+    """A client that reads as it plays has audio waiting in the socket when `voicectl stop` comes: the server's
+    "stopped" frame queued behind it was dropped when the connection closed, and the client said the server was
+    "killed or crashed?". It now tells a stop (the server removed its lock) from a death (the lock left behind)."""
+    proc, path, env = served
+    from engine.config import SynthesisRequest
+
+    remote = await RemoteSynthesizer.connect(path)
+    chunks = remote.synthesize(SynthesisRequest(LONG_TEXT * 3))
+    await chunks.__anext__()
+    await asyncio.sleep(1.0)  # the fake engine runs far ahead: the socket's buffers fill while we do not read
+    stopped = await asyncio.to_thread(voicectl, "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr.decode()
+    with pytest.raises(ServerGone) as err:
+        async for _ in chunks:
+            pass
+    assert err.value.audio_started and "was stopped" in str(err.value) and "crashed" not in str(err.value), err
+    await remote.close()

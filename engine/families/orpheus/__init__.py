@@ -62,7 +62,7 @@ class OrpheusGrammar:
 
         return sentence_token_cap(sentence, FRAMES_PER_S * TOKENS_PER_FRAME)
 
-    def stored_conditioning(self, voice: Voice) -> tuple[int, ...] | None:
+    def stored_conditioning(self, voice: Voice, checkpoint_hash: str | None) -> tuple[int, ...] | None:
         return ()  # the voice is its name in the prompt
 
     async def conditioning(self, voice: Voice, sample: Sample) -> tuple[int, ...]:

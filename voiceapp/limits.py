@@ -1,0 +1,136 @@
+"""Provides the one table of numeric limits: every number a user can give voicectl (a command-line option, or a
+field of a `say` request on the server's socket) is checked here, for its type, finiteness and range, before
+anything runs. Outside its range a number becomes one `voicectl: ...` line (an InputError) instead of a
+traceback deep in generation, a hang, or a crash in a native library.
+
+`voiceapp.cli.build_parser` gives every numeric option of every subcommand its row's check as its argparse type
+(by the option's name); tests/cli/test_cli_numbers.py fails for a numeric option without a row. Standard library
+only: `voicectl --help` and the server both import it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.errors import InputError
+
+
+def max_threads() -> int:
+    """The most CPU threads anything may ask for: 4 per core, at most 256 (torch crashes on far larger counts)."""
+    return min(256, 4 * (os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What one number may be: an integer or a float, from `low` to `high` (inclusive; `low_open` excludes low)."""
+
+    kind: type
+    """int or float; a float must also be finite."""
+    low: float
+    """The bottom of the range."""
+    high: float | Callable[[], float]
+    """The top, or what says it on this machine (--threads)."""
+    low_open: bool = False
+    """The value must be above `low`, not equal to it."""
+    unit: str = ""
+    """Said after the range ("seconds")."""
+
+    @property
+    def top(self) -> float:
+        """The top of the range on this machine."""
+        return self.high() if callable(self.high) else self.high
+
+    def span(self) -> str:
+        """The range, as the error says it."""
+        span = f"above {self.low:g} and at most {self.top:g}" if self.low_open else \
+            f"from {self.low:g} to {self.top:g}"
+        return span + (f" {self.unit}" if self.unit else "")
+
+    def check(self, value: object, name: str, shown: str | None = None) -> int | float:
+        """`value` if it is a number of this kind within range; else an InputError naming `name`, the value (as
+        `shown`, where given) and the range."""
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and self.kind is int:
+            ok = isinstance(value, int)
+        if ok:
+            above = value > self.low if self.low_open else value >= self.low
+            ok = math.isfinite(value) and above and value <= self.top
+        if not ok:
+            what = "an integer" if self.kind is int else "a number"
+            raise InputError(f"{name} {repr(value) if shown is None else shown}: must be {what} {self.span()}")
+        return value
+
+    def parse(self, text: str, option: str) -> int | float:
+        """An option's text as a checked number (the argparse type); InputError, in one line, if it is not."""
+        try:
+            value = int(text, 10) if self.kind is int else float(text)
+        except ValueError:
+            what = "an integer" if self.kind is int else "a number"
+            raise InputError(f"{option} {text}: must be {what} {self.span()}") from None
+        if self.kind is float and not math.isfinite(value):
+            raise InputError(f"{option} {text}: must be a number {self.span()}")
+        return self.check(value, option, text)
+
+
+THREADS = Limit(int, 1, max_threads)
+SEED = Limit(int, 0, 2 ** 63 - 1)
+MAX_TOKENS = Limit(int, 1, 100_000)
+
+OPTIONS: dict[str, Limit] = {
+    "threads": THREADS,
+    "seed": SEED,
+    "max_tokens": MAX_TOKENS,
+    "latency": Limit(float, 0, 2.0, low_open=True, unit="seconds"),  # PortAudio's output latency
+    "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.cmd_say.BUFFER_S
+    "jobs": Limit(int, 1, 256),
+    "normalize_loudness": Limit(float, -70.0, 0.0, unit="dBFS"),
+    "max_mb": Limit(int, 1, 4096, unit="MB"),
+    "idle_timeout": Limit(float, 0, 365 * 86400.0, unit="seconds"),  # 0: never
+    "http_max_chars": Limit(int, 1, 10_000_000),
+    "http_max_streams": Limit(int, 1, 100_000),
+    "tokens": MAX_TOKENS,
+    "sentences": Limit(int, 1, 10_000),
+    "rounds_1": Limit(int, 1, 10_000),
+    "export_sentences": Limit(int, 1, 100_000),
+    "reference_tokens": MAX_TOKENS,
+    "first_new": Limit(int, 1, 750),  # engine.windowing.WHOLE_CODES: a whole sentence
+    "first_right": Limit(int, 3, 750),  # above the crossfade's 2 codes (WindowSchedule)
+    "repeats": Limit(int, 1, 10_000),
+    "timeout": Limit(float, 0, 86400.0, low_open=True, unit="seconds"),
+}
+"""Every numeric command-line option, by its argparse dest (the same limits wherever the option appears)."""
+
+REQUEST: dict[str, Limit] = {
+    "seed": SEED,
+    "max_tokens": MAX_TOKENS,
+    "temperature": Limit(float, 0, 100.0),  # 0: greedy
+    "top_k": Limit(int, 0, 1_000_000),  # 0: off
+    "top_p": Limit(float, 0, 1.0, low_open=True),
+}
+"""The numbers of a `say` request on the server's socket (engine.config.SamplingOptions and its seed)."""
+
+
+def option_type(dest: str, option: str):
+    """The argparse type for the option `option` (dest `dest`): its row's parse."""
+    limit = OPTIONS[dest]
+
+    def parse(text: str) -> int | float:
+        return limit.parse(text, option)
+
+    parse.__name__ = f"{limit.kind.__name__}_{dest}"  # argparse names the type in some of its messages
+    parse.limit = limit  # type: ignore[attr-defined]
+    return parse
+
+
+def apply(parser: argparse.ArgumentParser) -> None:
+    """Give every int or float option of `parser` and its subcommands its row's check, by dest. An option without
+    a row keeps its plain type (the test over all options fails for it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply(sub)
+        elif action.type in (int, float) and action.dest in OPTIONS and action.option_strings:
+            action.type = option_type(action.dest, action.option_strings[-1])
