@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
+    if argv[0] == "say" and "--out" not in argv:
+        from voiceapp.cmd_say import preload_portaudio
+
+        preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command is None:
