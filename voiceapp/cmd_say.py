@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
     sent = send_ahead(args, req, from_stdin)
     metrics = SayMetrics()
-    if sent is not None and not args.out and say_lean(req, text, args, metrics, sent):
+    if sent is not None and say_lean(req, text, args, metrics, sent):
         report(args, metrics)
         return 0
     try:
@@ -136,15 +136,18 @@ def report(args: argparse.Namespace, metrics: SayMetrics) -> None:
 
 
 def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent) -> bool:
-    """Play the request `sent` carries on the lean road (voiceapp.lean_say: no numpy, no asyncio before its first
-    audio is queued, nor after); False, with `sent` untouched, where that road cannot play it (the caller then takes
+    """Play the request `sent` carries, or write it to --out, on the lean road (voiceapp.lean_say: no numpy, no
+    asyncio before its first audio is queued, nor after); False, with `sent` untouched, where that road cannot play it (the caller then takes
     the full one). A server that goes away before any audio: spoken in-process, as `say` does."""
     from engine.errors import InputError
     from voiceapp import lean_say
 
     try:
         check_input(args, text, speakable=False)
-        player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
+        if args.out:
+            player = lean_say.open_file(sent.info, Path(args.out))
+        else:
+            player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
     except lean_say.LeanDeclined:
         return False
     except BaseException:
@@ -152,8 +155,18 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
         raise
     metrics.server_pid = sent.info.get("pid")
     try:
-        lean_say.speak(sent, req.request_id, player, metrics.on_event)
-        if metrics.t0 is not None:
+        try:
+            lean_say.speak(sent, req.request_id, player, metrics.on_event)
+        except OSError as err:  # only the file is written to here; a server that left is lean_say.Gone
+            if not args.out:
+                raise
+            from engine.errors import OutputError
+            from voiceapp.wavout import disk_full
+
+            if disk_full(err, Path(args.out)):
+                raise OutputError(f"disk full while writing {args.out}; nothing was written") from None
+            raise OutputError(f"cannot write {args.out}: {err.strerror or err}") from None
+        if metrics.t0 is not None and not args.out:
             metrics.played_s = time.perf_counter() - metrics.t0
         metrics.heard_at(player.onset_perf)
         metrics.underruns = player.underruns

@@ -232,3 +232,58 @@ class LeanPlayer:
             self._stream.close(ignore_errors=True)
         except self._sd.PortAudioError:
             pass
+
+
+class FloatWav:
+    """The lean road's `--out`: float32 mono samples written as they come into a WAV file (IEEE float, the format
+    `say --out` writes), beside the target until complete (voiceapp.wavout's partial file), then renamed over it.
+    The same samples as the full road's file; only libsndfile's PEAK chunk is left out."""
+
+    HEADER = 58
+    """RIFF (12) + fmt with cbSize (26) + fact (12) + data's header (8) bytes."""
+
+    def __init__(self, out, sample_rate: int) -> None:
+        from voiceapp.wavout import create_partial
+
+        self.out, self.sample_rate = out, int(sample_rate)
+        self.tmp = create_partial(out)
+        self.file = open(self.tmp, "wb")
+        self.frames = 0
+        self.first_write_perf: float | None = None
+        self.onset_perf = None
+        self.underruns = 0
+        self.file.write(self._header())
+
+    def _header(self) -> bytes:
+        import struct
+
+        data = self.frames * FRAME_BYTES
+        return (b"RIFF" + struct.pack("<I", self.HEADER - 8 + data) + b"WAVE"
+                + b"fmt " + struct.pack("<IHHIIHHH", 18, 3, 1, self.sample_rate, self.sample_rate * FRAME_BYTES,
+                                        FRAME_BYTES, 32, 0)
+                + b"fact" + struct.pack("<II", 4, self.frames)
+                + b"data" + struct.pack("<I", data))
+
+    def write(self, data) -> None:
+        if self.first_write_perf is None and len(data):
+            self.first_write_perf = time.perf_counter()
+        self.file.write(data)
+        self.frames += len(data) // FRAME_BYTES
+
+    def allow_pause(self) -> None:
+        return None
+
+    def drain(self) -> None:
+        """Complete the file: the sizes into its header, then the rename over the target."""
+        import os
+
+        self.file.seek(0)
+        self.file.write(self._header())
+        self.file.close()
+        os.replace(self.tmp, self.out)
+
+    def close(self) -> None:
+        """Drop an unfinished file (a complete one was renamed already)."""
+        if not self.file.closed:
+            self.file.close()
+        self.tmp.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from engine.events import FirstAudio, Notice, RequestStarted, SentenceStarted
 from engine.pacing import Pacer
 from engine.protocol import (AUDIO_PREFIX, FLAG_PAUSE, FLAG_SENTENCE_END, HEADER, KIND_AUDIO, ProtocolError,
                              parse_event, parse_header)
-from voiceapp.lean_player import FRAME_BYTES, LeanPlayer, RateRefused
+from voiceapp.lean_player import FRAME_BYTES, FloatWav, LeanPlayer, RateRefused
 
 READ_BYTES = 1 << 16
 """One recv's worth: a few audio frames at a time."""
@@ -115,13 +115,19 @@ def open_player(info: dict[str, Any], device: int | str | None, latency: float, 
         raise LeanDeclined() from None
 
 
-def speak(sent: Any, request_id: str, player: LeanPlayer, events: Any) -> None:
-    """Play the answer to the request `sent` carries on `player`, then wait until it has been heard; `events`
-    gets what RemoteSynthesizer would report. Raises the server's error as a VoiceError, and
+def open_file(info: dict[str, Any], out) -> FloatWav:
+    """`--out`'s WAV at the server's rate."""
+    return FloatWav(out, int(info["sample_rate"]))
+
+
+def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any) -> None:
+    """Play the answer to the request `sent` carries on `player` (or write it: a FloatWav, which is not paced),
+    then wait until it has been heard (or the file is complete); `events` gets what RemoteSynthesizer would report. Raises the server's error as a VoiceError, and
     voiceapp.client.ServerGone's lookalike (`errors.VoiceError` with `audio_started`) when the server goes away."""
     info = sent.info
     rate = player.sample_rate
-    pacer = Pacer(probe_first=bool(info.get("paced_start")),
+    paced = isinstance(player, LeanPlayer)
+    pacer = Pacer(probe_first=paced and bool(info.get("paced_start")),
                   windows_s=tuple(float(w) for w in info.get("paced_windows_s") or ()),
                   ahead_windows_s=tuple(float(w) for w in info.get("paced_ahead_windows_s") or ()))
     pace = pacer.request()
@@ -160,8 +166,8 @@ def speak(sent: Any, request_id: str, player: LeanPlayer, events: Any) -> None:
                 heard = True
             held.append(frame.data)
             made_at = now - frame.age_s if frame.age_s > 0 else None
-            if not pace.arrived(len(frame.data) / FRAME_BYTES / rate, frame.sentence_end, now,
-                                planned.get(frame.sentence_index), made_at):
+            if not paced or not pace.arrived(len(frame.data) / FRAME_BYTES / rate, frame.sentence_end, now,
+                                             planned.get(frame.sentence_index), made_at):
                 release()
                 if frame.sentence_end and pacer.holds_sentences:
                     player.allow_pause()

@@ -34,18 +34,21 @@ PROBE = """
 import json, os, sys
 from voiceapp import lean_player
 seen = {}
-write = lean_player.LeanPlayer.write
-def first_write(self, data):
-    seen.setdefault("modules", sorted(sys.modules))
-    return write(self, data)
-lean_player.LeanPlayer.write = first_write
+def noting(write):
+    def first_write(self, data):
+        seen.setdefault("modules", sorted(sys.modules))
+        return write(self, data)
+    return first_write
+lean_player.LeanPlayer.write = noting(lean_player.LeanPlayer.write)
+lean_player.FloatWav.write = noting(lean_player.FloatWav.write)
 from voiceapp.cli import main
 code = main(sys.argv[1:])
 with open(os.environ["PROBE_OUT"], "w") as f:
     json.dump(seen, f)
 sys.exit(code)
 """
-"""`python -c PROBE say ...`: voicectl's own main, with the player's first write noting sys.modules."""
+"""`python -c PROBE say ...`: voicectl's own main, with the player's (or --out file's) first write noting
+sys.modules."""
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +90,25 @@ def test_lean_say_plays_what_out_writes_and_imports_nothing_heavy_first(pulse_se
     assert "voiceapp.lean_say" in modules and "sounddevice" in modules
     assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY], "imported before the first audio"
     assert_played_equals_file(cap(), wav)
+
+
+def test_lean_out_writes_the_in_process_samples_and_imports_nothing_heavy_first(tiny_model, warm_server, tmp_path):
+    """`say --out` through the warm server (what the start-up bench's say_server_s times) writes the samples an
+    in-process engine writes, a complete float WAV, without numpy before its first audio."""
+    env, server_pid = warm_server
+    ref, out, probe_out = tmp_path / "ref.wav", tmp_path / "out.wav", tmp_path / "probe.json"
+    made = cli_helpers.voicectl("say", TEXT, *VOICE, "--model", str(tiny_model), "--out", str(ref), "--no-server")
+    assert made.returncode == 0, made.stderr.decode()
+    proc = subprocess.run([sys.executable, "-c", PROBE, "say", TEXT, *VOICE, "--model", str(tiny_model), "--out",
+                           str(out), "--json"], capture_output=True, timeout=120,
+                          env={**os.environ, **env, "PROBE_OUT": str(probe_out)})
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout.decode().strip().splitlines()[-1])["server_pid"] == server_pid
+    modules = json.loads(probe_out.read_text())["modules"]
+    assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY], "imported before the first audio"
+    (want, want_rate), (got, got_rate) = sf.read(ref, dtype="float32"), sf.read(out, dtype="float32")
+    assert sf.info(str(out)).subtype == "FLOAT" and got_rate == want_rate and np.array_equal(got, want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav", "probe.json", "ref.wav"]  # no partial file
 
 
 @pytest.mark.audio
