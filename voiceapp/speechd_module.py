@@ -339,6 +339,9 @@ class Speaker:
         """(server pid, its engine.pacing.Pacer) of the server last spoken with: what it learnt of the engine.pacing.Pacer of the server last spoken with: what it learnt of the engine's speed carries over
         from message to message (a fresh one would hold every message back to measure it again)."""
         self._task: asyncio.Future | None = None
+        self._active = False
+        """A message is being spoken: from its SPEAK until just before its closing event goes out (speechd may send
+        the next SPEAK as soon as it reads that event, before the task has quite returned)."""
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
         self._voices: dict | None = None
@@ -357,11 +360,12 @@ class Speaker:
 
     def speak(self, kind: str, text: str, settings: Settings) -> bool:
         """Start speaking (the caller holds the output lock and replies); False while a message still plays."""
-        if self._task is not None and not self._task.done():
+        if self._active:
             return False
         self._voices = None  # voices cloned since the last message count
         voice = choose_voice(settings, self.config, self.bank())
         self._ending = None
+        self._active = True
         self._task = asyncio.run_coroutine_threadsafe(self._speak(message_text(kind, text), voice), self.loop)
         return True
 
@@ -373,7 +377,7 @@ class Speaker:
 
     def _end(self, how: str) -> None:
         task = self._task
-        if task is None or task.done():
+        if task is None or task.done() or not self._active:
             return
         self._ending = how
         self.loop.call_soon_threadsafe(task.cancel)
@@ -405,6 +409,7 @@ class Speaker:
             progress.stop()
             if holder:
                 holder[0].close()  # silent before the closing event goes out
+            self._active = False
             progress.finish(ending)
 
     async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress", holder: list) -> None:
