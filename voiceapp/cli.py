@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
+    if argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and os.environ.get("VOICEAPP_NO_SERVER", "") in (
+            "", "0"):
+        from voiceapp.cmd_say import preload_portaudio
+
+        preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
     try:
         args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits

@@ -48,7 +48,8 @@ def add_playback_args(p: argparse.ArgumentParser) -> None:
 class SayMetrics(RequestMetrics):
     """What `--stats` / `--json` report: the request's numbers (engine.metrics) and who spoke it. Its "phases"
     also hold "launch": this process's start to an in-process engine's construction (the interpreter and the
-    imports before it)."""
+    imports before it); and "queued", on the lean road through a warm server (voiceapp.lean_say): this process's
+    start to its first audio handed to the player."""
 
     server_pid: int | None = None
     """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
@@ -98,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
     text = "" if from_stdin else " ".join(args.text)
     req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
     sent = send_ahead(args, req, from_stdin)
-    if sent is not None and not args.out:
-        preload_portaudio()
+    metrics = SayMetrics()
+    if sent is not None and say_lean(req, text, args, metrics, sent):
+        report(args, metrics)
+        return 0
     try:
         check_input(args, text, speakable=not from_stdin and sent is None)
     except BaseException:
@@ -108,13 +111,73 @@ def run(args: argparse.Namespace) -> int:
         raise
     import asyncio
 
-    metrics = SayMetrics()
     asyncio.run(say(req, from_stdin, args, metrics, sent))
+    report(args, metrics)
+    return 0
+
+
+def report(args: argparse.Namespace, metrics: SayMetrics) -> None:
+    """--stats and --json."""
     if args.stats:
         print(metrics.line(), file=sys.stderr)
     if args.json:
         print(json.dumps(metrics.as_dict()))
-    return 0
+
+
+def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent) -> bool:
+    """Play the request `sent` carries, or write it to --out, on the lean road (voiceapp.lean_say: no numpy, no
+    asyncio before its first audio is queued, nor after); False, with `sent` untouched, where that road cannot play it (the caller then takes
+    the full one). A server that goes away before any audio: spoken in-process, as `say` does."""
+    from engine.errors import InputError
+    from voiceapp import lean_say
+
+    try:
+        check_input(args, text, speakable=False)
+        if args.out:
+            player = lean_say.open_file(sent.info, Path(args.out))
+        else:
+            player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
+    except lean_say.LeanDeclined:
+        return False
+    except BaseException:
+        sent.cancel()
+        raise
+    metrics.server_pid = sent.info.get("pid")
+    try:
+        try:
+            lean_say.speak(sent, req.request_id, player, metrics.on_event)
+        except OSError as err:  # only the file is written to here; a server that left is lean_say.Gone
+            if not args.out:
+                raise
+            from engine.errors import OutputError
+            from voiceapp.wavout import disk_full
+
+            if disk_full(err, Path(args.out)):
+                raise OutputError(f"disk full while writing {args.out}; nothing was written") from None
+            raise OutputError(f"cannot write {args.out}: {err.strerror or err}") from None
+        if metrics.t0 is not None and not args.out:
+            metrics.played_s = time.perf_counter() - metrics.t0
+        metrics.heard_at(player.onset_perf)
+        metrics.underruns = player.underruns
+        if player.first_write_perf is not None:
+            metrics.phases["queued"] = player.first_write_perf - process_start_perf()
+    except InputError:
+        require_speakable(req.text, "the text")  # the engine refused it: say why as the local check would have
+        raise
+    except lean_say.Gone as err:
+        if err.audio_started:
+            raise
+        player.close()
+        sent.cancel()
+        metrics.on_event(Notice(f"{err}; speaking in-process instead"))
+        metrics.server_pid = None
+        import asyncio
+
+        asyncio.run(speak_in_process(req, False, args, metrics, None))
+    finally:
+        player.close()
+        sent.cancel()
+    return True
 
 
 def send_ahead(args: argparse.Namespace, req, from_stdin: bool):
@@ -129,10 +192,19 @@ def send_ahead(args: argparse.Namespace, req, from_stdin: bool):
     return send_say(socket_path(args.socket), args.backend, args.model, req)
 
 
+_preloading = False
+
+
 def preload_portaudio() -> None:
-    """Import sounddevice on a thread: its import starts PortAudio, which asks the sound system for its devices
-    with the GIL released, while this thread imports the rest (a failure is raised again where it is imported)."""
+    """Import sounddevice on a thread: its import finds and starts PortAudio, which asks the sound system for its
+    devices with the GIL released, while this thread imports the rest (a failure is raised again where it is
+    imported). Once a process: `voicectl say` calls it as it starts."""
     import threading
+
+    global _preloading
+    if _preloading:
+        return
+    _preloading = True
 
     def load() -> None:
         try:
@@ -147,12 +219,12 @@ def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
     """The one-line errors for an unknown voice, an unusable --out file and, with `speakable`, nothing to say. A
     request sent ahead is checked for that by the server, whose pipeline refuses it the same way (and `say` then
     words the error as here), so that the text rules are not imported while it waits."""
-    from voiceapp.wavout import check_output
-
     if speakable:
         require_speakable(text, "the text")
     require_voice(args.voice, args.model)
     if args.out:
+        from voiceapp.wavout import check_output  # numpy comes with it: only where a file is written
+
         check_output(Path(args.out))
 
 
@@ -256,15 +328,17 @@ def _device(args: argparse.Namespace) -> int | str | None:
 
 def check_device(args: argparse.Namespace) -> None:
     """Raise AudioDeviceError (suggesting --out) unless the output device exists and can play."""
-    from engine.backends.sounddevice_sink import import_sounddevice, pick_device_rate
+    from engine.backends.sounddevice_sink import _device_error, import_sounddevice
 
-    from engine.families import family_of
-
-    pick_device_rate(import_sounddevice(), _device(args), family_of(args.model).sample_rate)
+    sd = import_sounddevice()
+    try:
+        sd.query_devices(_device(args), "output")
+    except (sd.PortAudioError, ValueError) as err:
+        raise _device_error("no usable audio output device", err) from err
 
 
 def open_player(args: argparse.Namespace, sample_rate: int):
-    """The speakers at the engine's rate."""
+    """The speaker's Player for audio at `sample_rate` (the engine's: never assumed)."""
     from engine.backends.sounddevice_sink import Player
 
     return Player(sample_rate=sample_rate, device=_device(args), latency=args.latency, buffer_s=args.buffer)

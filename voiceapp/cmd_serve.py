@@ -1,5 +1,6 @@
-"""Provides `voicectl serve`: keep one engine warm and serve `say` (and other clients) over a Unix socket, and with
---http the OpenAI-compatible speech API over HTTP (voiceapp.http_api) on the same engine."""
+"""Provides `voicectl serve`: keep one engine warm and serve `say` (and other clients) over a Unix socket, with
+--http the OpenAI-compatible speech API over HTTP (voiceapp.http_api), and with --wyoming Home Assistant's Wyoming
+protocol (voiceapp.wyoming_api), all on the same engine."""
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,10 @@ def add_parser(sub) -> None:
     g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; repeat for more, or * for any) call "
                         "the API from a browser; off by default")
+    w = p.add_argument_group("Wyoming (Home Assistant)")
+    w.add_argument("--wyoming", metavar="tcp://HOST:PORT",
+                   help="also serve text to speech over the Wyoming protocol (e.g. tcp://0.0.0.0:10200; it has no "
+                        "authentication: listen where only your Home Assistant reaches)")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -82,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     unblock_stop_signals()  # a parent's blocked or ignored SIGTERM would make `voicectl stop` wait in vain
     if args.idle_timeout < 0:
         raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
+    if args.wyoming is not None:
+        from voiceapp.wyoming_api import parse_uri
+
+        parse_uri(args.wyoming)  # a bad address fails before anything starts
     asyncio.run(serve(args, http_settings(args)))
     return 0
 
@@ -128,17 +137,22 @@ async def serve(args: argparse.Namespace, http=None) -> None:
     prepare_socket_dir(path, private)
     lock = SocketLock.acquire(path)  # before loading the model: a second server refuses at once
     requests = LiveRequests(log)  # the engine's events: Notices (while it loads too) to the log, the rest to clients
-    listener = None
+    listener = wyoming_listener = None
     try:
         if http is not None:  # bound now: a port in use fails before the model loads
             from voiceapp.http_api import bind_listener
 
             listener = bind_listener(http.host, http.port)
+        if getattr(args, "wyoming", None) is not None:
+            from voiceapp import wyoming_api
+
+            wyoming_listener = wyoming_api.bind_listener(*wyoming_api.parse_uri(args.wyoming))
         log(f"loading the engine ({describe_flags(args)})")
         synth = build_synthesizer(first, events=requests.route)
     except BaseException:
-        if listener is not None:
-            listener.close()
+        for sock in (listener, wyoming_listener):
+            if sock is not None:
+                sock.close()
         lock.release()
         raise
     tuning = crowd_tuning(synth, crowd, requests.route) if tunes(args) else None
@@ -148,6 +162,11 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         from voiceapp.http_api import HttpApi
 
         server.http = HttpApi(server, listener, api_key=http.api_key, limits=http.limits, cors=http.cors, log=log)
+    wyoming = None
+    if wyoming_listener is not None:
+        from voiceapp.wyoming_api import WyomingApi
+
+        wyoming = WyomingApi(server, wyoming_listener, log=log)
     background = None
     try:
         if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)
@@ -156,17 +175,20 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         if tuning is not None and tuning.steps:
             log("answering now; tuning in the background: " + ", ".join(step.name for step in tuning.steps))
             background = asyncio.create_task(tuning.run())
-        await listen(server)
+        await listen(server, wyoming)
     finally:
         if background is not None:
             background.cancel()
+        if wyoming is not None:
+            await wyoming.close()
         if server.http is not None:
             await server.http.close()
         await server.close()
 
 
-async def listen(server) -> None:
-    """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client."""
+async def listen(server, wyoming=None) -> None:
+    """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client. `wyoming`: the Wyoming front
+    end (voiceapp.wyoming_api.WyomingApi), started with the rest."""
     from voiceapp.autostart import idle_text
 
     stop = asyncio.Event()
@@ -176,9 +198,12 @@ async def listen(server) -> None:
     await server.start()
     if server.http is not None:
         await server.http.start()
+    if wyoming is not None:
+        await wyoming.start()
     hello = server.hello()
     model = hello["model"]["path"] if hello["model"] else "no model"
     http = f" and {server.http.url}" if server.http is not None else ""
+    http += f" and Wyoming {wyoming.uri}" if wyoming is not None else ""
     log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}{http}")
     stopped, idle = asyncio.create_task(stop.wait()), asyncio.create_task(server.wait_idle())
     await asyncio.wait({stopped, idle}, return_when=asyncio.FIRST_COMPLETED)

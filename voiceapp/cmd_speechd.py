@@ -1,19 +1,17 @@
-"""Provides `voicectl speechd install|uninstall|status`: speech-dispatcher's output module (per user), so `spd-say` and
-screen readers speak through the warm engine; and `voicectl speechd speak`, the command that module runs."""
+"""Provides `voicectl speechd install|uninstall|status`: speech-dispatcher's native output module (per user), so
+`spd-say` and screen readers speak through the warm engine; and `voicectl speechd module CONFIG`, the module process
+speechd starts (voiceapp.speechd_module)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from voiceapp.cmd_say import add_playback_args
-from voiceapp.common import add_engine_args, add_server_args, add_voice_args
+from voiceapp.common import add_engine_args
 
 SPEAK_SEED = 0
-"""The seed `speechd speak` uses unless install was given one: a screen reader says the same words the same way."""
+"""The seed the module speaks with unless install was given one: a screen reader says the same words the same way."""
 
 
 def add_parser(sub) -> None:
@@ -27,73 +25,91 @@ def add_parser(sub) -> None:
     inst.add_argument("--seed", type=int, help=f"sampling seed of every message (default {SPEAK_SEED})")
     inst.add_argument("--max-tokens", type=int, metavar="N", help="cap on semantic tokens per sentence (as say's)")
     inst.add_argument("--device", help="output device name or index (see `voicectl devices`)")
+    inst.add_argument("--latency", type=float, help="output stream latency in seconds (as say's)")
     add_engine_args(inst)
     actions.add_parser("uninstall", help="remove what install added")
     actions.add_parser("status", help="what is installed, and whether speech-dispatcher runs (exit 1: not installed)")
-    speak = actions.add_parser("speak", help="speak one message (what speech-dispatcher runs; SIGKILL stops it)")
-    speak.add_argument("text", help="the message ($DATA)")
-    speak.add_argument("--rate", default="0", help="speechd's rate, -100..100 ($RATE)")
-    speak.add_argument("--pitch", default="0", help="speechd's pitch, -100..100 ($PITCH)")
-    add_playback_args(speak)
-    add_voice_args(speak, default_seed=SPEAK_SEED)
-    add_server_args(speak, "speak")
-    add_engine_args(speak)
+    module = actions.add_parser("module", help="the output module process speech-dispatcher starts (not for people)")
+    module.add_argument("config", help="the module's configuration file (speechd passes it)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"install": install, "uninstall": uninstall, "status": status, "speak": speak}[args.action](args)
+    return {"install": install, "uninstall": uninstall, "status": status, "module": module}[args.action](args)
 
 
 def _paths():
-    from voiceapp.speechd import Paths, user_conf_dir
+    from voiceapp.speechd import Paths, user_conf_dir, user_module_dir
 
-    return Paths(user_conf_dir())
+    return Paths(user_conf_dir(), module_dir=user_module_dir())
 
 
-def speak_options(args: argparse.Namespace) -> list[str]:
-    """The install's flags that `speechd speak` must get too (the model as an absolute path: speechd's working
-    directory is not ours)."""
+def checked_model(args: argparse.Namespace) -> str | None:
+    """The checkpoint the module will use, as an absolute path (speechd's working directory and environment are not
+    ours), checked now: ModelNotFound or ModelFormatError (one line) for a missing or invalid one. None for the fake
+    backend, which needs none."""
+    if args.backend == "fake":
+        return None
+    from engine.model import load_model_info, resolve_model_dir
+
+    path = resolve_model_dir(args.model).resolve()
+    load_model_info(path)
+    return str(path)
+
+
+def module_options(args: argparse.Namespace, model: str | None) -> list[str]:
+    """The install's flags the module speaks with."""
     options = []
-    if args.model:
-        options += ["--model", str(Path(args.model).expanduser().resolve())]
+    if model:
+        options += ["--model", model]
     if args.backend != "auto":
         options += ["--backend", args.backend]
     if args.compute != "auto":
         options += ["--compute", args.compute]
     if args.threads is not None:
         options += ["--threads", str(args.threads)]
+    if args.quantize:
+        options += ["--quantize", args.quantize]
     if args.no_graph_lane:
         options.append("--no-graph-lane")
     if args.no_warm_up:
         options.append("--no-warm-up")
-    if args.seed is not None:
-        options += ["--seed", str(args.seed)]
     if args.max_tokens is not None:
         options += ["--max-tokens", str(args.max_tokens)]
     if args.device:
         options += ["--device", args.device]
+    if args.latency is not None:
+        options += ["--latency", str(args.latency)]
+    options += ["--seed", str(SPEAK_SEED if args.seed is None else args.seed)]
     return options
 
 
 def install(args: argparse.Namespace) -> int:
-    from engine.voices import DEFAULT_VOICE, VoiceBank, resolve_name
+    from engine.errors import InputError
+    from engine.voices import DEFAULT_VOICE, resolve_name
     from voiceapp import speechd
     from voiceapp.common import checked_threads, require_voice
+    from voiceapp.speechd_module import config_text
 
     require_voice(args.voice)
     checked_threads(args.threads)
+    model = checked_model(args)
     paths = _paths()
-    voices = speechd.installable_voices(VoiceBank().all())
-    command = speechd.speak_command(sys.executable, speak_options(args))
+    if any(c in str(paths.module_program) for c in '"\\\n'):
+        raise InputError(f"speech-dispatcher's configuration cannot name {paths.module_program} (it holds a quote, a "
+                         f"backslash or a line break)")
     chosen = None if args.voice in ("", "default") else resolve_name(args.voice)
     default_type = speechd.default_voice_type(paths.effective_conf())
     slots = speechd.type_slots(chosen, default_type)
-    result = speechd.install(paths, speechd.module_conf_text(command, voices, slots, chosen or DEFAULT_VOICE),
-                             args.default)
+    text = config_text(module_options(args, model), slots, chosen or DEFAULT_VOICE, speechd.module_log_path())
+    result = speechd.install(paths, text, speechd.program_text(sys.executable), args.default)
     what = "wrote" if paths.module_conf in result.changed else "unchanged:"
-    print(f"{what} {paths.module_conf} (output module {speechd.MODULE}, {len(voices)} voices; speechd's default "
-          f"voice type, {default_type}, speaks {slots[default_type]})")
+    print(f"{what} {paths.module_conf} (output module {speechd.MODULE}; speechd's default voice type, {default_type}, "
+          f"speaks {slots[default_type]}{f'; model {model}' if model else ''})")
+    if paths.module_program in result.changed:
+        print(f"wrote {paths.module_program} (what speech-dispatcher starts)")
+    if paths.old_module_conf in result.changed:
+        print(f"removed {paths.old_module_conf} (the earlier sd_generic module: {speechd.MODULE} replaces it)")
     if result.created_conf:
         print(f"wrote {paths.speechd_conf}: a copy of {paths.system_conf} (speech-dispatcher reads a user's file "
               f"instead of it), with voiceapp's lines at the end")
@@ -127,14 +143,23 @@ def uninstall(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from voiceapp import speechd
+    from voiceapp.speechd_module import read_config
 
     paths = _paths()
     binary = shutil.which("speech-dispatcher")
     print(f"speech-dispatcher: {binary or 'not installed'}")
-    installed = paths.module_conf.exists()
+    installed = paths.module_conf.exists() and paths.module_program.exists()
     print(f"module {speechd.MODULE}: {paths.module_conf if installed else 'not installed (voicectl speechd install)'}")
+    log = speechd.module_log_path()
     if installed:
-        print(f"it runs: {speechd.module_command(paths.module_conf.read_text(encoding='utf-8')) or '(no command)'}")
+        try:
+            config = read_config(paths.module_conf)
+            print(f"it runs with: {' '.join(config.args)}")
+            log = config.log or log
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            print(f"its configuration is broken ({err}): run `voicectl speechd install` again")
+    if paths.old_module_conf.exists():
+        print(f"{paths.old_module_conf}: the earlier sd_generic module (`voicectl speechd install` replaces it)")
     conf = paths.speechd_conf.read_text(encoding="utf-8") if paths.speechd_conf.exists() else ""
     _, has_block, _ = speechd.strip_block(conf)
     default = any(line.split()[1:2] == [speechd.MODULE] for line in speechd.active_lines(conf, "DefaultModule"))
@@ -142,30 +167,38 @@ def status(args: argparse.Namespace) -> int:
         print(f"{paths.speechd_conf}: voiceapp's lines present; default module: {'yes' if default else 'no'}")
     pid = speechd.running_pid()
     print(f"running: {f'pid {pid}' if pid else 'no'}")
+    failures = module_failures(log)
+    if failures:
+        print(f"the module's log ({log}) ends with errors:")
+        for line in failures:
+            print(f"  {line}")
     return 0 if installed and has_block else 1
 
 
-def speak(args: argparse.Namespace) -> int:
-    """One message: its text decoded as sd_generic sent it, the voice picked from $VOICE, $RATE and $PITCH, spoken
-    as `say` speaks (through the warm server, the audio played here). Nothing to say is not an error: a screen
-    reader sends lone punctuation all the time."""
-    from engine.text import is_speakable, normalize
-    from engine.voices import DEFAULT_VOICE, VoiceBank, resolve_name
-    from voiceapp import speechd
-    from engine.config import SynthesisRequest
-    from voiceapp.cmd_say import SayMetrics, say, send_ahead
-    from voiceapp.common import sampling_options
+LOG_TAIL_LINES = 5
+"""Lines of the module's log `status` shows when its last run logged an error."""
 
-    text = speechd.decode_data(os.fsencode(args.text))
-    if not text.strip() or not is_speakable(normalize(text)):
-        return 0
-    voices = VoiceBank().all()
-    name = resolve_name(args.voice)
-    if name not in voices:
-        name = DEFAULT_VOICE if DEFAULT_VOICE in voices else sorted(voices)[0]
-    args.voice = speechd.pick_voice(name, speechd.speechd_number(args.rate), speechd.speechd_number(args.pitch),
-                                    voices)
-    args.out = None
-    req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
-    asyncio.run(say(req, False, args, SayMetrics(), send_ahead(args, req, from_stdin=False)))
-    return 0
+
+def module_failures(log: Path) -> list[str]:
+    """The last lines of the module's last run when that run logged an error, else []."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
+    except OSError:
+        return []
+    starts = [i for i, line in enumerate(lines) if "] started (" in line]
+    last_run = lines[starts[-1]:] if starts else lines
+    if not any("] error: " in line for line in last_run):
+        return []
+    return last_run[-LOG_TAIL_LINES:]
+
+
+def module(args: argparse.Namespace) -> int:
+    """speechd's module process: the protocol on stdin and stdout, as UTF-8 whatever the locale."""
+    import io
+
+    from voiceapp.speechd_module import run_module
+
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+    stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="replace", newline="\n",
+                              line_buffering=False)
+    return run_module(args.config, stdin, stdout)

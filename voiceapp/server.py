@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable
 from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
@@ -360,13 +360,15 @@ class EngineServer:
 
     # -- other front ends ---------------------------------------------------------------------------------
 
-    async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int]) -> AsyncIterator[AudioChunk]:
+    async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int],
+                     text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
         """Another front end's request: its audio, listed by status while it runs, counted (in `counts` too) when
-        it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end)."""
+        it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end). Text
+        from `text_stream` follows the request's own, as it comes."""
         live = self.requests.live[req.request_id] = _Live(req, None, client=client)
         outcome = "cancelled"
         try:
-            async with contextlib.aclosing(self.synth.synthesize(req)) as chunks:
+            async with contextlib.aclosing(self.synth.synthesize(req, text_stream)) as chunks:
                 async for chunk in chunks:
                     live.samples += len(chunk.samples)
                     yield chunk

@@ -1,35 +1,32 @@
-"""Provides the speech-dispatcher output module: the sd_generic configuration that `voicectl speechd install` writes
-(per user), the edit of the user's speechd.conf that loads it, and what `voicectl speechd speak` (the command that
-configuration runs for each message) makes of speechd's voice, rate and pitch.
-
-How speechd uses it: its sd_generic module runs GenericExecuteSynth through /bin/sh for each message (a paragraph,
-at most GenericMaxChunkLength bytes), with $VOICE, $RATE and $PITCH replaced by values from its tables and $DATA by
-the text with every `'` written as `'\\''`: inside single quotes the text is one literal argument, whatever it holds.
-On stop or cancel it SIGKILLs the command's whole process group; the engine server runs in a session of its own
-and stays warm. $LANGUAGE is left out: a client's language code reaches the shell unescaped.
+"""Provides the speech-dispatcher side of voiceapp's installation: the files `voicectl speechd install` writes (per
+user): the native output module's start script (`sd_voiceapp`, in speechd's user module folder, which runs
+`voicectl speechd module`) and its configuration, the edit of the user's speechd.conf that loads it (and, with
+--default, makes it the default), and the migration from the earlier sd_generic configuration; plus what a message's
+rate and pitch do to its voice (voiceapp.speechd_module speaks the messages).
 """
 from __future__ import annotations
 
-import codecs
 import contextlib
 import math
 import os
-import re
 import shlex
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from engine.tokens import LEVELS
 
 if TYPE_CHECKING:
     from engine.voices import Voice
 
-MODULE = "voiceapp-generic"
-"""The output module's name (`spd-say -o voiceapp-generic`). speechd loads `modules/NAME-generic.conf` from the user's
-configuration on its own when speechd.conf lists no AddModule lines (its default); otherwise an AddModule line does."""
+MODULE = "voiceapp"
+"""The output module's name (`spd-say -o voiceapp`). speechd starts `sd_voiceapp` from the user's module folder on its
+own when speechd.conf lists no AddModule lines (its default); otherwise our AddModule line names it."""
 MODULE_CONF = f"{MODULE}.conf"
+MODULE_PROGRAM = f"sd_{MODULE}"
+OLD_MODULE_CONF = "voiceapp-generic.conf"
+"""The sd_generic configuration earlier versions installed: install replaces it with the native module."""
 BEGIN = "# >>> voiceapp: added by `voicectl speechd install`; `voicectl speechd uninstall` removes it >>>"
 END = "# <<< voiceapp <<<"
 CREATED = "# voiceapp: this file was created as a copy of "
@@ -43,18 +40,7 @@ VOICE_TYPES = {"MALE1": "leo", "MALE2": "max", "MALE3": "sam", "FEMALE1": "ava",
                "CHILD_MALE": "sam", "CHILD_FEMALE": "emma"}
 """speechd's symbolic voice types -> our presets (the children's: the highest, quickest ones)."""
 VOICE_LANGUAGES = ("en", "zh")
-"""Languages the model speaks: each gets the AddVoice lines, so `spd-say -l en -t male2` picks max."""
-UTF8_LANGUAGES = ("en", "zh", "de", "fr", "es", "it", "pt", "nl", "sv", "da", "nb", "fi", "pl", "cs", "sk", "hu",
-                  "ro", "ru", "uk", "el", "tr", "ja", "ko", "ar", "he", "hi")
-"""GenericLanguage lines with charset utf-8: sd_generic recodes text of any other language to ISO-8859-1 (0.11)."""
-NO_DELIMITER = "\x01"
-"""GenericDelimiters: sd_generic cuts a message after each of these bytes when a space follows."""
-MAX_CHUNK_BYTES = 16384
-"""GenericMaxChunkLength: sd_generic starts one command per chunk (it also splits at blank lines), so a long
-message should not be cut into many (each pays a process start); a single argument may be 128 KiB on Linux."""
-SAFE_WORD = re.compile(r"^[A-Za-z0-9_./+@:,=%-]+$")
-"""What may go into the generated command line unquoted by us: dotconf gives `"`, `\\` and `#` meanings, sd_generic
-replaces `$NAME` tokens, and the shell the rest."""
+"""Languages the model speaks: the module lists every voice under each (`spd-say -L`)."""
 LEVEL_STEP = 40
 """speechd's -100..100 per level of ours: |rate| or |pitch| below 20 keeps the voice's level, 20..59 moves one
 level, 60 and more two."""
@@ -74,12 +60,28 @@ def runtime_dir(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(env["XDG_RUNTIME_DIR"]) / "speech-dispatcher" if env.get("XDG_RUNTIME_DIR") else None
 
 
+def user_module_dir(env: Mapping[str, str] | None = None) -> Path:
+    """speechd's user module folder: $XDG_DATA_HOME/../libexec/speech-dispatcher-modules (~/.local/libexec/...)."""
+    env = os.environ if env is None else env
+    data = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "share")
+    return Path(os.path.normpath(Path(data) / ".." / "libexec" / "speech-dispatcher-modules"))
+
+
+def module_log_path(env: Mapping[str, str] | None = None) -> Path:
+    """The module's own log: $XDG_CACHE_HOME/voiceapp/speechd-module.log (default ~/.cache)."""
+    env = os.environ if env is None else env
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(cache) / "voiceapp" / "speechd-module.log"
+
+
 @dataclass(frozen=True)
 class Paths:
-    """The files install writes: speechd.conf (edited) and the module's configuration."""
+    """The files install writes: speechd.conf (edited), the module's configuration and its start script."""
 
     conf_dir: Path
     system_dir: Path = SYSTEM_CONF_DIR
+    module_dir: Path | None = None
+    """speechd's user module folder (None: beside the configuration, for tests that never run speechd)."""
 
     @property
     def speechd_conf(self) -> Path:
@@ -88,6 +90,14 @@ class Paths:
     @property
     def module_conf(self) -> Path:
         return self.conf_dir / "modules" / MODULE_CONF
+
+    @property
+    def old_module_conf(self) -> Path:
+        return self.conf_dir / "modules" / OLD_MODULE_CONF
+
+    @property
+    def module_program(self) -> Path:
+        return (self.module_dir or self.conf_dir / "libexec") / MODULE_PROGRAM
 
     @property
     def system_conf(self) -> Path:
@@ -101,48 +111,12 @@ class Paths:
         return ""
 
 
-# ---- the module's configuration --------------------------------------------------------------------------------
+# ---- the module --------------------------------------------------------------------------------------------------
 
-def speak_command(python: str, options: Iterable[str] = ()) -> str:
-    """GenericExecuteSynth's shell command: `voicectl speechd speak` with speechd's values and the install's
-    `options` (engine flags, seed). InputError when a path or option would need quoting in the config file."""
-    from engine.errors import InputError
-
-    words = [python, "-m", "voiceapp.cli", "speechd", "speak", *options]
-    bad = [w for w in words if not SAFE_WORD.match(w)]
-    if bad:
-        raise InputError(f"cannot put {bad[0]!r} into speech-dispatcher's configuration (allowed: letters, digits "
-                         f"and _./+@:,=%-); use a path without other characters")
-    return ("exec " + " ".join(words) + " --voice '$VOICE' --rate '$RATE' --pitch '$PITCH' -- '$DATA'")
-
-
-def module_conf_text(command: str, voices: Mapping[str, str], slots: Mapping[str, str], default_voice: str) -> str:
-    """The sd_generic configuration: `voices` maps each of our voice names to its gender, `slots` speechd's voice
-    types to voice names (see type_slots)."""
-    lines = ["# speech-dispatcher output module for voiceapp: written by `voicectl speechd install`, removed by",
-             "# `voicectl speechd uninstall` (edits are lost on the next install).",
-             f'GenericExecuteSynth "{command}"',
-             f'GenericCmdDependency "{shlex.split(command)[1]}"',
-             f"GenericMaxChunkLength {MAX_CHUNK_BYTES}",
-             "# One command per message: sd_generic would start one per sentence at its default delimiter (.), and",
-             "# an empty list means that default; this one is the control character U+0001, which text never holds.",
-             f'GenericDelimiters "{NO_DELIMITER}"',
-             "GenericRateForceInteger 1",
-             "GenericPitchForceInteger 1"]
-    lines += [f'GenericLanguage "{lang}" "{lang}" "utf-8"' for lang in UTF8_LANGUAGES]
-    for lang in VOICE_LANGUAGES:
-        # every voice once (`spd-say -L`), then the symbolic types: for each type, the last line wins
-        lines += [f'AddVoice "{lang}" "{"MALE1" if gender == "male" else "FEMALE1"}" "{name}"'
-                  for name, gender in sorted(voices.items()) if name not in slots.values()]
-        lines += [f'AddVoice "{lang}" "{kind}" "{name}"' for kind, name in slots.items() if name in voices]
-    lines.append(f'DefaultVoice "{default_voice}"')
-    return "\n".join(lines) + "\n"
-
-
-def module_command(module_text: str) -> str | None:
-    """GenericExecuteSynth's command in a module configuration (dotconf's quotes removed)."""
-    lines = active_lines(module_text, "GenericExecuteSynth")
-    return lines[-1].split(None, 1)[1].strip().removeprefix('"').removesuffix('"') if lines else None
+def program_text(python: str) -> str:
+    """The start script speechd runs (with the configuration's path as its argument)."""
+    return (f"#!/bin/sh\n# speech-dispatcher output module voiceapp: written by `voicectl speechd install`\n"
+            f"exec {shlex.quote(python)} -m voiceapp.cli speechd module \"$@\"\n")
 
 
 def type_slots(voice: str | None, default_type: str) -> dict[str, str]:
@@ -159,11 +133,6 @@ def default_voice_type(conf_text: str) -> str:
     values = [line.split(None, 1)[1].strip().strip('"').upper() for line in active_lines(conf_text, "DefaultVoiceType")
               if len(line.split()) > 1]
     return values[-1] if values and values[-1] in VOICE_TYPES else "MALE1"
-
-
-def installable_voices(bank_voices: Mapping[str, Voice]) -> dict[str, str]:
-    """name -> gender of the voices a config may list (names speechd and the shell take as they are)."""
-    return {name: v.gender for name, v in bank_voices.items() if SAFE_WORD.match(name)}
 
 
 # ---- speechd.conf ------------------------------------------------------------------------------------------------
@@ -191,9 +160,10 @@ def strip_block(text: str) -> tuple[str, bool, str | None]:
     return "".join(out), found, created
 
 
-def with_block(text: str, make_default: bool, created_from: Path | None) -> str:
-    """`text` (a speechd.conf without our block) with it appended: an AddModule line when the file already lists
-    modules (speechd then loads only those), DefaultModule with `make_default` (the user's own turned off)."""
+def with_block(text: str, make_default: bool, created_from: Path | None, program: Path) -> str:
+    """`text` (a speechd.conf without our block) with it appended: an AddModule line naming `program` when the file
+    already lists modules (speechd then loads only those), DefaultModule with `make_default` (the user's own turned
+    off)."""
     lines = text.splitlines(keepends=True)
     if make_default:
         theirs = set(active_lines(text, "DefaultModule"))
@@ -205,7 +175,7 @@ def with_block(text: str, make_default: bool, created_from: Path | None) -> str:
     if created_from is not None:
         block.append(f"{CREATED}{created_from}")
     if active_lines(text, "AddModule"):
-        block.append(f'AddModule "{MODULE}" "sd_generic" "{MODULE_CONF}"')
+        block.append(f'AddModule "{MODULE}" "{program}" "{MODULE_CONF}"')
     if make_default:
         block.append(f"DefaultModule {MODULE}")
     block.append(END)
@@ -220,11 +190,18 @@ class InstallResult:
     """speechd.conf did not exist: it was made as a copy of the system's, which speechd otherwise reads."""
 
 
-def install(paths: Paths, module_text: str, make_default: bool) -> InstallResult:
-    """Write the module's configuration and add our block to speechd.conf (replacing an earlier one). Idempotent:
-    a second run with the same arguments changes nothing."""
+def install(paths: Paths, module_text: str, program: str, make_default: bool) -> InstallResult:
+    """Write the module's configuration and start script, remove the earlier sd_generic configuration, and add our
+    block to speechd.conf (replacing an earlier one). Idempotent: a second run with the same arguments changes
+    nothing."""
     paths.module_conf.parent.mkdir(parents=True, exist_ok=True)
+    paths.module_program.parent.mkdir(parents=True, exist_ok=True)
     changed = [paths.module_conf] if write_if_changed(paths.module_conf, module_text) else []
+    if write_if_changed(paths.module_program, program, mode=0o755):
+        changed.append(paths.module_program)
+    if paths.old_module_conf.exists():
+        paths.old_module_conf.unlink()
+        changed.append(paths.old_module_conf)
     if paths.speechd_conf.exists():
         text, _, created = strip_block(paths.speechd_conf.read_text(encoding="utf-8"))
         created_from = Path(created) if created else None
@@ -232,19 +209,21 @@ def install(paths: Paths, module_text: str, make_default: bool) -> InstallResult
     else:
         text = paths.system_conf.read_text(encoding="utf-8") if paths.system_conf.is_file() else ""
         created_from, created_conf = paths.system_conf, True
-    if write_if_changed(paths.speechd_conf, with_block(text, make_default, created_from)):
+    if write_if_changed(paths.speechd_conf, with_block(text, make_default, created_from, paths.module_program)):
         changed.append(paths.speechd_conf)
     return InstallResult(changed, created_conf)
 
 
 def uninstall(paths: Paths) -> list[str]:
-    """Undo install; returns what was done, one line each (nothing when nothing was installed)."""
+    """Undo install (an earlier version's sd_generic configuration too); returns what was done, one line each
+    (nothing when nothing was installed)."""
     done = []
-    if paths.module_conf.exists():
-        paths.module_conf.unlink()
-        done.append(f"removed {paths.module_conf}")
-        with contextlib.suppress(OSError):  # only when empty
-            paths.module_conf.parent.rmdir()
+    for path in (paths.module_conf, paths.old_module_conf, paths.module_program):
+        if path.exists():
+            path.unlink()
+            done.append(f"removed {path}")
+            with contextlib.suppress(OSError):  # only when empty
+                path.parent.rmdir()
     if paths.speechd_conf.exists():
         text, found, created = strip_block(paths.speechd_conf.read_text(encoding="utf-8"))
         if found:
@@ -260,12 +239,15 @@ def uninstall(paths: Paths) -> list[str]:
     return done
 
 
-def write_if_changed(path: Path, text: str) -> bool:
-    """Replace `path` atomically with `text` unless it holds that already; whether it was written."""
-    if path.exists() and path.read_text(encoding="utf-8") == text:
+def write_if_changed(path: Path, text: str, mode: int | None = None) -> bool:
+    """Replace `path` atomically with `text` (and `mode`) unless it holds that already; whether it was written."""
+    if path.exists() and path.read_text(encoding="utf-8") == text and (mode is None or
+                                                                       path.stat().st_mode & 0o777 == mode):
         return False
     tmp = path.with_name(path.name + ".voiceapp-tmp")
     tmp.write_text(text, encoding="utf-8")
+    if mode is not None:
+        tmp.chmod(mode)
     tmp.replace(path)
     return True
 
@@ -324,24 +306,9 @@ def pick_voice(name: str, rate: float, pitch: float, voices: Mapping[str, Voice]
 
 
 def speechd_number(text: str) -> float:
-    """$RATE or $PITCH as sd_generic writes it (`-30`, `12.50`); 0 for anything else."""
+    """speechd's rate or pitch as it sends them (`-30`, `12.50`); 0 for anything else."""
     try:
         value = float(text)
     except ValueError:
         return 0.0
     return value if math.isfinite(value) else 0.0
-
-
-def decode_data(raw: bytes) -> str:
-    """$DATA's bytes -> text. sd_generic sends UTF-8 for the languages in our GenericLanguage lines and ISO-8859-1
-    for others, and may cut a long message inside a character: a cut sequence at either end is dropped."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    trimmed = raw.lstrip(bytes(range(0x80, 0xC0)))
-    try:
-        return codecs.getincrementaldecoder("utf-8")().decode(trimmed, final=False)
-    except UnicodeDecodeError:
-        return raw.decode("latin-1")
-

@@ -8,11 +8,13 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from engine.atomic import replacing
 from engine.errors import OutputError
-from engine.types import AudioChunk
+
+if TYPE_CHECKING:  # numpy comes with it: a `say` through a warm server checks its --out without it
+    from engine.types import AudioChunk
 
 
 def check_output(path: Path, any_suffix: bool = False) -> None:

@@ -354,6 +354,17 @@ class Player:
     # -- health counters for a UI ---------------------------------------------------------------------
 
     @property
+    def queued_frames(self) -> int:
+        """Device-rate frames ever handed to the ring (a position in the stream: where the next write goes)."""
+        return self._ring.write_count
+
+    @property
+    def played_frames(self) -> int:
+        """Device-rate frames ever taken from the ring by PortAudio (or dropped by clear); compare with
+        `queued_frames` to tell whether a position has reached the device."""
+        return self._ring.read_count
+
+    @property
     def underruns(self) -> int:
         """Callbacks that came up short mid-utterance (the ring ran dry)."""
         return self._ring.underruns

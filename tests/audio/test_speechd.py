@@ -1,11 +1,13 @@
-"""speech-dispatcher speaking through voiceapp: the Debian package's daemon, run headless in the foreground with a
-private configuration (what `voicectl speechd install` writes under a temporary XDG_CONFIG_HOME) and runtime
-directory, `spd-say` as the client, the PulseAudio null sink captured back.
+"""speech-dispatcher speaking through voiceapp's native output module: the Debian package's daemon, run headless in
+the foreground with a private configuration (what `voicectl speechd install` writes under temporary XDG folders)
+and runtime directory, in the C.UTF-8 locale, with a cloned voice of the user's present; `spd-say` and a screen
+reader's own SSIP connection as the clients, the PulseAudio null sink captured back.
 
 What the sink got from `spd-say` must be what `voicectl say --out` writes for the same text, voice and seed, the
-text reaching the engine verbatim (shell metacharacters included, nothing executed); a cancel (a screen reader's, on
-its open connection, and `spd-say -C`) must silence it within 50 ms and abort the server's request; and the message
-must come from the warm server, fast.
+text reaching the engine verbatim (shell metacharacters included, nothing executed), each voice type speaking its
+preset; a cancel must silence it within 50 ms and abort the server's request; SSML index marks must come back in
+order as they are played; the message must come from the warm server, fast; and the server the module started
+must stop on `voicectl stop`, the module starting another for the next message.
 """
 from __future__ import annotations
 
@@ -41,9 +43,22 @@ class Speechd:
                  model: Path) -> None:
         self.root, self.env, self.proc, self.engine_socket, self.model = root, env, proc, engine_socket, model
 
-    def spd_say(self, *args: str, wait: bool = False) -> None:
-        cmd = ["spd-say", "-l", "en", *(["-w"] if wait else []), *args]
+    def spd_say(self, *args: str, wait: bool = False, language: str | None = "en") -> None:
+        """`spd-say ARGS`; with language None, speechd takes the client's locale's (C.UTF-8 here)."""
+        cmd = ["spd-say", *(["-l", language] if language else []), *(["-w"] if wait else []), *args]
         subprocess.run(cmd, env=self.env, check=True, timeout=120, capture_output=True)
+
+    def module_pids(self) -> list[int]:
+        """Live `voicectl speechd module` processes of this daemon."""
+        found = []
+        for entry in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"speechd" in argv and b"module" in argv and str(self.root).encode() in b" ".join(argv):
+                found.append(int(entry.name))
+        return found
 
     def server_counts(self) -> dict:
         proc = cli_helpers.voicectl("status", "--json", "--socket", str(self.engine_socket), env=self.env)
@@ -52,17 +67,6 @@ class Speechd:
         return {k: status[k] for k in ("pid", "served", "cancelled")}
 
 
-    def speak_pids(self) -> list[int]:
-        """Live `voicectl speechd speak` processes of this daemon (their command line names our model)."""
-        found = []
-        for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"speechd" in argv and b"speak" in argv and str(self.model).encode() in argv:
-                found.append(int(entry.name))
-        return found
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +75,16 @@ def speechd(pulse_server, tiny_model):
         if not shutil.which(tool):
             _skip_or_fail(f"{tool} not installed (apt-get install speech-dispatcher)")
     root = Path(tempfile.mkdtemp(prefix="sd."))  # short: socket paths have a 107-byte limit
-    for d in ("config", "home", "run", "engine"):
+    for d in ("config", "home", "run", "engine", "data", "cache"):
         (root / d).mkdir(mode=0o700)
     engine_socket = root / "engine" / "engine.sock"
-    env = {k: v for k, v in os.environ.items() if k != "VOICEAPP_NO_SERVER"}
+    env = {k: v for k, v in os.environ.items() if k not in ("VOICEAPP_NO_SERVER", "LANGUAGE", "LC_ALL")}
     env.update(XDG_CONFIG_HOME=str(root / "config"), HOME=str(root / "home"), XDG_RUNTIME_DIR=str(root / "run"),
+               XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"), LANG="C.UTF-8",
                VOICEAPP_SOCKET=str(engine_socket), VOICEAPP_IDLE_TIMEOUT="120")
+    cloned = root / "data" / "voiceapp" / "voices"  # a user's cloned voice: it must not take a voice type's place
+    cloned.mkdir(parents=True)
+    (cloned / "mine.toml").write_text('name = "mine"\ngender = "female"\nglobal_tokens = ' + str([7] * 32) + "\n")
     installed = cli_helpers.voicectl("speechd", "install", "--default", "--voice", "ava", "--model", str(tiny_model),
                                      "--backend", "torch", "--max-tokens", str(MAX_TOKENS), env=env, text=True)
     assert installed.returncode == 0, installed.stderr
@@ -89,7 +97,7 @@ def speechd(pulse_server, tiny_model):
             assert proc.poll() is None and time.monotonic() < deadline, "speech-dispatcher did not start"
             time.sleep(0.05)
         modules = subprocess.run(["spd-say", "-O"], env=env, capture_output=True, text=True, timeout=30).stdout
-        assert "voiceapp-generic" in modules.split(), modules
+        assert "voiceapp" in modules.split(), modules
         server.spd_say("Hi.", wait=True)  # starts the engine server: later messages find it warm
         yield server
     finally:
@@ -114,25 +122,29 @@ def align(heard: np.ndarray, ref: np.ndarray) -> int:
 
 
 @pytest.mark.audio
-def test_spd_say_plays_exactly_what_say_out_writes(speechd, record_monitor, tiny_model, tmp_path):
-    """`-t female2` is mia; the seed is speechd speak's (0); the text reaches the engine verbatim."""
+@pytest.mark.parametrize("voice_type, preset, language", [("female2", "mia", "en"), ("female1", "ava", None)])
+def test_spd_say_plays_exactly_what_say_out_writes(speechd, record_monitor, tiny_model, tmp_path, voice_type, preset,
+                                                   language):
+    """Each voice type speaks its preset (a cloned female voice of the user's present, the locale C.UTF-8, with
+    and without a language from the client); the seed is the module's (0); the text reaches the engine verbatim."""
     ref_path = tmp_path / "ref.wav"
-    made = cli_helpers.voicectl("say", TEXT, "--voice", "mia", "--seed", "0", "--max-tokens", str(MAX_TOKENS), "--out",
-                                str(ref_path), "--model", str(tiny_model), "--backend", "torch", "--no-server")
+    made = cli_helpers.voicectl("say", TEXT, "--voice", preset, "--seed", "0", "--max-tokens", str(MAX_TOKENS),
+                                "--out", str(ref_path), "--model", str(tiny_model), "--backend", "torch",
+                                "--no-server")
     assert made.returncode == 0, made.stderr.decode()
     ref, rate = sf.read(ref_path, dtype="float32")
     assert rate == RATE
     before = speechd.server_counts()
     with record_monitor("tts16") as cap:
-        speechd.spd_say("-t", "female2", TEXT, wait=True)
+        speechd.spd_say("-t", voice_type, TEXT, wait=True, language=language)
     heard = cap()
     assert not (speechd.root / "homep").exists(), "the message ran a shell command"
     assert speechd.server_counts()["served"] == before["served"] + 1
     start = align(heard, ref)
     played = heard[start:start + len(ref)]
     assert len(played) == len(ref), "the capture ends before the utterance does"
-    assert np.corrcoef(played, ref)[0, 1] > 0.999
-    np.testing.assert_array_equal(played, ref)  # the path is bit-exact: gapless, one process for both sentences
+    assert np.corrcoef(played, ref)[0, 1] > 0.999, f"-t {voice_type} did not speak {preset}"
+    np.testing.assert_array_equal(played, ref)  # the path is bit-exact: gapless, one request for both sentences
     assert not heard[:start].any() and not heard[start + len(ref):].any(), "sound besides the message"
 
 
@@ -147,7 +159,20 @@ class SsipConnection:
 
     def command(self, line: str) -> bytes:
         self.sock.sendall(line.encode() + b"\r\n")
-        return self.replies.readline()
+        return self.reply()
+
+    def reply(self) -> bytes:
+        """One whole reply or event: its lines up to the one whose code is followed by a space."""
+        lines = [self.replies.readline()]
+        while len(lines[-1]) > 3 and lines[-1][3:4] == b"-":
+            lines.append(self.replies.readline())
+        return b"".join(lines)
+
+    def speak(self, text: str) -> bytes:
+        assert self.command("SPEAK").startswith(b"230")
+        body = "\r\n".join(("." + line) if line.startswith(".") else line for line in text.split("\n"))
+        self.sock.sendall(body.encode() + b"\r\n.\r\n")
+        return self.reply()
 
     def close(self) -> None:
         self.replies.close()
@@ -167,6 +192,8 @@ def test_cancel_silences_within_50_ms_and_aborts_the_request(speechd, record_mon
     `spd-say -C`, which starts a process and connects first: silent within 50 ms of its return (from its launch:
     printed)."""
     before = speechd.server_counts()
+    modules = speechd.module_pids()
+    assert len(modules) == 1
     ssip = SsipConnection(speechd.root / "run" / "speech-dispatcher" / "speechd.sock")
     marks = []  # per message: (frame before it was sent, frame at the cancel, frame once the cancel returned)
     try:
@@ -193,10 +220,7 @@ def test_cancel_silences_within_50_ms_and_aborts_the_request(speechd, record_mon
           f"{launch_ms:.1f} ms from its launch, {return_ms:.1f} ms from its return")
     assert statistics.median(ssip_ms) <= 50 and max(ssip_ms) <= 100, f"sound went on for {ssip_ms} ms after CANCEL"
     assert return_ms <= 50, f"sound went on for {return_ms:.0f} ms after spd-say -C returned"
-    deadline = time.monotonic() + 5
-    while speechd.speak_pids() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not speechd.speak_pids(), "a speak process outlived the cancel"
+    assert speechd.module_pids() == modules, "the module process did not survive the cancels"
     counts = speechd.server_counts()
     assert counts["pid"] == before["pid"], "a cancel killed the engine server"
     assert counts["cancelled"] == before["cancelled"] + 4, "the server did not abort the requests"
@@ -220,3 +244,48 @@ def test_first_audio_comes_from_the_warm_server_fast(speechd, record_monitor):
     assert after["served"] + after["cancelled"] == before["served"] + before["cancelled"] + 3
     assert median < 1500, "slower than the warm server gives (an in-process engine?)"
 
+
+
+MARKED = ('<speak><mark name="start"/>First words here. <mark name="middle"/>Then <emphasis>more words'
+          '</emphasis> follow. <mark name="last"/></speak>')
+
+
+@pytest.mark.audio
+def test_ssml_marks_come_back_in_order_as_they_are_played(speechd, record_monitor):
+    """An SSML message with three marks, from a client that asked for index mark events: each mark is reported,
+    in order, once the audio before it has played (its sound in the sink by then), then the END."""
+    ssip = SsipConnection(speechd.root / "run" / "speech-dispatcher" / "speechd.sock")
+    try:
+        for setting in ("SSML_MODE on", "NOTIFICATION index_marks on", "NOTIFICATION end on", "LANGUAGE en"):
+            assert ssip.command(f"SET self {setting}").startswith(b"2"), setting
+        with record_monitor("tts16") as cap:
+            start = cap.frames_so_far()
+            assert ssip.speak(MARKED).startswith(b"225")
+            seen = []  # (mark or END, frames of sound heard by then)
+            while not seen or seen[-1][0] != "END":
+                event = ssip.reply().decode()
+                lines = event.splitlines()
+                heard = int(np.count_nonzero(np.fromfile(cap.path, np.float32)[start:]))
+                if lines[-1].startswith("700"):
+                    seen.append((lines[-2][4:], heard))
+                elif lines[-1].startswith("702"):
+                    seen.append(("END", heard))
+    finally:
+        ssip.close()
+    assert [name for name, _ in seen] == ["start", "middle", "last", "END"], seen
+    assert seen[1][1] >= 0.5 * RATE * 0.8, f"'middle' came before the first sentence played: {seen}"
+    assert seen[2][1] > seen[1][1] + 0.5 * RATE * 0.8, f"'last' came before the second sentence played: {seen}"
+
+
+@pytest.mark.audio
+def test_voicectl_stop_stops_the_server_the_module_started(speechd):
+    """Last: the engine server the module started stops on `voicectl stop`, and the next message starts another."""
+    first = speechd.server_counts()["pid"]
+    stopped = cli_helpers.voicectl("stop", "--socket", str(speechd.engine_socket), env=speechd.env, text=True)
+    assert stopped.returncode == 0 and f"pid {first}" in stopped.stdout, stopped.stderr
+    deadline = time.monotonic() + 10  # stop returns once the socket is gone; the process exits right after
+    while cli_helpers.serve_pids(speechd.engine_socket) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not cli_helpers.serve_pids(speechd.engine_socket), "the server is still running"
+    speechd.spd_say("Back again.", wait=True)
+    assert speechd.server_counts()["pid"] not in (None, first)
