@@ -54,6 +54,12 @@ class ModuleConfig:
     log: Path | None = None
     """The module's own log: what `voicectl speechd status` shows when it failed."""
 
+    @property
+    def model(self) -> str | None:
+        """The --model recorded in `args` (None: the engine's default)."""
+        args = self.args
+        return next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--model"), None)
+
 
 def read_config(path: Path) -> ModuleConfig:
     """Parse the module configuration (`Key value ...` lines, shell-quoted; `#` starts a comment). Raises
@@ -347,10 +353,11 @@ class Speaker:
         self._voices: dict | None = None
 
     def bank(self) -> dict:
-        from engine.voices import VoiceBank
+        """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
+        from engine.families import family_of
 
         if self._voices is None:
-            self._voices = VoiceBank().all()
+            self._voices = family_of(self.config.model).voices().all()
         return self._voices
 
     def voices(self) -> list[tuple[str, str]]:
