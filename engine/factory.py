@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import replace

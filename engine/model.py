@@ -183,7 +183,7 @@ def load_model_info(model_dir: str | os.PathLike[str]) -> ModelInfo:
         if not _positive_int(value):
             raise ModelFormatError(f"{llm_config_path}: expected a positive integer `{key}`, found {value!r}")
 
-    llm_weights, embed_file, embed = _llm_weights(llm_dir)
+    llm_weights, embed_file, embed = read_llm_weights(llm_dir)
     if embed["shape"] != [vocab_size, hidden_size]:
         raise ModelFormatError(f"{embed_file}: expected {EMBED_KEY} of shape [{vocab_size}, {hidden_size}] "
                                f"(vocab_size, hidden_size from {llm_config_path}), found {embed['shape']}")
@@ -294,7 +294,7 @@ def _int_ge0(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _llm_weights(llm_dir: Path) -> tuple[tuple[Path, ...], Path, dict[str, Any]]:
+def read_llm_weights(llm_dir: Path) -> tuple[tuple[Path, ...], Path, dict[str, Any]]:
     """(weight files, file holding the embedding, embedding header entry); single file or sharded index."""
     single = llm_dir / "model.safetensors"
     index_path = llm_dir / "model.safetensors.index.json"

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable, Iterable
 
 from engine.model import FAMILY_SIZES
 from engine.tokens import GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK, STRUCTURAL, tok
@@ -112,14 +113,31 @@ def write_weights(path: Path, config: dict, seed: int) -> None:
     """Stream a random F32 safetensors file tensor by tensor (peak memory: the largest tensor)."""
     import torch
 
+    def tensor(name: str, shape: tuple[int, ...]):
+        if name.endswith("norm.weight"):
+            yield torch.ones(shape, dtype=torch.float32)
+        else:
+            g = torch.Generator().manual_seed(_tensor_seed(seed, name))
+            yield torch.randn(shape, generator=g, dtype=torch.float32).mul_(INIT_STD)
+
+    write_streamed_safetensors(path, weight_shapes(config), "F32", tensor)
+
+
+def write_streamed_safetensors(path: Path, shapes: list[tuple[str, tuple[int, ...]]], dtype: str,
+                               blocks: Callable[[str, tuple[int, ...]], Iterable]) -> None:
+    """A safetensors file written header first, then each tensor's bytes as `blocks(name, shape)` yields them
+    (torch tensors of `dtype`, F32 or BF16, in order): peak memory is one block, not the file. Written beside
+    `path` and renamed into place."""
+    import torch
+
     if sys.byteorder != "little":  # safetensors is little-endian; we write raw buffers
         raise RuntimeError("synthetic checkpoints need a little-endian machine")
-    shapes = weight_shapes(config)
+    size = {"F32": 4, "BF16": 2}[dtype]
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in shapes:
-        nbytes = 4 * _numel(shape)
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        nbytes = size * _numel(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -128,13 +146,9 @@ def write_weights(path: Path, config: dict, seed: int) -> None:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
         for name, shape in shapes:
-            if name.endswith("norm.weight"):
-                t = torch.ones(shape, dtype=torch.float32)
-            else:
-                g = torch.Generator().manual_seed(_tensor_seed(seed, name))
-                t = torch.randn(shape, generator=g, dtype=torch.float32).mul_(INIT_STD)
-            f.write(t.numpy().data)
-            del t
+            for block in blocks(name, shape):
+                raw = block.view(torch.int16) if block.dtype == torch.bfloat16 else block  # numpy has no bf16
+                f.write(raw.contiguous().numpy().data)
     os.replace(tmp, path)
 
 

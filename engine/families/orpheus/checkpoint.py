@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.errors import ModelFormatError, ModelNotFound
 from engine.families.orpheus import grammar as g
-from engine.model import EMBED_KEY, read_safetensors_header
+from engine.model import EMBED_KEY, read_llm_weights
 
 LLM_ARCHITECTURE = "LlamaForCausalLM"
 SNAC_DIR = "snac"
@@ -153,7 +153,7 @@ def read_orpheus(model_dir: str | os.PathLike[str]) -> OrpheusInfo:
         raise ModelFormatError(f"{snac_dir}: missing (an Orpheus folder holds the SNAC 24 kHz decoder there: "
                                f"{SNAC_CONFIG} + {SNAC_WEIGHTS})")
     llm = llama_summary(config, config_path)
-    weights, embed_file, embed = _llm_weights(root)
+    weights, embed_file, embed = read_llm_weights(root)
     if embed["shape"] != [llm.vocab_size, llm.hidden_size]:
         raise ModelFormatError(f"{embed_file}: expected {EMBED_KEY} of shape [{llm.vocab_size}, {llm.hidden_size}]"
                                f", found {embed['shape']}")
@@ -248,29 +248,6 @@ def read_snac_config(path: Path) -> SnacConfig:
     if cfg.decoder_dim % 2 ** len(cfg.decoder_rates):
         raise ModelFormatError(f"{path}: decoder_dim {cfg.decoder_dim} cannot halve {len(cfg.decoder_rates)} times")
     return cfg
-
-
-def _llm_weights(root: Path) -> tuple[tuple[Path, ...], Path, dict[str, Any]]:
-    """(weight files, file holding the embedding, its header entry): `model.safetensors` or a sharded index."""
-    single = root / "model.safetensors"
-    index = root / "model.safetensors.index.json"
-    if single.is_file():
-        entry = read_safetensors_header(single).get(EMBED_KEY)
-        if not isinstance(entry, dict):
-            raise ModelFormatError(f"{single}: expected a tensor named {EMBED_KEY}")
-        return (single,), single, entry
-    if not index.is_file():
-        raise ModelFormatError(f"{single}: missing (expected the LLM weights, or model.safetensors.index.json)")
-    weight_map = _read_json(index, "a safetensors shard index").get("weight_map")
-    if not isinstance(weight_map, dict) or EMBED_KEY not in weight_map:
-        raise ModelFormatError(f"{index}: expected a weight_map naming the shard of {EMBED_KEY}")
-    shards = tuple(root / name for name in sorted(set(weight_map.values())))
-    headers = {shard: read_safetensors_header(shard) for shard in shards}
-    embed_file = root / weight_map[EMBED_KEY]
-    entry = headers[embed_file].get(EMBED_KEY)
-    if not isinstance(entry, dict):
-        raise ModelFormatError(f"{embed_file}: expected a tensor named {EMBED_KEY} (as {index.name} says)")
-    return shards, embed_file, entry
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

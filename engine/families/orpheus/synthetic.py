@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +25,7 @@ import torch
 from engine.errors import OutputError
 from engine.families.orpheus import grammar as g
 from engine.families.orpheus.checkpoint import SNAC_CONFIG, SNAC_DIR, SNAC_WEIGHTS, read_snac_config
-from engine.synthetic.llm import _numel, _tensor_seed, base_vocab
+from engine.synthetic.llm import _numel, _tensor_seed, base_vocab, write_streamed_safetensors
 
 SIZES = ("tiny", "full")
 
@@ -149,13 +148,13 @@ def write_llm_weights(root: Path, config: dict[str, Any], seed: int, shard_bytes
     shapes = llm_shapes(config)
     shards = _plan_shards(shapes, shard_bytes)
     if len(shards) == 1:
-        _write_safetensors(root / "model.safetensors", shards[0], seed)
+        write_streamed_safetensors(root / "model.safetensors", shards[0], "BF16", lambda n, sh: _llm_chunks(n, sh, seed))
         return
     weight_map = {}
     total = 0
     for k, shard in enumerate(shards, 1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(root / name, shard, seed)
+        write_streamed_safetensors(root / name, shard, "BF16", lambda n, sh: _llm_chunks(n, sh, seed))
         weight_map.update({n: name for n, _ in shard})
         total += sum(2 * _numel(s) for _, s in shard)
     _write_json(root / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
@@ -187,30 +186,6 @@ def _llm_chunks(name: str, shape: tuple[int, ...], seed: int) -> Iterator[torch.
         rows = min(step, shape[0] - at)
         yield torch.randn((rows, *shape[1:]), generator=gen).mul_(INIT_STD).to(torch.bfloat16)
 
-
-def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], seed: int) -> None:
-    """Stream a BF16 safetensors file: header first, then each tensor as it is drawn."""
-    if sys.byteorder != "little":
-        raise RuntimeError("synthetic checkpoints need a little-endian machine")
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape in tensors:
-        nbytes = 2 * _numel(shape)
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for name, shape in tensors:
-            for block in _llm_chunks(name, shape, seed):
-                f.write(block.view(torch.int16).numpy().data)
-    os.replace(tmp, path)
-
-
-# ------------------------------------------------------------------------------------------------ tokenizer
 
 def added_tokens() -> list[tuple[int, str, bool]]:
     """(id, text, special) of every token past the BPE vocabulary: Llama's 256 specials, then the custom tokens."""
