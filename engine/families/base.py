@@ -10,13 +10,15 @@ the servers, the front ends and export see only these Protocols.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Hashable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Protocol, runtime_checkable
 
-from engine.backends.base import DecodeItem
 from engine.config import SamplingOptions
 from engine.prompt import Prompt
 from engine.voices import Voice, VoiceBank
 from engine.windowing import WindowSchedule
+
+if TYPE_CHECKING:  # numpy comes with it: what only asks which family a folder is (say's lean road) needs none
+    from engine.backends.base import DecodeItem
 
 Encode = Callable[[str], list[int]]
 """Plain text -> token ids with no special tokens added (the checkpoint's tokenizer)."""

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import DecodeItem
 from engine.config import SamplingOptions
 from engine.errors import GenerationError
 from engine.families.base import Encode, Sample
@@ -123,8 +122,10 @@ class SparkFamily:
 
         return write_checkpoint(out_dir, size=size, seed=seed, overwrite=overwrite)
 
-    def probe_item(self, length: int) -> DecodeItem:
+    def probe_item(self, length: int) -> Any:
         """A `length`-code window of valid codes and a voice's globals, to time or warm a decoder with."""
+        from engine.backends.base import DecodeItem
+
         return DecodeItem(tuple((7 * k) % SEMANTIC_CODEBOOK for k in range(length)), tuple(range(GLOBAL_COUNT)))
 
 

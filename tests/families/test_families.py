@@ -35,3 +35,15 @@ def test_a_llama_folder_is_orpheus_and_a_spark_layout_is_spark(tmp_path):
     (spark / "config.yaml").write_text("sample_rate: 16000\n")
     assert detect(llama).name == "orpheus" and detect(spark).name == "spark"
     assert family("orpheus").sample_rate == 24000 and family("spark").sample_rate == 16000
+
+
+def test_asking_which_family_a_folder_is_imports_no_numpy(tmp_path):
+    """`say`'s lean road asks (for the voices) before its first audio, and imports no numpy before that."""
+    import subprocess
+    import sys
+
+    (tmp_path / "config.yaml").write_text("sample_rate: 16000\n")
+    code = ("import sys; from engine.families import family_of; "
+            f"family_of({str(tmp_path)!r}).voices().all(); print('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

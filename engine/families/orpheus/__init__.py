@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.backends.base import DecodeItem
 from engine.config import SamplingOptions
 from engine.families.base import Encode, Sample
 from engine.families.orpheus import grammar
@@ -135,7 +134,9 @@ class OrpheusFamily:
             shutil.rmtree(out)
         return write_checkpoint(out, size=size, seed=seed)
 
-    def probe_item(self, length: int) -> DecodeItem:
+    def probe_item(self, length: int) -> Any:
+        from engine.backends.base import DecodeItem
+
         frames = tuple(tuple((97 * (f * TOKENS_PER_FRAME + k)) % 4096 for k in range(TOKENS_PER_FRAME))
                        for f in range(length))
         return DecodeItem(frames, ())
