@@ -86,11 +86,13 @@ OPTIONS: dict[str, Limit] = {
     "latency": Limit(float, 0, 2.0, low_open=True, unit="seconds"),  # PortAudio's output latency
     "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.cmd_say.BUFFER_S
     "jobs": Limit(int, 1, 256),
-    "normalize_loudness": Limit(float, -70.0, 0.0, unit="dBFS"),
+    "normalize_loudness": Limit(float, -50.0, -6.0, unit="dBFS"),  # an RMS level (engine.book loudness)
     "max_mb": Limit(int, 1, 4096, unit="MB"),
     "idle_timeout": Limit(float, 0, 365 * 86400.0, unit="seconds"),  # 0: never
     "http_max_chars": Limit(int, 1, 10_000_000),
     "http_max_streams": Limit(int, 1, 100_000),
+    "http_max_connections": Limit(int, 1, 100_000),  # lowered further to fit the descriptor limit at start-up
+    "http_timeout": Limit(float, 0, 3600.0, low_open=True, unit="seconds"),
     "tokens": MAX_TOKENS,
     "sentences": Limit(int, 1, 10_000),
     "rounds_1": Limit(int, 1, 10_000),

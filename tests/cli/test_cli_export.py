@@ -80,7 +80,7 @@ def test_bad_paths_and_options(case, tmp_path):
         ro.chmod(0o500)
         args[3] = str(ro / "o.wav")
     elif case == "not_wav":
-        args[3] = str(tmp_path / "o.mp3")
+        args[3] = str(tmp_path / "o.xyz")  # a container FFmpeg has no writer for
     elif case == "unknown_voice":
         args += ["--voice", "nobody"]
     one_line_error(voicectl(*args))

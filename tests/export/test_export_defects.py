@@ -138,7 +138,7 @@ def test_a_read_only_cue_sheet_is_kept(src, tmp_path, capsys):
 def test_a_loudness_target_that_is_not_a_level_is_refused(src, tmp_path, capsys, target):
     code, err = export(capsys, str(src), "-o", str(tmp_path / "out.wav"), f"--normalize-loudness={target}")
     shown = f"{float(target):g}" if math.isfinite(float(target)) else target
-    assert code != 0 and err == f"voicectl: --normalize-loudness {shown}: give an RMS level from -50 to -6 dBFS", err
+    assert code != 0 and err == f"voicectl: --normalize-loudness {shown}: must be a number from -50 to -6 dBFS", err
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "victim.txt"]
 
 
