@@ -203,6 +203,8 @@ class Manifest:
             raise ManifestError(f"cannot read {self.path}: {err.strerror or err}") from None
         except ValueError:
             raise self._corrupt("not valid JSON") from None
+        except RecursionError:  # json recurses once a level: Python's own limit is the depth limit
+            raise self._corrupt("nested too deep to be a manifest") from None
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise self._corrupt("not a voiceapp export manifest")
         if data.get("version") != MANIFEST_VERSION:

@@ -150,3 +150,13 @@ def test_restart_where_the_manifest_is_a_directory_is_one_line(src, tmp_path):
                                       *extra))
         assert str(tmp_path / "out.wav.manifest.json") in err, err
     assert (tmp_path / "out.wav.manifest.json" / "mine.txt").read_text() == "not the export's"
+
+
+def test_a_manifest_nested_50000_deep_is_one_line(src, tmp_path):
+    """A manifest (or anything at its name) nested far deeper than any manifest is: one line, not a RecursionError
+    traceback; the file is left alone."""
+    manifest = tmp_path / "out.wav.manifest.json"
+    manifest.write_text("[" * 50_000 + "]" * 50_000)
+    err = one_line_error(voicectl("export", str(src), "-o", str(tmp_path / "out.wav"), "--backend", "fake",
+                                  "--resume", text=True))
+    assert "nested too deep" in err and manifest.read_text().startswith("[[[")
