@@ -34,7 +34,6 @@ from engine.book import Book, Sentence
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError
 from engine.pipeline import Synthesizer, sentence_seed
-from engine.windowing import WindowSchedule
 
 MANIFEST_FORMAT = "voiceapp-export"
 MANIFEST_VERSION = 3

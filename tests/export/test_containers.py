@@ -4,7 +4,6 @@ whole novel to M4B is in test_longform."""
 import io
 import signal
 import wave
-from fractions import Fraction
 
 import av
 import numpy as np

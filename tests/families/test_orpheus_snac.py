@@ -13,7 +13,7 @@ from engine.backends.base import CodecDecoder, DecodeItem
 from engine.errors import GenerationError, ModelFormatError
 from engine.families.orpheus import grammar as g
 from engine.families.orpheus.snac import (
-    IGNORED_KEYS, SnacDecoder, DecodeItem, context_windows, measure_context_table, position_noise,
+    IGNORED_KEYS, SnacDecoder, context_windows, measure_context_table, position_noise,
 )
 from engine.seams import seam_error_db
 
