@@ -13,7 +13,9 @@ COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voic
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand, or `only` that one: each command module imports what its options need, and a `say`
     through a warm server should not pay for the benchmark's or the exporter's imports."""
-    parser = argparse.ArgumentParser(prog="voicectl", description="Real-time Spark-TTS voice player.")
+    parser = argparse.ArgumentParser(prog="voicectl", description="Real-time voice player for LLM-based TTS models "
+                                                                  "(Spark-TTS, Orpheus).")
+    parser.add_argument("--version", action="version", version=f"voicectl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only,):
         try:
@@ -27,6 +29,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     limits.apply(parser)  # every numeric option checked by the one table (range, finiteness)
     return parser
+
+
+def _version() -> str:
+    """The installed project's version (a checkout that was never installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("voiceapp")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
@@ -53,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.errors import VoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     if argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and os.environ.get("VOICEAPP_NO_SERVER", "") in (
             "", "0"):

@@ -40,13 +40,16 @@ def run(args: argparse.Namespace) -> int:
 
 def check_model(arg: str | None) -> Check:
     from engine.errors import VoiceError
-    from engine.model import load_model_info, resolve_model_dir
+    from engine.families import detect
+    from engine.model import resolve_model_dir
 
     try:
-        info = load_model_info(resolve_model_dir(arg))
+        root = resolve_model_dir(arg)
+        family = detect(root)
+        info = family.read(root)
     except VoiceError as err:
         return Check("model", False, str(err), "voicectl model download   (or --model DIR / VOICEAPP_MODEL)")
-    return Check("model", True, f"{info.root} (hash {info.checkpoint_hash})")
+    return Check("model", True, f"{info.root}: {family.name}, {info.sample_rate} Hz (hash {info.checkpoint_hash})")
 
 
 def check_torch() -> Check:
@@ -71,15 +74,28 @@ def check_gpu() -> Check:
 
 def check_vllm() -> Check:
     if importlib.util.find_spec("vllm") is None:
-        return Check("vllm", False, "not installed: the torch generator is used", "pip install -e '.[vllm]'",
-                     critical=False)
+        if not _cuda():  # vLLM serves crowds on a GPU; a CPU runs the int8 LLM, which needs nothing more
+            return Check("vllm", True, "not installed, and not needed without a CUDA GPU (the LLM runs in int8 "
+                         "through ONNX Runtime)")
+        return Check("vllm", False, "not installed: the graph lane and the torch generator carry every stream",
+                     "pip install -e '.[vllm]' (for crowds: many streams at once)", critical=False)
     from importlib.metadata import version
 
     return Check("vllm", True, version("vllm"))
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def check_triton() -> Check:
     """Triton compiles the graph lane's fused decode kernels (CUDA wheels of PyTorch bring it)."""
+    if importlib.util.find_spec("triton") is None and not _cuda():
+        return Check("triton", True, "not installed, and not needed without a CUDA GPU")
     if importlib.util.find_spec("triton") is None:
         return Check("triton", False, "not installed: on a GPU the graph lane steps without its fused decode "
                      "kernels, so each token takes longer", "pip install triton", critical=False)

@@ -1,4 +1,9 @@
 """voicectl entry point: routing and error rendering."""
+import subprocess
+import sys
+
+import pytest
+
 import voiceapp.cli as cli
 
 
@@ -41,6 +46,28 @@ def test_doctor_notes_a_missing_triton_without_failing(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    monkeypatch.setattr(cmd_doctor, "_cuda", lambda: True)
     check = cmd_doctor.check_triton()
     assert not check.ok and not check.critical and "fused decode kernels" in check.detail
     assert check.fix == "pip install triton"
+
+
+@pytest.mark.parametrize("name", ["vllm", "triton"])
+def test_doctor_gives_a_cpu_machine_cpu_advice(monkeypatch, name):
+    """Without a CUDA GPU neither vLLM nor Triton would be used: their absence is fine, and nothing suggests
+    installing them."""
+    import importlib.util
+
+    from voiceapp import cmd_doctor
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+    monkeypatch.setattr(cmd_doctor, "_cuda", lambda: False)
+    check = getattr(cmd_doctor, f"check_{name}")()
+    assert check.ok and "not needed without a CUDA GPU" in check.detail and not check.fix
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("voicectl ") and proc.stdout.split()[1][0].isdigit()
