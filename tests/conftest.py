@@ -42,6 +42,14 @@ def _no_background_servers():
 
 
 @pytest.fixture(scope="session")
+def orpheus_tiny(tmp_path_factory):
+    """A tiny random-weight checkpoint in the exact Orpheus layout (LLM folder + snac/), seed 0, once per session."""
+    from engine.families.orpheus.synthetic import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("orpheus") / "tiny", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny random-weight checkpoint in the exact Spark-TTS layout (written once per session)."""
     from engine.synthetic import write_checkpoint

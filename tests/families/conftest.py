@@ -1,17 +1,10 @@
-"""Fixtures for the model-family tests: tiny synthetic Orpheus folders, written once per session."""
+"""Fixtures for the model-family tests: the tiny Orpheus checkpoint's SNAC (the checkpoint itself, `orpheus_tiny`,
+is tests/conftest.py's)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def orpheus_tiny(tmp_path_factory) -> Path:
-    """A whole tiny synthetic Orpheus folder (LLM + tokenizer + snac/), seed 0."""
-    from engine.families.orpheus.synthetic import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("orpheus") / "tiny", size="tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
