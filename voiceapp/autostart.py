@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from engine.errors import InputError, VoiceError
 from engine.events import EventSink, Notice, ignore_events
-from voiceapp.cmd_serve import LOG_PREFIX
 from voiceapp.client import RemoteSynthesizer, ServerUnusable, connect_usable
-from voiceapp.server_socket import NO_SERVER_ENV, is_default_location, lock_holder, server_disabled  # noqa: F401
+from voiceapp.server_socket import (LOG_PREFIX, NO_SERVER_ENV, is_default_location, lock_holder,  # noqa: F401
+                                    server_disabled)
 
 if TYPE_CHECKING:
     from engine.factory import EngineConfig

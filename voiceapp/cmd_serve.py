@@ -11,9 +11,8 @@ import sys
 from dataclasses import replace
 
 from voiceapp.common import add_engine_args, engine_config
+from voiceapp.server_socket import LOG_PREFIX
 
-LOG_PREFIX = "voicectl serve: "
-"""Every line the server itself logs starts so (its stderr also carries what libraries print)."""
 WARMUP_TEXT = "Warming up."
 WARMUP_TOKENS = 40
 """Enough to run every stage once (prompt, generation, a few decode windows) without a long render."""

@@ -10,79 +10,17 @@ sentence and to its exit, and reports its own render speed, so the same runs giv
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import signal
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from voiceapp.startup_cases import POLL_S, Bench, CaseFailed, end_process, last_line, launch, write_book
+from voiceapp.startup_cases import Bench, export_run, write_book
 
 OTHER_JOBS = (16, 50)
 """--jobs of the killed export and of the reversed one: both unlike the default (the lane's rows and some)."""
 KILL_SHARE = 0.25
 """The killed export dies once this share of its sentences is on disk."""
-
-
-@dataclass
-class ExportRun:
-    """One `voicectl export` process."""
-
-    name: str
-    args: list[str]
-    first_sentence_s: float | None = None
-    """Launch to the first finished sentence on disk."""
-    exit_s: float = 0.0
-    """Launch to exit."""
-    killed_after: int | None = None
-    """Finished sentences on disk when it was killed (None: ran to its end)."""
-    stats: dict = field(default_factory=dict)
-    """Its --json summary (empty when killed)."""
-
-
-def export_run(bench: Bench, book: Path, out: Path, *extra: str, kill_at: int | None = None,
-               name: str = "export") -> ExportRun:
-    """Run `voicectl export BOOK -o OUT EXTRA`; with `kill_at`, SIGKILL its process group once that many sentences
-    are finished. CaseFailed when it fails, or ends before it could be killed."""
-    from engine.export_plan import Parts
-    from voiceapp.cmd_export import Layout
-
-    args = [str(book), "-o", str(out), "--no-progress", "--json", *extra]
-    run, stdout, log = ExportRun(name, list(extra)), bench.path(name, ".json"), bench.path(name, ".log")
-    parts = Parts(Layout(out, directory=False, split=False).parts)
-    t0 = time.perf_counter()
-    with open(stdout, "wb") as sink:
-        proc = launch(bench.voicectl("export", *args), bench.env(server=False), log, stdout=sink)
-    try:
-        while proc.poll() is None:
-            written = parts.written()
-            if run.first_sentence_s is None and written:
-                run.first_sentence_s = time.perf_counter() - t0
-            if kill_at is not None and written >= kill_at:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                run.killed_after = parts.written()
-                break
-            if time.perf_counter() - t0 > bench.timeout_s:
-                raise CaseFailed(f"{name} did not finish within {bench.timeout_s:g} s")
-            time.sleep(POLL_S)
-        run.exit_s = time.perf_counter() - t0
-    finally:
-        end_process(proc)
-    if kill_at is not None and run.killed_after is None:
-        raise CaseFailed(f"{name} ended (exit status {proc.returncode}) before {kill_at} sentences were finished")
-    if kill_at is None:
-        if proc.returncode != 0:
-            raise CaseFailed(f"{name} failed (exit status {proc.returncode}): {last_line(log)}")
-        run.stats = json.loads(stdout.read_text().strip().splitlines()[-1])
-    bench.log(f"  {name}: {run.exit_s:.1f} s" + (f", killed after {run.killed_after} sentences"
-                                                 if run.killed_after is not None else
-                                                 f", {run.stats['xrt']:.0f}x rendering, "
-                                                 f"{run.stats['e2e_xrt']:.0f}x end to end"))
-    return run
 
 
 def export_check(bench: Bench, book: Path) -> dict:

@@ -27,6 +27,8 @@ NO_SERVER_ENV = "VOICEAPP_NO_SERVER"
 """Set to anything but "" or "0": never start nor use a server (as --no-server)."""
 CONNECT_TIMEOUT_S = 2.0
 """Connect + hello; a live server answers in well under a millisecond."""
+LOG_PREFIX = "voicectl serve: "
+"""Every line the server itself logs starts so (its stderr also carries what libraries print)."""
 
 
 def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> bool:
