@@ -20,6 +20,7 @@ import soundfile
 from tests.cli_helpers import kill_servers, one_line_error, voicectl
 from tests.server.conftest import start_serve, wait_for
 from voiceapp.client import server_status
+from voiceapp.speech_api import RETRY_AFTER_MAX_S
 from voiceapp.speech_formats import supported_formats
 
 openai = pytest.importorskip("openai")
@@ -241,6 +242,10 @@ def test_more_streams_than_allowed_get_a_429(keyed):
         with pytest.raises(openai.RateLimitError) as caught:
             speak(client, "wav")
         assert caught.value.response.json()["error"]["code"] == "too_many_requests"
+        # the live stream's text (LONG_TEXT, minutes of speech) is far from its end: a long wait, within the cap
+        wait = caught.value.response.headers["retry-after"]
+        assert wait.isdigit() and 5 <= int(wait) <= RETRY_AFTER_MAX_S
+        assert f"try again in {wait} s" in caught.value.response.json()["error"]["message"]
     assert keyed.http()["busy"] == 1
     assert wait_for(lambda: keyed.http()["live"] == 0)
     assert speak(client, "wav")[:4] == b"RIFF"  # the slot is free again
