@@ -301,3 +301,18 @@ def test_http_audio_equals_say_out_on_the_tiny_checkpoint(tiny_model, tmp_path):
     want, _ = soundfile.read(str(tmp_path / "a.wav"), dtype="float32")
     got, rate = soundfile.read(io.BytesIO(data), dtype="int16")
     assert rate == 16000 and len(want) > 16000 and np.array_equal(got, int16(want))
+
+
+def test_bench_load_over_http_counts_refusals_and_their_retry_after(keyed, tmp_path):
+    """`voicectl bench --load --http` against the one-stream server: the pcm bodies are heard as they stream, and
+    requests that arrive while one is live are refused with a Retry-After the report keeps."""
+    out = tmp_path / "load.json"
+    proc = voicectl("bench", "--load", "12", "--load-seconds", "1.5", "--http", keyed.url, "--json", str(out),
+                    env={"VOICEAPP_API_KEY": "s3cret"}, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rate = json.loads(out.read_text())["rates"][0]
+    assert rate["served"] > 0 and rate["refused"] > 0 and rate["failed"] == 0
+    assert rate["served"] + rate["refused"] == rate["streams"]
+    assert rate["retry_after_s"] and all(1 <= s <= RETRY_AFTER_MAX_S for s in rate["retry_after_s"])
+    assert 0 < rate["first_ms_p50"] <= rate["first_ms_max"]
+    assert rate["peak_concurrency"] >= 2  # refusals are in flight too, briefly
