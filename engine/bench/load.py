@@ -162,7 +162,7 @@ class RateResult:
     underrun_s: float
     """Seconds of silence they caused, over all served streams."""
     peak_concurrency: int
-    """The most requests in flight at once (sent and not yet ended; refusals included while they were open)."""
+    """The most requests in flight at once (sent and not yet ended), refused ones left out."""
     retry_after_s: list[float] = field(default_factory=list)
     """The distinct Retry-After values the refusals carried, in seconds, sorted."""
     errors: list[str] = field(default_factory=list)
@@ -185,7 +185,7 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
                 errors.append(why)
     firsts = [h.first_s * 1e3 for h in heard]
     spans = [(log.start, log.end if not math.isnan(log.end) else (log.chunks[-1][0] if log.chunks else log.start))
-             for log in logs]
+             for log in logs if not log.refused]
     return RateResult(
         rate=rate, seconds=seconds, streams=len(logs), served=len(heard), refused=sum(1 for g in logs if g.refused),
         failed=failed, first_ms_p50=percentile(firsts, 50), first_ms_p95=percentile(firsts, 95),

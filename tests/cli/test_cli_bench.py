@@ -133,6 +133,17 @@ def test_load_on_the_fake_engine_writes_each_rates_figures(tmp_path) -> None:
         assert f"| {rate['rate']:g} | {rate['streams']} | {rate['served']} |" in proc.stdout
 
 
+def test_load_on_the_tiny_checkpoint_runs_the_real_engine(tmp_path) -> None:
+    out = tmp_path / "load.json"
+    proc = voicectl("bench", "--load", "3", "--load-seconds", "1", "--synthetic", "tiny", "--backend", "torch",
+                    "--json", str(out), text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"].startswith("CPU") and result["target"] == "in-process"
+    (rate,) = result["rates"]
+    assert rate["served"] == rate["streams"] > 0 and rate["first_ms_p50"] > 0
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--load", "0"], "--load"),
     (["--load", "nan"], "--load"),

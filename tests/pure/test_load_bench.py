@@ -85,8 +85,8 @@ def test_a_rate_summarized_from_scripted_streams():
     assert r.underran_share == pytest.approx(1 / 5)
     assert r.underruns == 1 and r.underrun_s == pytest.approx(1.1)
     assert r.retry_after_s == [2.0, 5.0] and r.errors == ["HTTP 500: boom"]
-    # at 0.705: stream 0 (0..3), late (0.5..2) and the three refused (0.7..0.71); at 1..2 only three are open
-    assert r.peak_concurrency == 5
+    # stream 0 (0..3), late (0.5..2), failed (0.8..0.9); the refused (0.7..0.71) do not count; stream 1 from 1
+    assert r.peak_concurrency == 3
     j = rate_json(r)
     assert j["underran_share"] == 0.2 and j["first_ms_p50"] == 200.0
     assert "| 4 | 9 | 5 | 3 (2, 5) | 1 |" in format_table([r])

@@ -315,4 +315,6 @@ def test_bench_load_over_http_counts_refusals_and_their_retry_after(keyed, tmp_p
     assert rate["served"] + rate["refused"] == rate["streams"]
     assert rate["retry_after_s"] and all(1 <= s <= RETRY_AFTER_MAX_S for s in rate["retry_after_s"])
     assert 0 < rate["first_ms_p50"] <= rate["first_ms_max"]
-    assert rate["peak_concurrency"] >= 2  # refusals are in flight too, briefly
+    # one stream at a time, as the server allows; the client may see a stream's last bytes after the server has
+    # freed its slot and taken the next
+    assert 1 <= rate["peak_concurrency"] <= 2
