@@ -66,6 +66,12 @@ class ScriptedGenerator:
         pass
 
 
+def fixed_throughput(token_ids: TokenIds, tokens_per_s: float, streams: int) -> ScriptedGenerator:
+    """A serial ScriptedGenerator fast enough for `streams` streams in real time and no more, for a model writing
+    `tokens_per_s` tokens a second of audio."""
+    return ScriptedGenerator(token_ids, delay_s=1 / (tokens_per_s * streams), serial=True)
+
+
 class ToneDecoder:
     """Each code becomes `samples_per_code` samples of a tone whose pitch depends only on that code, so
     windowed decode is exact (and every seam mismatch the pipeline introduces is visible)."""

@@ -317,12 +317,10 @@ def _load_in_process(args: argparse.Namespace, plans) -> tuple[str, str, list]:
     if args.backend == "fake":
         synth = build_synthesizer(EngineConfig(backend="fake"))
         if args.fake_streams is not None:
-            from engine.fakes import ScriptedGenerator
+            from engine.fakes import fixed_throughput
 
             tokens_per_s = synth.sample_rate / synth.decoder.samples_per_code * synth.grammar.tokens_per_code
-            synth.swap_generator(ScriptedGenerator(synth.grammar.token_ids, delay_s=1 / (tokens_per_s *
-                                                                                        args.fake_streams),
-                                                   serial=True))
+            synth.swap_generator(fixed_throughput(synth.grammar.token_ids, tokens_per_s, args.fake_streams))
         what = f", {args.fake_streams} streams' throughput" if args.fake_streams is not None else ""
         return f"fake engine (CPU{what})", "in-process", asyncio.run(go(synth, synth.voices.default))
     from engine import bench

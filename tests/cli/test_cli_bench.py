@@ -122,10 +122,10 @@ def test_read_without_speakers_says_to_use_no_sound_before_any_model_loads(tmp_p
 def test_load_on_the_fake_engine_writes_each_rates_figures(tmp_path) -> None:
     out = tmp_path / "load.json"
     proc = voicectl("bench", "--load", "2,6", "--load-seconds", "1", "--load-seed", "3", "--backend", "fake",
-                    "--json", str(out), text=True, timeout=120)
+                    "--fake-streams", "4", "--json", str(out), text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["device"].startswith("fake engine") and [r["rate"] for r in result["rates"]] == [2.0, 6.0]
+    assert result["device"] == "fake engine (CPU, 4 streams' throughput)" and [r["rate"] for r in result["rates"]] == [2.0, 6.0]
     for rate in result["rates"]:
         assert {"first_ms_p50", "first_ms_p95", "underran_share", "refused"} <= set(rate)
         assert rate["refused"] == 0 and rate["served"] == rate["streams"] > 0  # in-process: nothing refuses
