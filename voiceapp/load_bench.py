@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from typing import Any, Awaitable, Callable, Sequence
 
-from engine.bench.load import Arrival, RateResult, StreamLog, summarize_rate
+from engine.bench.load import PREROLL_S, Arrival, RateResult, StreamLog, summarize_rate
 from engine.errors import InputError
 
 PCM_RATE = 24000
@@ -43,14 +43,12 @@ async def drive(target: Target, arrivals: Sequence[Arrival], clock: Callable[[],
 
 
 async def run_rates(target: Target, sample_rate: int, plans: Sequence[tuple[float, float, list[Arrival]]],
-                    log: Callable[[str], None] = print, preroll_s: float | None = None) -> list[RateResult]:
+                    log: Callable[[str], None] = print, preroll_s: float = PREROLL_S) -> list[RateResult]:
     """Each (rate, seconds, arrivals) in turn, the engine idle again between them."""
-    from engine.bench.load import PREROLL_S
-
     results = []
     for rate, seconds, arrivals in plans:
         logs = await drive(target, arrivals)
-        result = summarize_rate(rate, seconds, logs, sample_rate, PREROLL_S if preroll_s is None else preroll_s)
+        result = summarize_rate(rate, seconds, logs, sample_rate, preroll_s)
         log(f"  {rate:g} req/s: {result.streams} sent, {result.served} served, {result.refused} refused, first audio "
             f"p50 {result.first_ms_p50:.0f} ms p95 {result.first_ms_p95:.0f} ms, underran "
             f"{result.underran_share:.0%}, peak {result.peak_concurrency} in flight")
