@@ -20,11 +20,16 @@ class ScriptedGenerator:
     """Emits `tokens_per_sentence` semantic ids (seeded from opts.seed and the prompt), then `<|im_end|>`.
 
     Honours `prompt.allowed_ids` (samples from them instead) and `opts.max_tokens`; `delay_s` per token
-    simulates a model's speed.
+    simulates a model's speed. With `serial`, the tokens of all streams take turns (one lock, first come first
+    served) and each holds it for `delay_s`: an engine of a fixed throughput, 1 / delay_s tokens a second shared by
+    every stream, so it keeps up with a known number of streams (the load benchmark's tests).
     """
 
-    def __init__(self, token_ids: TokenIds, tokens_per_sentence: int = 60, delay_s: float = 0.0) -> None:
+    def __init__(self, token_ids: TokenIds, tokens_per_sentence: int = 60, delay_s: float = 0.0,
+                 serial: bool = False) -> None:
         self.token_ids, self.tokens_per_sentence, self.delay_s = token_ids, tokens_per_sentence, delay_s
+        self.serial = serial
+        self._turn: asyncio.Lock | None = None
         self.started: list[str] = []
         self.aborted: set[str] = set()
         self.steps = 0
@@ -40,7 +45,11 @@ class ScriptedGenerator:
         for n in range(opts.max_tokens):
             if request_id in self.aborted:
                 return
-            if self.delay_s:
+            if self.delay_s and self.serial:
+                self._turn = self._turn or asyncio.Lock()
+                async with self._turn:
+                    await asyncio.sleep(self.delay_s)
+            elif self.delay_s:
                 await asyncio.sleep(self.delay_s)
             else:
                 await asyncio.sleep(0)
@@ -55,6 +64,12 @@ class ScriptedGenerator:
 
     async def close(self) -> None:
         pass
+
+
+def fixed_throughput(token_ids: TokenIds, tokens_per_s: float, streams: int) -> ScriptedGenerator:
+    """A serial ScriptedGenerator fast enough for `streams` streams in real time and no more, for a model writing
+    `tokens_per_s` tokens a second of audio."""
+    return ScriptedGenerator(token_ids, delay_s=1 / (tokens_per_s * streams), serial=True)
 
 
 class ToneDecoder:

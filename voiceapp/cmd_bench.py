@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-decoder-checks", action="store_true", help="skip decoder precision/speed (GPU only)")
     p.add_argument("--decoder-only", action="store_true",
                    help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
-    p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
+    p.add_argument("--backend", choices=["auto", "torch", "vllm", "fake"], default="auto",
+                   help="fake: the CPU fake engine (engine.fakes; --load only, no checkpoint)")
     p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--decoder-autotune", choices=DECODER_AUTOTUNE, default="all",
                    help="GPU decoder graphs captured with cuDNN's timed algorithms (default all, as `voicectl "
@@ -57,6 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
     add_startup_args(p)
     add_read_args(p)
+    add_load_args(p)
     p.add_argument("--export-check", action="store_true",
                    help="instead: fresh `voicectl export` processes of one generated book (clean; other --jobs, "
                         "killed and resumed; another order) compared byte for byte, with their speed end to end "
@@ -78,6 +80,28 @@ def add_startup_args(p: argparse.ArgumentParser) -> None:
                    help="a `voicectl bench --json` file whose warm figures (TTFA, streams) the report carries")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help=f"longest any one process may take (default {STARTUP_TIMEOUT_S:g})")
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("load (--load)")
+    g.add_argument("--load", metavar="RATES",
+                   help="instead: an open-loop load test, requests of one short sentence arriving at random "
+                        "(Poisson) at each of these rates in turn (comma-separated, requests a second, e.g. 5,10,20); "
+                        "per rate: first audio p50/p95/max, the share of streams a real-time listener heard run dry, "
+                        "peak concurrency and refusals (429)")
+    g.add_argument("--load-seconds", type=float, metavar="SECONDS",
+                   help=f"how long requests are sent at each rate (default {LOAD_SECONDS:g})")
+    g.add_argument("--load-seed", type=int, metavar="N", help="the arrivals' and sentences' seed (default 0)")
+    g.add_argument("--http", metavar="URL",
+                   help="load a running `voicectl serve --http` at this address (http://HOST:PORT) instead of an "
+                        "engine in this process; its key from $VOICEAPP_API_KEY")
+    g.add_argument("--fake-streams", type=int, metavar="N",
+                   help="with --backend fake: a fake engine of fixed throughput whose tokens take turns, fast "
+                        "enough for N streams in real time and no more")
+
+
+LOAD_SECONDS = 30.0
+"""--load-seconds' default."""
 
 
 def add_read_args(p: argparse.ArgumentParser) -> None:
@@ -108,8 +132,16 @@ def run(args: argparse.Namespace) -> int:
     from engine import bench
     from engine.errors import InputError
 
-    if sum((args.startup, args.export_check, args.read)) > 1:
-        raise InputError("--startup, --export-check and --read exclude each other")
+    if sum((args.startup, args.export_check, args.read, bool(args.load))) > 1:
+        raise InputError("--startup, --export-check, --read and --load exclude each other")
+    given = [f"--{n.replace('_', '-')}" for n in ("load_seconds", "load_seed", "http", "fake_streams")
+             if getattr(args, n) is not None]
+    if given and not args.load:
+        raise InputError(f"{', '.join(given)}: only with --load")
+    if args.backend == "fake" and not args.load:
+        raise InputError("--backend fake: only with --load")
+    if args.load:
+        return run_load(args)
     given = [f"--{n.replace('_', '-')}" for n in ("text", "no_sound") if getattr(args, n)]
     if given and not args.read:
         raise InputError(f"{', '.join(given)}: only with --read")
@@ -215,6 +247,98 @@ def run_startup(args: argparse.Namespace) -> int:
         raise CaseFailed(f"{len(result['errors'])} of {len(cases)} start-up cases failed: "
                          f"{', '.join(result['errors'])} (their errors are listed above)")
     return 0
+
+
+def run_load(args: argparse.Namespace) -> int:
+    """The open-loop load test (engine.bench.load, driven by voiceapp.load_bench); the table on stdout, the report
+    to --json."""
+    from engine.bench import load
+    from engine.errors import InputError
+
+    try:
+        rates = load.parse_rates(args.load)
+    except ValueError as err:
+        raise InputError(f"--load: {err}") from None
+    seconds = LOAD_SECONDS if args.load_seconds is None else args.load_seconds
+    seed = 0 if args.load_seed is None else args.load_seed
+    crowded = [r for r in rates if r * seconds > load.MAX_STREAMS]
+    if crowded:
+        raise InputError(f"--load {crowded[0]:g} for {seconds:g} s: more than {load.MAX_STREAMS} requests in one "
+                         "rate; shorten --load-seconds")
+    if args.fake_streams is not None and args.backend != "fake":
+        raise InputError("--fake-streams: only with --backend fake")
+    if args.http and (args.synthetic or args.model or args.backend != "auto"):
+        raise InputError("--http loads a running server: --synthetic, --model and --backend are its own")
+    plans = [(rate, seconds, load.schedule(rate, seconds, seed)) for rate in rates]
+    started = datetime.datetime.now().astimezone()
+    if args.http:
+        from voiceapp.load_bench import PCM_RATE, HttpTarget
+
+        target = HttpTarget(args.http)
+        device, where = f"a server at {args.http}", args.http
+        results = asyncio.run(_load_run(target, PCM_RATE, plans))
+    else:
+        device, where, results = _load_in_process(args, plans)
+    result = {"device": device, "target": where, "date": started.date().isoformat(), "command": command_line(),
+              "options": {"seconds": seconds, "seed": seed, "preroll_s": load.PREROLL_S, "backend": args.backend,
+                          "fake_streams": args.fake_streams},
+              "rates": [load.rate_json(r) for r in results]}
+    print(load.format_table(results))
+    if args.json:
+        write_json(Path(args.json), result)
+    return 0
+
+
+async def _load_run(target, sample_rate: int, plans) -> list:
+    """One untimed request (first-use costs stay out), then the rates."""
+    from engine.bench.load import SENTENCES, Arrival, StreamLog
+    from voiceapp.load_bench import run_rates
+
+    warm = StreamLog(time.perf_counter())
+    await target(Arrival(0.0, SENTENCES[0]), warm)
+    if warm.error:
+        from engine.errors import GenerationError
+
+        raise GenerationError(f"the first request failed: {warm.error}")
+    return await run_rates(target, sample_rate, plans, log=_log)
+
+
+def _load_in_process(args: argparse.Namespace, plans) -> tuple[str, str, list]:
+    """(device, target, results) of the rates on an engine built in this process."""
+    from engine.factory import EngineConfig, build_synthesizer
+    from voiceapp.load_bench import engine_target
+
+    async def go(synth, voice: str) -> list:
+        try:
+            return await _load_run(engine_target(synth, voice), synth.sample_rate, plans)
+        finally:
+            await synth.close()
+
+    if args.backend == "fake":
+        synth = build_synthesizer(EngineConfig(backend="fake"))
+        if args.fake_streams is not None:
+            from engine.fakes import fixed_throughput
+
+            tokens_per_s = synth.sample_rate / synth.decoder.samples_per_code * synth.grammar.tokens_per_code
+            synth.swap_generator(fixed_throughput(synth.grammar.token_ids, tokens_per_s, args.fake_streams))
+        what = f", {args.fake_streams} streams' throughput" if args.fake_streams is not None else ""
+        return f"fake engine (CPU{what})", "in-process", asyncio.run(go(synth, synth.voices.default))
+    from engine import bench
+    from engine.families import family_of
+    from engine.voices import VoiceBank
+
+    with checkpoint_for(args, _log) as (model, _), tempfile.TemporaryDirectory(prefix="voiceapp-load-") as tmp:
+        family = family_of(model)
+        if family.cached_voices:
+            voice, voices = bench.write_voice(Path(tmp) / "voices"), VoiceBank([Path(tmp) / "voices"])
+        else:
+            voices = family.voices()
+            voice = voices.default
+        synth = build_synthesizer(EngineConfig(model=str(model), backend=args.backend, voices=voices,
+                                               cache_dir=tmp, threads=args.threads,
+                                               decoder_dtype=args.decoder_dtype,
+                                               decoder_autotune=args.decoder_autotune, lane_rows=None))
+        return bench.device_name(), "in-process", asyncio.run(go(synth, voice))
 
 
 def run_read(args: argparse.Namespace) -> int:

@@ -49,8 +49,8 @@ from starlette.routing import Route
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
 from engine.types import AudioChunk
-from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, is_loopback, models_body,
-                                 parse_speech, public_text, voices_body)
+from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, expected_audio_s, is_loopback,
+                                 models_body, parse_speech, public_text, retry_after_s, voices_body)
 from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class HttpApi:
                   Route("/health", self._guard(self._health))]
         # any request header, for an allowed origin: the openai SDK in a browser sends its own x-stainless-* ones
         middleware = [Middleware(_Cors, allow_origins=list(self.cors), allow_methods=["GET", "POST"],
-                                 allow_headers=["*"], expose_headers=[IGNORED_HEADER],
+                                 allow_headers=["*"], expose_headers=[IGNORED_HEADER, "Retry-After"],
                                  max_age=600)] if self.cors else []
         return Starlette(routes=routes, middleware=middleware,
                          exception_handlers={HTTPException: self._http_error, Exception: self._internal_error})
@@ -206,13 +206,17 @@ class HttpApi:
         params = parse_speech(await self._body(request), synth.voices.all(), self.formats, synth.sample_rate,
                               self.limits)
         if len(self._pumps) >= self.limits.max_streams:
+            now = asyncio.get_running_loop().time()
+            wait = retry_after_s((now - p.started, p.seconds, p.expected_s) for p in self._pumps)
             raise ApiError(429, f"this server is speaking {len(self._pumps)} requests, the most it takes at once "
-                                f"(--http-max-streams); try again shortly", "too_many_requests", "rate_limit_error")
+                                f"(--http-max-streams); try again in {wait} s", "too_many_requests",
+                           "rate_limit_error", headers={"Retry-After": str(wait)})
         req, ignored = self._synthesis_request(params)
         client = f"http {request.client.host}:{request.client.port}" if request.client else "http"
         encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate, speed=params.speed,
                                 sized=params.sized)
-        pump = _Pump(self.server.stream(req, client, self.counts), encoder, synth.sample_rate, params.speed)
+        pump = _Pump(self.server.stream(req, client, self.counts), encoder, synth.sample_rate, params.speed,
+                     expected_audio_s(params.text, params.speed))
         self._pumps.add(pump)
         pump.task.add_done_callback(lambda _: self._pumps.discard(pump))
         try:
@@ -348,8 +352,8 @@ def is_json(content_type: str) -> bool:
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    headers = {**({"WWW-Authenticate": "Bearer"} if err.status == 401 else {}), **err.headers}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
 
 
 class StreamStopped(Exception):
@@ -373,7 +377,12 @@ class _Pump:
     cancellation of the response itself (Starlette cancels a response whose client left, again and again until it
     ends)."""
 
-    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder, rate: int, speed: float) -> None:
+    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder, rate: int, speed: float,
+                 expected_s: float = 0.0) -> None:
+        self.started = asyncio.get_running_loop().time()
+        """When the response's audio was first asked of the engine (the loop's clock)."""
+        self.expected_s = expected_s
+        """Seconds of audio its text should make (speech_api.expected_audio_s): what Retry-After estimates from."""
         self._pieces: asyncio.Queue[Piece | BaseException | None] = asyncio.Queue()
         self._room = asyncio.Semaphore(PIECES_AHEAD)
         self._rate, self._speed = rate, speed

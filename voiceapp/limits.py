@@ -102,6 +102,9 @@ OPTIONS: dict[str, Limit] = {
     "first_right": Limit(int, 3, 750),  # above the crossfade's 2 codes (WindowSchedule)
     "repeats": Limit(int, 1, 10_000),
     "timeout": Limit(float, 0, 86400.0, low_open=True, unit="seconds"),
+    "load_seconds": Limit(float, 0, 86400.0, low_open=True, unit="seconds"),  # bench --load, per rate
+    "load_seed": SEED,
+    "fake_streams": Limit(int, 1, 10_000),  # bench --load --backend fake
 }
 """Every numeric command-line option, by its argparse dest (the same limits wherever the option appears)."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -49,6 +50,10 @@ FIELDS = {"input", "voice", "response_format", "speed", "model", "instructions",
 """The fields a request may carry; others are ignored (and logged)."""
 UNUSED_FIELDS = {"lang_code"}
 """Fields taken (and type-checked) but not acted on: the model reads the text's own language."""
+SPEECH_CHARS_PER_S = 14.0
+"""The speaking pace (characters of text a second of audio) that `retry_after_s` assumes for a response's text."""
+RETRY_AFTER_MAX_S = 60
+"""The longest Retry-After a 429 gives: past that the estimate says little, and a client may as well try again."""
 STREAM_FORMATS = ("audio", "sse")
 UNSET_INSTRUCTIONS = ("", "none", "null")
 """`instructions` values that mean none (after stripping, in any case)."""
@@ -88,12 +93,33 @@ class ApiError(Exception):
     """A request the API refuses: HTTP `status` and OpenAI's error fields."""
 
     def __init__(self, status: int, message: str, code: str, type: str = "invalid_request_error",
-                 param: str | None = None) -> None:
+                 param: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.type, self.param = status, code, type, param
+        self.headers = dict(headers or {})
+        """Headers the error response carries (Retry-After on a 429)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+def expected_audio_s(text: str, speed: float = 1.0) -> float:
+    """Seconds of audio `text` should make at `speed`, at SPEECH_CHARS_PER_S."""
+    return len(text) / SPEECH_CHARS_PER_S / speed
+
+
+def retry_after_s(streams: Iterable[tuple[float, float, float]]) -> int:
+    """A 429's Retry-After: whole seconds until the live response nearest its end should end, at least 1 and at
+    most RETRY_AFTER_MAX_S. Each stream is (seconds since it started, seconds of audio sent, seconds of audio its
+    text should make: `expected_audio_s`); the audio still to come is made at the pace the stream has kept so far,
+    or at real time before its first audio."""
+    soonest = math.inf
+    for elapsed, sent, expected in streams:
+        pace = sent / elapsed if sent > 0 and elapsed > 0 else 1.0
+        soonest = min(soonest, max(0.0, expected - sent) / pace)
+    if not math.isfinite(soonest):
+        return 1
+    return int(min(RETRY_AFTER_MAX_S, max(1, math.ceil(soonest))))
 
 
 def bad(message: str, code: str, param: str | None = None) -> ApiError:

@@ -21,7 +21,8 @@ Metrics (per stream = one request of `sentences` sentences):
 
 Modules, one concern each: `generator` (the fixed workload), `playback` (the listener simulations), `summary`
 (a level's numbers, the headline and table), `levels` (running one level), `decoder` (the decoder on its own),
-`reference` (the upstream pipeline) and `run` (the whole benchmark and its variants). This package re-exports
+`reference` (the upstream pipeline), `run` (the whole benchmark and its variants) and `load` (the open-loop
+load test's arrivals, listener and numbers, `voicectl bench --load`; not re-exported). This package re-exports
 what `voicectl bench`, the lab scripts and the tests use. Pure apart from the functions that load models
 (torch, spark_tts_lib and vLLM are imported inside them).
 """

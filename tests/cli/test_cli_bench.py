@@ -115,3 +115,62 @@ def test_read_without_speakers_says_to_use_no_sound_before_any_model_loads(tmp_p
                     env={"PULSE_SERVER": f"unix:{tmp_path}/no-such-socket"})
     line = one_line_error(proc)
     assert "audio output device" in line and line.endswith("--no-sound reads into WAV files instead"), line
+
+
+# ---- --load ------------------------------------------------------------------------------------------------
+
+def test_load_on_the_fake_engine_writes_each_rates_figures(tmp_path) -> None:
+    out = tmp_path / "load.json"
+    proc = voicectl("bench", "--load", "2,6", "--load-seconds", "1", "--load-seed", "3", "--backend", "fake",
+                    "--fake-streams", "4", "--json", str(out), text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"] == "fake engine (CPU, 4 streams' throughput)" and [r["rate"] for r in result["rates"]] == [2.0, 6.0]
+    for rate in result["rates"]:
+        assert {"first_ms_p50", "first_ms_p95", "underran_share", "refused"} <= set(rate)
+        assert rate["refused"] == 0 and rate["served"] == rate["streams"] > 0  # in-process: nothing refuses
+        assert 0 < rate["first_ms_p50"] <= rate["first_ms_p95"] <= rate["first_ms_max"]
+        assert f"| {rate['rate']:g} | {rate['streams']} | {rate['served']} |" in proc.stdout
+
+
+def test_load_on_the_tiny_checkpoint_runs_the_real_engine(tmp_path) -> None:
+    out = tmp_path / "load.json"
+    proc = voicectl("bench", "--load", "3", "--load-seconds", "1", "--synthetic", "tiny", "--backend", "torch",
+                    "--json", str(out), text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"].startswith("CPU") and result["target"] == "in-process"
+    (rate,) = result["rates"]
+    assert rate["served"] == rate["streams"] > 0 and rate["first_ms_p50"] > 0
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--load", "0"], "--load"),
+    (["--load", "nan"], "--load"),
+    (["--load", "-5"], "--load"),
+    (["--load", "1e9"], "--load"),
+    (["--load", "5,x"], "--load"),
+    (["--load", ","], "--load"),
+    (["--load", "1000", "--load-seconds", "86400"], "--load-seconds"),
+    (["--load", "5", "--load-seconds", "nan"], "--load-seconds"),
+    (["--load", "5", "--fake-streams", "4"], "--fake-streams"),
+    (["--load", "5", "--http", "ftp://x"], "--http"),
+    (["--load", "5", "--http", "http://127.0.0.1:1", "--backend", "fake"], "--http"),
+    (["--load-seconds", "5"], "only with --load"),
+    (["--http", "http://127.0.0.1:1"], "only with --load"),
+    (["--backend", "fake"], "only with --load"),
+    (["--load", "5", "--startup"], "exclude each other"),
+])
+def test_load_refuses_bad_input_in_one_line(args, words) -> None:
+    assert words in one_line_error(voicectl("bench", *args, text=True, timeout=60))
+
+
+def test_load_against_a_server_that_cannot_be_reached_counts_failures_not_a_traceback(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    err = one_line_error(voicectl("bench", "--load", "1", "--load-seconds", "1", "--http", f"http://127.0.0.1:{port}",
+                                  text=True, timeout=60))
+    assert "the first request failed" in err

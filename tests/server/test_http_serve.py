@@ -20,6 +20,7 @@ import soundfile
 from tests.cli_helpers import kill_servers, one_line_error, voicectl
 from tests.server.conftest import start_serve, wait_for
 from voiceapp.client import server_status
+from voiceapp.speech_api import RETRY_AFTER_MAX_S
 from voiceapp.speech_formats import supported_formats
 
 openai = pytest.importorskip("openai")
@@ -241,6 +242,10 @@ def test_more_streams_than_allowed_get_a_429(keyed):
         with pytest.raises(openai.RateLimitError) as caught:
             speak(client, "wav")
         assert caught.value.response.json()["error"]["code"] == "too_many_requests"
+        # the live stream's text (LONG_TEXT, minutes of speech) is far from its end: a long wait, within the cap
+        wait = caught.value.response.headers["retry-after"]
+        assert wait.isdigit() and 5 <= int(wait) <= RETRY_AFTER_MAX_S
+        assert f"try again in {wait} s" in caught.value.response.json()["error"]["message"]
     assert keyed.http()["busy"] == 1
     assert wait_for(lambda: keyed.http()["live"] == 0)
     assert speak(client, "wav")[:4] == b"RIFF"  # the slot is free again
@@ -296,3 +301,20 @@ def test_http_audio_equals_say_out_on_the_tiny_checkpoint(tiny_model, tmp_path):
     want, _ = soundfile.read(str(tmp_path / "a.wav"), dtype="float32")
     got, rate = soundfile.read(io.BytesIO(data), dtype="int16")
     assert rate == 16000 and len(want) > 16000 and np.array_equal(got, int16(want))
+
+
+def test_bench_load_over_http_counts_refusals_and_their_retry_after(keyed, tmp_path):
+    """`voicectl bench --load --http` against the one-stream server: the pcm bodies are heard as they stream, and
+    requests that arrive while one is live are refused with a Retry-After the report keeps."""
+    out = tmp_path / "load.json"
+    proc = voicectl("bench", "--load", "12", "--load-seconds", "1.5", "--http", keyed.url, "--json", str(out),
+                    env={"VOICEAPP_API_KEY": "s3cret"}, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rate = json.loads(out.read_text())["rates"][0]
+    assert rate["served"] > 0 and rate["refused"] > 0 and rate["failed"] == 0
+    assert rate["served"] + rate["refused"] == rate["streams"]
+    assert rate["retry_after_s"] and all(1 <= s <= RETRY_AFTER_MAX_S for s in rate["retry_after_s"])
+    assert 0 < rate["first_ms_p50"] <= rate["first_ms_max"]
+    # one stream at a time, as the server allows; the client may see a stream's last bytes after the server has
+    # freed its slot and taken the next
+    assert 1 <= rate["peak_concurrency"] <= 2

@@ -9,8 +9,9 @@ import pytest
 import soundfile
 
 from engine.errors import InputError
-from voiceapp.speech_api import (OPENAI_VOICES, ApiError, HttpLimits, authorized, http_settings, is_loopback,
-                                 parse_listen, parse_speech, resolve_voice, voices_body)
+from voiceapp.speech_api import (OPENAI_VOICES, RETRY_AFTER_MAX_S, SPEECH_CHARS_PER_S, ApiError, HttpLimits,
+                                 authorized, expected_audio_s, http_settings, is_loopback, parse_listen, parse_speech,
+                                 resolve_voice, retry_after_s, voices_body)
 from voiceapp.speech_formats import (FORMATS, WAV_UNKNOWN_SIZE, StreamEncoder, atempo_stages, pcm16,
                                      supported_formats)
 
@@ -262,3 +263,25 @@ def test_streamed_bodies_decode_to_the_length_within_a_codec_frame(fmt):
     want = len(x) * rate // 16000
     frame = {"mp3": 1152, "aac": 1024 + 1024}.get(fmt, 0)  # MP3: the end padding; AAC: priming and padding
     assert want <= len(decoded) <= want + frame, (len(decoded), want)
+
+
+def test_retry_after_is_the_soonest_planned_end_at_each_streams_own_pace():
+    # (elapsed, audio sent, audio expected): 10 s left at twice real time is 5 s; 6 s left at real time is 6 s
+    assert retry_after_s([(2.0, 4.0, 14.0), (1.0, 1.0, 7.0)]) == 5
+    # before its first audio a stream is taken at real time; fractions round up
+    assert retry_after_s([(0.5, 0.0, 3.2)]) == 4
+    # a stream past what its text should make, an empty set, and a long wait are clamped
+    assert retry_after_s([(9.0, 12.0, 10.0)]) == 1
+    assert retry_after_s([]) == 1
+    assert retry_after_s([(1.0, 0.1, 1000.0)]) == RETRY_AFTER_MAX_S
+
+
+def test_expected_audio_follows_the_text_and_the_speed():
+    text = "x" * int(SPEECH_CHARS_PER_S * 10)
+    assert expected_audio_s(text) == pytest.approx(10.0)
+    assert expected_audio_s(text, speed=2.0) == pytest.approx(5.0)
+
+
+def test_an_error_carries_its_headers():
+    err = ApiError(429, "busy", "too_many_requests", "rate_limit_error", headers={"Retry-After": "3"})
+    assert err.headers == {"Retry-After": "3"} and ApiError(400, "x", "y").headers == {}

@@ -1,0 +1,74 @@
+"""The load benchmark against an engine of known capacity: the fake engine with its tokens taking turns
+(ScriptedGenerator serial), fast enough for CAPACITY streams in real time. Below that load its listeners hear no
+gap; well above it most of them do, and first audio waits."""
+import asyncio
+
+import pytest
+
+from engine.bench.load import SENTENCES, Arrival, schedule, summarize_rate
+from engine.factory import EngineConfig, build_synthesizer
+from engine.fakes import ScriptedGenerator, fixed_throughput
+from voiceapp.load_bench import drive, engine_target
+
+CAPACITY = 4
+"""Streams the engine keeps up with in real time."""
+
+
+def fake_engine(capacity: int):
+    synth = build_synthesizer(EngineConfig(backend="fake"))
+    tokens_per_s = synth.sample_rate / synth.decoder.samples_per_code * synth.grammar.tokens_per_code
+    synth.swap_generator(fixed_throughput(synth.grammar.token_ids, tokens_per_s, capacity))
+    return synth
+
+
+def test_the_load_bench_finds_the_fake_engines_capacity():
+    async def main():
+        synth = fake_engine(CAPACITY)
+        target = engine_target(synth, synth.voices.default)
+        try:
+            one = (await drive(target, [Arrival(0.0, SENTENCES[2])]))[0]
+            audio_s = sum(n for _, n in one.chunks) / synth.sample_rate
+            busy = one.end - one.start
+            assert busy < audio_s, (busy, audio_s)  # alone, faster than real time (by CAPACITY when idle)
+            capacity_rate = CAPACITY / audio_s  # requests a second whose audio the engine makes in real time
+            results = []
+            for share, seconds in ((0.3, 3.0), (2.0, 2.0)):
+                rate = share * capacity_rate
+                logs = await drive(target, schedule(rate, seconds, seed=7))
+                results.append(summarize_rate(rate, seconds, logs, synth.sample_rate))
+            return results
+        finally:
+            await synth.close()
+
+    below, above = asyncio.run(main())
+    assert below.served == below.streams >= 3 and above.served == above.streams > below.streams, (below, above)
+    assert below.underran_share == 0, below
+    assert above.underran_share > 0.5, above
+    assert above.underrun_s > 1.0
+    assert above.first_ms_p95 > 2 * below.first_ms_p95
+    assert above.peak_concurrency > CAPACITY
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_the_serial_fake_shares_one_throughput(streams):
+    """k streams at once each get 1/k of the tokens a second: the capacity the test above relies on."""
+    from engine.config import SamplingOptions
+    from engine.prompt import Prompt
+
+    async def main():
+        synth = build_synthesizer(EngineConfig(backend="fake"))
+        gen = ScriptedGenerator(synth.grammar.token_ids, tokens_per_sentence=40, delay_s=0.005, serial=True)
+        loop = asyncio.get_running_loop()
+
+        async def one(i):
+            t = loop.time()
+            async for _ in gen.stream(Prompt(ids=(i,)), SamplingOptions(seed=i), f"r{i}"):
+                pass
+            return loop.time() - t
+
+        took = await asyncio.gather(*(one(i) for i in range(streams)))
+        await synth.close()
+        return max(took)
+
+    took = asyncio.run(main())
+    assert took == pytest.approx(41 * 0.005 * streams, rel=0.35)
