@@ -396,6 +396,12 @@ async def test_letters_typed_on_the_closed_voice_picker_go_to_the_text(make_app,
         await pilot.pause()
         await pilot.press("O", "k")
         assert app.query_one(TextEntry).value == "Ok" and app.focused is app.query_one(TextEntry)
+        picker = app.query_one(VoicePicker)
+        picker.focus()
+        await pilot.pause()
+        await pilot.press("space")                      # the picker's own key: opens its list, types nothing
+        await wait_until(pilot, lambda: picker.expanded, "the list to open")
+        assert app.query_one(TextEntry).value == "Ok"
 
 
 async def test_text_and_enter_typed_before_the_entry_has_focus_wait_for_the_model(make_app, monkeypatch):

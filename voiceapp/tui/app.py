@@ -104,6 +104,8 @@ class VoiceApp(App[int]):
         widgets (the history's `r`, the open voice list) keep their keys, as does any other screen."""
         if self.focused is not None and not isinstance(self.focused, VoicePicker):
             return
+        if isinstance(self.focused, VoicePicker) and event.key in VoicePicker.OWN_KEYS:
+            return  # space opens the list
         entries = list(self.query(TextEntry))
         if not entries or entries[0].screen is not self.screen:
             return
