@@ -7,6 +7,13 @@ expands them inside the sentence. Both are pure str -> str (stdlib only) and nev
 into the pieces it is fed in.
 
 Rules chosen by `normalize` (documented here once; the tests hold one example of each):
+- Markup, first: HTML entities are decoded ("&amp;" "&", "&#8217;" "'", "&nbsp;" a space); comments
+  ("<!-- ... -->", an unclosed one to the end of the text) and declarations ("<!DOCTYPE html>", "<?xml ...?>")
+  are dropped. A word in angle brackets is a tag, dropped with everything inside it, when it has attributes
+  (`<a title="Dr. Who">`), a slash (`</b>`, `<br/>`), or is a known element name in lower or upper case (HTML's,
+  SSML's, and the emotion tags some voices render such as `<laugh>`: `_MARKUP_NAMES`); any other lone word is
+  text and keeps its word ("Press <Enter>" "Press Enter", and so "<Option>" though `option` is an HTML element).
+  `SentenceSplitter` never ends a sentence inside a tag or a comment, so nothing inside one is split or spoken.
 - Unicode: ANSI escapes, control/format/zero-width/bidi characters, unpaired surrogates, combining marks left over
   after NFKC, emoji and other pictographs are dropped; smart quotes, dashes and the ellipsis become ASCII; every
   newline, tab or Unicode space becomes one space (sentence breaks at newlines are the splitter's job).
@@ -17,9 +24,10 @@ Rules chosen by `normalize` (documented here once; the tests hold one example of
   proper fractions over 2,3,4,5,6,8,10,16,32,100 ("1/2", "3 3/4"); other a/b read "a slash b".
 - Money: "$1.50" -> "one dollar and fifty cents" (exactly two decimals are cents), "$3.2 million", "$5M";
   also € £ ¥ ₹ ₩ and the codes USD EUR GBP JPY INR after the amount.
-- Dates: only unambiguous forms are converted: ISO "2024-03-15" and month names ("March 15, 2024",
-  "15 March 2024", "Sept. 1999"). Slashed dates are NOT guessed: "15/03/2024" reads "fifteen slash zero three
-  slash twenty twenty-four".
+- Dates: ISO "2024-03-15", month names ("March 15, 2024", "15 March 2024", "Sept. 1999") and slashed dates with
+  a four-digit year: month first ("3/4/2025" is March fourth), day first only when the first number cannot be a
+  month ("15/03/2024" is March fifteenth). A date is read as one only when it exists on the calendar; otherwise
+  ("2/30/2024", "13/40/2024", "2/29/2023") each number is read with "slash" between, as any other a/b/c.
 - Times: "3:30 pm" -> "three thirty p m", "14:05" -> "fourteen oh five", "9:00" -> "nine o'clock",
   "18:00" -> "eighteen hundred", "7am" -> "seven a m".
 - Narration: "p. 5" "page five" ("pp." pages, "ch." chapter, "vol." volume, "fig." figure: only before a number);
@@ -34,6 +42,8 @@ Rules chosen by `normalize` (documented here once; the tests hold one example of
 """
 from __future__ import annotations
 
+import calendar
+import html
 import math
 import re
 import unicodedata
@@ -419,9 +429,11 @@ def _say_iso_date(m: Match[str]) -> str:
 
 
 def _say_slash_date(m: Match[str]) -> str:
+    """Month first, or day first when the first number cannot be a month; a day the calendar does not have
+    ("2/30/2024") is no date, left to the slash rule."""
     first, second, year = (int(g) for g in m.groups())
     month, day = (first, second) if first <= 12 else (second, first)
-    if not (1 <= month <= 12 and 1 <= day <= 31):
+    if year < 1 or not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
         return m.group()
     return f"{_MONTHS[month - 1]} {_ordinal(day)}, {_year(year)}"
 
@@ -629,6 +641,68 @@ def _say_numbers(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Markup: entities, comments, tags (the module docstring's rule)
+
+_ATTRIBUTE = r"""\s+[\w:-]+(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>/=]+))?"""
+_TAG = re.compile(rf"<(/?)([A-Za-z][\w:-]*)((?:{_ATTRIBUTE})*)\s*(/?)>")
+"""A word in angle brackets, with any attributes and slashes: markup or text by `_is_markup`."""
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_DECLARATION = re.compile(r"<[!?][A-Za-z][^<>]*>")
+"""`<!DOCTYPE html>`, `<?xml version="1.0"?>`, `<![CDATA[` openers and the like."""
+_MARKUP_NAMES = frozenset((
+    # HTML's elements, current and obsolete
+    "a abbr acronym address area article aside audio b base bdi bdo big blink blockquote body br button canvas "
+    "caption center cite code col colgroup data datalist dd del details dfn dialog dir div dl dt em embed fieldset "
+    "figcaption figure font footer form frame frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html i iframe img "
+    "input ins kbd label legend li link main map mark marquee menu meta meter nav nobr noframes noscript object ol "
+    "optgroup option output p param picture plaintext pre progress q rb rp rt rtc ruby s samp script search "
+    "section select slot small source span strike strong style sub summary sup svg table tbody td template "
+    "textarea tfoot th thead time title tr track tt u ul var video wbr xmp "
+    # SSML's
+    "speak break prosody emphasis say-as phoneme voice lang lexicon mark paragraph sentence w token "
+    # emotion tags that TTS voices render as sounds (engine/families/orpheus keeps its own before this runs)
+    "laugh laughs laughing chuckle sigh cough sniffle groan yawn gasp whisper giggle cry sob breath breathe "
+    "clears_throat").split())
+"""Element names that are markup even alone in angle brackets (`<b>`, `<speak>`, `<laugh>`)."""
+
+
+def _is_markup(m: Match[str]) -> bool:
+    closing, name, attributes, self_closing = m.groups()
+    return bool(closing or self_closing or attributes) or (
+        name.lower() in _MARKUP_NAMES and (name.islower() or name.isupper()))
+
+
+def _strip_markup(text: str) -> str:
+    """Entities decoded, comments, declarations and tags dropped, a lone word in angle brackets kept as text."""
+    if "&" in text:
+        text = html.unescape(text)
+    if "<" not in text:
+        return text
+    if "<!--" in text:
+        text = _COMMENT.sub(" ", text)
+    if "<!" in text or "<?" in text:
+        text = _DECLARATION.sub(" ", text)
+    return _TAG.sub(lambda m: " " if _is_markup(m) else f" {m.group(2)} ", text)
+
+
+def _markup_around(text: str, start: int, p: int, stop: int) -> int | None:
+    """Is `text[p]` inside a tag or comment that opens at or after `start`? The index just past its end; None when
+    it is not; -1 when that is not known before `stop` (the tag or comment opens but does not close before it)."""
+    opened = text.rfind("<!--", start, p)
+    if opened != -1 and text.find("-->", opened + 4, p) == -1:
+        closed = text.find("-->", max(p - 2, opened + 4), stop)
+        return -1 if closed == -1 else closed + 3
+    lt = text.rfind("<", start, p)
+    if lt == -1 or text.find(">", lt, p) != -1 or not re.match(r"</?[A-Za-z]", text[lt:lt + 2]):
+        return None
+    gt = text.find(">", p, stop)
+    if gt == -1:
+        return -1
+    m = _TAG.fullmatch(text, lt, gt + 1)
+    return gt + 1 if m is not None and _is_markup(m) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Symbols and final tidy-up
 
 _SYMBOL_WORDS = {"&": "and", "@": "at", "+": "plus", "=": "equals", "<": "less than", ">": "greater than",
@@ -637,9 +711,6 @@ _SYMBOL = re.compile(r"(?<!\s)\s*[&@+%\u00b0]\s*|(?<=[\w)])\s*[=<>]\s*(?=[\w(-])
 """A symbol to say as a word, with the spaces around it. The spaces before one are matched only from the start
 of their run (`(?<!\s)`): tried from every place inside a long run, `\s*` read the rest of the run each time, so a
 run of n spaces cost n * n steps (a megabyte of them blocked the HTTP API's loop)."""
-_ATTRIBUTE = r"""\s+[\w:-]+(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>/=]+))?"""
-_HTML_TAG = re.compile(rf"</?[A-Za-z][\w:-]*(?:{_ATTRIBUTE})*\s*/?>")
-"""A markup tag, attributes and all (HTML, or SSML such as <break time="1s"/>): stripped, never read aloud."""
 _JUNK = re.compile(r"[^\w\s.,;:!?'\"()-]|_")
 _DASH_GAP = re.compile(r"(?:(?<=\s)|^)-+(?=\s|$)|-{2,}")
 _EMPTY_PARENS = re.compile(r"\(\s*\)")
@@ -673,9 +744,9 @@ def normalize(text: str) -> str:
 
     Never raises; text with nothing speakable comes back as "" or bare punctuation (see `is_speakable`).
     """
+    if "<" in text or "&" in text:
+        text = _strip_markup(text)
     text = _clean_unicode(text)
-    if "<" in text:
-        text = _HTML_TAG.sub(" ", text)
     if "@" in text:
         text = _EMAIL.sub(_say_address, text)
     if "." in text or "://" in text:
@@ -694,11 +765,11 @@ def normalize(text: str) -> str:
 def is_speakable(text: str) -> bool:
     """True if `normalize(text)` holds a letter or digit; False for only punctuation, emoji, symbols or space.
 
-    Works on raw or already normalized text. Fast path: no rule removes a letter or digit except HTML tag
-    stripping, so a cleaned text with one is speakable without running the whole normalizer.
+    Works on raw or already normalized text. Fast path: no rule removes a letter or digit except markup's (tags,
+    comments, entities), so a cleaned text with one and no markup is speakable without the whole normalizer.
     """
     cleaned = _clean_unicode(text)
-    if "<" not in cleaned and _WORD_CHAR.search(cleaned):
+    if "<" not in cleaned and "&" not in cleaned and _WORD_CHAR.search(cleaned):
         return True
     return bool(_WORD_CHAR.search(normalize(text)))
 
@@ -718,6 +789,8 @@ _LOOKAHEAD = 64
 _LOOKBEHIND = 24
 """Characters looked back for the word before a period (abbreviations are shorter)."""
 _NOT_END, _UNDECIDED = -1, -2
+_LOOKBEHIND_MARKUP = 1024
+"""Characters looked back for the tag or comment a candidate end may be inside (longer ones are not seen)."""
 
 _NEVER_END = frozenset({
     "mr", "mrs", "ms", "mx", "messrs", "dr", "prof", "st", "mt", "capt", "sgt", "lt", "gen", "col", "rev", "gov", "sen",
@@ -839,6 +912,17 @@ class SentenceSplitter:
             if m is None:
                 return _NOT_END, max(scan, stop)
             p = m.start()
+            lookback = max(start, p - _LOOKBEHIND_MARKUP)
+            if buf.rfind("<", lookback, p) != -1:
+                past = _markup_around(buf, lookback, p, stop)
+                if past == -1:  # a tag or comment still open: its end decides, unless the sentence is too long
+                    if len(buf) > limit or final:
+                        past = None
+                    else:
+                        return _UNDECIDED, p
+                if past is not None:
+                    scan = past
+                    continue
             if buf[p] in "\r\n":
                 end, after = self._newline_end(buf, p, final), p + 1
             else:

@@ -96,6 +96,11 @@ NORMALIZE_CASES = [
     N("in Sept. 1999", "in September nineteen ninety-nine", id="month-year"),
     N("on 15 March.", "on the fifteenth of March.", id="date-keeps-period"),
     N("15/03/2024", "March fifteenth, twenty twenty-four", id="slashed-date-day-first-when-it-must-be"),
+    N("2/30/2024 and 13/40/2024", "two slash thirty slash twenty twenty-four and thirteen slash forty slash twenty "
+      "twenty-four", id="impossible-slashed-dates"),
+    N("2/29/2023 but 2/29/2024", "two slash twenty-nine slash twenty twenty-three but February twenty-ninth, "
+      "twenty twenty-four", id="leap-day-only-in-a-leap-year"),
+    N("1/1/0000", "one slash one slash zero zero zero zero", id="slashed-date-year-zero"),
     # Times
     N("3:30 pm", "three thirty p m", id="time-pm"),
     N("14:05", "fourteen oh five", id="time-24h"),
@@ -159,6 +164,13 @@ NORMALIZE_CASES = [
     N('<prosody rate="slow">Hello</prosody> <break time="1s"/> world', "Hello world", id="ssml-attributes"),
     N("<speak>Hi <emphasis level='strong'>there</emphasis></speak>", "Hi there", id="ssml-quoted"),
     N("a < b and c > d", "a less than b and c greater than d", id="comparisons-not-tags"),
+    # Markup (issue 41)
+    N('<a title="Dr. Who. Yes">x</a> said', "x said", id="tag-attributes-not-spoken"),
+    N("Press <Enter> to go, <Tab> or <Option>.", "Press Enter to go, Tab or Option.", id="lone-word-is-text"),
+    N("<P>One<BR>two <laugh> <i>three</i>", "One two three", id="known-names-are-markup"),
+    N("Tom &amp; Jerry &lt;3 it&#8217;s&nbsp;fine", "Tom and Jerry less than three it's fine", id="entities"),
+    N("a <!-- not. Read --> b <!-- open to the end", "a b", id="comments"),
+    N('<!DOCTYPE html><?xml version="1.0"?> text', "text", id="declarations"),
     N("and/or he/she", "and or he slash she", id="slash"),
     N("~5 min", "about five minutes", id="tilde"),
     N("Hello!!! Really???", "Hello! Really?", id="repeated-punct"),
@@ -232,6 +244,12 @@ def test_normalize_never_fails_and_speaks_only_words_and_punctuation():
     N("\n\n  \n", [], id="only-blank"),
     N("你好。世界！", ["你好。", "世界！"], id="cjk"),
     N("Hi.  " + " " * 80 + "there", ["Hi.", "there"], id="long-gap"),
+    N('See <a title="Dr. Who. Yes">x</a>. Next.', ['See <a title="Dr. Who. Yes">x</a>.', "Next."],
+      id="not-inside-a-tag"),
+    N("a <!-- One. Two.\nThree --> b. Next.", ["a <!-- One. Two.\nThree --> b.", "Next."], id="not-inside-a-comment"),
+    N("Press <Enter>. Then <Tab>.", ["Press <Enter>.", "Then <Tab>."], id="lone-words-are-text"),
+    N("a < b. C > d. Done.", ["a < b.", "C > d.", "Done."], id="comparisons-are-no-tag"),
+    N('open <a title="x. Y', ['open <a title="x.', "Y"], id="a-tag-never-closed"),
 ])
 def test_split_sentences(text, sentences):
     assert split_sentences(text) == sentences
@@ -319,7 +337,8 @@ def test_chunking_invariance_on_random_texts():
     rng = random.Random(7)
     atoms = ["Dr.", "e.g.", "etc.", "Inc.", "3.14", "J.", "U.S.", "...", "\u2026", "!", "?", ".", ".\"", "?)", "\n",
              "\n\n", "\r\n", "hello", "World", "a", "1.", "example.com", ",", ";", "\u2014", "Then", "then", "\"",
-             "x" * 45, "\u3002", " " * 70, "p.m.", "No.", "5"]
+             "x" * 45, "\u3002", " " * 70, "p.m.", "No.", "5", '<a title="Dr. Who. Yes">', "</a>", "<!--", "-->",
+             "<Enter>", "<b>", "<", ">"]
     for _ in range(300):
         text = "".join(rng.choice(atoms) + rng.choice(["", " ", " "]) for _ in range(rng.randint(0, 80)))
         max_chars, newline_breaks = rng.choice([16, 40, 300]), rng.random() < 0.7
@@ -444,3 +463,9 @@ def test_normalize_is_linear_in_a_run_of_whitespace(gap):
     said = normalize(f"Tom{run}& Jerry + friends went home.")
     assert time.perf_counter() - t0 < 1.0
     assert said == normalize("Tom & Jerry + friends went home.") == "Tom and Jerry plus friends went home."
+
+
+def test_nothing_inside_a_tag_or_comment_is_spoken_once_split_and_normalized():
+    """Issue 41: the splitter cut `<a title="Dr. Who. Yes">` at "Who.", leaving halves no tag rule could strip."""
+    text = 'Look <a title="Dr. Who. Yes" href="x.html">here</a>. <!-- Draft. Remove --> Done <Enter>.'
+    assert [normalize(s) for s in split_sentences(text)] == ["Look here.", "Done Enter."]

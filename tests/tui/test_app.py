@@ -371,3 +371,79 @@ async def test_metrics_from_engine_events_are_shown_at_the_poll_rate(make_app, s
         assert len(posted) == 1 and posted[0].utterance is utt
         bridge._poll()
         assert len(posted) == 1  # nothing new: nothing shown
+
+
+async def test_text_typed_after_picking_a_voice_is_spoken_in_that_voice(make_app, sink):
+    """After a pick the focus goes back to the text: typed keys were dropped while the picker kept it."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        picker = app.query_one(VoicePicker)
+        await pilot.click(VoicePicker)
+        await pilot.pause()
+        await pilot.press("down", "enter")
+        await wait_until(pilot, lambda: picker.value == "emma", "the voice change")
+        await say(pilot, "Hi.", typed=True)             # no click on the entry first
+        await wait_until(pilot, lambda: entries(app) and entries(app)[0].status is Status.DONE, "the utterance")
+        assert [(u.text, u.voice) for u in entries(app)] == [("Hi.", "emma")]
+
+
+async def test_letters_typed_on_the_closed_voice_picker_go_to_the_text(make_app, sink):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.query_one(VoicePicker).focus()
+        await pilot.pause()
+        await pilot.press("O", "k")
+        assert app.query_one(TextEntry).value == "Ok" and app.focused is app.query_one(TextEntry)
+        picker = app.query_one(VoicePicker)
+        picker.focus()
+        await pilot.pause()
+        await pilot.press("space")                      # the picker's own key: opens its list, types nothing
+        await wait_until(pilot, lambda: picker.expanded, "the list to open")
+        assert app.query_one(TextEntry).value == "Ok"
+
+
+async def test_text_and_enter_typed_before_the_entry_has_focus_wait_for_the_model(make_app, monkeypatch):
+    """At launch the keys can arrive before any widget has the focus (the state `set_focus(None)` recreates);
+    they reach the text entry, and the Enter queues the text, shown as waiting, spoken once the model is ready."""
+    import voiceapp.tui.bridge as bridge_module
+
+    release = threading.Event()
+    real_build = bridge_module.build_synthesizer
+
+    def slow_build(*args, **kw):
+        release.wait(10)
+        return real_build(*args, **kw)
+
+    monkeypatch.setattr(bridge_module, "build_synthesizer", slow_build)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.set_focus(None)
+        await pilot.pause()
+        await pilot.press("H", "i", ".", "enter")
+        await wait_until(pilot, lambda: entries(app), "the text to be queued", timeout=5)
+        assert entries(app)[0].text == "Hi." and entries(app)[0].status is Status.QUEUED
+        assert status_text(app) == "loading fake engine… · 1 queued"
+        assert app.query_one(HistoryTable).get_row("1")[3] == "queued"
+        release.set()
+        await wait_until(pilot, lambda: entries(app)[0].status is Status.DONE, "the queued text")
+
+
+async def test_slow_onsets_fit_their_history_columns(make_app):
+    """A 4,730 ms onset was cut to "4730 m" by the 6-cell column; latencies from a second up show as seconds."""
+    from voiceapp.tui.history import Utterance
+    from voiceapp.tui.widgets.history_table import COLUMNS
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(HistoryTable)
+        widths = {key: width for _, key, width in COLUMNS}
+        for number, (ttfa, onset) in enumerate([(0.873, 4.73), (12.34, 47.31), (0.05, 0.999)], start=1):
+            utt = Utterance(number, "Hello.", "ava", Status.DONE)
+            utt.metrics.ttfa_s, utt.metrics.onset_s = ttfa, onset
+            table.show(utt)
+        await pilot.pause()
+        cells = [(table.get_cell(str(n), "ttfa"), table.get_cell(str(n), "onset")) for n in (1, 2, 3)]
+        assert cells == [("873 ms", "4.73 s"), ("12.3 s", "47.3 s"), ("50 ms", "999 ms")]
+        assert all(len(ttfa) <= widths["ttfa"] and len(onset) <= widths["onset"] for ttfa, onset in cells)

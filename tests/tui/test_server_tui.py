@@ -108,3 +108,29 @@ def test_tui_flags_choose_whether_a_server_is_used_and_started(monkeypatch, argv
     options = tui_options(build_parser().parse_args(["tui", "--socket", "/tmp/x.sock", *argv]))
     assert (options.server_socket == Path("/tmp/x.sock") if server else options.server_socket is None)
     assert options.start_server is start
+
+
+async def test_rtf_through_a_server_is_shown_when_playback_waits(served):
+    """Through a server, the client's waits on a slow player outlast the server's wall time: the RTF, computed
+    as that wall time less the waits, was 0 and shown as "–". Now it is on the client's clock throughout."""
+    from memory_sink import MemorySink
+    from tui_helpers import RecordingApp
+
+    from voiceapp.tui.widgets.history_table import HistoryTable
+
+    path, server = served
+    sink = MemorySink(speed=1.5)                         # slow enough that the player's buffer fills
+    app = RecordingApp(TuiOptions(engine=EngineConfig(backend="auto", model=None), server_socket=path), sink=sink)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await say(pilot, " ".join(f"This is sentence number {n} of a longer text." for n in range(5)))
+            entries = app.bridge.history.entries
+            await wait_until(pilot, lambda: entries and entries[0].status is Status.DONE, "the utterance")
+            await pilot.pause(0.3)
+            m = entries[0].metrics
+            assert m.blocked_s > m.wall_s, "the test needs the waits to outlast the server's wall time"
+            assert m.rtf is not None and 0 < m.rtf < 1
+            assert app.query_one(HistoryTable).get_row("1")[6] == f"{m.rtf:.2f}"
+    finally:
+        sink.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -31,6 +31,8 @@ class VoiceApp(App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     """Resolved here, so subclasses defined elsewhere (tests) find it too."""
     TITLE = "voiceapp"
+    AUTO_FOCUS = "#text"
+    """The text entry has the focus from the first frame the screen shows."""
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (MIN_WIDTH, "-wide-enough")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (MIN_HEIGHT, "-tall-enough")]
     BINDINGS = [
@@ -92,6 +94,32 @@ class VoiceApp(App[int]):
     def _voice(self, event: Select.Changed) -> None:
         if isinstance(event.value, str):
             self.bridge.voice = event.value
+        # a pick is followed by text: it goes to the entry (it was dropped while the picker kept the focus)
+        for entry in self.query(TextEntry):
+            entry.focus()
+
+    def on_key(self, event: events.Key) -> None:
+        """Keys typed where no widget takes them (nothing focused yet at launch; the closed voice picker, which
+        ignores letters) go to the text entry: typed text and its Enter are never silently dropped. Other focused
+        widgets (the history's `r`, the open voice list) keep their keys, as does any other screen."""
+        if self.focused is not None and not isinstance(self.focused, VoicePicker):
+            return
+        if isinstance(self.focused, VoicePicker) and event.key in VoicePicker.OWN_KEYS:
+            return  # space opens the list
+        entries = list(self.query(TextEntry))
+        if not entries or entries[0].screen is not self.screen:
+            return
+        entry = entries[0]
+        if event.character == "?" and not entry.value:
+            return  # the help key, as in the empty entry
+        if event.is_printable and event.character:
+            event.stop()
+            entry.focus()
+            entry.insert_text_at_cursor(event.character)
+        elif event.key == "enter" and self.focused is None:
+            event.stop()
+            entry.focus()
+            self.call_later(entry.action_submit)
 
     def on_replay_requested(self, message: ReplayRequested) -> None:
         self.bridge.replay(message.number)

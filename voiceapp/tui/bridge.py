@@ -83,6 +83,8 @@ class Bridge(Widget):
         self._unshown: dict[int, Utterance] = {}
         """Utterances whose metrics engine events changed since they were last shown, by number."""
         self._last_state = ""
+        self._remote = False
+        """The synthesizer is an engine server's client (its requests' metrics fold the server's events)."""
 
     # ---- life cycle ---------------------------------------------------------------------------------
 
@@ -124,6 +126,7 @@ class Bridge(Widget):
                     await remote.close()
                     self.post_message(ModelFailed(str(err)))
                     return
+                self._remote = True
                 self.post_message(ModelReady(f"server pid {remote.info.get('pid')}", remote, sink, notice))
                 return
         self._load()
@@ -241,6 +244,7 @@ class Bridge(Widget):
         req = SynthesisRequest(utt.text, voice=utt.voice, request_id=utt.request_id)
         self.requests.append(req)
         utt.metrics.sample_rate = self.synth.sample_rate
+        utt.metrics.remote = self._remote
         utt.status = Status.PLAYING
         self._changed(utt)
         self._recorder = recorder = Recorder(sink, int(self.history.max_audio_s * sink.sample_rate))

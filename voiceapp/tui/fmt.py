@@ -5,7 +5,17 @@ DASH = "–"
 
 
 def ms(seconds: float | None) -> str:
-    return DASH if seconds is None else f"{seconds * 1000:.0f} ms"
+    """A latency in at most 6 characters (the history's column): milliseconds below one second ("873 ms"), then
+    seconds with three significant digits ("4.73 s", "47.3 s", "473 s")."""
+    if seconds is None:
+        return DASH
+    if round(seconds * 1000) < 1000:
+        return f"{seconds * 1000:.0f} ms"
+    for digits in (2, 1):
+        text = f"{seconds:.{digits}f}"
+        if len(text) <= 4:
+            return text + " s"
+    return f"{seconds:.0f} s"
 
 
 def ratio(value: float | None) -> str:

@@ -8,7 +8,7 @@ from uuid import uuid4
 
 import numpy as np
 
-from engine.events import Event
+from engine.events import Event, RequestFinished
 from engine.metrics import RequestMetrics
 
 
@@ -40,6 +40,10 @@ class Metrics(RequestMetrics):
     """Seconds spent synthesizing so far, excluding time spent waiting for the player's buffer."""
     blocked_s: float = 0.0
     """Seconds the synthesizer waited on the sink's backpressure (set by the bridge)."""
+    remote: bool = False
+    """The request ran in an engine server (set by the bridge). Its RequestFinished carries the server's wall
+    time, in which this process's waits on the sink are not: the compute time then ends at this process's
+    receipt of that event, on the clock the waits were measured on."""
 
     @property
     def rtf(self) -> float | None:
@@ -55,6 +59,9 @@ class Metrics(RequestMetrics):
         the waits on the sink up to then."""
         elapsed = self.elapsed_s
         super().apply(event)
+        if self.remote and isinstance(event, RequestFinished) and self.t0 is not None:
+            # a relayed event's time is when this process rebuilt it (engine.protocol drops the server's)
+            self.elapsed_s = max(event.t - self.t0, 0.0)
         if self.elapsed_s != elapsed:
             self.compute_s = max(self.elapsed_s - self.blocked_s, 0.0)
 

@@ -11,10 +11,13 @@ MAX_TEXT_CHARS = 200_000
 class TextEntry(Input):
     """Input for the text to speak. Unlike a plain Input, a multi-line paste keeps all its lines (joined with
     spaces: the synthesizer splits sentences itself) instead of only the first, and `?` typed into the empty
-    field opens the key help (anywhere else in the text it is just a question mark)."""
+    field opens the key help (anywhere else in the text it is just a question mark). Taking the focus does not
+    select the text: the focus comes back here after a voice pick, and the next key must add to the text, not
+    replace it."""
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(placeholder="Type text and press Enter to speak", max_length=MAX_TEXT_CHARS, id=id)
+        super().__init__(placeholder="Type text and press Enter to speak", max_length=MAX_TEXT_CHARS,
+                         select_on_focus=False, id=id)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.character == "?" and not self.value:
