@@ -9,13 +9,16 @@ which resamples.
 
 Threads as in the engine's Player: the caller is the ring's only producer, the PortAudio callback its only consumer,
 and the callback only copies (no allocation, no lock, no I/O). ByteRing's counters follow engine.ringbuffer's
-RingBuffer: monotonic frame counts, each published by its one writer after its copy.
+RingBuffer: monotonic frame counts, each published by its one writer after its copy. As there, the stream's abort
+and close run on a daemon thread with a bounded wait (engine.backends.portaudio_calls), so that a dead or frozen
+audio server cannot hold Ctrl-C.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from engine.backends.portaudio_calls import bounded, guard_exit
 from engine.player_gate import may_play, rebuffers_after
 
 FRAME_BYTES = 4
@@ -43,6 +46,7 @@ def import_sounddevice() -> Any:
         raise device_error("PortAudio is not available (install libportaudio2)", err) from err
     except ImportError as err:
         raise device_error("the sounddevice package is not installed", err) from err
+    guard_exit(sd)  # its Pa_Terminate at exit bounded too, and quiet under a Ctrl-C
     return sd
 
 
@@ -223,15 +227,18 @@ class LeanPlayer:
         time.sleep(max(0.1, 2 * self.latency_s))
 
     def close(self) -> None:
-        """Stop at once (unplayed audio is dropped) and close the stream; idempotent."""
+        """Stop at once (unplayed audio is dropped) and close the stream; idempotent. Returns within
+        portaudio_calls.WAIT_S even where PortAudio blocks (the call is then left on its daemon thread)."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._stream.abort(ignore_errors=True)
-            self._stream.close(ignore_errors=True)
-        except self._sd.PortAudioError:
-            pass
+        stream = self._stream
+
+        def shut() -> None:
+            stream.abort(ignore_errors=True)
+            stream.close(ignore_errors=True)
+
+        bounded(shut, self._sd, name="portaudio-close")
 
 
 class FloatWav:

@@ -6,7 +6,8 @@ a machine without PortAudio; only constructing a Player or listing devices needs
 Threads: the asyncio loop is the ring's only producer (`write`, `drain`, `clear`, `mark_utterance_start`);
 the PortAudio callback is its only consumer and only copies (no allocation of buffers, no locks, no I/O,
 no logging). State the callback needs from the producer is published as one tuple per utterance, read
-once per callback.
+once per callback. The stream's abort, restart and close run on a daemon thread with a bounded wait
+(engine.backends.portaudio_calls): with the audio server dead or frozen they can block for good, and with them Ctrl-C.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.portaudio_calls import bounded, guard_exit
 from engine.errors import AudioDeviceError
 from engine.player_gate import may_play, rebuffers_after
 from engine.ringbuffer import RingBuffer
@@ -52,6 +54,7 @@ def import_sounddevice() -> Any:
         raise _device_error("PortAudio is not available (install libportaudio2)", err) from err
     except ImportError as err:
         raise _device_error("the sounddevice package is not installed", err) from err
+    guard_exit(sd)  # its Pa_Terminate at exit bounded too, and quiet under a Ctrl-C
     return sd
 
 
@@ -156,6 +159,9 @@ class Player:
         self._closed = False
         self._dead = False
         """The stream stopped or stalled (its device or audio server gone): never touched again but to close it."""
+        self._wedged = False
+        """A PortAudio call on the stream did not return within portaudio_calls.WAIT_S and was left on its thread:
+        the stream is not touched again, not even to close it (a second call would only queue behind the first)."""
         self._sd = sd
         self._stream = self._open_stream(sd, device, latency)
 
@@ -208,7 +214,7 @@ class Player:
     def _check_alive(self) -> None:
         if self._closed:
             raise AudioDeviceError(f"the audio player is closed; {FILE_HINT}")
-        if not self._stream.active:
+        if self._dead or not self._stream.active:
             self._dead = True
             raise AudioDeviceError(f"the audio output device stopped (disconnected?); {FILE_HINT}")
 
@@ -310,8 +316,9 @@ class Player:
         await asyncio.sleep(max(0.1, 2 * self.latency_s))
 
     def clear(self) -> None:
-        """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Blocks for
-        the stream's abort + restart (a few milliseconds: docs/lab/run-log.md)."""
+        """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Waits for the
+        stream's abort + restart (a few milliseconds: docs/lab/run-log.md), at most portaudio_calls.WAIT_S: a
+        stream whose restart takes longer is dead (its audio server gone or frozen), and the next write says so."""
         self._clear_gen += 1
         self._utt_open = False
         self._utt_seq += 1
@@ -327,23 +334,43 @@ class Player:
             return
         # Audio already handed to the host (about `latency`, 0.1 s) would keep playing; abort drops it.
         # abort() returns once the callback thread has stopped, so the ring has no consumer until start().
+        stream, ring, sd = self._stream, self._ring, self._sd
+
+        def restart() -> None:
+            try:
+                stream.abort()
+                ring.apply_clear()
+                if not self._dead:  # given up on meanwhile: not started again
+                    stream.start()
+            except sd.PortAudioError:
+                ring.apply_clear()  # the stream is dead; the next write/drain raises AudioDeviceError
+
+        restarted = False
         try:
-            self._stream.abort()
-            self._ring.apply_clear()
-            self._stream.start()
-        except self._sd.PortAudioError:
-            self._ring.apply_clear()  # the stream is dead; the next write/drain raises AudioDeviceError
+            restarted = bounded(restart, sd, name="portaudio-clear")
+        finally:  # (a signal's exception may cut the wait short: the call is left behind all the same)
+            if not restarted:
+                self._dead = self._wedged = True  # the ring keeps its clear request: no consumer takes it now
 
     def close(self) -> None:
-        """Stop and close the stream; idempotent. Unplayed audio is dropped (call drain() first)."""
+        """Stop and close the stream; idempotent. Unplayed audio is dropped (call drain() first). Returns within
+        portaudio_calls.WAIT_S even where PortAudio blocks (the call is then left on its daemon thread)."""
         if self._closed:
             return
         self._closed = True
+        if self._wedged:
+            return
+        stream = self._stream
+
+        def shut() -> None:
+            stream.abort(ignore_errors=True)
+            stream.close(ignore_errors=True)
+
+        shut_down = False
         try:
-            self._stream.abort(ignore_errors=True)
-            self._stream.close(ignore_errors=True)
-        except self._sd.PortAudioError:
-            pass
+            shut_down = bounded(shut, self._sd, name="portaudio-close")
+        finally:
+            self._wedged = not shut_down
 
     def __enter__(self) -> "Player":
         return self

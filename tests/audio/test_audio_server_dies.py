@@ -1,5 +1,6 @@
-"""Fault injection: the audio server dies while `say` plays. The command must end by itself with one line and a
-non-zero status, and a Ctrl-C meanwhile must end it within a second, whatever state PortAudio is in."""
+"""Fault injection: the audio server dies (or freezes) while `say` plays. The command must end by itself with one
+line and a non-zero status, and a Ctrl-C meanwhile must end it within seconds, whatever state PortAudio is in: just
+after the server was killed, or while it is stopped, in-process and on the lean road through a warm server."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
+
+from tests.audio.test_lean_say import warm_server  # noqa: F401  (the lean road's warm server)
 
 TEXT = "A long sentence that keeps talking for a while. " * 4
 
@@ -54,3 +59,100 @@ def _wait_until_playing(server, proc: subprocess.Popen, timeout: float = 60.0) -
         assert proc.poll() is None, proc.stderr.read().decode()
         time.sleep(0.05)
     raise AssertionError("say never started playing")
+
+
+# Issue 41 #14: a Ctrl-C that lands while PortAudio is stuck on a dead or frozen audio server. The player's abort and
+# close (and the barge-in clear a cancelled request runs) used to run on the main thread, where they blocked for good,
+# and with them the signal; they now run on a daemon thread that `say` waits for only a bounded while.
+
+ENDS_WITHIN_S = 15.0
+"""How long `say` may take from the Ctrl-C to its exit: the player's bounded waits are 1.5 s each, the rest is a
+loaded two-core machine's slack. A hang is forever, so the bound only has to be finite."""
+
+
+def _assert_ctrl_c_ends_say(server, proc: subprocess.Popen) -> None:
+    """SIGINT `proc` (already sent whatever hit its audio server): it must end within ENDS_WITHIN_S with 130 or one
+    line and a non-zero status, never a traceback."""
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=ENDS_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"say ignored Ctrl-C for {ENDS_WITHIN_S:g} s: {err.decode()}") from None
+    text = err.decode().strip()
+    assert proc.returncode != 0 and "Traceback" not in text, text
+    assert text.splitlines()[-1].startswith("voicectl: "), text
+    assert proc.returncode == 130 or "audio" in text.splitlines()[-1], (proc.returncode, text)
+    assert time.monotonic() - t0 < ENDS_WITHIN_S
+
+
+def _start_say(server, tiny_model, lean_env: dict[str, str] | None) -> subprocess.Popen:
+    """`say` playing into the private server's sink: in-process, or through the warm server in `lean_env`."""
+    env = {**os.environ, **server.env, "PULSE_SINK": "doomed", **(lean_env or {})}
+    road = [] if lean_env else ["--no-server", "--backend", "torch"]
+    args = [sys.executable, "-m", "voiceapp.cli", "say", TEXT, "--model", str(tiny_model), "--seed", "2",
+            "--max-tokens", "400", *road]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+@pytest.fixture(params=["in-process", "lean"])
+def road(request, tiny_model):
+    """None for `--no-server`, else the environment of a warm server (the lean road)."""
+    if request.param == "in-process":
+        return None
+    env, _ = request.getfixturevalue("warm_server")
+    return env
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05])
+def test_ctrl_c_just_after_the_audio_server_is_killed_ends_say(private_pulse, tiny_model, road, delay_s) -> None:
+    server = private_pulse({"doomed": 16000})
+    proc = _start_say(server, tiny_model, road)
+    try:
+        _wait_until_playing(server, proc)
+        server.proc.kill()
+        time.sleep(delay_s)
+        _assert_ctrl_c_ends_say(server, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_while_the_audio_server_is_frozen_ends_say(private_pulse, tiny_model, road) -> None:
+    server = private_pulse({"doomed": 16000})
+    proc = _start_say(server, tiny_model, road)
+    try:
+        _wait_until_playing(server, proc)
+        server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)  # the stream's host buffer runs out; PortAudio's thread now waits on the frozen server
+        _assert_ctrl_c_ends_say(server, proc)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)  # or the fixture's SIGTERM would never be acted on
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_say_ends_by_itself_with_one_line_when_the_audio_server_freezes(private_pulse, tiny_model, road) -> None:
+    """No Ctrl-C: the player notices no callback came for its stall timeout (5 s), and its close must not block on
+    the frozen server either."""
+    server = private_pulse({"doomed": 16000})
+    proc = _start_say(server, tiny_model, road)
+    try:
+        _wait_until_playing(server, proc)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            _, err = proc.communicate(timeout=5 + ENDS_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("say hangs while the audio server is frozen") from None
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode().strip()
+    assert proc.returncode not in (0, 130) and "Traceback" not in text, (proc.returncode, text)
+    assert text.splitlines()[-1].startswith("voicectl: ") and "audio" in text.splitlines()[-1], text
