@@ -9,6 +9,7 @@ with blocking calls, then imports its audio stack and checks its input while the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import struct
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import MODEL_ENV, SynthesisRequest
+from engine.errors import VoiceError
 from engine.protocol import (HEADER, KIND_JSON, PROTOCOL_VERSION, ProtocolError, encode_message, parse_header,
                              parse_payload, project_version)
 
@@ -126,17 +128,54 @@ def peer_credentials(sock: Any) -> tuple[int, int] | None:
 # ---- can it stand in ---------------------------------------------------------------------------------------
 
 def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
-    """Why the server cannot stand in for an engine of this project version, backend and model (explicit --model
-    or $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
+    """Why the server cannot stand in for an engine of this project version, backend and model; None if it can.
+
+    The checkpoint is compared by its hash (`engine.model.checkpoint_hash`), never by its path: a checkpoint
+    replaced in place, or a path that names another folder from the server's directory than from ours, is another
+    checkpoint. The fake engine stands in only for a client asking for it, and only it does. Devices and threads are
+    the server's business and are not compared."""
     if info.get("version") != project_version():
         return f"is voiceapp {info.get('version') or '(an older version)'}, not {project_version()} like this voicectl"
-    if backend != "auto" and backend != info.get("backend"):
-        return f"uses the {info.get('backend')} backend, not {backend}"
-    wanted = model or os.environ.get(MODEL_ENV)
-    served = info.get("model")
-    if wanted and (served is None or Path(wanted).expanduser().resolve() != Path(served["path"]).resolve()):
-        return f"serves {served['path'] if served else 'no model'}, not {wanted}"
+    served_backend = info.get("backend")
+    if backend == "auto" and served_backend == "fake":
+        return "is the fake engine (it stands in only for --backend fake)"
+    if backend != "auto" and backend != served_backend:
+        return f"uses the {served_backend} backend, not {backend}"
+    if backend == "fake":
+        return None
+    try:
+        wanted = wanted_checkpoint(model, os.environ.get(MODEL_ENV) or None)
+    except (VoiceError, OSError) as err:  # an unreadable checkpoint: in-process says what is wrong with it
+        return f"cannot be compared with the checkpoint asked for ({err})"
+    if wanted is None:  # nothing asked for and no default checkpoint here: the server's is the only one
+        return None
+    served = info.get("model") if isinstance(info.get("model"), dict) else None
+    if served is None or served.get("hash") != wanted[1]:
+        what = f"{served.get('path')} (checkpoint {served.get('hash')})" if served else "no model"
+        return f"serves {what}, not {wanted[0]} (checkpoint {wanted[1]})"
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def wanted_checkpoint(model: str | None, env_model: str | None) -> tuple[str, str] | None:
+    """(absolute folder, checkpoint hash) of the checkpoint this process would load for --model `model` (else
+    $VOICEAPP_MODEL, `env_model`, which keys the cache, else the default download); None when neither is given and
+    no default is there. Raises ModelNotFound for an explicit folder that is not there.
+
+    The hash is `engine.model.checkpoint_hash` of the folder, which is what every family's `read` reports as its
+    `checkpoint_hash` (a test keeps them equal), taken directly: asking the family would import the text rules and
+    parse the tokenizer on the lean road. Its file digests are cached, so after the first time this only stats the
+    checkpoint's files; engine.model imports no numpy."""
+    from engine.errors import ModelNotFound
+    from engine.model import checkpoint_hash, resolve_model_dir
+
+    try:
+        root = resolve_model_dir(model).resolve()
+    except ModelNotFound:
+        if model or env_model:
+            raise
+        return None
+    return str(root), checkpoint_hash(root)
 
 
 def say_message(req: SynthesisRequest, text: str, streamed: bool) -> dict[str, Any]:
