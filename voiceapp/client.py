@@ -54,6 +54,17 @@ class ServerGone(VoiceError):
         """Whether any audio of the request had arrived (if not, the caller may redo it in-process)."""
 
 
+class ServerNotAnswering(VoiceError):
+    """Something holds the server's socket but has not said hello in time (a server stopped with SIGSTOP or Ctrl-Z,
+    or stuck): a server that is well answers within milliseconds."""
+
+
+def not_answering(path: Path, timeout_s: float) -> str:
+    pid = lock_holder(path)
+    who = f"the voicectl server (pid {pid})" if pid is not None else f"the voicectl server at {path}"
+    return f"{who} has not answered in {timeout_s:g} s (stopped or stuck?)"
+
+
 class ServerUnusable(VoiceError):
     """A server answers at the socket but cannot stand in for the engine asked for (another project or protocol
     version, backend or model; another user): the caller speaks in-process and leaves that server alone."""
@@ -68,14 +79,21 @@ class Connection:
         self.reader, self.writer, self.info = reader, writer, info
 
     @classmethod
-    async def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> "Connection | None":
+    async def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S,
+                   silence_is_error: bool = False) -> "Connection | None":
         """Connect and say hello; None when no server is listening there (no socket, or a stale one).
 
-        Raises VoiceError when a server answers but cannot serve us (different protocol version, refused).
+        Raises VoiceError when a server answers but cannot serve us (different protocol version, refused), and
+        with `silence_is_error`, ServerNotAnswering when something holds the socket but does not say hello within
+        `timeout_s` (a stopped or stuck server: waiting on it, or starting another, would wait for good).
         """
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout_s)
-        except (OSError, asyncio.TimeoutError):
+        except asyncio.TimeoutError:  # the listen queue is full: nobody has accepted for a while
+            if silence_is_error:
+                raise ServerNotAnswering(not_answering(path, timeout_s)) from None
+            return None
+        except OSError:
             return None
         conn = cls(reader, writer, {})
         try:
@@ -90,7 +108,12 @@ class Connection:
                 raise error_from(reply)
             conn.info = reply
             return conn
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError):
+        except asyncio.TimeoutError:
+            await conn.close()
+            if silence_is_error:
+                raise ServerNotAnswering(not_answering(path, timeout_s)) from None
+            return None
+        except (OSError, asyncio.IncompleteReadError, ProtocolError):
             await conn.close()
             return None
         except BaseException:
@@ -172,7 +195,9 @@ class RemoteSynthesizer(UtteranceFolds):
 
     @classmethod
     async def connect(cls, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
-        conn = await Connection.open(path)
+        """A client of the server at `path`; None when none listens. ServerNotAnswering when one holds the socket
+        but does not answer."""
+        conn = await Connection.open(path, silence_is_error=True)
         return None if conn is None else cls(conn, path, events)
 
     async def synthesize(self, req: SynthesisRequest,

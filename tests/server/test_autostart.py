@@ -250,3 +250,31 @@ def test_a_socket_folder_squatted_by_another_user_is_refused_and_say_speaks_in_p
     assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
     assert list(squatted.iterdir()) == []
     assert "owned by you" in one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))
+
+
+def test_a_stopped_server_is_given_up_on_at_once_and_say_speaks_in_process(sock_path, tmp_path):
+    """A server that holds its socket but does not answer (SIGSTOP, as Ctrl-Z would; or stuck): `say` waited on it
+    for 600 s, trying to start another, without a word. Now: one notice within seconds, then in-process speech,
+    for a text argument and for stdin (none of which was read yet); the server left alone."""
+    import signal
+    import time
+
+    env = {"VOICEAPP_SOCKET": sock_path}
+    server = start_serve("--backend", "fake", "--socket", sock_path, env=env)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        for args, stdin in ((["Spoken anyway."], None), (["-"], b"Spoken anyway.")):
+            t = time.monotonic()
+            proc = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), *FAKE, stdin=stdin, env=env, timeout=60)
+            took = time.monotonic() - t
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert proc.stderr.decode().splitlines() == [
+                f"voicectl: the voicectl server (pid {server.pid}) has not answered in 2 s (stopped or stuck?); "
+                f"speaking in-process"]
+            assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+            assert took < 20
+        assert serve_pids(sock_path) == [server.pid]
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(10)
