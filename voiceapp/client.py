@@ -330,7 +330,11 @@ async def connect_usable(path: Path, backend: str, model: str | None,
         raise ServerUnusable(str(err)) from None
     if remote is None:
         return None
-    why = server_mismatch(remote.info, backend, model)
+    try:
+        why = server_mismatch(remote.info, backend, model)
+    except BaseException:
+        await remote.close()
+        raise
     if why is not None:
         await remote.close()
         raise ServerUnusable(f"the running server {why}")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import MODEL_ENV, SynthesisRequest
-from engine.errors import VoiceError
 from engine.protocol import (HEADER, KIND_JSON, PROTOCOL_VERSION, ProtocolError, encode_message, parse_header,
                              parse_payload, project_version)
 
@@ -145,8 +144,8 @@ def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> st
         return None
     try:
         wanted = wanted_checkpoint(model, os.environ.get(MODEL_ENV) or None)
-    except (VoiceError, OSError) as err:  # an unreadable checkpoint: in-process says what is wrong with it
-        return f"cannot be compared with the checkpoint asked for ({err})"
+    except OSError as err:  # a file of it cannot be read: in-process says what is wrong with it
+        return f"cannot be compared with the checkpoint asked for ({err.strerror or err})"
     if wanted is None:  # nothing asked for and no default checkpoint here: the server's is the only one
         return None
     served = info.get("model") if isinstance(info.get("model"), dict) else None
@@ -217,6 +216,12 @@ def send_say(path: Path, backend: str, model: str | None, req: SynthesisRequest)
         if info is None or server_mismatch(info, backend, model) is not None:
             sock.close()
             return None
+    except BaseException as err:
+        sock.close()
+        if isinstance(err, (OSError, ProtocolError, ValueError)):
+            return None
+        raise
+    try:
         sent = time.perf_counter()
         sock.sendall(encode_message(say_message(req, req.text, streamed=False)))
         return SentSay(sock, info, sent)

@@ -94,3 +94,11 @@ def test_the_hash_a_client_compares_is_the_one_its_family_reports(name, tmp_path
     root = family(name).write_synthetic(tmp_path / name)
     assert wanted_checkpoint(str(root), None)[1] == detect(root).read(root).checkpoint_hash
     wanted_checkpoint.cache_clear()
+
+
+def test_a_model_folder_that_is_not_there_is_the_loaders_one_line_not_a_notice(checkpoint, tmp_path):
+    from engine.errors import ModelNotFound
+
+    digest = wanted_checkpoint(str(checkpoint), None)[1]
+    with pytest.raises(ModelNotFound, match="no such directory"):
+        server_mismatch(hello(checkpoint, digest), "auto", str(tmp_path / "gone"))
