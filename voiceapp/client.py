@@ -21,9 +21,10 @@ from engine.pacing import Pacer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
                              parse_event, read_frame)
 from engine.types import AudioChunk
-from voiceapp.server_socket import (CONNECT_TIMEOUT_S, SentSay, default_socket_path, is_default_location,  # noqa: F401
-                                    lock_holder, lock_path, peer_credentials, say_message, serve_pids,
-                                    server_mismatch, socket_path)
+from voiceapp.server_socket import (CONNECT_TIMEOUT_S, SentSay, ServerNotAnswering,  # noqa: F401
+                                    default_socket_path, is_default_location, lock_holder, lock_path,
+                                    not_answering, peer_credentials, say_message, serve_pids, server_mismatch,
+                                    socket_path)
 
 
 
@@ -52,17 +53,6 @@ class ServerGone(VoiceError):
         super().__init__(message)
         self.audio_started = audio_started
         """Whether any audio of the request had arrived (if not, the caller may redo it in-process)."""
-
-
-class ServerNotAnswering(VoiceError):
-    """Something holds the server's socket but has not said hello in time (a server stopped with SIGSTOP or Ctrl-Z,
-    or stuck): a server that is well answers within milliseconds."""
-
-
-def not_answering(path: Path, timeout_s: float) -> str:
-    pid = lock_holder(path)
-    who = f"the voicectl server (pid {pid})" if pid is not None else f"the voicectl server at {path}"
-    return f"{who} has not answered in {timeout_s:g} s (stopped or stuck?)"
 
 
 class ServerUnusable(VoiceError):

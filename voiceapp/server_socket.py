@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import MODEL_ENV, SynthesisRequest
+from engine.errors import VoiceError
 from engine.protocol import (HEADER, KIND_JSON, PROTOCOL_VERSION, ProtocolError, encode_message, parse_header,
                              parse_payload, project_version)
 
@@ -124,6 +125,18 @@ def peer_credentials(sock: Any) -> tuple[int, int] | None:
     return pid, uid
 
 
+class ServerNotAnswering(VoiceError):
+    """Something holds the server's socket but has not said hello in time (a server stopped with SIGSTOP or Ctrl-Z,
+    or stuck): a server that is well answers within milliseconds."""
+
+
+def not_answering(path: Path, timeout_s: float) -> str:
+    """ServerNotAnswering's message: the server named by the pid holding its lock where there is one."""
+    pid = lock_holder(path)
+    who = f"the voicectl server (pid {pid})" if pid is not None else f"the voicectl server at {path}"
+    return f"{who} has not answered in {timeout_s:g} s (stopped or stuck?)"
+
+
 # ---- can it stand in ---------------------------------------------------------------------------------------
 
 def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
@@ -205,14 +218,18 @@ class SentSay:
 
 def send_say(path: Path, backend: str, model: str | None, req: SynthesisRequest) -> SentSay | None:
     """Connect, exchange hellos and send `req` whole, blocking; None when no server answers at `path` or the one
-    that answers cannot stand in (the caller then takes the usual road, which starts a server or says why not)."""
+    that answers cannot stand in (the caller then takes the usual road, which starts a server or says why not).
+    ServerNotAnswering when one holds the socket but does not say hello within CONNECT_TIMEOUT_S."""
     if not path.exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
-        sock.connect(str(path))
-        info = _hello(sock)
+        try:
+            sock.connect(str(path))
+            info = _hello(sock)
+        except TimeoutError:  # something holds the socket but neither accepts nor answers in time
+            raise ServerNotAnswering(not_answering(path, CONNECT_TIMEOUT_S)) from None
         if info is None or server_mismatch(info, backend, model) is not None:
             sock.close()
             return None

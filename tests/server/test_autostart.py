@@ -272,7 +272,7 @@ def test_a_stopped_server_is_given_up_on_at_once_and_say_speaks_in_process(sock_
                 f"voicectl: the voicectl server (pid {server.pid}) has not answered in 2 s (stopped or stuck?); "
                 f"speaking in-process"]
             assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
-            assert took < 20
+            assert took < 10  # 2 s for the hello, the rest the in-process engine
         assert serve_pids(sock_path) == [server.pid]
     finally:
         os.kill(server.pid, signal.SIGCONT)
