@@ -153,8 +153,9 @@ def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> st
         return "is the fake engine (it stands in only for --backend fake)"
     if backend != "auto" and backend != served_backend:
         return f"uses the {served_backend} backend, not {backend}"
-    if backend == "fake":
-        return None
+    if backend == "fake":  # the fake engine reads no checkpoint: only a server of none can stand in for one asked for
+        wanted = model or os.environ.get(MODEL_ENV)
+        return f"serves no model, not {wanted}" if wanted and info.get("model") is None else None
     try:
         wanted = wanted_checkpoint(model, os.environ.get(MODEL_ENV) or None)
     except OSError as err:  # a file of it cannot be read: in-process says what is wrong with it
@@ -209,6 +210,8 @@ class SentSay:
     """The server's hello: pid, project version, model, backend, sample_rate."""
     sent_perf: float
     """time.perf_counter() when the request went out: the request's start for its TTFA."""
+    path: Path | None = None
+    """The server's socket, where `still_answers` asks it again while its first reply is late."""
 
     def cancel(self) -> None:
         """Give the request up (the caller's own checks failed): the server aborts a request whose client left."""
@@ -241,10 +244,32 @@ def send_say(path: Path, backend: str, model: str | None, req: SynthesisRequest)
     try:
         sent = time.perf_counter()
         sock.sendall(encode_message(say_message(req, req.text, streamed=False)))
-        return SentSay(sock, info, sent)
+        return SentSay(sock, info, sent, path)
     except (OSError, ProtocolError, ValueError):
         sock.close()
         return None
+
+
+FIRST_REPLY_S = 2.0
+"""A request whose first reply has not come within this has its server asked for a hello on a new connection:
+a server that answers is busy and is waited on; one that does not is given up on (stopped or stuck)."""
+
+
+def still_answers(path: Path) -> bool:
+    """Whether the server at `path` says hello within CONNECT_TIMEOUT_S. True also where nothing listens any more:
+    a server that went away ends the request's own connection, which says so."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.connect(str(path))
+        _hello(sock)
+        return True
+    except TimeoutError:
+        return False
+    except (OSError, ProtocolError, ValueError):
+        return True
+    finally:
+        sock.close()
 
 
 def _hello(sock: socket.socket) -> dict[str, Any] | None:
