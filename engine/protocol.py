@@ -144,7 +144,8 @@ def describe_engine(synth: Any) -> dict[str, Any]:
     name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
     info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
     return {"backend": BACKEND_NAMES.get(name, name),
-            "model": {"path": str(Path(info.root).resolve()), "hash": info.checkpoint_hash} if info is not None else None,
+            "model": ({"path": str(Path(info.root).resolve()), "hash": info.checkpoint_hash}
+                      if info is not None else None),
             "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s),
             "paced_ahead_windows_s": list(synth.pacer.ahead_windows_s)}
 
