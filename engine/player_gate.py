@@ -24,3 +24,21 @@ def rebuffers_after(short: bool, playing: bool, rebuffer: int) -> bool:
     the producer's end mark stops playing instead, a pause) and the player re-buffers at all (`rebuffer` > 0:
     with 0 it resumes with whatever arrives)."""
     return short and playing and rebuffer > 0
+
+
+RESUME_GAP_S = 1.0
+"""A watchdog poll that comes this long after the one before it means this process was not running in between
+(stopped by SIGSTOP or Ctrl-Z, the machine asleep): its sleeps are a few milliseconds."""
+
+
+def watch_progress(last: tuple[int, float, float], callbacks: int, now: float) -> tuple[int, float, float]:
+    """The stall watchdog after a poll at `now`: (callback count seen, since when it has not moved, when this
+    poll ran), from the state `last` of the poll before. The device has stalled once `now` minus the second field
+    passes the timeout. The wait starts again when the count moved, and after a gap of RESUME_GAP_S between polls:
+    PortAudio's callback runs in this process, so while the process was stopped it was stopped too, and that time
+    says nothing about the device (a `say` stopped with Ctrl-Z for longer than the timeout was killed by its own
+    watchdog on `fg`)."""
+    seen, since, polled = last
+    if callbacks != seen or now - polled > RESUME_GAP_S:
+        return callbacks, now, now
+    return seen, since, now

@@ -136,7 +136,7 @@ def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
 
 
 def describe_engine(synth: Any) -> dict[str, Any]:
-    """What identifies a Synthesizer's output: backend name and checkpoint (path, hash; None for the fake); and
+    """What identifies a Synthesizer's output: backend name and checkpoint (absolute path, hash; None for the fake); and
     whether a client should learn its speed before playing a request (`paced_start`) and the windows its sentences
     come in (`paced_windows_s`, and `paced_ahead_windows_s` for a sentence rendered ahead of its turn:
     engine.pacing)."""
@@ -144,7 +144,8 @@ def describe_engine(synth: Any) -> dict[str, Any]:
     name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
     info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
     return {"backend": BACKEND_NAMES.get(name, name),
-            "model": {"path": str(info.root), "hash": info.checkpoint_hash} if info is not None else None,
+            "model": ({"path": str(Path(info.root).resolve()), "hash": info.checkpoint_hash}
+                      if info is not None else None),
             "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s),
             "paced_ahead_windows_s": list(synth.pacer.ahead_windows_s)}
 

@@ -3,8 +3,9 @@ in the background (detached, stopping itself once idle) and wait for it, relayin
 
 Two front ends starting at once end with one server: each spawns a child, the socket's lock lets one of them
 load the engine and the other exits at once ("already running"); both clients then wait for the winner's socket.
-A server that cannot stand in (another project or protocol version, backend or model) is never used nor stopped:
-the front end speaks in-process. `--no-server` or VOICEAPP_NO_SERVER=1 turns all of this off.
+A server that cannot stand in (another project or protocol version, backend, or a checkpoint of another hash:
+`voiceapp.server_socket.server_mismatch`) is never used nor stopped: the front end speaks in-process.
+`--no-server` or VOICEAPP_NO_SERVER=1 turns all of this off.
 """
 from __future__ import annotations
 

@@ -21,9 +21,10 @@ from engine.pacing import Pacer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
                              parse_event, read_frame)
 from engine.types import AudioChunk
-from voiceapp.server_socket import (CONNECT_TIMEOUT_S, SentSay, default_socket_path, is_default_location,  # noqa: F401
-                                    lock_holder, lock_path, peer_credentials, say_message, serve_pids,
-                                    server_mismatch, socket_path)
+from voiceapp.server_socket import (CONNECT_TIMEOUT_S, FIRST_REPLY_S, SentSay, ServerNotAnswering,  # noqa: F401
+                                    default_socket_path, is_default_location, lock_holder, lock_path,
+                                    not_answering, peer_credentials, say_message, serve_pids, server_mismatch,
+                                    socket_path)
 
 
 
@@ -68,14 +69,21 @@ class Connection:
         self.reader, self.writer, self.info = reader, writer, info
 
     @classmethod
-    async def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S) -> "Connection | None":
+    async def open(cls, path: Path, timeout_s: float = CONNECT_TIMEOUT_S,
+                   silence_is_error: bool = False) -> "Connection | None":
         """Connect and say hello; None when no server is listening there (no socket, or a stale one).
 
-        Raises VoiceError when a server answers but cannot serve us (different protocol version, refused).
+        Raises VoiceError when a server answers but cannot serve us (different protocol version, refused), and
+        with `silence_is_error`, ServerNotAnswering when something holds the socket but does not say hello within
+        `timeout_s` (a stopped or stuck server: waiting on it, or starting another, would wait for good).
         """
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout_s)
-        except (OSError, asyncio.TimeoutError):
+        except asyncio.TimeoutError:  # the listen queue is full: nobody has accepted for a while
+            if silence_is_error:
+                raise ServerNotAnswering(not_answering(path, timeout_s)) from None
+            return None
+        except OSError:
             return None
         conn = cls(reader, writer, {})
         try:
@@ -90,7 +98,12 @@ class Connection:
                 raise error_from(reply)
             conn.info = reply
             return conn
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError):
+        except asyncio.TimeoutError:
+            await conn.close()
+            if silence_is_error:
+                raise ServerNotAnswering(not_answering(path, timeout_s)) from None
+            return None
+        except (OSError, asyncio.IncompleteReadError, ProtocolError):
             await conn.close()
             return None
         except BaseException:
@@ -172,7 +185,9 @@ class RemoteSynthesizer(UtteranceFolds):
 
     @classmethod
     async def connect(cls, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer | None":
-        conn = await Connection.open(path)
+        """A client of the server at `path`; None when none listens. ServerNotAnswering when one holds the socket
+        but does not answer."""
+        conn = await Connection.open(path, silence_is_error=True)
         return None if conn is None else cls(conn, path, events)
 
     async def synthesize(self, req: SynthesisRequest,
@@ -205,6 +220,8 @@ class RemoteSynthesizer(UtteranceFolds):
         finally:
             if sender is not None and not sender.done():
                 sender.cancel()
+            elif sender is not None and not sender.cancelled():
+                sender.exception()  # seen: a failed send (the server hung up) is reported as what was read back
             if self._conn is not conn:
                 await conn.close()  # the server aborts a request whose client went away
 
@@ -238,9 +255,10 @@ class RemoteSynthesizer(UtteranceFolds):
 
     async def _next_frame(self, conn: Connection, state: "_Received") -> dict[str, Any] | AudioFrame:
         try:
-            frame = await read_frame(conn.reader)
+            frame = await (self._first_reply(conn) if not state.replied else read_frame(conn.reader))
         except (OSError, asyncio.IncompleteReadError, ProtocolError):
             frame = None
+        state.replied = True
         if frame is None:
             said = "after some audio" if state.audio else "before any audio"
             pid = self.info.get("pid", "?")
@@ -250,6 +268,28 @@ class RemoteSynthesizer(UtteranceFolds):
             raise ServerGone(f"the voicectl server (pid {pid}) stopped in the middle of the request, {said} "
                              f"(killed or crashed?)", audio_started=state.audio)
         return frame
+
+    async def _first_reply(self, conn: Connection) -> dict[str, Any] | AudioFrame | None:
+        """The request's first frame. While it is late (FIRST_REPLY_S at a time) the server is asked for a hello on
+        a new connection; one that does not answer is given up on: ServerGone, no audio yet, so a text argument
+        is spoken in-process (a server stopped with SIGSTOP after its hello would be waited on for good)."""
+        reading = asyncio.ensure_future(read_frame(conn.reader))
+        try:
+            while not (await asyncio.wait({reading}, timeout=FIRST_REPLY_S))[0]:
+                try:
+                    probe = await Connection.open(self.path, silence_is_error=True)
+                except ServerNotAnswering as err:
+                    raise ServerGone(str(err), audio_started=False) from None
+                except VoiceError:
+                    probe = None
+                if probe is not None:
+                    await probe.close()
+            return reading.result()
+        finally:
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reading
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -269,6 +309,8 @@ class _Received:
 
     def __init__(self) -> None:
         self.audio = False
+        self.replied = False
+        """Any frame has come (until then the server is asked whether it still answers: `_first_reply`)."""
         self.chunks = 0
         self.planned: dict[int, float] = {}
         """Sentence index -> its planned seconds (SentenceStarted), for the chunks' `planned_s`."""
@@ -305,7 +347,11 @@ async def connect_usable(path: Path, backend: str, model: str | None,
         raise ServerUnusable(str(err)) from None
     if remote is None:
         return None
-    why = server_mismatch(remote.info, backend, model)
+    try:
+        why = server_mismatch(remote.info, backend, model)
+    except BaseException:
+        await remote.close()
+        raise
     if why is not None:
         await remote.close()
         raise ServerUnusable(f"the running server {why}")

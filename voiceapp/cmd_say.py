@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from_stdin = args.text == ["-"]
     text = "" if from_stdin else " ".join(args.text)
     req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
-    sent = send_ahead(args, req, from_stdin)
     metrics = SayMetrics()
+    sent = send_ahead(args, req, from_stdin, metrics.on_event)
     if sent is not None and say_lean(req, text, args, metrics, sent):
         report(args, metrics)
         return 0
@@ -180,16 +180,22 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
     return True
 
 
-def send_ahead(args: argparse.Namespace, req, from_stdin: bool):
+def send_ahead(args: argparse.Namespace, req, from_stdin: bool, events):
     """The request sent to a running server before this process imports its audio stack and checks its input
     (`voiceapp.server_socket.send_say`), or None: stdin, no server wanted, none running, or one that cannot stand
-    in (the usual road then starts one or says why)."""
+    in (the usual road then starts one or says why). A server that does not answer: a Notice to `events`, and
+    `args.no_server` set, so that the usual road speaks in-process without waiting on it again."""
     from engine.protocol import MAX_TEXT_PIECE
-    from voiceapp.server_socket import send_say, server_disabled, socket_path
+    from voiceapp.server_socket import ServerNotAnswering, send_say, server_disabled, socket_path
 
     if from_stdin or not req.text.strip() or len(req.text) > MAX_TEXT_PIECE or server_disabled(args.no_server):
         return None
-    return send_say(socket_path(args.socket), args.backend, args.model, req)
+    try:
+        return send_say(socket_path(args.socket), args.backend, args.model, req)
+    except ServerNotAnswering as err:
+        events(Notice(f"{err}; speaking in-process"))
+        args.no_server = True
+        return None
 
 
 _preloading = False

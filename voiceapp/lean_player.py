@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from engine.backends.portaudio_calls import bounded, guard_exit
-from engine.player_gate import may_play, rebuffers_after
+from engine.player_gate import may_play, rebuffers_after, watch_progress
 
 FRAME_BYTES = 4
 """One float32 mono frame."""
@@ -188,15 +188,14 @@ class LeanPlayer:
     def underruns(self) -> int:
         return self._ring.underruns
 
-    def _wait(self, last: tuple[int, float]) -> tuple[int, float]:
-        """Sleep one poll; AudioDeviceError when the stream stopped or made no progress for too long."""
+    def _wait(self, last: tuple[int, float, float]) -> tuple[int, float, float]:
+        """Sleep one poll; AudioDeviceError when the stream stopped or made no progress for too long (time this
+        process was stopped not counted: engine.player_gate.watch_progress)."""
         time.sleep(self._poll_s)
         if not self._stream.active:
             raise device_error("the audio output device stopped (disconnected?)")
-        now = time.perf_counter()
-        if self._callbacks != last[0]:
-            return self._callbacks, now
-        if now - last[1] > self._stall_timeout_s:
+        last = watch_progress(last, self._callbacks, time.perf_counter())
+        if last[2] - last[1] > self._stall_timeout_s:
             raise device_error(f"the audio output device stopped playing (no callback for "
                                f"{self._stall_timeout_s:g} s)")
         return last
@@ -207,7 +206,7 @@ class LeanPlayer:
         if self.first_write_perf is None and len(view):
             self.first_write_perf = time.perf_counter()
         done = self._ring.write(view) * FRAME_BYTES
-        last = (self._callbacks, time.perf_counter())
+        last = (self._callbacks, time.perf_counter(), time.perf_counter())
         while done < len(view) - FRAME_BYTES + 1:
             last = self._wait(last)
             done += self._ring.write(view[done:]) * FRAME_BYTES
@@ -221,7 +220,7 @@ class LeanPlayer:
         ring = self._ring
         ring.mark_end()
         end = ring.write_count
-        last = (self._callbacks, time.perf_counter())
+        last = (self._callbacks, time.perf_counter(), time.perf_counter())
         while ring.read_count < end:
             last = self._wait(last)
         time.sleep(max(0.1, 2 * self.latency_s))

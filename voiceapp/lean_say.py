@@ -23,6 +23,7 @@ from engine.pacing import Pacer
 from engine.protocol import (AUDIO_PREFIX, FLAG_PAUSE, FLAG_SENTENCE_END, HEADER, KIND_AUDIO, ProtocolError,
                              parse_event, parse_header)
 from voiceapp.lean_player import FRAME_BYTES, FloatWav, LeanPlayer, RateRefused
+from voiceapp.server_socket import CONNECT_TIMEOUT_S, FIRST_REPLY_S, not_answering, still_answers
 
 READ_BYTES = 1 << 16
 """One recv's worth: a few audio frames at a time."""
@@ -137,6 +138,9 @@ def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any
     held: list[memoryview] = []
     planned: dict[int, float] = {}
     heard = False
+    replied = False
+    """Any frame has come: until then the server is asked whether it still answers every FIRST_REPLY_S."""
+    probe_at = time.perf_counter() + FIRST_REPLY_S
 
     def release() -> None:
         message = pacer.notice()
@@ -149,8 +153,17 @@ def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any
         held.clear()
 
     while True:
+        deadline = pace.release_at()
+        if not replied and sent.path is not None:
+            deadline = probe_at if deadline is None else min(deadline, probe_at)
         try:
-            frame = reader.next(pace.release_at())
+            frame = reader.next(deadline)
+            if frame is None and not replied and sent.path is not None and time.perf_counter() >= probe_at:
+                if not still_answers(sent.path):
+                    raise Gone(not_answering(sent.path, CONNECT_TIMEOUT_S), False)
+                probe_at = time.perf_counter() + FIRST_REPLY_S
+                continue
+            replied = replied or frame is not None
         except ServerLost:
             said = "after some audio" if heard else "before any audio"
             raise Gone(f"the voicectl server (pid {info.get('pid', '?')}) stopped in the middle of the request, "

@@ -9,6 +9,7 @@ with blocking calls, then imports its audio stack and checks its input while the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import struct
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import MODEL_ENV, SynthesisRequest
+from engine.errors import VoiceError
 from engine.protocol import (HEADER, KIND_JSON, PROTOCOL_VERSION, ProtocolError, encode_message, parse_header,
                              parse_payload, project_version)
 
@@ -125,20 +127,70 @@ def peer_credentials(sock: Any) -> tuple[int, int] | None:
     return pid, uid
 
 
+class ServerNotAnswering(VoiceError):
+    """Something holds the server's socket but has not said hello in time (a server stopped with SIGSTOP or Ctrl-Z,
+    or stuck): a server that is well answers within milliseconds."""
+
+
+def not_answering(path: Path, timeout_s: float) -> str:
+    """ServerNotAnswering's message: the server named by the pid holding its lock where there is one."""
+    pid = lock_holder(path)
+    who = f"the voicectl server (pid {pid})" if pid is not None else f"the voicectl server at {path}"
+    return f"{who} has not answered in {timeout_s:g} s (stopped or stuck?)"
+
+
 # ---- can it stand in ---------------------------------------------------------------------------------------
 
 def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> str | None:
-    """Why the server cannot stand in for an engine of this project version, backend and model (explicit --model
-    or $VOICEAPP_MODEL); None if it can. Devices and threads are the server's business and are not compared."""
+    """Why the server cannot stand in for an engine of this project version, backend and model; None if it can.
+
+    The checkpoint is compared by its hash (`engine.model.checkpoint_hash`), never by its path: a checkpoint
+    replaced in place, or a path that names another folder from the server's directory than from ours, is another
+    checkpoint. The fake engine stands in only for a client asking for it, and only it does. Devices and threads are
+    the server's business and are not compared."""
     if info.get("version") != project_version():
         return f"is voiceapp {info.get('version') or '(an older version)'}, not {project_version()} like this voicectl"
-    if backend != "auto" and backend != info.get("backend"):
-        return f"uses the {info.get('backend')} backend, not {backend}"
-    wanted = model or os.environ.get(MODEL_ENV)
-    served = info.get("model")
-    if wanted and (served is None or Path(wanted).expanduser().resolve() != Path(served["path"]).resolve()):
-        return f"serves {served['path'] if served else 'no model'}, not {wanted}"
+    served_backend = info.get("backend")
+    if backend == "auto" and served_backend == "fake":
+        return "is the fake engine (it stands in only for --backend fake)"
+    if backend != "auto" and backend != served_backend:
+        return f"uses the {served_backend} backend, not {backend}"
+    if backend == "fake":  # the fake engine reads no checkpoint: only a server of none can stand in for one asked for
+        wanted = model or os.environ.get(MODEL_ENV)
+        return f"serves no model, not {wanted}" if wanted and info.get("model") is None else None
+    try:
+        wanted = wanted_checkpoint(model, os.environ.get(MODEL_ENV) or None)
+    except OSError as err:  # a file of it cannot be read: in-process says what is wrong with it
+        return f"cannot be compared with the checkpoint asked for ({err.strerror or err})"
+    if wanted is None:  # nothing asked for and no default checkpoint here: the server's is the only one
+        return None
+    served = info.get("model") if isinstance(info.get("model"), dict) else None
+    if served is None or served.get("hash") != wanted[1]:
+        what = f"{served.get('path')} (checkpoint {served.get('hash')})" if served else "no model"
+        return f"serves {what}, not {wanted[0]} (checkpoint {wanted[1]})"
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def wanted_checkpoint(model: str | None, env_model: str | None) -> tuple[str, str] | None:
+    """(absolute folder, checkpoint hash) of the checkpoint this process would load for --model `model` (else
+    $VOICEAPP_MODEL, `env_model`, which keys the cache, else the default download); None when neither is given and
+    no default is there. Raises ModelNotFound for an explicit folder that is not there.
+
+    The hash is `engine.model.checkpoint_hash` of the folder, which is what every family's `read` reports as its
+    `checkpoint_hash` (a test keeps them equal), taken directly: asking the family would import the text rules and
+    parse the tokenizer on the lean road. Its file digests are cached, so after the first time this only stats the
+    checkpoint's files; engine.model imports no numpy."""
+    from engine.errors import ModelNotFound
+    from engine.model import checkpoint_hash, resolve_model_dir
+
+    try:
+        root = resolve_model_dir(model).resolve()
+    except ModelNotFound:
+        if model or env_model:
+            raise
+        return None
+    return str(root), checkpoint_hash(root)
 
 
 def say_message(req: SynthesisRequest, text: str, streamed: bool) -> dict[str, Any]:
@@ -160,6 +212,8 @@ class SentSay:
     """The server's hello: pid, project version, model, backend, sample_rate."""
     sent_perf: float
     """time.perf_counter() when the request went out: the request's start for its TTFA."""
+    path: Path | None = None
+    """The server's socket, where `still_answers` asks it again while its first reply is late."""
 
     def cancel(self) -> None:
         """Give the request up (the caller's own checks failed): the server aborts a request whose client left."""
@@ -169,23 +223,55 @@ class SentSay:
 
 def send_say(path: Path, backend: str, model: str | None, req: SynthesisRequest) -> SentSay | None:
     """Connect, exchange hellos and send `req` whole, blocking; None when no server answers at `path` or the one
-    that answers cannot stand in (the caller then takes the usual road, which starts a server or says why not)."""
+    that answers cannot stand in (the caller then takes the usual road, which starts a server or says why not).
+    ServerNotAnswering when one holds the socket but does not say hello within CONNECT_TIMEOUT_S."""
     if not path.exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
-        sock.connect(str(path))
-        info = _hello(sock)
+        try:
+            sock.connect(str(path))
+            info = _hello(sock)
+        except TimeoutError:  # something holds the socket but neither accepts nor answers in time
+            raise ServerNotAnswering(not_answering(path, CONNECT_TIMEOUT_S)) from None
         if info is None or server_mismatch(info, backend, model) is not None:
             sock.close()
             return None
+    except BaseException as err:
+        sock.close()
+        if isinstance(err, (OSError, ProtocolError, ValueError)):
+            return None
+        raise
+    try:
         sent = time.perf_counter()
         sock.sendall(encode_message(say_message(req, req.text, streamed=False)))
-        return SentSay(sock, info, sent)
+        return SentSay(sock, info, sent, path)
     except (OSError, ProtocolError, ValueError):
         sock.close()
         return None
+
+
+FIRST_REPLY_S = 2.0
+"""A request whose first reply has not come within this has its server asked for a hello on a new connection:
+a server that answers is busy and is waited on; one that does not is given up on (stopped or stuck)."""
+
+
+def still_answers(path: Path) -> bool:
+    """Whether the server at `path` says hello within CONNECT_TIMEOUT_S. True also where nothing listens any more:
+    a server that went away ends the request's own connection, which says so."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.connect(str(path))
+        _hello(sock)
+        return True
+    except TimeoutError:
+        return False
+    except (OSError, ProtocolError, ValueError):
+        return True
+    finally:
+        sock.close()
 
 
 def _hello(sock: socket.socket) -> dict[str, Any] | None:

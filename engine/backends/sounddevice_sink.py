@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backends.portaudio_calls import bounded, guard_exit
 from engine.errors import AudioDeviceError
-from engine.player_gate import may_play, rebuffers_after
+from engine.player_gate import may_play, rebuffers_after, watch_progress
 from engine.ringbuffer import RingBuffer
 
 FILE_HINT = "use --out FILE.wav to write a file instead"
@@ -218,15 +218,13 @@ class Player:
             self._dead = True
             raise AudioDeviceError(f"the audio output device stopped (disconnected?); {FILE_HINT}")
 
-    async def _wait_progress(self, last: tuple[int, float]) -> tuple[int, float]:
-        """Sleep one poll; raise AudioDeviceError when the stream died or made no progress for too long."""
+    async def _wait_progress(self, last: tuple[int, float, float]) -> tuple[int, float, float]:
+        """Sleep one poll; raise AudioDeviceError when the stream died or made no progress for too long (time this
+        process was stopped not counted: engine.player_gate.watch_progress)."""
         await asyncio.sleep(self._poll_s)
         self._check_alive()
-        callbacks, since = last
-        now = perf_counter()
-        if self._callbacks != callbacks:
-            return self._callbacks, now
-        if now - since > self._stall_timeout_s:
+        last = watch_progress(last, self._callbacks, perf_counter())
+        if last[2] - last[1] > self._stall_timeout_s:
             self._dead = True
             raise AudioDeviceError(
                 f"the audio output device stopped playing (no callback for {self._stall_timeout_s:g} s); "
@@ -281,7 +279,7 @@ class Player:
         gen = self._clear_gen
         ring = self._ring
         done = ring.write(x)
-        last = (self._callbacks, perf_counter())
+        last = (self._callbacks, perf_counter(), perf_counter())
         while done < len(x):
             last = await self._wait_progress(last)
             if gen != self._clear_gen:
@@ -310,7 +308,7 @@ class Player:
         end = ring.write_count
         if not was_open and ring.available == 0:
             return
-        last = (self._callbacks, perf_counter())
+        last = (self._callbacks, perf_counter(), perf_counter())
         while ring.read_count < end and ring.available > 0:
             last = await self._wait_progress(last)
         await asyncio.sleep(max(0.1, 2 * self.latency_s))

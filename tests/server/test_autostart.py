@@ -250,3 +250,88 @@ def test_a_socket_folder_squatted_by_another_user_is_refused_and_say_speaks_in_p
     assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
     assert list(squatted.iterdir()) == []
     assert "owned by you" in one_line_error(voicectl("serve", "--backend", "fake", env=env, timeout=60))
+
+
+def test_a_stopped_server_is_given_up_on_at_once_and_say_speaks_in_process(sock_path, tmp_path):
+    """A server that holds its socket but does not answer (SIGSTOP, as Ctrl-Z would; or stuck): `say` waited on it
+    for 600 s, trying to start another, without a word. Now: one notice within seconds, then in-process speech,
+    for a text argument and for stdin (none of which was read yet); the server left alone."""
+    import signal
+    import time
+
+    env = {"VOICEAPP_SOCKET": sock_path}
+    server = start_serve("--backend", "fake", "--socket", sock_path, env=env)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        for args, stdin in ((["Spoken anyway."], None), (["-"], b"Spoken anyway.")):
+            t = time.monotonic()
+            proc = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), *FAKE, stdin=stdin, env=env, timeout=60)
+            took = time.monotonic() - t
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert proc.stderr.decode().splitlines() == [
+                f"voicectl: the voicectl server (pid {server.pid}) has not answered in 2 s (stopped or stuck?); "
+                f"speaking in-process"]
+            assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+            assert took < 10  # 2 s for the hello, the rest the in-process engine
+        assert serve_pids(sock_path) == [server.pid]
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(10)
+
+
+class SilentAfterHello:
+    """A server that answers its first connection's hello, then nothing more, and accepts no other connection:
+    what a client sees of a server stopped (SIGSTOP, Ctrl-Z) just after it said hello."""
+
+    def __init__(self, path):
+        import socket
+        import threading
+
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(8)
+        self.conns = []
+        threading.Thread(target=self.answer_once, daemon=True).start()
+
+    def answer_once(self):
+        from engine.protocol import HEADER, PROTOCOL_VERSION, encode_message, parse_header, project_version
+
+        conn, _ = self.listener.accept()
+        self.conns.append(conn)
+        _, length = parse_header(conn.recv(HEADER.size, 0x100))  # MSG_WAITALL
+        conn.recv(length, 0x100)
+        conn.sendall(encode_message({"type": "hello", "v": PROTOCOL_VERSION, "version": project_version(),
+                                     "pid": os.getpid(), "sample_rate": 16000, "backend": "fake", "model": None,
+                                     "paced_start": False, "paced_windows_s": [], "paced_ahead_windows_s": []}))
+
+    def close(self):
+        for sock in (*self.conns, self.listener):
+            sock.close()
+
+
+def test_a_server_that_goes_silent_after_its_hello_is_given_up_on(sock_path, tmp_path):
+    """Stopped just after its hello, the server answered nothing more and `say` waited for good. Now its first reply
+    is waited on for 2 s, then the server is asked for a hello again (2 s): a text argument is spoken in-process
+    after one notice; stdin, already sent, cannot be replayed: one line, non-zero exit."""
+    import time
+
+    Path(sock_path).parent.mkdir(mode=0o700)
+    env = {"VOICEAPP_SOCKET": sock_path}
+    said = f"voicectl: the voicectl server at {sock_path} has not answered in 2 s (stopped or stuck?)"
+    for args, stdin in ((["Spoken anyway."], None), (["-"], b"Not replayed.")):
+        server = SilentAfterHello(sock_path)
+        try:
+            t = time.monotonic()
+            proc = voicectl("say", *args, "--out", str(tmp_path / "a.wav"), *FAKE, stdin=stdin, env=env, timeout=60)
+            took = time.monotonic() - t
+        finally:
+            server.close()
+            os.unlink(sock_path)
+        assert took < 12
+        if stdin is None:
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert proc.stderr.decode().splitlines() == [f"{said}; speaking in-process instead"]
+            assert json.loads(proc.stdout)["server_pid"] is None and (tmp_path / "a.wav").stat().st_size > 1000
+        else:
+            assert one_line_error(proc) == said

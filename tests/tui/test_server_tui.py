@@ -41,8 +41,8 @@ def served():
 
 async def test_tui_speaks_through_a_running_server(make_app, sink, served):
     path, server = served
-    # backend "auto" and no model asked for: the fake server may stand in (the TUI never loads a model)
-    app = make_app(TuiOptions(engine=EngineConfig(backend="auto", model=None), server_socket=path))
+    # the fake server stands in only for a front end asking for the fake backend (issue 41)
+    app = make_app(TuiOptions(engine=EngineConfig(backend="fake", model=None), server_socket=path))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert type(app.bridge.synth).__name__ == "RemoteSynthesizer"
