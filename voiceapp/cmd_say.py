@@ -57,6 +57,10 @@ class SayMetrics(RequestMetrics):
     """This command started that server (it keeps running in the background until idle)."""
     played_s: float | None = None
     """From the request's start until the player had played its last sample (None when writing a file)."""
+    device_underruns: int = 0
+    """Times the audio device itself reported running dry (PortAudio's output-underflow flag, what ALSA prints as
+    "underrun occurred"): beside `underruns`, which counts our ring running dry mid-utterance, it shows gaps the
+    process caused by not feeding the device in time (a busy CPU), not only those of speech coming too slowly."""
 
     def on_event(self, event) -> None:
         """The engine's event sink: fold the event in; a Notice is also shown at once."""
@@ -73,7 +77,8 @@ class SayMetrics(RequestMetrics):
         rtf = "-" if d["rtf"] is None else f"{d['rtf']:.3f}"
         engine = "in-process" if self.server_pid is None else f"server pid {self.server_pid}"
         return (f"TTFA {ms(d['ttfa_ms'])} ({ms(d['process_ttfa_ms'])} from launch, {engine}) | onset "
-                f"{ms(d['onset_ms'])} | RTF {rtf} | underruns {self.underruns} | {self.audio_s:.2f} s audio, "
+                f"{ms(d['onset_ms'])} | RTF {rtf} | underruns {self.underruns} (device {self.device_underruns}) | "
+                f"{self.audio_s:.2f} s audio, "
                 f"{self.sentences} sentences")
 
     def as_dict(self) -> dict:
@@ -83,7 +88,7 @@ class SayMetrics(RequestMetrics):
         return {"ttfa_ms": _ms(self.ttfa_s), "process_ttfa_ms": _ms(self.process_ttfa_s(process_start_perf())),
                 "server_pid": self.server_pid, "server_started": self.server_started, "onset_ms": _ms(self.onset_s),
                 "played_ms": _ms(self.played_s), "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s,
-                "underruns": self.underruns,
+                "underruns": self.underruns, "device_underruns": self.device_underruns,
                 "sentences": self.sentences, "notices": self.notices, "phases": self.phases}
 
 
@@ -159,6 +164,7 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
             metrics.played_s = time.perf_counter() - metrics.t0
         metrics.heard_at(player.onset_perf)
         metrics.underruns = player.underruns
+        metrics.device_underruns = player.output_underflows
         if player.first_write_perf is not None:
             metrics.phases["queued"] = player.first_write_perf - process_start_perf()
     except InputError:
@@ -312,6 +318,7 @@ async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, met
         metrics.played_s = time.perf_counter() - metrics.t0
     metrics.heard_at(player.last_onset_perf)
     metrics.underruns = player.underruns
+    metrics.device_underruns = player.output_underflows
 
 
 async def connect_server(args: argparse.Namespace, events, sent=None):

@@ -143,6 +143,8 @@ class LeanPlayer:
         self._zeros = bytes(MAX_CALLBACK_FRAMES * FRAME_BYTES)
         self._poll_s, self._stall_timeout_s = poll_s, stall_timeout_s
         self._callbacks = 0
+        self.output_underflows = 0
+        """Callbacks PortAudio flagged as an output underflow: the device ran dry, whatever our ring held."""
         self._closed = False
         self._onset_from = 0
         """Write count where the current utterance began; the callback notes when it first plays past it."""
@@ -182,6 +184,8 @@ class LeanPlayer:
             offset = max(self._onset_from - r0, 0)
             self.onset_perf = (time.perf_counter() + (time_info.outputBufferDacTime - time_info.currentTime)
                                + offset / self.sample_rate)
+        if status.output_underflow:  # the device itself ran dry (PortAudio's flag): what ALSA reports
+            self.output_underflows += 1
         self._callbacks += 1
 
     @property
@@ -258,6 +262,7 @@ class FloatWav:
         self.first_write_perf: float | None = None
         self.onset_perf = None
         self.underruns = 0
+        self.output_underflows = 0
         self.file.write(self._header())
 
     def _header(self) -> bytes:
