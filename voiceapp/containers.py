@@ -42,9 +42,11 @@ class Container:
 CONTAINERS = {
     ".m4b": Container("mp4", "aac", 64_000, True, {"brand": "M4B "}, {"aac_coder": "fast"}),
     ".mp3": Container("mp3", "libmp3lame", 64_000, True),
-    ".opus": Container("opus", "libopus", 32_000, False),
+    ".opus": Container("opus", "libopus", 32_000, False, {"fflags": "+bitexact"}),
 }
-"""Every suffix export writes through FFmpeg (.wav is written directly)."""
+"""Every suffix export writes through FFmpeg (.wav is written directly). Ogg gets FFmpeg's bitexact flag: without
+it each stream's serial number is random, so no two exports of a book to Opus had the same bytes (MP4 and MP3
+already have them: no time or random number is written)."""
 MAX_COVER_BYTES = 10 * 1024 * 1024
 MAX_COVER_SIDE = 4096
 """A cover's largest width or height in pixels (players show a few hundred; stores ask for 1400-3000)."""
