@@ -139,6 +139,7 @@ def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, p
     `path`) as `container`, with `marks` and `tags`. Any FFmpeg failure becomes one OutputError line."""
     import av
 
+    file = _FirstErrorOnly(file)
     try:
         out = av.open(file, "w", format=container.format, options=container.options)
     except av.FFmpegError as err:
@@ -173,10 +174,76 @@ def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, p
             pts += len(samples)
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
+        out.close()  # writes the trailer: its failure is this file's too
     except av.FFmpegError as err:
+        _close_quietly(out)
+        file.raise_error()  # the disk's own error, where FFmpeg's is only its echo
         raise OutputError(f"cannot encode {path}: {err}") from None
-    finally:
+    except BaseException:
+        _close_quietly(out)
+        raise
+    file.raise_error()
+
+
+def _close_quietly(out) -> None:
+    """Close `out` after a failure, which is already on its way: FFmpeg's report of the same failure from the
+    trailer (a write error stays set on its output) is dropped, not raised over it."""
+    import av
+
+    try:
         out.close()
+    except av.FFmpegError:
+        pass
+
+
+class _FirstErrorOnly:
+    """The file PyAV writes through: the first OSError of a write or seek (ENOSPC, EIO) is raised to PyAV and kept;
+    every later write and seek does nothing. Without it, closing the container after a full disk (MP3 and Opus
+    seek back to finish their headers) fails again inside FFmpeg's callbacks, and PyAV prints the exception it
+    drops (a traceback on stderr) where one `voicectl:` line belongs. The file is deleted anyway once a write
+    failed, so nothing after the first failure needs to reach it; `raise_error` gives the caller the kept error,
+    where FFmpeg reports only its own echo of it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._error: OSError | None = None
+        self._pos = 0
+
+    def write(self, data) -> int:
+        """Write `data`; after a failure, pretend to."""
+        if self._error is None:
+            try:
+                self._file.write(data)
+            except OSError as err:
+                self._error = err
+                raise
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Seek; after a failure, only follow the position FFmpeg asks for."""
+        if self._error is None:
+            try:
+                self._pos = self._file.seek(offset, whence)
+            except OSError as err:
+                self._error = err
+                raise
+        elif whence == 0:
+            self._pos = offset
+        elif whence == 1:
+            self._pos += offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def raise_error(self) -> None:
+        """The first write or seek that failed, raised again; nothing if none did."""
+        if self._error is not None:
+            raise self._error
 
 
 def _comment_chapters(out, marks: list[Mark], sample_rate: int) -> None:

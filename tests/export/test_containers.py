@@ -1,8 +1,11 @@
 """`voicectl export -o BOOK.m4b | .mp3 | .opus`: chapters, tags and cover read back with PyAV, the duration of
-the WAV export within one codec frame, resume after a kill, and bad covers and formats as one line each. The
-whole novel to M4B is in test_longform."""
+the WAV export within one codec frame, resume after a kill or a full disk (the same bytes as a clean export), and
+bad covers and formats as one line each. The whole novel to M4B is in test_longform."""
+import errno
 import io
+import os
 import signal
+import subprocess
 import wave
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.export_plan import CUE_MAX_FRAMES, cue_fits, cue_sheet
-from tests.cli_helpers import one_line_error, voicectl
+from tests.cli_helpers import one_line_error, small_tmpfs, voicectl
 from tests.export.test_cli_export_book import BOOK, FAKE, FAST, interrupt, ok
 
 FRAME = {".m4b": 1024, ".mp3": 1152, ".opus": 960}
@@ -152,6 +155,84 @@ def test_a_book_too_long_for_a_cue_sheet_gets_none_and_a_notice(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 0 and "no b.cue: the last chapter starts after 99:59" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt", "b.wav", "b.wav.manifest.json"]
+
+
+def _used_bytes(mnt) -> int:
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+@pytest.mark.parametrize("suffix", [".m4b", ".mp3", ".opus"])
+def test_a_disk_that_fills_while_encoding_keeps_the_parts_and_resume_completes(book, tmp_path, suffix):
+    """Issue 38: the disk fills while the finished parts are encoded. A real tmpfs: a first run is stopped
+    before encoding by a directory planted at the encoder's temp name (so every part is on disk, whatever the
+    timing); the tmpfs is then shrunk to what it holds plus half the encoded file, and --resume runs out of
+    space while encoding. One line, no file left looking complete, every part kept; once the tmpfs is grown,
+    --resume writes the same file a clean export writes."""
+    d, _, _ = book
+    want = d / f"clean{suffix}"
+    args = [str(d / "book.txt"), *FAST]
+    ok(voicectl("export", *args, "-o", str(want)))
+    with small_tmpfs(tmp_path / "mnt", "16m") as mnt:
+        out = mnt / f"o{suffix}"
+        (mnt / f".{out.name}.partial").mkdir()  # neither created nor removed: the run stops before encoding
+        one_line_error(voicectl("export", *args, "-o", str(out)))
+        parts = sorted(os.listdir(mnt / f"o{suffix}.parts"))
+        assert len(parts) >= 60, parts
+        (mnt / f".{out.name}.partial").rmdir()
+        size = -(-(_used_bytes(mnt) + want.stat().st_size // 2) // 4096) * 4096
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+        err = one_line_error(voicectl("export", *args, "-o", str(out), "--resume"))
+        assert "disk full" in err and f"{len(parts)} finished sentences are kept" in err and "--resume" in err, err
+        assert sorted(os.listdir(mnt)) == [out.name + ".manifest.json", out.name + ".parts"]
+        assert sorted(os.listdir(mnt / f"o{suffix}.parts")) == parts
+        subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
+        assert f"{len(parts)} were already done" in ok(voicectl("export", *args, "-o", str(out), "--resume"))
+        assert sorted(os.listdir(mnt)) == [out.name, out.name + ".manifest.json"]
+        assert out.read_bytes() == want.read_bytes()
+
+
+class FillingFile(io.BytesIO):
+    """A file whose disk holds `room` bytes: a write past them raises ENOSPC, as do later seeks (a buffered
+    file's seek writes what it holds first)."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room, self.full = room, False
+
+    def write(self, data) -> int:
+        if self.full or self.tell() + len(data) > self.room:
+            self.full = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(data)
+
+    def seek(self, offset, whence=0):
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().seek(offset, whence)
+
+
+@pytest.mark.parametrize("suffix", [".m4b", ".mp3", ".opus"])
+@pytest.mark.parametrize("room", [0.0, 0.5, -64])
+def test_a_full_disk_while_encoding_is_the_disks_error_and_prints_nothing(capfd, suffix, room):
+    """In-process (no tmpfs, no root): a write failing at the start, half way, or in the file's last 64 bytes
+    (the trailer) reaches the caller as the disk's OSError, not FFmpeg's echo of it, and PyAV prints no dropped
+    exception: MP3 and Opus seek back when closed, which failed again inside FFmpeg and printed a traceback."""
+    from voiceapp.containers import CONTAINERS, Mark, Tags, encode
+
+    rate = 16000
+    pcm = (np.sin(np.arange(rate * 4) / 7) * 8000).astype("<i2").tobytes()
+    pieces = [pcm[i:i + rate] for i in range(0, len(pcm), rate)]
+    whole = FillingFile(1 << 30)
+    encode(whole, Path(f"b{suffix}"), CONTAINERS[suffix], rate, pieces, [Mark("One", 0, rate * 2)], Tags("B"))
+    size = len(whole.getvalue())
+    room = int(size * room) if room >= 0 else size + room
+    with pytest.raises(OSError) as caught:
+        encode(FillingFile(room), Path(f"b{suffix}"), CONTAINERS[suffix], rate, pieces,
+               [Mark("One", 0, rate * 2)], Tags("B"))
+    assert caught.value.errno == errno.ENOSPC
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", err
 
 
 @pytest.mark.parametrize("suffix", [".m4b", ".mp3", ".opus"])
