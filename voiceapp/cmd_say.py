@@ -204,27 +204,14 @@ def send_ahead(args: argparse.Namespace, req, from_stdin: bool, events):
         return None
 
 
-_preloading = False
-
-
 def preload_portaudio() -> None:
-    """Import sounddevice on a thread: its import finds and starts PortAudio, which asks the sound system for its
-    devices with the GIL released, while this thread imports the rest (a failure is raised again where it is
-    imported). Once a process: `voicectl say` calls it as it starts."""
-    import threading
+    """Start importing sounddevice on a thread: its import finds and starts PortAudio, which asks the sound system
+    for its devices with the GIL released, while this thread imports the rest. The player waits for it only a
+    bounded while (engine.backends.portaudio_calls.load_sounddevice; a failure is raised again there). Once a
+    process: `voicectl say` calls it as it starts."""
+    from engine.backends.portaudio_calls import start_loading
 
-    global _preloading
-    if _preloading:
-        return
-    _preloading = True
-
-    def load() -> None:
-        try:
-            import sounddevice  # noqa: F401
-        except (ImportError, OSError):
-            pass
-
-    threading.Thread(target=load, name="portaudio-preload", daemon=True).start()
+    start_loading()
 
 
 def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.backends.portaudio_calls import bounded, guard_exit
+from engine.backends.portaudio_calls import FROZEN, NoAnswer, answer, bounded, guard_exit, load_sounddevice
 from engine.player_gate import may_play, rebuffers_after, watch_progress
 
 FRAME_BYTES = 4
@@ -39,9 +39,12 @@ def device_error(what: str, err: BaseException | None = None):
 
 
 def import_sounddevice() -> Any:
-    """sounddevice (its import starts PortAudio; it imports numpy only for its array streams)."""
+    """sounddevice (its import starts PortAudio; it imports numpy only for its array streams), waited for at most
+    portaudio_calls.LOAD_WAIT_S from the start of its import (`voicectl say` starts it first thing)."""
     try:
-        import sounddevice as sd
+        sd = load_sounddevice()
+    except NoAnswer:
+        raise device_error(FROZEN) from None
     except OSError as err:
         raise device_error("PortAudio is not available (install libportaudio2)", err) from err
     except ImportError as err:
@@ -132,8 +135,11 @@ class LeanPlayer:
                  stall_timeout_s: float = 5.0) -> None:
         sd = import_sounddevice()
         self._sd, self.sample_rate = sd, int(sample_rate)
-        try:
-            sd.check_output_settings(device=device, samplerate=self.sample_rate, channels=1, dtype="float32")
+        try:  # the check opens the device, and so talks to the audio server: bounded (portaudio_calls.answer)
+            answer(lambda: sd.check_output_settings(device=device, samplerate=self.sample_rate, channels=1,
+                                                    dtype="float32"), sd, name="portaudio-check")
+        except NoAnswer:
+            raise device_error(FROZEN) from None
         except (sd.PortAudioError, ValueError) as err:
             raise RateRefused(str(err)) from None
         preroll_s = max(preroll_s, 1.5 * latency)
@@ -152,18 +158,26 @@ class LeanPlayer:
         """time.perf_counter() when the first audio was queued (handed to the ring the callback plays from)."""
         self.onset_perf: float | None = None
         """time.perf_counter() at which the utterance's first sample reached the speakers (as PortAudio predicts)."""
+        try:  # one thread for both: they talk to the audio server
+            self._stream = answer(lambda: self._open_and_start(sd, device, latency), sd, name="portaudio-open")
+        except NoAnswer:
+            raise device_error(FROZEN) from None
+
+    def _open_and_start(self, sd: Any, device: int | str | None, latency: float) -> Any:
+        """The started raw stream (on portaudio_calls.answer's thread); AudioDeviceError where PortAudio refuses."""
         try:
-            self._stream = sd.RawOutputStream(samplerate=self.sample_rate, channels=1, dtype="float32",
-                                              device=device, latency=latency, callback=self._callback)
+            stream = sd.RawOutputStream(samplerate=self.sample_rate, channels=1, dtype="float32",
+                                        device=device, latency=latency, callback=self._callback)
         except (sd.PortAudioError, ValueError) as err:
             raise device_error("cannot open the audio output device", err) from err
-        self.latency_s = float(self._stream.latency)
+        self.latency_s = float(stream.latency)
         self._preroll = max(self._preroll, int(self.latency_s * self.sample_rate * 1.5) + 1)
         try:
-            self._stream.start()
+            stream.start()
         except sd.PortAudioError as err:
-            self._stream.close(ignore_errors=True)
+            stream.close(ignore_errors=True)
             raise device_error("cannot start the audio output device", err) from err
+        return stream
 
     def _callback(self, outdata: Any, frames: int, time_info: Any, status: Any) -> None:
         """PortAudio's thread: copy from the ring, zero-fill the rest, note the onset. Nothing else."""

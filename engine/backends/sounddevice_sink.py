@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.portaudio_calls import bounded, guard_exit
+from engine.backends.portaudio_calls import FROZEN, NoAnswer, answer, bounded, guard_exit, load_sounddevice
 from engine.errors import AudioDeviceError
 from engine.player_gate import may_play, rebuffers_after, watch_progress
 from engine.ringbuffer import RingBuffer
@@ -47,9 +47,12 @@ def _device_error(what: str, err: BaseException | None = None) -> AudioDeviceErr
 
 
 def import_sounddevice() -> Any:
-    """Import sounddevice, turning a missing PortAudio library into AudioDeviceError."""
+    """Import sounddevice, turning a missing PortAudio library into AudioDeviceError, and a PortAudio start that
+    does not come back (the audio server frozen) into one too (engine.backends.portaudio_calls.load_sounddevice)."""
     try:
-        import sounddevice as sd
+        sd = load_sounddevice()
+    except NoAnswer:
+        raise AudioDeviceError(f"{FROZEN}; {FILE_HINT}") from None
     except OSError as err:  # "PortAudio library not found"
         raise _device_error("PortAudio is not available (install libportaudio2)", err) from err
     except ImportError as err:
@@ -79,10 +82,15 @@ def list_devices() -> list[OutputDevice]:
 
 
 def pick_device_rate(sd: Any, device: int | str | None, model_rate: int) -> int:
-    """The model's rate if the device accepts it, else the device's default sample rate."""
+    """The model's rate if the device accepts it, else the device's default sample rate. The check opens the device
+    (and so talks to the audio server): it runs through portaudio_calls.answer, AudioDeviceError where it does not
+    come back."""
     try:
-        sd.check_output_settings(device=device, samplerate=model_rate, channels=1, dtype="float32")
+        answer(lambda: sd.check_output_settings(device=device, samplerate=model_rate, channels=1, dtype="float32"),
+               sd, name="portaudio-check")
         return int(model_rate)
+    except NoAnswer:
+        raise AudioDeviceError(f"{FROZEN}; {FILE_HINT}") from None
     except (sd.PortAudioError, ValueError):
         pass
     try:
@@ -168,6 +176,14 @@ class Player:
     # -- stream ---------------------------------------------------------------------------------------
 
     def _open_stream(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
+        """Open and start the stream on one thread of portaudio_calls.answer (both talk to the audio server):
+        AudioDeviceError where they fail or do not come back."""
+        try:
+            return answer(lambda: self._open_and_start(sd, device, latency), sd, name="portaudio-open")
+        except NoAnswer:
+            raise AudioDeviceError(f"{FROZEN}; {FILE_HINT}") from None
+
+    def _open_and_start(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
         try:
             stream = sd.OutputStream(samplerate=self.device_rate, channels=1, dtype="float32", device=device,
                                      latency=latency, callback=self._callback)

@@ -156,3 +156,88 @@ def test_say_ends_by_itself_with_one_line_when_the_audio_server_freezes(private_
     text = err.decode().strip()
     assert proc.returncode not in (0, 130) and "Traceback" not in text, (proc.returncode, text)
     assert text.splitlines()[-1].startswith("voicectl: ") and "audio" in text.splitlines()[-1], text
+
+
+# Issue 41, the start-up part: the audio server frozen before `say` starts. PortAudio's start (Pa_Initialize, in
+# `import sounddevice`), the device check and the stream's open all wait on the server; they ran on the main thread
+# without a bound, and `say` hung for good, deaf to Ctrl-C.
+
+FROZEN_LINE = "voicectl: the audio output does not answer (is the sound server frozen?); "
+
+
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["by-itself", "ctrl-c"])
+def test_say_started_against_a_frozen_audio_server_ends_promptly(private_pulse, tiny_model, road, ctrl_c) -> None:
+    """By itself: one line saying the audio output does not answer, suggesting --out, and a non-zero exit within
+    ENDS_WITHIN_S. With a Ctrl-C one second in: exit 130 within ENDS_WITHIN_S, no traceback."""
+    server = private_pulse({"doomed": 16000})
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        proc = _start_say(server, tiny_model, road)
+        try:
+            if ctrl_c:
+                time.sleep(1.0)
+                proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=ENDS_WITHIN_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                raise AssertionError(f"say hung for {ENDS_WITHIN_S:g} s against a frozen audio server "
+                                     f"(Ctrl-C: {ctrl_c}): {err.decode()}") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        took = time.monotonic() - t0
+    finally:
+        server.proc.send_signal(signal.SIGCONT)  # or the fixture's SIGTERM would never be acted on
+    text = err.decode().strip()
+    assert "Traceback" not in text and took < ENDS_WITHIN_S, (took, text)
+    if ctrl_c:
+        assert proc.returncode == 130 and text.splitlines()[-1] == "voicectl: interrupted", (proc.returncode, text)
+    else:
+        assert proc.returncode not in (0, 130), (proc.returncode, text)
+        assert len(text.splitlines()) == 1 and text.startswith(FROZEN_LINE) and "--out FILE.wav" in text, text
+
+
+OPEN_AFTER_FREEZE = """
+import sys, time
+from engine.backends.sounddevice_sink import Player, import_sounddevice
+from engine.errors import AudioDeviceError
+from voiceapp.lean_player import LeanPlayer
+import_sounddevice()  # PortAudio started while the server answered
+print("ready", flush=True)
+sys.stdin.readline()  # the server is frozen now
+t0 = time.monotonic()
+try:
+    (Player if sys.argv[1] == "Player" else LeanPlayer)(16000)
+except AudioDeviceError as err:
+    print(round(time.monotonic() - t0, 1), err, flush=True)
+"""
+"""A process that starts PortAudio, waits until told the audio server is frozen, then opens a player."""
+
+
+@pytest.mark.parametrize("player", ["Player", "LeanPlayer"])
+def test_a_player_opened_once_the_audio_server_froze_says_so_within_its_bound(private_pulse, player) -> None:
+    """PortAudio started before the freeze: the device check and the stream's open are what wait on the server
+    (portaudio_calls.OPEN_WAIT_S each at most), and the player says the output does not answer."""
+    server = private_pulse({"doomed": 16000})
+    env = {**os.environ, **server.env, "PULSE_SINK": "doomed"}
+    proc = subprocess.Popen([sys.executable, "-c", OPEN_AFTER_FREEZE, player], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline() == b"ready\n", proc.stderr.read()
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            out, err = proc.communicate(b"go\n", timeout=ENDS_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{player}() hangs on a frozen audio server") from None
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+    took, message = out.decode().strip().split(" ", 1)
+    assert message.startswith(FROZEN_LINE.removeprefix("voicectl: ")) and float(took) < 2 * 4.0 + 1, out

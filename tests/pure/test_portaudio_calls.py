@@ -73,3 +73,40 @@ def test_the_exit_handler_runs_off_the_main_thread_and_a_ctrl_c_meanwhile_ends_q
                                  timeout=15, check=False)  # the handler's 20 s sleep is not waited for
     assert interrupted.stdout.splitlines() == ["exit handler ran on portaudio-exit"], interrupted
     assert "Traceback" not in interrupted.stderr and "Exception ignored" not in interrupted.stderr, interrupted.stderr
+
+
+ANSWERED = """
+import asyncio, os, signal, sys, threading, time
+from types import SimpleNamespace
+from engine.backends.portaudio_calls import NoAnswer, answer
+sd = SimpleNamespace()
+print(answer(lambda: 42, sd, name="pa-test"), flush=True)
+try:
+    answer(lambda: 1 / 0, sd, name="pa-test")
+except ZeroDivisionError:
+    print("raised again", flush=True)
+t0 = time.monotonic()
+try:
+    answer(threading.Event().wait, sd, name="pa-test", wait_s=0.3)
+except NoAnswer:
+    print("no answer", round(time.monotonic() - t0, 1), flush=True)
+
+async def main():
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        answer(threading.Event().wait, sd, name="pa-test", wait_s=20)
+    except KeyboardInterrupt:
+        print("interrupted", round(time.monotonic() - t0, 1), signal.getsignal(signal.SIGINT).func.__name__,
+              flush=True)
+
+asyncio.run(main())
+"""
+"""A process that asks `answer` for a result, an error, a call that never returns, and (under asyncio.run, whose own
+SIGINT handler only cancels the task) one that never returns cut short by a Ctrl-C after 0.5 s."""
+
+
+def test_answer_hands_back_results_and_errors_and_gives_up_within_its_bound_or_at_a_ctrl_c() -> None:
+    proc = subprocess.run([sys.executable, "-c", ANSWERED], capture_output=True, text=True, timeout=15, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["42", "raised again", "no answer 0.3", "interrupted 0.5 _on_sigint"], proc
