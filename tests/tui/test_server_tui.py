@@ -120,7 +120,7 @@ async def test_rtf_through_a_server_is_shown_when_playback_waits(served):
 
     path, server = served
     sink = MemorySink(speed=1.5)                         # slow enough that the player's buffer fills
-    app = RecordingApp(TuiOptions(engine=EngineConfig(backend="auto", model=None), server_socket=path), sink=sink)
+    app = RecordingApp(TuiOptions(engine=EngineConfig(backend="fake", model=None), server_socket=path), sink=sink)
     try:
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
