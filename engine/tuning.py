@@ -97,7 +97,7 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     info = synth.model_info
     if info is None or not _lane_in_front(synth.generator):
         return Tuning([], events)
-    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, config)),
+    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth)),
              TuningStep("lane", lambda: _build_lane(info, events, rows=None, background=True),
                         lambda lane: _swap(synth, events, lane=lane))]
     if config.backend == "auto" and _vllm_installed():
@@ -108,13 +108,14 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     return Tuning(steps, events)
 
 
-def _capture_decoder_batches(synth: Any, config: Any) -> bool:
-    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes."""
+def _capture_decoder_batches(synth: Any) -> bool:
+    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes; for the
+    window lengths of the schedule the engine runs (a config may leave it to the model family)."""
     from engine.backends.bicodec import DECODE_BATCHES
     from engine.batching import lengths_for
 
     for batch in DECODE_BATCHES:
-        for length in lengths_for(config.schedule):
+        for length in lengths_for(synth.schedule):
             synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
     return True
 

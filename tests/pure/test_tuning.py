@@ -75,3 +75,32 @@ def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) 
                           one_listener=True)
     tuning = crowd_tuning(build_synthesizer(config), config)
     assert tuning.steps == [] and tuning.done and tuning.status()["done"]
+
+
+def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
+    """A server's config leaves the schedule to the model family (None): the crowd decoder graphs are captured for
+    the lengths of the schedule the engine runs, every batch, on the decode thread."""
+    from concurrent.futures import Future
+
+    from engine.backends.bicodec import DECODE_BATCHES
+    from engine.batching import lengths_for
+    from engine.families.orpheus import SCHEDULE
+    from engine.tuning import _capture_decoder_batches
+
+    captured = []
+
+    class Decoder:
+        def warmup(self, lengths, batches, background=False):
+            captured.append((tuple(lengths), tuple(batches), background))
+            return 0.0
+
+    class Synth:
+        schedule, decoder = SCHEDULE, Decoder()
+
+        def on_decode_thread(self, fn):
+            done: Future = Future()
+            done.set_result(fn())
+            return done
+
+    assert _capture_decoder_batches(Synth())
+    assert captured == [((n,), (b,), True) for b in DECODE_BATCHES for n in lengths_for(SCHEDULE)]
