@@ -16,36 +16,11 @@ import numpy as np
 import torch
 
 from engine.backends.base import DecodeItem
-from engine.families.orpheus import SCHEDULE, grammar as g
-from engine.families.orpheus.snac import SnacDecoder, position_noise
+from engine.families.orpheus import SCHEDULE
+from engine.families.orpheus.snac import SnacDecoder
+from engine.seams import seam_error_db
 from engine.windowed_decode import WindowedDecode
-
-
-def frames(n: int, seed: int) -> tuple[tuple[int, ...], ...]:
-    rng = np.random.default_rng(seed)
-    return tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(n))
-
-
-def package_error(snac_dir: Path, ours: SnacDecoder, codes) -> float:
-    """Max |ours - package| with the package's noise blocks drawing our position-keyed noise."""
-    import snac
-
-    model = snac.SNAC.from_config(str(snac_dir / "config.json"))
-    model.load_state_dict(torch.load(snac_dir / "pytorch_model.bin", weights_only=True), strict=True)
-    for index, layer in enumerate(model.decoder.model):
-        if isinstance(layer, snac.layers.DecoderBlock):
-            block = layer.block[2]
-
-            def forward(x, index=index, block=block):
-                starts = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-                return x + position_noise(ours.seed, index, starts, x.shape[-1], x.dtype).to(x.device) * block.linear(x)
-
-            block.forward = forward
-    model = model.to("cuda").eval()
-    with torch.inference_mode():
-        ref = model.decode([torch.tensor([r], device="cuda") for r in g.split_levels(codes)])[0, 0].cpu().numpy()
-    mine = ours.decode([DecodeItem(tuple(codes), ())])[0]
-    return float(np.abs(mine - ref).max())
+from orpheus_snac_measure import package_error, random_frames as frames  # lab/, beside this script
 
 
 def seam_db(decoder: SnacDecoder, codes) -> float:
@@ -56,8 +31,8 @@ def seam_db(decoder: SnacDecoder, codes) -> float:
     while (window := windows.next_window(len(codes), True)) is not None:
         parts.append(windows.join(window, decoder.decode([windows.item(window, codes)])[0]))
     joined = np.concatenate(parts)
-    err = np.abs(joined[:len(one)] - one[:len(joined)]).max()
-    return float(20 * np.log10(err / np.sqrt(np.mean(one ** 2))))
+    n = min(len(one), len(joined))
+    return seam_error_db(joined[:n], one[:n])
 
 
 def window_ms(decoder: SnacDecoder, length: int, batch: int, repeats: int = 5) -> float:
@@ -76,7 +51,7 @@ def main() -> None:
     decoder = SnacDecoder(model / "snac", device="cuda", dtype=torch.float32)
     codes = frames(120, 0)
     result = {"device": torch.cuda.get_device_name(), "schedule": repr(SCHEDULE),
-              "snac_max_abs_err": package_error(model / "snac", decoder, codes[:32]),
+              "snac_max_abs_err": package_error(model / "snac", decoder, codes[:32], device="cuda"),
               "seam_db": max(seam_db(decoder, frames(120, seed)) for seed in range(3)),
               "window_ms_eager": {f"{length}x{batch}": round(window_ms(decoder, length, batch), 2)
                                   for length in (6, 13, 21) for batch in (1, 16, 64)}}

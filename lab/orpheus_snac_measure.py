@@ -24,8 +24,9 @@ def random_frames(n: int, seed: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(n))
 
 
-def package_error(snac_dir: Path, decoder: SnacDecoder, frames) -> float | None:
-    """Max |ours - snac package| on `frames`, the package's NoiseBlocks drawing our noise; None without snac."""
+def package_error(snac_dir: Path, decoder: SnacDecoder, frames, device: str = "cpu") -> float | None:
+    """Max |ours - snac package| on `frames`, the package's NoiseBlocks drawing our noise, the package's model on
+    `device`; None without snac."""
     try:
         import snac
     except ImportError:
@@ -37,12 +38,14 @@ def package_error(snac_dir: Path, decoder: SnacDecoder, frames) -> float | None:
             block = layer.block[2]
 
             def forward(x, index=index, block=block):
-                starts = torch.zeros(x.shape[0], dtype=torch.long)
+                starts = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
                 return x + position_noise(decoder.seed, index, starts, x.shape[-1], x.dtype) * block.linear(x)
 
             block.forward = forward
+    model = model.to(device).eval()
     with torch.inference_mode():
-        ref = model.eval().decode([torch.tensor([r]) for r in g.split_levels(frames)])[0, 0].numpy()
+        levels = [torch.tensor([r], device=device) for r in g.split_levels(frames)]
+        ref = model.decode(levels)[0, 0].cpu().numpy()
     ours = decoder.decode([DecodeItem(tuple(frames), ())])[0]
     return float(np.abs(ours - ref).max())
 
