@@ -224,7 +224,8 @@ async def test_voice_error_while_speaking_keeps_history(make_app):
         await wait_until(pilot, lambda: len(entries(app)) == 3 and entries(app)[2].status is Status.DONE, "third")
 
 
-async def test_text_typed_while_loading_is_queued(make_app, monkeypatch):
+def held_build(monkeypatch) -> threading.Event:
+    """The TUI's engine build waits (up to 10 s) until the returned event is set: the model is "loading" meanwhile."""
     import voiceapp.tui.bridge as bridge_module
 
     release = threading.Event()
@@ -235,6 +236,11 @@ async def test_text_typed_while_loading_is_queued(make_app, monkeypatch):
         return real_build(*args, **kw)
 
     monkeypatch.setattr(bridge_module, "build_synthesizer", slow_build)
+    return release
+
+
+async def test_text_typed_while_loading_is_queued(make_app, monkeypatch):
+    release = held_build(monkeypatch)
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -407,16 +413,7 @@ async def test_letters_typed_on_the_closed_voice_picker_go_to_the_text(make_app,
 async def test_text_and_enter_typed_before_the_entry_has_focus_wait_for_the_model(make_app, monkeypatch):
     """At launch the keys can arrive before any widget has the focus (the state `set_focus(None)` recreates);
     they reach the text entry, and the Enter queues the text, shown as waiting, spoken once the model is ready."""
-    import voiceapp.tui.bridge as bridge_module
-
-    release = threading.Event()
-    real_build = bridge_module.build_synthesizer
-
-    def slow_build(*args, **kw):
-        release.wait(10)
-        return real_build(*args, **kw)
-
-    monkeypatch.setattr(bridge_module, "build_synthesizer", slow_build)
+    release = held_build(monkeypatch)
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.set_focus(None)
