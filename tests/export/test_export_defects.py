@@ -13,14 +13,9 @@ from engine.book import read_book
 from engine.errors import GenerationError, InputError
 from tests.cli_helpers import one_line_error, voicectl
 from tests.export.test_book import make_epub
-from voiceapp.cli import main
+from tests.export.test_export_errors import export
 
 TEXT = "Chapter 1\n\nOne sentence here. Another one there.\n\nChapter 2\n\nA third one now. And the last.\n"
-
-
-def export(capsys, *args):
-    code = main(["export", *args, "--backend", "fake", "--jobs", "2", "--no-progress"])
-    return code, capsys.readouterr().err.strip()
 
 
 @pytest.fixture
