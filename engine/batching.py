@@ -20,6 +20,9 @@ import numpy as np
 
 from engine.backends.base import CodecDecoder, DecodeItem
 
+DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
+"""Window batches a decoder that replays CUDA graphs captures for each window length (a batch of B windows replays
+the smallest >= B): any family's decoder, and what a server's tuning captures for crowds."""
 
 @dataclass(slots=True)
 class BatchStats:

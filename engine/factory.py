@@ -23,7 +23,7 @@ seams, was outside the seam tolerance, and fp32 is already far faster than the s
 (docs/lab/run-log.md)."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
-capture bicodec.DECODE_BATCHES), whose windows come from at most two sentences at once
+capture batching.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): 14 graphs instead of 42, so a fresh `voicectl say` captures them in less time
 and is done sooner, with the same first audio and RTF (docs/lab/run-log.md)."""
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -227,7 +227,7 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     """The family's codec decoder on the GPU (own stream, CUDA graphs for the schedule's window shapes where it
     captures them) when there is one and it is not measurably slower than the CPU; else on the CPU. Built before
     vLLM so vLLM sizes itself around it."""
-    from engine.backends.bicodec import DECODE_BATCHES
+    from engine.batching import DECODE_BATCHES
 
     device = config.decoder_device
     if device == "auto":

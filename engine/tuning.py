@@ -111,8 +111,7 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
 def _capture_decoder_batches(synth: Any) -> bool:
     """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes; for the
     window lengths of the schedule the engine runs (a config may leave it to the model family)."""
-    from engine.backends.bicodec import DECODE_BATCHES
-    from engine.batching import lengths_for
+    from engine.batching import DECODE_BATCHES, lengths_for
 
     for batch in DECODE_BATCHES:
         for length in lengths_for(synth.schedule):

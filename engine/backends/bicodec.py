@@ -19,6 +19,7 @@ from safetensors import safe_open
 from engine.backends.base import DecodeItem
 from engine.config import DECODER_AUTOTUNE
 from engine.backends.bicodec_modules import BiCodecModel, fold_weight_norm, mel_spectrogram, weight_normed_keys
+from engine.batching import DECODE_BATCHES
 from engine.errors import GenerationError, InputError, ModelFormatError
 from engine.seams import seam_error_db
 
@@ -159,9 +160,6 @@ def reference_clip(wav: np.ndarray, length: int) -> np.ndarray:
 # The CodecDecoder
 
 
-DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
-"""Graph batches `BiCodecDecoder.warmup` captures for each window length by default (a batch of B windows replays
-the smallest >= B)."""
 
 
 class BiCodecDecoder:

@@ -82,8 +82,7 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
     the lengths of the schedule the engine runs, every batch, on the decode thread."""
     from concurrent.futures import Future
 
-    from engine.backends.bicodec import DECODE_BATCHES
-    from engine.batching import lengths_for
+    from engine.batching import DECODE_BATCHES, lengths_for
     from engine.families.orpheus import SCHEDULE
     from engine.tuning import _capture_decoder_batches
 

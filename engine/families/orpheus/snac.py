@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from engine.backends.base import DecodeItem
+from engine.batching import DECODE_BATCHES
 from engine.errors import GenerationError, ModelFormatError
 from engine.families.orpheus import grammar as g
 from engine.families.orpheus.checkpoint import SNAC_CONFIG, SNAC_WEIGHTS, SnacConfig, read_snac_config
@@ -281,9 +282,6 @@ def fold_weight_norm(gain: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------- the decoder
 
-GRAPH_BATCHES = (1, 4, 8, 16, 32, 64)
-"""Window batches the GPU decoder captures graphs for (a batch replays the smallest graph that holds it)."""
-
 
 class SnacDecoder:
     """CodecDecoder over our SNAC: one "code" is one 7-token frame (2048 samples at 24 kHz).
@@ -304,8 +302,8 @@ class SnacDecoder:
         """The noise seed, or None when no noise is added."""
         self.sample_rate: int = self.net.cfg.sample_rate
         self.samples_per_code: int = self.net.cfg.samples_per_frame
-        self.max_batch = max(max_batch, max(GRAPH_BATCHES)) if self.device.type == "cuda" else max_batch
-        self.batch_limit = max(GRAPH_BATCHES) if self.device.type == "cuda" else 16
+        self.max_batch = max(max_batch, max(DECODE_BATCHES)) if self.device.type == "cuda" else max_batch
+        self.batch_limit = max(DECODE_BATCHES) if self.device.type == "cuda" else 16
         """Most windows worth handing over in one decode() call."""
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         """On a GPU the decoder's own stream: the legacy default stream would wait for (and hold up) the LLM's."""
@@ -336,14 +334,14 @@ class SnacDecoder:
         return out
 
     def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (), background: bool = False) -> float:
-        """Capture a graph for each window length and batch (GPU only; each batch rounded up to GRAPH_BATCHES).
+        """Capture a graph for each window length and batch (GPU only; each batch rounded up to DECODE_BATCHES).
         Returns the seconds it took."""
         if self.stream is None:
             return 0.0
         t0 = time.perf_counter()
         mode = "thread_local" if background else "global"
-        for batch in sorted({next((b for b in GRAPH_BATCHES if b >= n), GRAPH_BATCHES[-1]) for n in batches} or
-                            {GRAPH_BATCHES[0]}):
+        for batch in sorted({next((b for b in DECODE_BATCHES if b >= n), DECODE_BATCHES[-1]) for n in batches} or
+                            {DECODE_BATCHES[0]}):
             for length in lengths:
                 self._capture(batch, length, mode)
         return time.perf_counter() - t0
@@ -383,7 +381,7 @@ class SnacDecoder:
         """The captured graph for this batch (rounded up) and length, its inputs filled; None where none fits.
         Rows past the batch hold stale codes: rows are independent, and their audio is cut off."""
         b, n = levels[0].shape
-        bucket = next((x for x in GRAPH_BATCHES if x >= b and (x, n) in self.graphs), None)
+        bucket = next((x for x in DECODE_BATCHES if x >= b and (x, n) in self.graphs), None)
         if bucket is None:
             return None
         graph, level_in, starts_in, out = self.graphs[(bucket, n)]
