@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_voice(args: argparse.Namespace) -> int:
     from engine.errors import InputError
+    from engine.families import detect
     from engine.model import load_model_info, resolve_model_dir
     from engine.voices import Voice, VoiceBank
 
@@ -45,8 +46,13 @@ def add_voice(args: argparse.Namespace) -> int:
                          "the preset behind your voice")
     if (bank.dirs[-1] / f"{args.name}.toml").exists() and not args.force:
         raise InputError(f"{args.name!r} is already your voice; pick another name or pass --force")
+    root = resolve_model_dir(args.model)
+    family = detect(root)
+    if not family.cached_voices:  # its voices are names the model was trained on, not speaker tokens
+        raise InputError(f"cloning a voice from a recording needs a Spark-TTS model; this {family.name} model has "
+                         f"its own voices: {', '.join(sorted(family.voices().all()))}")
     wav = read_reference(args.ref)
-    info = load_model_info(resolve_model_dir(args.model))
+    info = load_model_info(root)
     from engine.backends.bicodec import BiCodecDecoder
 
     codes = BiCodecDecoder(info.bicodec_dir, with_encoder=True).extract_globals(wav)

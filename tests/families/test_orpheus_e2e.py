@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,15 @@ def test_say_writes_the_engines_24_khz(env, tmp_path):
 def test_a_spark_voice_is_refused_naming_orpheus_voices(env, tmp_path):
     err = one_line_error(voicectl("say", "Hi.", "--voice", "ava", "--out", str(tmp_path / "x.wav"), env=env, text=True))
     assert "'ava'" in err and "tara" in err and "zoe" in err
+
+
+def test_cloning_a_voice_is_refused_naming_the_models_own(env, tmp_path):
+    """`voice add` makes Spark speaker tokens; an Orpheus model gets one line naming its voices, and no file."""
+    ref = tmp_path / "ref.wav"
+    soundfile.write(str(ref), (0.2 * np.sin(np.arange(32000) / 5.0)).astype(np.float32), 16000)
+    err = one_line_error(voicectl("voice", "add", "me", "--from", str(ref), env=env, text=True))
+    assert "Spark-TTS" in err and "tara" in err
+    assert not (Path(env["XDG_DATA_HOME"]) / "voiceapp" / "voices" / "me.toml").exists()
 
 
 def test_voices_lists_the_familys_voices(env):
