@@ -220,7 +220,9 @@ class Synthesizer(UtteranceFolds):
         """The voice's conditioning (Spark: its 32 speaker globals): stored, cached for this checkpoint, or
         computed once now with the LLM. Empty for a family whose voices need none (Orpheus names the voice in the
         prompt)."""
-        voice = self.voices.get(name)
+        return await self._conditioning(self.voices.get(name))
+
+    async def _conditioning(self, voice: Voice) -> tuple[int, ...]:
         stored = self.grammar.stored_conditioning(voice, getattr(self.model_info, "checkpoint_hash", None))
         if stored is not None:
             return stored
@@ -250,7 +252,7 @@ class Synthesizer(UtteranceFolds):
         cancelled = True
         try:
             voice = self.voices.get(req.voice)
-            globals_ = await self.voice_globals(req.voice)
+            globals_ = await self._conditioning(voice)
             # aclosing: an abandoned stream must stop generation now, not whenever the GC finalizes it.
             async with aclosing(self._chunks(req, text_stream, voice, globals_, progress)) as chunks:
                 async for chunk in chunks:
