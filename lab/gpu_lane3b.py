@@ -1,0 +1,197 @@
+"""Device probe: where Orpheus 3B's graph-lane step goes, SNAC in bf16, and both decoders at crowd batch sizes.
+
+    python lab/gpu_lane3b.py OUT.json [--parts lane,sweep,snac,bicodec]
+
+lane: a random Llama-3.2-3B (Orpheus's full shapes, in memory: no checkpoint) in the graph lane; model-only step
+      time per FusedPlan variant at 1-16 rows (decode_kernels_probe.plan_steps), the tensor code's captured step
+      (cuBLAS) per row bucket, and the kernels of the fastest plan's one-row step.
+sweep: each projection at the 3B shapes per `matmul` tiling against cuBLAS (decode_kernels_probe.sweep).
+snac: our SNAC (synthetic full weights) fp32 vs bf16: windows of the family's schedule against the fp32 one-shot
+      decode (dB), and ms per window at batch 1-128 from captured graphs.
+bicodec: Spark's BiCodec (synthetic full) ms per window at batch 16-128, fp32 and bf16, graphs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_kernels_probe import kernels, plan_steps, sweep  # noqa: E402 - lab/ beside this script
+from lane_profile import graph_step_ms  # noqa: E402
+
+from engine.backends import decode_kernels as dk  # noqa: E402
+from engine.backends.decode_kernels import FusedPlan  # noqa: E402
+
+
+def save(out: dict, path: str) -> None:
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
+def llama_3b():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.families.orpheus.synthetic import llm_config
+    raw = {k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type", "torch_dtype")}
+    cfg = LlamaConfig(**raw)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model
+
+
+def lane(out: dict, path: str) -> None:
+    from engine.backends.graph_gen import GraphLane
+    from engine.families.orpheus.grammar import OrpheusIds
+
+    model = llama_3b()
+    ids = OrpheusIds()
+    allowed = ids.audio_ids
+    plans = {
+        "ship": dk.PLAN,
+        "no_preload": replace(dk.PLAN, preload=()),
+        "preload_qkv": replace(dk.PLAN, preload=("qkv",)),
+        "no_late_sum": replace(dk.PLAN, late_sum=False),
+        "down4_o2": replace(dk.PLAN, down_split=4, o_split=2),
+        "down16_o8": replace(dk.PLAN, down_split=16, o_split=8),
+        "cublas_o_down": replace(dk.PLAN, o_split=0, down_split=0, late_sum=False, preload=("qkv",)),
+        "row_major": replace(dk.PLAN, k_major=False, preload=()),
+    }
+    t0 = time.perf_counter()
+    fused = GraphLane(model, ids, allowed, rows=16, max_len=1024, fused=True, fuse_rows=16)
+    out["fused_lane_start_s"] = round(time.perf_counter() - t0, 1)
+    out["fused_lane_step_ms"] = {n: round(graph_step_ms(fused.runner, n, 256, 50), 3)
+                                 for n in fused.shapes.row_buckets}
+    print("fused lane", out["fused_lane_step_ms"], flush=True)
+    save(out, path)
+    out["plans_us"] = plan_steps(fused.runner, (1, 2, 4, 8, 16), plans, positions=(128, 400))
+    save(out, path)
+    best = min((k for k, v in out["plans_us"].items() if "1@128" in v), key=lambda k: out["plans_us"][k]["1@128"])
+    out["best_plan"] = best
+    if best != "ship":
+        fused.runner.plan = dk.plan_for(plans[best])
+    out["kernels_ship_1"] = kernels(fused.runner, 1)
+    save(out, path)
+    del fused
+    torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    plain = GraphLane(model, ids, allowed, rows=32, max_len=1024, fused=False)
+    out["plain_lane_start_s"] = round(time.perf_counter() - t0, 1)
+    out["plain_lane_step_ms"] = {n: round(graph_step_ms(plain.runner, n, 256, 50), 3)
+                                 for n in plain.shapes.row_buckets}
+    print("plain lane", out["plain_lane_step_ms"], flush=True)
+    save(out, path)
+    del plain, model
+    torch.cuda.empty_cache()
+
+
+def tiling_sweep(out: dict, path: str) -> None:
+    from transformers import Qwen2Config
+
+    from engine.families.orpheus.synthetic import llm_config
+    raw = {k: v for k, v in llm_config("full").items() if k not in ("architectures", "model_type", "torch_dtype")}
+    out["sweep_us"] = sweep(Qwen2Config(**raw), (1, 8))
+    save(out, path)
+    out["k_major_sweep_us"] = sweep(Qwen2Config(**raw), (1, 8), k_major=True)
+    save(out, path)
+
+
+def snac(out: dict, path: str, root: Path) -> None:
+    from engine.backends.base import DecodeItem
+    from engine.families.orpheus import SCHEDULE
+    from engine.families.orpheus.snac import SnacDecoder
+    from engine.families.orpheus.synthetic import write_snac
+    from engine.seams import seam_error_db
+    from engine.windowed_decode import WindowedDecode
+    from orpheus_snac_measure import random_frames as frames
+
+    snac_dir = root / "snac"
+    write_snac(snac_dir, "full", 0)
+    ref = SnacDecoder(snac_dir, device="cuda", dtype=torch.float32)
+    rows: dict = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        dec = SnacDecoder(snac_dir, device="cuda", dtype=dtype, max_batch=128)
+        worst_seam, worst_snr = -999.0, 999.0
+        for seed in range(3):
+            codes = frames(120, seed)
+            one = ref.decode([DecodeItem(tuple(codes), ())])[0]
+            windows = WindowedDecode(SCHEDULE, (), dec.samples_per_code)
+            parts = []
+            while (window := windows.next_window(len(codes), True)) is not None:
+                parts.append(windows.join(window, dec.decode([windows.item(window, codes)])[0]))
+            joined = np.concatenate(parts)
+            n = min(len(one), len(joined))
+            worst_seam = max(worst_seam, seam_error_db(joined[:n], one[:n]))
+            err = joined[:n].astype(np.float64) - one[:n]
+            worst_snr = min(worst_snr, 10 * np.log10(np.sum(one[:n].astype(np.float64) ** 2) / np.sum(err ** 2)))
+        row = {"seam_db_vs_fp32_oneshot": round(float(worst_seam), 1), "snr_db_vs_fp32": round(float(worst_snr), 1)}
+        lengths, batches = (6, 13, 21, 37), (1, 16, 32, 64, 128)
+        t0 = time.perf_counter()
+        dec.warmup(lengths, batches)
+        row["capture_s"] = round(time.perf_counter() - t0, 1)
+        row["window_ms"] = {}
+        for length in lengths:
+            for batch in batches:
+                items = [DecodeItem(frames(length, 10 + i), (), 3, length - 2, 100) for i in range(batch)]
+                dec.decode(items)
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(5):
+                    dec.decode(items)
+                torch.cuda.synchronize()
+                row["window_ms"][f"{length}x{batch}"] = round((time.perf_counter() - t) / 5 * 1e3, 2)
+        rows[name] = row
+        print("snac", name, row, flush=True)
+        out["snac"] = rows
+        save(out, path)
+        del dec
+        torch.cuda.empty_cache()
+
+
+def bicodec(out: dict, path: str, root: Path) -> None:
+    from engine.bench.decoder import decoder_speed
+    from engine.synthetic.bicodec import write_bicodec
+
+    bdir = root / "BiCodec"
+    write_bicodec(bdir, "full", 0)
+    out["bicodec_speed"] = decoder_speed(bdir, (20, 40, 60), batches=(1, 16, 32, 64, 128), repeats=5)
+    save(out, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--parts", default="lane,snac,bicodec,sweep")
+    args = ap.parse_args()
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "pdl": dk.pdl_supported(), "plan": repr(dk.PLAN)}
+    parts = args.parts.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in parts:
+            t0 = time.perf_counter()
+            try:
+                if part == "lane":
+                    lane(out, args.out)
+                elif part == "sweep":
+                    tiling_sweep(out, args.out)
+                elif part == "snac":
+                    snac(out, args.out, Path(tmp))
+                elif part == "bicodec":
+                    bicodec(out, args.out, Path(tmp))
+            except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
+                out[f"{part}_error"] = f"{type(err).__name__}: {err}"[:600]
+                print(part, "failed:", out[f"{part}_error"], flush=True)
+            out[f"{part}_s"] = round(time.perf_counter() - t0, 1)
+            print(part, "done in", out[f"{part}_s"], "s", flush=True)
+            save(out, args.out)
+
+
+if __name__ == "__main__":
+    main()
