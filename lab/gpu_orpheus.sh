@@ -6,19 +6,21 @@
 #   call 1: carry [".devcarry/vllm-core"], command: cp .devcarry/vllm-core/core.part-aa /tmp/ && bash lab/gpu_orpheus.sh decoder
 #   call 2: carry [".devcarry/vllm-extra"], command: bash lab/gpu_orpheus.sh bench
 #   call 3: bash lab/gpu_orpheus.sh fresh
+# ckpt: only the synthetic checkpoint (call 1 of a run without the decoder probe).
 # decoder: our SNAC against the snac package, the pipeline's seams, time per window (lab/orpheus_snac_gpu.py);
 # bench: `voicectl bench` at 1..256 streams all at once; fresh: an export and a `say` through a warm server, each a
 # fresh process from launch. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced.
 set -u
-PART=${1:?decoder, bench or fresh}
+PART=${1:?ckpt, decoder, bench or fresh}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 ORPH=/tmp/voiceapp-orpheus-full
 t0=$(date +%s)
-if [ "$PART" = decoder ]; then
+if [ "$PART" = decoder ] || [ "$PART" = ckpt ]; then
   export PYTHONPATH=$PWD
   [ -f "$ORPH/config.json" ] || python3 -c "import sys; from engine.families.orpheus.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$ORPH" || exit 5
   echo "checkpoint at $(( $(date +%s) - t0 )) s"
+  [ "$PART" = ckpt ] && exit 0
   python3 -m pip install -q --no-deps --target /tmp/snac-site .whl/snac-*.whl && export PYTHONPATH=/tmp/snac-site:$PWD
   python3 lab/orpheus_snac_gpu.py "$ORPH" "$OUT/decoder.json" 2>&1 | tail -30
   echo "decoder done at $(( $(date +%s) - t0 )) s"
@@ -33,8 +35,8 @@ if [ "$PART" = bench ]; then
   echo "bench rc=$? at $(( $(date +%s) - t0 )) s"
 fi
 if [ "$PART" = fresh ]; then
-  timeout 280 python3 -m voiceapp.cli bench --model "$ORPH" --no-reference --export-sentences 60 --levels 1 \
-      --rounds-1 1 --no-variants --tokens 100 --json "$OUT/orpheus_export.json" 2>&1 | grep -v EngineCore | tail -15
+  timeout 280 python3 -m voiceapp.cli bench --model "$ORPH" --no-reference --export-sentences "${EXPORT_SENTENCES:-60}" \
+      --levels 1 --rounds-1 1 --no-variants --tokens 100 --json "$OUT/orpheus_export.json" 2>&1 | grep -v EngineCore | tail -15
   echo "export at $(( $(date +%s) - t0 )) s"
   timeout 240 python3 -m voiceapp.cli bench --startup --model "$ORPH" --cases say_autostart --repeats 3 \
       --json "$OUT/orpheus_startup.json" 2>&1 | grep -v EngineCore | tail -25

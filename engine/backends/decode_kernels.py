@@ -94,6 +94,17 @@ def supports(head_dim: int) -> bool:
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
+FUSED_MAX_HIDDEN = 1024
+"""Largest hidden size whose decode steps run the fused kernels by default. A small model's step is made of its
+kernels' count and floors, which the fusion removes; a large model's is made of reading its weights, which cuBLAS
+does faster than `matmul` (Llama-3B's step ran faster as compiled tensor code at every row count; docs/orpheus.md)."""
+
+
+def pays_for(hidden: int) -> bool:
+    """Whether the fused step is the faster default for a model of this hidden size (FUSED_MAX_HIDDEN)."""
+    return hidden <= FUSED_MAX_HIDDEN
+
+
 @dataclass(frozen=True, slots=True)
 class FusedPlan:
     """Which variant of the fused decode step runs (each measured against the others in one process by

@@ -143,7 +143,8 @@ class LaneRunner:
 
     def _choose_steps(self, fused: bool | None, compile_layers: bool, compile_prefill: bool | None) -> None:
         """Fused kernels or tensor code for the decode steps, and what Inductor compiles."""
-        wanted = self.device.type == "cuda" and decode_kernels.available() if fused is None else fused
+        wanted = (self.device.type == "cuda" and decode_kernels.available() and decode_kernels.pays_for(self.model.hidden)
+                  if fused is None else fused)
         self.fused = wanted and decode_kernels.supports(self.model.head_dim)
         tensor_steps = not self.fused or self.rows > self.fuse_rows
         compiled_prefill = compile_prefill is True or (compile_prefill is None and tensor_steps)

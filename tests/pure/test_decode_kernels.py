@@ -351,3 +351,13 @@ def test_sample_refuses_widths_it_cannot_slice():
         dk.sample(torch.zeros(1, 1000), state, 64, torch.zeros(8, dtype=torch.int32))
     with pytest.raises(ValueError, match="counts"):
         dk.sample(torch.zeros(1, 16 * 80), state, 64, torch.zeros(1, dtype=torch.int32))
+
+
+def test_fused_steps_are_the_default_for_spark_not_for_orpheus():
+    """The fused kernels win where a step is made of launches (Spark's 0.5B), cuBLAS where it is made of weight
+    reads (Orpheus's 3B): the lane's default follows the model's hidden size."""
+    from engine.families.orpheus.synthetic import llm_config as orpheus_config
+    from engine.synthetic.llm import llm_config as spark_config
+
+    assert dk.pays_for(spark_config("full")["hidden_size"])
+    assert not dk.pays_for(orpheus_config("full")["hidden_size"])
