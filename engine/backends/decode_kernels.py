@@ -97,7 +97,7 @@ def supports(head_dim: int) -> bool:
 FUSED_MAX_HIDDEN = 1024
 """Largest hidden size whose decode steps run the fused kernels by default. A small model's step is made of its
 kernels' count and floors, which the fusion removes; a large model's is made of reading its weights, which cuBLAS
-does faster than `matmul` (Llama-3B's step ran faster as compiled tensor code at every row count; docs/orpheus.md)."""
+does faster than `matmul` (Llama-3B's step ran faster as tensor code at every row count; docs/orpheus.md)."""
 
 
 def pays_for(hidden: int) -> bool:
