@@ -13,7 +13,7 @@ QUANTIZE = ("none", "int8", "int4")
 """The CPU LLM's weights: fp32, or int8 / int4 through ONNX Runtime (engine.backends.qwen2_ort; int4 opt-in)."""
 DECODER_AUTOTUNE = ("batch1", "all", "none")
 """GPU decoder graphs captured with cuDNN's timed algorithms: batch-1 ones only, all, or none (fixed ones).
-See engine.backends.bicodec.BiCodecDecoder._pick_algorithms for what each measured."""
+See engine.backends.bicodec.BiCodecDecoder._pick_algorithms for how each picks."""
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -103,9 +103,8 @@ class EngineConfig:
     quantize: str = "auto"
     """The LLM's weights where the torch generator runs it on the CPU: auto (int8 where ONNX Runtime is installed)
     | none (fp32) | int8 (engine.backends.qwen2_ort, converted once per checkpoint into the user cache, faster
-    than fp32 where the step is bound by reading weights: docs/cpu.md) | int4 (the same with 4-bit weights: faster
-    still, opt-in, since its agreement with fp32 is outside int8's bound on the synthetic checkpoint and untested on
-    the release: docs/cpu.md, "4-bit weights"). An LLM on a GPU is never quantised."""
+    than fp32 where the step is bound by reading weights) | int4 (the same with 4-bit weights: faster still, opt-in,
+    since its agreement with fp32 is outside int8's bound; docs/cpu.md). An LLM on a GPU is never quantised."""
     schedule: WindowSchedule | None = None
     """Streaming decode windows, in the decoder's frames; None: the model family's (ModelFamily.schedule)."""
     join: JoinConfig = field(default_factory=JoinConfig)
@@ -115,17 +114,15 @@ class EngineConfig:
     """Root of the speaker-globals cache; None = the user cache dir."""
     decoder_autotune: str = "none"
     """Which captured GPU decoder graphs get cuDNN's timed (autotuned) algorithms: none (default: cuDNN's fixed
-    algorithms; the timing is redone in every process and bought a lone stream nothing measurable, while it was most
-    of the in-process front ends' start-up: docs/benchmarks/startup.json) | batch1 (the lone stream's windows) | all
-    (batched decodes measured faster at 8-32 streams). See BiCodecDecoder.autotune."""
+    ones, since the timing is redone in every process and costs start-up) | batch1 (the lone stream's windows) |
+    all (every batch, for crowds). See BiCodecDecoder.autotune."""
     lane_rows: int | None = 2
     """Most streams the graph lane steps at once. 2 (default) for the in-process front ends, which serve one
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
     another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
     fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
     (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 10% of its memory (`rows_for`; up to
-    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up
-    (docs/lab/run-log.md)."""
+    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
@@ -139,19 +136,17 @@ class EngineConfig:
     (an export decodes whole sentences). On the CPU: the torch generator, which steps each request alone."""
     one_listener: bool = False
     """The front end serves one listener (`say`, the TUI, piped text). With backend auto and the graph lane on a
-    GPU, the lane's rows carry everything it hears, so vLLM is not started: starting vLLM as well roughly doubled
-    a fresh `voicectl say`'s time from launch to done and left first audio and RTF as they were
-    (docs/lab/run-log.md). The torch generator stands behind the lane for what the lane cannot take; the lane
-    never hands a stream over to it."""
+    GPU, the lane's rows carry everything it hears, so vLLM, which would only lengthen start-up, is not started.
+    The torch generator stands behind the lane for what the lane cannot take; the lane never hands a stream over
+    to it."""
     freeze_heap: bool = True
     """Once the engine is loaded, hide what the process holds from the cyclic garbage collector (gc.freeze). A
     full collection otherwise walks every object of torch, transformers and vLLM with all threads stopped, long
-    enough to leave the graph lane's stream empty under a first crowd of streams (docs/lab/run-log.md). Objects
-    created later are collected as ever."""
+    enough to leave the graph lane's stream empty under a first crowd of streams. Objects created later are
+    collected as ever."""
     warm_up: bool | None = None
     """Before the engine is handed over, one short untimed request runs through it (Synthesizer.warm_up), so that
-    the first request a user hears does not pay the process's first-use costs: a fresh `voicectl say` reached
-    first audio in about half the time with it, for a fraction of a second of start-up (docs/lab/run-log.md).
+    the first request a user hears does not pay the process's first-use costs, for a little start-up.
     None: where the decoder runs on the GPU (on the CPU a request's compute dwarfs those costs, and the warm-up
     would cost a CPU machine seconds of start-up)."""
 

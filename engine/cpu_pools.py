@@ -30,7 +30,8 @@ class CpuPools:
 
 SPLIT_CORES = 8
 """From this many cores up the LLM and the decoder get separate halves, the LLM's spinning (docs/cpu.md,
-"Many cores"); below it both use every core and the LLM's threads sleep, as measured on 2 cores."""
+"Many cores"); below it both use every core and the LLM's threads sleep, since spinning threads would take the
+decoder's few cores."""
 
 
 def cpu_pools(config: EngineConfig, cores: int) -> CpuPools:
@@ -58,7 +59,7 @@ def usable_cores() -> int:
 def cpu_decoder_dtype(config: EngineConfig) -> str:
     """The CPU decoder's precision: the one asked for, else bf16 where the CPU multiplies bf16 natively and the user
     did not ask for full precision, else fp32. bf16 halves the bytes its convolutions and activations move and
-    doubles the products per instruction; its error against fp32 is bounded in docs/cpu.md (DECODER_BF16_SNR_DB)."""
+    doubles the products per instruction; its error against fp32 is bounded (decoder_agreement.FULL_BOUND_DB)."""
     if config.decoder_dtype != "auto":
         return config.decoder_dtype
     return "bf16" if config.quantize != "none" and cpu_decodes_bf16() else "fp32"
@@ -66,7 +67,7 @@ def cpu_decoder_dtype(config: EngineConfig) -> str:
 
 def cpu_decodes_bf16() -> bool:
     """The CPU has bf16 dot-product instructions (x86 AVX512-BF16 or AMX); elsewhere bf16 would be emulated, slower
-    than fp32, and the decoder stays in fp32 (ARM's bf16 paths are not measured here)."""
+    than fp32, and the decoder stays in fp32 (ARM's bf16 paths are untested)."""
     import torch
 
     checks = (torch.cpu._is_avx512_bf16_supported, torch.cpu._is_amx_tile_supported)  # private, hence the guard

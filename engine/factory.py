@@ -18,14 +18,13 @@ from engine.windowing import WindowSchedule
 
 
 GPU_DECODER_DTYPE = "fp32"
-"""BiCodec precision on CUDA by default. fp32: bf16's error against the CPU's fp32 decode, and at its streaming
-seams, was outside the seam tolerance, and fp32 is already far faster than the streams need
-(docs/lab/run-log.md)."""
+"""BiCodec precision on CUDA by default. fp32: bf16's error at the streaming seams is outside the seam tolerance,
+and fp32 is already far faster than the streams need."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
 capture batching.DECODE_BATCHES), whose windows come from at most two sentences at once
-(two replay the batch-4 graph): 14 graphs instead of 42, so a fresh `voicectl say` captures them in less time
-and is done sooner, with the same first audio and RTF (docs/lab/run-log.md)."""
+(two replay the batch-4 graph): fewer graphs to capture make a fresh `voicectl say` done sooner, with the same
+first audio."""
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 """How notices name a decoder precision (torch's names)."""
 SLOW_GPU_DECODE_S = 0.05
@@ -92,7 +91,7 @@ def windows_s(schedule: WindowSchedule, decoder) -> tuple[float, ...]:
 
 def _decode_batch(config: EngineConfig) -> int | None:
     """One window per decoder call for a deterministic engine: a batch's rows may round differently from a lone
-    window (measured on the CPU BiCodec: concurrent renders differed from sequential ones)."""
+    window."""
     return 1 if config.deterministic else None
 
 
@@ -470,7 +469,7 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
     # the compiled layers step faster than the plain tensor code, and the fused decode kernels faster still at the
-    # few rows they take (docs/lab/run-log.md)
+    # few rows they take
     return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global")

@@ -27,14 +27,14 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFILL_BATCHES = (1, 2, 4, 8)
 """Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill
 reads every weight once however many prompts it holds, so the rows already running wait far less for a batch of
-prompts than for the same prompts one at a time (docs/lab/run-log.md, the lane's graphs)."""
+prompts than for the same prompts one at a time."""
 BURST = 2
 """Steps per read-back: tokens reach the caller at most BURST - 1 steps late, and a read costs far less than a
 step."""
 CROWD_BURSTS = ((8, BURST), (None, 8))
 """Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
-loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way). Larger bursts from
-fewer rows gave a crowd of 32 streams its first audio later (docs/lab/run-log.md)."""
+loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way); larger bursts at
+fewer rows would delay a crowd's first audio."""
 ADMIT = 8
 """Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
 ADMIT_NEW = 32

@@ -109,7 +109,7 @@ class _SentenceStats:
 class _AheadRender:
     """A sentence's audio rendered in the background before its turn (a lone request's next sentence), so its
     windows decode while their tokens arrive, batched with the current sentence's, instead of one after another
-    once the current sentence has played out, after its last token (docs/lab/run-log.md). The pieces wait in
+    once the current sentence has played out, after its last token. The pieces wait in
     memory (10 s of audio is 640 kB)."""
 
     def __init__(self, pieces: AsyncIterator[tuple[np.ndarray, bool]], stats: _SentenceStats) -> None:
@@ -352,14 +352,13 @@ class Synthesizer(UtteranceFolds):
         audio, so that a stream keeps one request in the generator until it has sound, and the next one is
         ready long before it is needed; for a lone request (`WindowSchedule.solo_streams`) at once, side by
         side with this one (and its audio is rendered ahead too: `_AheadRender`, with `ahead`'s schedule).
-        Not when busy: then generation is the shared bottleneck, and starting every stream's next sentence at
-        its first audio doubled the requests competing for each step just when every first sentence needed
-        its next windows: crowds underran (docs/lab/run-log.md)."""
+        Not when busy: generation is then the shared bottleneck, and every stream's next sentence would compete
+        with the first sentences that still need their next windows."""
         parser = self.grammar.parser()
         busy = self.active_requests > self.schedule.busy_streams
         # A request's first sentence on an engine that may lag (the pacer probes it) generates alone: its own speed
-        # decides when it plays, and a sentence stepping beside it would slow it just then (docs/cpu.md, "Two
-        # sentences a step"); its next one starts once it is generated.
+        # decides when it plays, and a sentence stepping beside it would slow it just then; its next one starts
+        # once it is generated.
         alone_first = index == 0 and self.pacer.probe_first
         early = self._alone() and not alone_first
         schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule

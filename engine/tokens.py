@@ -58,8 +58,7 @@ class TokenIds:
     @property
     def audio_ids(self) -> tuple[int, ...]:
         """Sorted semantic ids + stop ids: what a prompt ending in `<|start_semantic_token|>` may generate. The same
-        tuple for every sentence (built once: 0.6 ms each time on a 2-core machine, and generators recognise it by
-        identity)."""
+        tuple for every sentence (built once, not per sentence, and generators recognise it by identity)."""
         return _audio_ids(self.semantic_base, self.stop_ids)
 
     def semantic_index(self, token_id: int) -> int | None:

@@ -149,8 +149,7 @@ class VoiceBank:
         """Told of each voice file left out, once per version of the file."""
         self._parsed: dict[Path, tuple[tuple[int, int], Voice | InputError]] = {}
         """Voice files read so far, by path, with the (mtime, size) they had, and the voice or why it could not
-        be read: each request looks its voice up, and parsing every file each time cost ~0.9 ms a request on a
-        2-core machine."""
+        be read: each request looks its voice up, and parsing every file each time would cost every request."""
 
     def all(self) -> dict[str, Voice]:
         """Every readable voice now on disk: files added, changed or removed since the last call count at once."""

@@ -24,9 +24,8 @@ class WindowSchedule:
     """
 
     first_new: int = 4
-    """New codes in the first window: small so first audio comes after first_new + right LLM steps. It does
-    not change seam quality (that is `right`), and a smaller first window measured a faster first audio
-    (docs/lab/run-log.md)."""
+    """New codes in the first window: small so first audio comes after first_new + right LLM steps; it does
+    not change seam quality (that is `right`)."""
     new: int = 12
     """New codes in the second window; later windows grow by `growth` up to `max_new`. Each window's audio
     must outlast the generation of the next one: with growth 2 that holds from 2x real-time generation up,
@@ -43,21 +42,19 @@ class WindowSchedule:
     first_right: int | None = None
     """Right context of the first window only (None = `right`); smaller trades first-seam quality for TTFA."""
     busy_streams: int = 48
-    """Above this many concurrent requests, sentences use `busy()`'s larger first windows: under load each
-    stream generates slower and decode batches queue, and small first windows underran where larger ones did
-    not (docs/lab/run-log.md)."""
+    """Above this many concurrent requests, sentences use `busy()`'s larger windows, which keep up where each
+    stream generates slower and decode batches queue."""
     solo_streams: int = 1
     """Up to this many concurrent requests (one listener), a request's next sentence starts with the current one
     instead of at its first audio (with eager lookahead: batching backends). The two rows step side by side at
     nearly one row's cost on the graph lane, so a two-sentence request finishes sooner without moving its first
-    audio (docs/lab/run-log.md)."""
+    audio."""
     busy_first_new: int = 16
-    """`busy()`'s first window. Under load the player cannot start before it holds its pre-roll anyway, so a
-    smaller first window only costs decoder throughput; what matters is that each window arrives before the
-    audio before it runs out, with decode batches queueing behind each other (docs/lab/run-log.md)."""
+    """`busy()`'s first window: under load the player waits for its pre-roll anyway, so a larger first window
+    costs no first audio and saves decoder throughput."""
     busy_new: int = 32
-    """`busy()`'s second window (later ones grow by `growth` as usual): the sizes measured around it differed
-    less than runs of the same size did, while larger ones underran (docs/lab/run-log.md)."""
+    """`busy()`'s second window (later ones grow by `growth` as usual): the largest that still arrives before
+    the audio before it runs out."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
@@ -92,7 +89,7 @@ class WindowSchedule:
         """For an engine that makes speech at one to a few times real time with the decoder on cores of its own (a
         many-core CPU): windows grow by 1.5 up to 64 codes. A window comes whole, once all of it is made, so between
         one and about two times real time growth 2 needs a longer hold before a sentence plays (engine.pacing); the
-        extra windows cost the decoder's own cores, not the LLM's (docs/cpu.md, "Many cores")."""
+        extra windows cost the decoder's own cores, not the LLM's."""
         return replace(self, growth=1.5, max_new=min(self.max_new, 64))
 
     def ahead(self) -> "WindowSchedule":
@@ -100,7 +97,7 @@ class WindowSchedule:
         with the current one): its audio is needed only once the current sentence has played, so it skips the
         small windows first sound needs and starts at this schedule's third window (+ `left` new codes in the
         first, which has no left context), so that it is not decoded together with the current sentence's first
-        window, which would delay first audio (docs/lab/run-log.md). Every window keeps a length of this
+        window, which would delay first audio. Every window keeps a length of this
         schedule's (the decoder's graphs)."""
         later = self.new_codes(2)
         return replace(self, first_new=max(self.first_new, later + self.left), new=max(self.new, later),

@@ -533,7 +533,7 @@ def _bench(args, model: Path, checkpoint: str, levels, schedule, variants: dict,
 
 REFERENCE_RUNS = 3
 """Timed runs of the reference (the median counts): its batch-1 `generate()` is bound by the host's Python, so one
-run's RTF varies widely across machines and runs (docs/lab/run-log.md)."""
+run's RTF varies widely from run to run."""
 
 VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
             "no_lane": (Variant(lane=False), (1, 32)),
@@ -546,11 +546,11 @@ VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
 """Other configurations on the same engine: a 2-code first window (2 tokens fewer before first audio, same
 seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams, and the default again after
 it (lane_again: whether a difference is the lane's or the order of runs in one process); other busy first windows than
-the default 16 + 32 at 128 streams (24 + 48 underran on every stream: docs/lab/run-log.md); the interpreter switching
+the default 16 + 32 at 128 streams (larger ones underrun); the interpreter switching
 threads every 0.2 ms instead of 5 (the lane's worker waits less for the GIL after each launch); bursts of 4 decode
 steps per read-back instead of 2 while the lane runs up to 8 streams."""
 DEFAULT_VARIANTS = ("first_new2", "no_lane", "busy8_24", "busy16_16")
-"""What a plain `voicectl bench` runs (not busy24_24, which underran on every stream: docs/lab/run-log.md)."""
+"""What a plain `voicectl bench` runs (not busy24_24, which underruns)."""
 
 
 def _variants(args: argparse.Namespace) -> dict:

@@ -24,7 +24,7 @@ KILL_SHARE = 0.25
 
 
 def export_check(bench: Bench, book: Path) -> dict:
-    """The three exports (four processes) and their comparison: what docs/benchmarks/export.json holds."""
+    """The three exports (four processes) and their comparison: the report the module docstring names."""
     write_book(book, bench.export_sentences)
     outs = {name: bench.work / f"{name}.wav" for name in ("clean", "resumed", "reversed")}
     runs = [export_run(bench, book, outs["clean"], name="clean"),

@@ -129,7 +129,7 @@ def _project(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n_ok, pair,
         tl.extra.cuda.gdc_launch_dependents()
     if HAS_NORM:  # rms_norm's statistic, per row (x is a few kB: every program reads it from L2); unrolled, so
         # its loads go out together (one L2 round trip, not one per BLOCK_K: a faster step). Gathered in the main
-        # loop instead, with the products scaled at the end, gate/up took far longer (docs/lab/run-log.md)
+        # loop instead, with the products scaled at the end, gate/up takes far longer
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -168,7 +168,7 @@ def _project_preloaded(x_ptr, add_ptr, sum_ptr, w_ptr, norm_ptr, rm, m_ok, rn, n
     each; then x's rows [ROWS, SPAN, 1] and their products with the tile, summed over K in fp32 in one reduction
     for all rows. With a norm the program holds all of K, so the statistic comes from the same values.
     (Loaded in two dimensions, then broadcast: a slightly faster lane step than a three-dimensional load. The
-    products on tensor cores, x's rows in one [16, SPAN] tile, were slower for gate/up: docs/lab/run-log.md.)"""
+    products on tensor cores, x's rows in one [16, SPAN] tile, are slower for gate/up.)"""
     rk = k_lo + tl.arange(0, SPAN)
     k_ok = rk < k_hi
     w_at = rk[:, None] * stride_wk + rn[None, :] * stride_wn

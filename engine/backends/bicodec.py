@@ -168,8 +168,8 @@ class BiCodecDecoder:
     `num_threads` sets torch's intra-op CPU threads (process-wide, as torch offers no per-model knob).
     On CUDA every decode runs on the decoder's own stream (never the default stream, so it cannot serialize
     with other GPU work in this process); `warmup(lengths, batches)` captures CUDA graphs for those window
-    shapes (a batch-1 decode is ~10 ms of kernel launches eagerly, ~1-2 ms as a graph replay); other shapes
-    run eagerly. `dtype=torch.bfloat16` halves memory traffic (see docs/lab/run-log.md for its error vs fp32).
+    shapes (a small decode is mostly kernel launches eagerly, a fraction of that as a graph replay); other shapes
+    run eagerly. `dtype=torch.bfloat16` halves memory traffic, at an error against fp32 (factory.GPU_DECODER_DTYPE).
     """
 
     def __init__(
@@ -253,9 +253,8 @@ class BiCodecDecoder:
 
     def _pick_algorithms(self, autotune: bool) -> None:
         """cuDNN algorithms for the graph captured next: timed (autotuned) or cuDNN's fixed deterministic ones.
-        Autotuning every captured shape costs much start-up and is redone in every process; autotuned graphs were
-        faster at batch 1 and, in the pipeline, for batched first windows (docs/lab/run-log.md). Hence `autotune`:
-        none for in-process front ends, all for the server."""
+        Autotuning every captured shape costs much start-up and is redone in every process, for faster graphs.
+        Hence `autotune`: none for in-process front ends, all for the server."""
         torch.backends.cudnn.benchmark = autotune
         torch.backends.cudnn.deterministic = not autotune
 

@@ -1,7 +1,7 @@
 """Provides the graph lane's fused decode kernels: the small work around a decode step's GEMMs in fewer launches.
 
 Why: a decode step of Spark's 0.5B LLM was hundreds of small kernels taking several times what reading its
-weights at the memory's speed would (docs/lab/run-log.md). A step of a few rows is made of its kernels' count
+weights at the memory's speed would. A step of a few rows is made of its kernels' count
 and each one's floor (any GEMM reading from memory has one, cuBLAS's included), not of arithmetic. So:
 
 - `rope_attend`: rotary embedding of queries and keys, the new keys and values written into the rows' cache, and
@@ -12,8 +12,8 @@ and each one's floor (any GEMM reading from memory has one, cuBLAS's included), 
   summing the splits (no reduce kernel);
 - on sm90+, each kernel is launched while the one before it runs (programmatic dependent launch).
 
-`FusedPlan` picks among these; `PLAN` is the fastest measured, faster than the first fused step and than the
-compiled tensor code (docs/lab/run-log.md).
+`FusedPlan` picks among these; `PLAN` is the fastest, faster than the first fused step and than the compiled
+tensor code (docs/performance.md has the lane's figures).
 
 Used on CUDA for decode steps of up to lane_runner.FUSE_ROWS rows, and by the unit tests under Triton's CPU
 interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
@@ -34,8 +34,7 @@ MAX_ROWS = 16
 weights again."""
 ATTEND_BLOCK, ATTEND_WARPS, ATTEND_STAGES = 256, 4, 2
 """Cache positions per attention iteration, warps, pipelining depth: the fastest of those `lab/decode_kernels_probe.py`
-tried, ahead of smaller blocks and of the tensor code's three kernels at short and long positions alike
-(docs/lab/run-log.md)."""
+tried, ahead of smaller blocks and of the tensor code's three kernels at short and long positions alike."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +58,14 @@ ours rather than cuBLAS's because one kernel with the norm in its prologue and t
 epilogue beats cuBLAS's faster GEMM plus the small kernels around it. Long K runs (256) per iteration were the
 best for every projection. The o and down projections stay cuBLAS GEMMs (alone, cuBLAS's are faster than ours)
 whose residual add rides in the next kernel's prologue. Gate/up's 64 columns make fewer programs than a large GPU
-has SMs; grids matched to the SMs (fewer columns a program, masked in the tile) were slower (docs/lab/run-log.md)."""
+has SMs; grids matched to the SMs (fewer columns a program, masked in the tile) are slower."""
 PRELOAD_TILINGS = {"qkv": Tiling(block_n=16), "o": Tiling(block_n=16), "o_split": Tiling(block_n=16, block_k=128),
                    "gate_up": Tiling(block_n=16, warps=8), "down": Tiling(block_n=16, warps=8),
                    "down_split": Tiling(block_n=32, block_k=64, warps=8), "head": Tiling(block_n=32, warps=8)}
 """The tilings of a projection in `FusedPlan.preload` at up to PRELOAD_ROWS rows, whose programs hold their whole
 weight slice in registers (narrow blocks; block_k only sets where K is split). q/k/v and o as tried in a two-row
 lane (`lab/decode_kernels_probe.py --lanes`): 16 columns a program, faster than 32 columns or 8 warps, and for
-q/k/v about as fast as 8 (docs/lab/run-log.md)."""
+q/k/v about as fast as 8."""
 
 
 def interpreting() -> bool:
@@ -107,8 +106,8 @@ def pays_for(hidden: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class FusedPlan:
-    """Which variant of the fused decode step runs (each measured against the others in one process by
-    `lab/decode_kernels_probe.py --plans`; docs/lab/run-log.md)."""
+    """Which variant of the fused decode step runs (`lab/decode_kernels_probe.py --plans` times each against the
+    others in one process)."""
 
     pdl: bool = False
     """Programmatic dependent launch between our kernels (sm90+): each is launched while the one before it runs,
@@ -138,16 +137,15 @@ class FusedPlan:
     """Projections of a layer ("o", "gate_up", "down") whose weights one of its kernels (`prefetch_from`) asks the
     L2 cache for before it waits (sm90 bulk prefetch, `prefetches`). The idea: the q/k/v, attention and o kernels
     are bound by latency, not by the memory's bandwidth, which the prefetch would fill meanwhile, so that the
-    MLP's kernels read their weights from L2 (a large GPU's L2 holds a layer's MLP). Measured, it does not pay: no
-    placement (the MLP's, the down projection's, or o's and down's weights, from the q/k/v, o or gate/up kernel)
-    was faster than none (docs/lab/run-log.md). Kept for the probe (lab/decode_kernels_probe.py)."""
+    MLP's kernels read their weights from L2 (a large GPU's L2 holds a layer's MLP). It does not pay: no placement
+    (the MLP's, the down projection's, or o's and down's weights, from the q/k/v, o or gate/up kernel) is faster
+    than none. Kept for the probe (lab/decode_kernels_probe.py)."""
     prefetch_from: str = "qkv"
     """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
     attend_preload: bool = False
     """The attention kernel (rope_in_attention, attend_chunk) reads its chunk of the cache before it waits for the
     q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. It
-    shortens attention's share of the step's critical path and so the lane's step, with the same logits
-    (docs/lab/run-log.md)."""
+    shortens attention's share of the step's critical path and so the lane's step, with the same logits."""
     late_sum: bool = False
     """The split-K down projection leaves its fp32 partials to the next layer's q/k/v kernel where that preloads
     (`preloads`) at up to LATE_SUM_ROWS rows, which sums them in its prologue while it adds the residual, in split
@@ -156,7 +154,7 @@ class FusedPlan:
     partials need 281 kB of shared memory at three stages, and at two stages gate/up is slower by more than the
     sum saves), nor the looped q/k/v (265 kB of shared memory for seven fp32 partials) or the head (296 kB):
     their partials are summed in place. (Gate/up's programs summing o's partials once into rows of their own, then
-    looping over those, was bit-exact but barely faster at one row and slower at two: docs/lab/run-log.md.)"""
+    looping over those, is bit-exact but no faster.)"""
 
     def __post_init__(self) -> None:
         unknown = set(self.prefetch) - {"o", "gate_up", "down"}
@@ -176,8 +174,8 @@ class FusedPlan:
 
 PLAN = FusedPlan(pdl=True, k_major=True, rope_in_attention=True, attend_chunk=256, o_split=4, down_split=8,
                  one_sample=True, sample_topk=True, preload=("qkv", "o"), late_sum=True, attend_preload=True)
-"""The variant the graph lane runs where it can (`plan_for`): the fastest of those measured in one process, each
-choice faster than going without it (docs/lab/run-log.md): o and down split over programs, 256-position
+"""The variant the graph lane runs where it can (`plan_for`): the fastest of those timed in one process, each
+choice faster than going without it: o and down split over programs, 256-position
 attention chunks (which count at long positions) and the rotary embedding in the attention kernel. The q/k/v and o
 projections read their weights before they wait (`preload`); preloading gate/up, down and the head too was
 slower: their slices are large, so fewer programs fit beside the kernel they overlap. Costs a second, [N, K] copy
@@ -286,8 +284,8 @@ PRELOAD_ROWS = 4
 looped tensor-core kernel (its tile of 16 rows costs the same for any few)."""
 LATE_SUM_ROWS = 2
 """Up to this many rows the down projection's partials are summed by the next q/k/v kernel (FusedPlan.late_sum):
-at four rows its preloading programs, holding seven partials of each row, made the lane's step slower, at one or
-two faster (docs/lab/run-log.md)."""
+at four rows its preloading programs, holding seven partials of each row, make the lane's step slower, at one or
+two faster."""
 
 
 def preloads(preload: Tiling | None, w: torch.Tensor, rows: int) -> bool:
@@ -508,7 +506,7 @@ def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torc
     """lane_runner.pick's draw for rows [0, M) of logits [M, width] fp32, then the step's bookkeeping, in one kernel
     (`sample_kernel`): each row's token (allowed[pick]) into tokens and ring[launch % RING], step and position
     moved on, launch moved on. `counts`: int32 zeros [>= M + 1], left zero. Replaces ~20 small kernels, a visible
-    share of a step (docs/lab/run-log.md). `topk`: select with `tl.topk` (ignored where Triton lacks
+    share of a step. `topk`: select with `tl.topk` (ignored where Triton lacks
     it); the same keys come out."""
     rows, width = logits.shape
     _need_unit_stride(logits, state.allowed, state.tokens, state.steps, state.positions, state.ring)

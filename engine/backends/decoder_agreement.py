@@ -16,7 +16,7 @@ import numpy as np
 from engine.backends.base import DecodeItem
 
 FULL_BOUND_DB = 30.0
-"""What a CPU decoder in bf16 must keep on the full-size synthetic checkpoint (docs/cpu.md, "The decoder")."""
+"""What a CPU decoder in bf16 must keep on the full-size synthetic checkpoint (docs/cpu.md)."""
 TINY_BOUND_DB = 30.0
 """The same on the tiny checkpoint (tests/model/test_decoder_precision.py)."""
 

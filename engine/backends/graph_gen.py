@@ -1,7 +1,7 @@
 """Provides GraphLane (up to `rows` streams stepped together, each step one CUDA-graph launch) and LaneRouter.
 
-Why: vLLM takes tens of milliseconds to a stream's 20th token (first audio needs ~20), at a slower step than ours
-(docs/lab/run-log.md). The lane runs the LLM in this process (engine.backends.qwen2_static) with everything for a
+Why: vLLM takes tens of milliseconds to a stream's 20th token (first audio needs ~20), at a slower step than ours.
+The lane runs the LLM in this process (engine.backends.qwen2_static) with everything for a
 step (forward, logits over the allowed ids only, top-k/top-p sampling) captured once per shape as a CUDA graph, so
 a step is one launch and the GPU never waits for Python. The host launches a few steps ahead and reads tokens back
 in small bursts.
@@ -35,8 +35,7 @@ AHEAD = 2
 """Bursts in flight while the host reads one: the GPU never idles on Python."""
 ROWS = 8
 """Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). A step over 8 rows
-takes about as long as over 1 (lab/lane_profile.py; docs/lab/run-log.md): the weights are read once whatever the
-rows."""
+takes about as long as over 1: the weights are read once whatever the rows."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
 OTHERS_LIMIT = 1
@@ -45,10 +44,10 @@ HANDOFF_AT = 2
 """A small lane's stream moves to vLLM once vLLM runs this many: a crowd has arrived and joins one batch there."""
 CROWD_ROWS = 32
 """A lane of this many rows or more keeps its streams and takes new ones while it has rows (see LaneRouter)."""
-FIXED_SHAPES = "docs/lab/2026-11-25-h200-lane-invariance.json"
+FIXED_SHAPES = "lab/lane_invariance_probe.py"
 """Why `GraphLane(fixed_shapes=True)` is batch invariant: on the plain tensor code, a decode row's hidden state was
 bitwise the same whatever the other rows held, how many rows ran and in which order, but not over every span, and
-a prompt prefilled alone differed from the same prompt packed with others (lab/lane_invariance_probe.py). So a
+a prompt prefilled alone differed from the same prompt packed with others (the probe named). So a
 fixed-shape lane runs one span, one row count and one prompt per prefill; the per-request Gumbel noise already
 made the draws independent of the row."""
 FIXED_LANES = ((1024, 256), (2048, 64))
@@ -56,8 +55,8 @@ FIXED_LANES = ((1024, 256), (2048, 64))
 first whose positions hold its prompt and token budget. Every step attends over all of a lane's positions and runs
 all its rows, so most sentences take the short lane and the long ones (up to the longest sentence the pipeline
 cuts, JoinConfig.max_sentence_chars) the other; what fits neither runs on the router's last generator, whose
-arithmetic is per request too. More rows cost a step less than they add
-(docs/lab/2026-11-25-h200-fixed-lane-steps.json); ROW_MEMORY_SHARE caps each lane on smaller GPUs."""
+arithmetic is per request too. More rows cost a step less than they add; ROW_MEMORY_SHARE caps each lane on
+smaller GPUs."""
 
 
 def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -> int:

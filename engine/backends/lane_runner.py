@@ -31,11 +31,10 @@ CANDIDATES = 64
 TOPK_CHUNKS = 16
 """The candidates are found in two rounds: top-k of each of this many slices of the logits, then of their union
 (the same values as one top-k). torch.topk over the ~8k allowed logits is one thread block per row, a visible share
-of a step (docs/lab/run-log.md, lane profile). The head's width is padded to a multiple of this."""
+of a step. The head's width is padded to a multiple of this."""
 FUSE_ROWS = 16
 """Decode steps of up to this many rows run the fused kernels (engine.backends.decode_kernels): faster than the
-compiled tensor code at few rows, slower from a few dozen on (docs/lab/run-log.md, the fused step against the
-tensor code). The fused projections' programs cover 16 rows each and read the weights again for every 16 rows;
+compiled tensor code at few rows, slower from a few dozen on. The fused projections' programs cover 16 rows each and read the weights again for every 16 rows;
 cuBLAS's batched GEMMs read them once."""
 RING = 512
 """Launches whose tokens the ring keeps: more than are ever in flight ((AHEAD + 1) bursts of 8 steps and one

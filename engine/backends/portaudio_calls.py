@@ -32,17 +32,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 WAIT_S = 1.5
-"""How long a player waits for a stream's abort, close or restart (a few milliseconds when the audio server is
-alive: docs/lab/run-log.md) before it treats the stream as lost and goes on without it."""
+"""How long a player waits for a stream's abort, close or restart (far longer than a live audio server takes)
+before it treats the stream as lost and goes on without it."""
 
 
 LOAD_WAIT_S = 6.0
 """How long PortAudio's start (`import sounddevice`: Pa_Initialize, which lists the devices) may take, from the
-moment it began. Against a healthy PulseAudio it takes about 50 ms here (46-150 ms over 15 starts); a desktop with
-many cards takes longer, so the margin is wide."""
+moment it began. Against a healthy PulseAudio it is a small fraction of this; a desktop with many cards takes
+longer, so the margin is wide."""
 
 OPEN_WAIT_S = 4.0
-"""How long a device check, or a stream's open and start, may take (10-20 ms against a healthy PulseAudio)."""
+"""How long a device check, or a stream's open and start, may take (far less against a healthy PulseAudio)."""
 
 FROZEN = "the audio output does not answer (is the sound server frozen?)"
 """What a player says where PortAudio does not come back in time (the front end adds how to go on without it)."""

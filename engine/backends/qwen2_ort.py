@@ -38,16 +38,14 @@ again (int8 2: fused operators and the cache bound in place; int4 3: scales sear
 int4 4: a batch axis, so that several requests step together)."""
 BLOCK = 128
 """Weights per int8 scale along K (the largest power of two up to this that divides K, for small test models).
-128 steps faster than 32 (fewer scales to apply) and stays within the agreement bound; 32 agrees a little better
-with fp32 (docs/cpu.md)."""
+128 steps faster than 32 (fewer scales to apply) and stays within the agreement bound (docs/cpu.md)."""
 INT4_BLOCK = 128
-"""Weights per scale of the opt-in 4-bit weights (`--quantize int4`): 128 stepped faster than 32 and 8-bit on 2 cores
-(docs/cpu.md, "4-bit weights")."""
+"""Weights per scale of the opt-in 4-bit weights (`--quantize int4`): as BLOCK, fewer scales make a faster step."""
 QUANTIZED = QUANTIZE[1:]
 """The weights this module converts to (each its own cached file): all but fp32."""
 ACCURACY_LEVEL = 4
 """MatMulNBits computes in int8 (activations quantised per block): level 0 (fp32 compute) has no fast 8-bit
-kernel on x86 and is far slower (docs/cpu.md)."""
+kernel on x86 and is far slower."""
 OPSETS = (("", 17), ("com.microsoft", 1))
 IR_VERSION = 8
 """Of the files written: opset 17's (onnx 1.13), which every ONNX Runtime we may meet reads (the onnx package
@@ -162,7 +160,7 @@ def block_for(k: int, most: int = BLOCK) -> int:
 INT4_SCALE_SEARCH = tuple(1 - 0.025 * i for i in range(21))
 """Scales tried for each 4-bit block, as fractions of the one that reaches its largest weight: with 15 levels, a
 block's largest weight is an outlier that leaves the others few levels, so clipping it often reconstructs the block
-better. Down to half, below what the synthetic checkpoints chose, as a trained model's outliers may (docs/cpu.md)."""
+better. Down to half, below what the synthetic checkpoints choose, as a trained model's outliers may."""
 
 
 def quantize_blocks_4bit(w: torch.Tensor, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -410,7 +408,7 @@ class OrtQwen2:
         """One step of B requests side by side: hidden states [B, H] (after the final norm). Row b feeds ids[b] at
         position spans[b] - 1 of its own cache, `cache`'s row b ([layers, B, kv, >= every span, D] each: `new_rows`'
         consecutive rows), writes its key and value there in place and attends over that request's positions only.
-        B rows read every weight once, as one does (docs/cpu.md, "Two sentences a step")."""
+        B rows read every weight once, as one does."""
         if len(spans) != ids.shape[0] or max(spans) > cache[0].shape[3]:
             raise ValueError("OrtQwen2.forward_rows takes one id and one span per row, within the cache")
         return self._run(ids[:, None], spans, cache)[:, 0]
@@ -433,7 +431,7 @@ class OrtQwen2:
     def _binding(self, cache: tuple[torch.Tensor, torch.Tensor]):
         """An IO binding with every layer's past and present bound to the cache's slices ([B, kv, C, D], each
         contiguous), made once per cache buffer: binding 4 x layers buffers anew every step would be a noticeable
-        share of the step (docs/cpu.md). Kept for the most recent caches, keyed by address and shape: a new cache at
+        share of the step. Kept for the most recent caches, keyed by address and shape: a new cache at
         a freed one's address binds the same way."""
         keys, values = cache
         key = (keys.data_ptr(), values.data_ptr(), keys.shape[1], keys.shape[3])

@@ -182,7 +182,7 @@ class StaticQwen2:
         ids[r] at positions[r] of sequence r, writes its key and value into cache[0][:, r] / cache[1][:, r]
         ([layers, B, kv, length, D] each, from `new_rows_cache` sliced to B) and attends over that sequence's
         positions <= positions[r] (all below `span`). A batch-1 step reads every weight once; B rows read them
-        once too, so B sequences cost about what one does (docs/lab/run-log.md)."""
+        once too, so B sequences cost about what one does."""
         k_all, v_all = cache
         b = ids.shape[0]
         x = self.embed.index_select(0, ids)

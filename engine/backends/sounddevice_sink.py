@@ -331,7 +331,7 @@ class Player:
 
     def clear(self) -> None:
         """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Waits for the
-        stream's abort + restart (a few milliseconds: docs/lab/run-log.md), at most portaudio_calls.WAIT_S: a
+        stream's abort + restart, at most portaudio_calls.WAIT_S: a
         stream whose restart takes longer is dead (its audio server gone or frozen), and the next write says so."""
         self._clear_gen += 1
         self._utt_open = False

@@ -230,11 +230,10 @@ class TorchTokenGenerator:
         self.model: Any = None
         """The transformers model, where steps run through its forward (None when `static` took the weights)."""
         self.static: StaticQwen2 | OrtQwen2 | None = None
-        """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches. On 2 CPU
-        threads (full-size model, fp32) it decoded 19.6 tokens/s against 15.7 through transformers' forward
-        (docs/cpu.md). A checkpoint is read straight into it (transformers is never imported); a given model's
-        layers are released as they are converted (one copy of the model in memory). With `quantize` int8, the
-        same steps through qwen2_ort.OrtQwen2 (docs/cpu.md, "Int8 LLM on the CPU")."""
+        """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches, faster
+        than transformers' forward. A checkpoint is read straight into it (transformers is never imported); a given
+        model's layers are released as they are converted (one copy of the model in memory). With `quantize` int8,
+        the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
         self.quantize, self._quantized_dir, self.events = quantize, quantized_dir, events
         self._llm_threads, self._llm_spins = llm_threads, llm_spins
         self._source = (model_or_dir, dtype, static)

@@ -4,7 +4,7 @@ allowed token ids, named in `SamplingParams.extra_args[ALLOWED_RUNS_KEY]` as [[l
 Why not `allowed_token_ids`: a semantic-only request allows 8195 ids. vLLM 0.26's V2 runner refuses more than
 1024, and its V1 runner builds a bool row over the whole 166k vocabulary per request and copies the batch's
 rows to the GPU whenever the batch changes, which made a crowd's time to first token many times longer than with
-no restriction (docs/lab/run-log.md). Here a request costs a few numbers, and each step adds one
+no restriction. Here a request costs a few numbers, and each step adds one
 cached bias row (-inf outside the runs) to the logits of each group of requests with the same runs: when one
 group is the whole batch (the usual case), as one in-place broadcast add instead of a gather and a scatter.
 

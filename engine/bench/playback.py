@@ -83,7 +83,7 @@ def simulate_playback(chunks: Sequence[tuple[float, int]], sample_rate: int, pre
     """(underruns, seconds of silence) for a player that starts a fixed `preroll_s` after the first chunk
     (whatever it holds by then) and plays at real time, stalling whenever the next chunk has not arrived by the
     time the audio before it is used up. Stricter than our player when the first chunk is short and late chunks
-    come slowly; the earliest runs in docs/lab/run-log.md used only this one."""
+    come slowly."""
     if not chunks:
         return 0, 0.0
     clock = chunks[0][0] + preroll_s  # wall time at which the player reaches the start of the next chunk

@@ -32,7 +32,7 @@ SCHEDULE = WindowSchedule(first_new=1, new=4, growth=2.0, max_new=32, left=3, ri
                           busy_first_new=4, busy_new=8, crossfade=0)
 """Windows in SNAC frames (85 ms each). Three frames of left context and two of right put every seam far below
 -40 dB and, with the decoder's noise keyed to the position, windows join without a crossfade. The first window is
-one frame: first audio after 21 tokens (docs/orpheus.md)."""
+one frame: first audio after 21 tokens."""
 WHOLE_FRAMES = 176
 """Frames of a whole-sentence decode (export): 15 s."""
 

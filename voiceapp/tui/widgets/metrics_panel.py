@@ -34,8 +34,7 @@ class MetricsPanel(Static):
 
     def _redraw(self) -> None:
         # its box is fixed (app.tcss: width 28, height 1fr) and its rows are too: a repaint, not a layout of the
-        # whole screen (alone this measured within noise; most of the TUI's saving came from the bridge showing
-        # engine-event metrics once per poll)
+        # whole screen
         self.update(self._table(), layout=False)
 
     def _table(self) -> Table:
