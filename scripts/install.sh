@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs voicectl for a user from this checkout: its own virtual environment, PyTorch (the CPU build where no
 # NVIDIA GPU is found), the app without test extras, and a `voicectl` link in a bin folder; then fetches the
-# default Spark-TTS checkpoint unless one is found, and says "Hello".
+# default Spark-TTS checkpoint unless one is found, and says "Hello". The app is installed editable: it runs from
+# this checkout (the voice presets in assets/ are read from here), so keep the checkout where it is.
 #
 # A plain venv and a link rather than pipx or `uv tool`: those would take torch from the package index's default
 # build, which on Linux x86_64 is the CUDA one (gigabytes a CPU user never runs), and torch must come first.
@@ -78,7 +79,7 @@ if ! step "$py" -m pip install -q "${torch_index[@]}" "$torch_req"; then
        "VOICEAPP_TORCH_INDEX to PyTorch's CPU wheel index (its Get Started page names it) and run again" >&2
   exit 1
 fi
-step "$py" -m pip install -q "$root"
+step "$py" -m pip install -q -e "$root"
 step mkdir -p "$bin_dir"
 step ln -sf "$venv/bin/voicectl" "$bin_dir/voicectl"
 [ "$dry_run" = 1 ] && exit 0

@@ -3,8 +3,14 @@
 # a virtual environment in .venv, CPU PyTorch, the project with its dev extras, and the upstream
 # reference (spark-tts-lib, installed without its dependencies: it declares torchaudio, which pins
 # an older torch; the tests only use its decode modules, which need none of that).
+#
+#   bash scripts/setup.sh [--test [PYTEST ARGS]]
+#
+# --test then runs the test suite (pytest's own arguments may follow): the one command CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+run_tests=0
+if [ "${1:-}" = --test ]; then run_tests=1; shift; fi
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash .ci/audio-setup.sh
@@ -18,3 +24,6 @@ $py -c 'import torch' 2>/dev/null || $py -m pip install -q "torch==2.13.0"
 $py -m pip install -q -e '.[dev]'
 $py -m pip install -q --no-deps "spark-tts-lib==0.2.1"
 $py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
+if [ "$run_tests" = 1 ]; then
+  exec "$py" -m pytest "$@"
+fi
