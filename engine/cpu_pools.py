@@ -30,7 +30,7 @@ class CpuPools:
 
 SPLIT_CORES = 8
 """From this many cores up the LLM and the decoder get separate halves, the LLM's spinning (docs/cpu.md,
-"Many cores"); below it both use every core and the LLM's threads sleep, since spinning threads would take the
+"Cores"); below it both use every core and the LLM's threads sleep, since spinning threads would take the
 decoder's few cores."""
 
 
