@@ -98,5 +98,6 @@ if [ "$fetch_model" = 1 ] && ! "$voicectl" model info >/dev/null 2>&1; then
   "$voicectl" model download || { say "installed without a model; voicectl say needs one (see above)"; exit 0; }
 fi
 if [ "$say_hello" = 1 ]; then
+  say 'voicectl say "Hello"'
   "$voicectl" say "Hello" || say "installed, but voicectl say did not speak (see the line above)"
 fi
