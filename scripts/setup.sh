@@ -24,6 +24,7 @@ $py -c 'import torch' 2>/dev/null || $py -m pip install -q "torch==2.13.0"
 $py -m pip install -q -e '.[dev]'
 $py -m pip install -q --no-deps "spark-tts-lib==0.2.1"
 $py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
+echo "voicectl is .venv/bin/voicectl (or: source .venv/bin/activate)"
 if [ "$run_tests" = 1 ]; then
   exec "$py" -m pytest "$@"
 fi
