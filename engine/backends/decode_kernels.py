@@ -13,7 +13,7 @@ and each one's floor (any GEMM reading from memory has one, cuBLAS's included), 
 - on sm90+, each kernel is launched while the one before it runs (programmatic dependent launch).
 
 `FusedPlan` picks among these; `PLAN` is the fastest, faster than the first fused step and than the compiled
-tensor code (docs/performance.md has the lane's figures).
+tensor code.
 
 Used on CUDA for decode steps of up to lane_runner.FUSE_ROWS rows, and by the unit tests under Triton's CPU
 interpreter. Triton ships with PyTorch's CUDA wheels; without it `available()` is False and StaticQwen2 keeps its
