@@ -50,7 +50,7 @@ ttfa)
     && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
     && (cd /tmp/before && patch -p1 -R -s < "${PATCH:-.devcarry/head.patch}") || exit 5
   SHORT="The quick brown fox jumps over the lazy dog."
-  LONG=$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
+  LONG=$(python3 -c "from lab.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
   for R in $(seq "${ROUNDS:-4}"); do
     for tree in "$PWD" /tmp/before; do
       for text in "$SHORT" "$LONG"; do
@@ -66,7 +66,7 @@ ttfa)
   echo "  at $(( $(date +%s) - T0 )) s"
   [ "${TRACES:-1}" = 1 ] && for q in int8 int4; do
     CUDA_VISIBLE_DEVICES= python3 -m lab.chunk_trace --model "$MODEL" --quantize $q "$SHORT" \
-      "$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
+      "$(python3 -c "from lab.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
       2>>"$OUT/err.log"
   done ;;
 rows)

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from engine.export_plan import Parts
-from voiceapp.startup_bench import (CASES, CaseOutcome, ReportMeta, book_text, child_env, cpu_description,
+from lab.startup_bench import (CASES, CaseOutcome, ReportMeta, book_text, child_env, cpu_description,
                                     format_table, parse_cases, phase_medians, report, tuning_done)
-from voiceapp.startup_cases import last_json, last_line
+from lab.startup_cases import last_json, last_line
 
 META = ReportMeta(device="CPU Test, 2 cores", date="2026-01-02", git="abc", command="voicectl bench --startup",
                   model="synthetic tiny", repeats=3, gpu=False)
