@@ -11,7 +11,7 @@ source lab/device_env.sh || exit $?
 write_model
 [ "$PART" = old ] && export PYTHONPATH=/tmp/site:$PWD/.devcarry/base
 cd /tmp  # the tree under test comes from PYTHONPATH alone
-timeout "${BENCH_TIMEOUT:-420}" python3 -m voiceapp.cli bench --model "$MODEL" --no-reference --no-variants \
+timeout "${BENCH_TIMEOUT:-420}" python3 -m lab.bench --model "$MODEL" --no-reference --no-variants \
     --no-decoder-checks --levels 1,32 --rounds-1 5 --export-sentences 0 --decoder-autotune none \
     --json "$OUT/spark_$PART.json" 2>&1 | grep -v EngineCore | tail -12
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -1,5 +1,5 @@
-"""Provides the process-running half of the start-up benchmark (`python -m lab.startup`): each case launches fresh `voicectl` processes
-(`python -m voiceapp.cli ...`, as a user runs them) and times what a user waits for.
+"""Provides the process-running half of the start-up benchmark (`python -m lab.startup`): each case launches fresh
+`voicectl` processes (`python -m voiceapp.cli ...`, as a user runs them) and times what a user waits for.
 
 Every server runs on the benchmark's own socket (VOICEAPP_SOCKET in a private folder), so the user's server is
 never used nor stopped, and every one a case started is stopped when it ends. Every process has a time limit; a

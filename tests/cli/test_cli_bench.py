@@ -52,7 +52,8 @@ def test_lab_bench_runs_the_export_and_no_variant_when_told(tmp_path) -> None:
     result = json.loads(out.read_text())
     assert all(key in result for key in REQUIRED) and result["reference_rtf_1"] is None  # --no-reference
     export = result["pipeline"]["export"]  # a fresh `voicectl export` process: the path users run
-    assert export["sentences"] == 4 and round(export["xrt"]) == round(result["export_xrt"]) > 0
+    assert export["sentences"] == 4 and result["export_xrt"] > 0
+    assert abs(export["xrt"] - result["export_xrt"]) <= 0.051  # the headline keeps one decimal
     assert 0 < export["e2e_xrt"] < export["xrt"] and export["exit_s"] > export["e2e_s"] - 1
     assert result["command"].startswith("python -m lab.bench --synthetic tiny")
 

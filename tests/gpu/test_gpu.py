@@ -516,7 +516,7 @@ def test_prefetching_changes_no_value_bf16(cuda):
 async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_model, tmp_path):
     """Export's engine (fixed-shape lanes, no vLLM): each sentence's PCM rendered alone, all at once, and in reverse
     order beside unrelated requests is the same bytes; its platform names the lanes. (Across processes:
-    `voicectl bench --export-check`.)"""
+    `python -m lab.export_check`.)"""
     import asyncio
     import hashlib
 
