@@ -204,14 +204,6 @@ PLANS = {
     "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
     "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
     "run28": replace(dk.PLAN, late_sum=False, attend_preload=False),  # PLAN as in run 28
-    "prefetch_gate_up": replace(dk.PLAN, prefetch=("gate_up",)),
-    "prefetch_mlp": replace(dk.PLAN, prefetch=("gate_up", "down")),
-    "prefetch_all": replace(dk.PLAN, prefetch=("o", "gate_up", "down")),
-    "prefetch_down": replace(dk.PLAN, prefetch=("down",)),
-    "prefetch_o_down": replace(dk.PLAN, prefetch=("o", "down")),
-    "prefetch_mlp_from_o": replace(dk.PLAN, prefetch=("gate_up", "down"), prefetch_from="o"),
-    "prefetch_down_from_o": replace(dk.PLAN, prefetch=("down",), prefetch_from="o"),
-    "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
     "attend_pre": replace(dk.PLAN, attend_preload=True),  # PLAN
     "before_attend_pre": replace(dk.PLAN, attend_preload=False),
     "no_late_sum": replace(dk.PLAN, late_sum=False),

@@ -166,24 +166,6 @@ def test_preloaded_weights_give_the_looped_products(k_major):
     assert not dk.preloads(None, w, 1)
 
 
-def test_prefetch_names_whole_regions_and_is_left_out_where_it_cannot_run():
-    """`prefetch` (FusedPlan.prefetch) hands the kernel the memory under a weight, contiguous or the transposed view
-    of a contiguous one, in whole 16-byte units; strided views and more than PREFETCH_MAX regions are refused
-    before any launch. The interpreter runs no inline assembly: there the kernel prefetches nothing and gives the
-    same products."""
-    w = torch.randn(40, 24, dtype=torch.bfloat16)
-    assert dk.prefetch_region(w) == dk.prefetch_region(w.t()) == (w.data_ptr(), 40 * 24 * 2)
-    assert dk.prefetch_region(torch.zeros(9, dtype=torch.bfloat16))[1] == 16  # 18 bytes: one whole unit
-    with pytest.raises(ValueError, match="contiguous"):
-        dk.prefetch_region(w[:, ::2])
-    x = torch.randn(2, 24)
-    with pytest.raises(ValueError, match="at most"):
-        dk.matmul(x, torch.randn(24, 32), prefetch=(w,) * (dk.PREFETCH_MAX + 1))
-    assert not dk.prefetches() and dk._prefetch((w,), 4) == {}  # noqa: SLF001 - the interpreter
-    weight = torch.randn(24, 32)
-    assert torch.equal(dk.matmul(x, weight, prefetch=(w, weight)), dk.matmul(x, weight))
-
-
 @pytest.mark.parametrize("group", [1, 7])
 def test_split_attention_merges_its_chunks_into_the_same_output(group):
     """Positions cut into chunks of 32 (one program each, merged by the last to finish) give what one pass over
