@@ -89,6 +89,19 @@ def test_startup_bench_times_a_fresh_inprocess_say(tmp_path) -> None:
     assert "say_inprocess_s" in proc.stdout and "say_inprocess phases" in proc.stdout
 
 
+@pytest.mark.parametrize("name", ["bench", "startup", "export_check", "read_bench"])
+def test_every_numeric_option_of_a_lab_benchmark_has_a_row_in_the_limits_table(name) -> None:
+    """The lab's benchmarks check their numbers as voicectl does (voiceapp.limits, applied by lab.lab_cli)."""
+    import importlib
+
+    from voiceapp import limits
+
+    parser = importlib.import_module(f"lab.{name}").build_parser()
+    limits.apply(parser)
+    plain = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.type in (int, float)]
+    assert not plain, f"python -m lab.{name}: {plain} have no row in voiceapp.limits.OPTIONS"
+
+
 def test_startup_refuses_an_unknown_case_in_one_line() -> None:
     line = one_line_error(lab("startup", "--cases", "nope", timeout=60), prog="python -m lab.startup")
     assert "--cases: unknown nope" in line
