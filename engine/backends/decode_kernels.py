@@ -176,22 +176,21 @@ def pdl_supported() -> bool:
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
-           out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
-           counts: torch.Tensor | None = None, pdl: bool = False, preload: Tiling | None = None,
-           reduce: bool = True) -> torch.Tensor:
+           bias: torch.Tensor | None = None, swiglu: bool = False, out_dtype: torch.dtype | None = None,
+           tiling: Tiling = DEFAULT_TILING, split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
+           preload: Tiling | None = None, reduce: bool = True) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
-    weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
+    weight): + bias [N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
     [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
     BLOCK_Ks, each its own program; the last program of each output block sums them, counting in `counts`
     (int32 zeros, one per output block, left zero). `preload`: at up to PRELOAD_ROWS rows, this tiling's programs
     each read their weights in one tile before they wait for the previous kernel (FusedPlan.preload; bf16
-    weights, or any under the interpreter). `reduce=False` (split K, no bias or residual): the programs leave their fp32 partials, returned as
-    [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are needed. Where K makes
-    one split only, the usual [M, N] comes back."""
-    return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
-                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload,
-                   reduce=reduce)[0]
+    weights, or any under the interpreter). `reduce=False` (split K, no bias): the programs leave their fp32
+    partials, returned as [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are
+    needed. Where K makes one split only, the usual [M, N] comes back. (A residual is added by the next kernel's
+    `add`, not in this one's epilogue.)"""
+    return _launch(x, None, w, norm=norm, eps=eps, bias=bias, swiglu=swiglu, out_dtype=out_dtype, tiling=tiling,
+                   split_k=split_k, counts=counts, pdl=pdl, preload=preload, reduce=reduce)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +202,7 @@ def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -
 
 
 def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm: torch.Tensor | None = None,
-            eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
+            eps: float = 0.0, bias: torch.Tensor | None = None, swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
             split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
             preload: Tiling | None = None, reduce: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
@@ -223,8 +221,8 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     if splits > 1:
         if add is not None or norm is not None or swiglu:
             raise ValueError("a split-K matmul takes no residual add, norm or SwiGLU")
-        if not reduce and (bias is not None or residual is not None):
-            raise ValueError("a split-K matmul leaving its partials takes no bias or residual")
+        if not reduce and bias is not None:
+            raise ValueError("a split-K matmul leaving its partials takes no bias")
         if reduce and (counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]):
             raise ValueError(f"a split-K matmul needs int32 counts for {grid[0] * grid[1]} output blocks")
     part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
@@ -233,10 +231,8 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     _kernels().matmul_kernel[grid](
         x, add.contiguous() if add is not None else x, total, w, out, part,
         counts if splits > 1 and reduce else x,
-        norm if norm is not None else x, bias if bias is not None else x,
-        residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
-        HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
+        norm if norm is not None else x, bias if bias is not None else x, m, n, k, k_split, w.stride(0), w.stride(1),
+        eps, HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
         **_preload(preloading, k_split, m))
     return out, total
 

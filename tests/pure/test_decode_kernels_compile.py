@@ -34,12 +34,11 @@ def _cases() -> dict[str, tuple]:
     from engine.backends.decode_kernels import (ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, PRELOAD_TILINGS,
                                                 SAMPLE_CHUNKS, TILINGS, _preload, _split)
 
-    matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
-                                      "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
+    matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
 
     def projection(name: str, k: int, split: int = 1, preload: bool = False, **flags) -> tuple:
         tiling = (PRELOAD_TILINGS if preload else TILINGS)[name if split == 1 else f"{name}_split"]
-        constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
+        constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
                          BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, REDUCE=True, ADD_PARTS=0)
         if preload:  # the tile height and rows a two-row lane launches with
