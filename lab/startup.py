@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from lab.startup_cases import Bench, CaseFailed, describe_device, git_commit, run_cases
 
     cases = parse_cases(args.cases)
+    if args.export_sentences < 1:
+        from engine.errors import InputError
+
+        raise InputError("--export-sentences must be at least 1 (leave the export case out with --cases)")
     warm = read_warm_json(args.warm_json) if args.warm_json else None
     started = datetime.datetime.now().astimezone()
     with checkpoint_for(args, log) as (model, checkpoint), \

@@ -102,9 +102,11 @@ def test_every_numeric_option_of_a_lab_benchmark_has_a_row_in_the_limits_table(n
     assert not plain, f"python -m lab.{name}: {plain} have no row in voiceapp.limits.OPTIONS"
 
 
-def test_startup_refuses_an_unknown_case_in_one_line() -> None:
-    line = one_line_error(lab("startup", "--cases", "nope", timeout=60), prog="python -m lab.startup")
-    assert "--cases: unknown nope" in line
+@pytest.mark.parametrize(("args", "words"), [(["--cases", "nope"], "--cases: unknown nope"),
+                                             (["--export-sentences", "0"], "--export-sentences must be at least 1")])
+def test_startup_refuses_bad_input_in_one_line(args, words) -> None:
+    line = one_line_error(lab("startup", *args, timeout=60), prog="python -m lab.startup")
+    assert words in line
 
 
 def test_read_gives_each_weights_rtf_and_its_ratio_to_the_first(tmp_path) -> None:
