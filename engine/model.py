@@ -151,11 +151,6 @@ def cached_snapshot(repo_id: str = DEFAULT_REPO, cache: Path | None = None) -> P
 
 # --------------------------------------------------------------------------------------------------- validation
 
-def find_model(arg: str | os.PathLike[str] | None = None) -> ModelInfo:
-    """`load_model_info(resolve_model_dir(arg))`."""
-    return load_model_info(resolve_model_dir(arg))
-
-
 def load_model_info(model_dir: str | os.PathLike[str]) -> ModelInfo:
     """Validate the checkpoint at `model_dir` and describe it. Reads configs and headers only (fast).
 

@@ -1,10 +1,11 @@
-"""Provides prompt building: text + voice -> token ids for the three Spark-TTS prompt formats. Pure."""
+"""Provides prompt building: text + voice -> token ids for the Spark-TTS prompt formats the engine builds
+(controllable, and with a voice's globals). Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS, SEMANTIC_CODEBOOK, TokenIds
+from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS, TokenIds
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,21 +39,6 @@ def build_controllable_prompt(text: str, gender: str, pitch: str, speed: str, id
     return Prompt(ids=(s["task_controllable_tts"], *_content(text, ids, encode),
                        s["start_style_label"], *style, s["end_style_label"]))
 
-
-def build_clone_prompt(text: str, ref_text: str, global_codes: Sequence[int], ref_semantic_codes: Sequence[int],
-                       ids: TokenIds, encode: Encode) -> Prompt:
-    """Format (b), in-context cloning: the model continues the reference's semantic stream for the new text.
-
-    `<|task_tts|><|start_content|>{ref_text}{text}<|end_content|><|start_global_token|>{32 globals}`
-    `<|end_global_token|><|start_semantic_token|>{ref semantic}` — transcript and text glued with nothing between.
-    """
-    _check_codes("global", global_codes, GLOBAL_CODEBOOK, GLOBAL_COUNT)
-    _check_codes("reference semantic", ref_semantic_codes, SEMANTIC_CODEBOOK)
-    _check_text(ref_text, "reference transcript")
-    content = _content(ref_text + text, ids, encode)
-    ref = tuple(ids.semantic_base + c for c in ref_semantic_codes)
-    return Prompt(ids=(ids.structural["task_tts"], *content, *_globals(global_codes, ids),
-                       ids.structural["start_semantic_token"], *ref))
 
 
 def build_globals_prompt(text: str, global_codes: Sequence[int], ids: TokenIds, encode: Encode) -> Prompt:

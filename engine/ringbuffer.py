@@ -144,7 +144,3 @@ class RingBuffer:
         self.underruns += 1
         self.underrun_frames += frames
 
-    def reset_underruns(self) -> None:
-        """Zero the underrun counters (owner's choice, e.g. per session); not for the consumer thread."""
-        self.underruns = 0
-        self.underrun_frames = 0

@@ -3,7 +3,7 @@
 Usage: python -m lab.cpu_decoder_probe --model DIR [--threads 2] [--codes 44,82,182] [--rounds 4]
 Each variant decodes the same random window (batch 1) in turn, so that a busy neighbour slows all of them alike;
 prints one JSON object: best-of-rounds milliseconds per window length, x real time of the decoded audio, and each
-variant's SNR against torch fp32 (engine.backends.decoder_agreement) on four 150-code utterances.
+variant's SNR against torch fp32 (lab.decoder_agreement) on four 150-code utterances.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.backends.bicodec import BiCodecDecoder
-from engine.backends.decoder_agreement import compare, random_items
+from lab.decoder_agreement import compare, random_items
 
 
 class OrtDecoder:

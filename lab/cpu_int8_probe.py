@@ -3,7 +3,7 @@
     python -m lab.cpu_int8_probe --model $MODEL --threads 2 --tokens 100 --out docs/lab/....json
     python -m lab.cpu_int8_probe --model $MODEL --quality 200 --options fp32,ort-int8   # + agreement
 
-Each option steps a globals-prefixed prompt (engine.backends.llm_agreement.SENTENCES[0]) and then `--tokens`
+Each option steps a globals-prefixed prompt (lab.llm_agreement.SENTENCES[0]) and then `--tokens`
 greedy ids, one at a time, with the restricted LM head (semantic + stop rows) as TorchTokenGenerator computes it;
 tok/s is over the decode steps only. Options are measured round-robin (`--rounds`) so that a busy neighbour
 slows all of them alike; the best round is kept. With `--quality N`, each int8 / bf16 option's next-token
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.backends import qwen2_ort
-from engine.backends.llm_agreement import FULL_BOUND, compare, logits, real_prompts, reference_runs
+from lab.llm_agreement import FULL_BOUND, compare, logits, real_prompts, reference_runs
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
 from lab.qwen2_ort_unfused import UnfusedOrtQwen2, build_unfused_model

@@ -96,8 +96,8 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
     h, inter = cfg.hidden_size, cfg.intermediate_size
     d = h // cfg.num_attention_heads
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
-    shapes = {"qkv": (h, qkv, dict(norm=True, bias=True)), "o": (h, h, dict(residual=True)),
-              "gate_up": (h, 2 * inter, dict(norm=True, swiglu=True)), "down": (inter, h, dict(residual=True)),
+    shapes = {"qkv": (h, qkv, dict(norm=True, bias=True)), "o": (h, h, dict()),
+              "gate_up": (h, 2 * inter, dict(norm=True, swiglu=True)), "down": (inter, h, dict()),
               "head": (h, 8208, dict(norm=True, bias=True, fp32=True))}
     results: dict = {}
     for name, (k, n, flags) in shapes.items():
@@ -111,7 +111,6 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
         bias = torch.zeros(out_n, device="cuda", dtype=torch.float32 if flags.get("fp32") else torch.bfloat16)
         for rows in rows_list:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            res = torch.randn(rows, out_n, device="cuda", dtype=torch.bfloat16)
             turn = itertools.cycle(weights)
             calls = len(weights)
             row: dict = {"cublas": round(timed(lambda: torch.mm(x, next(turn)), calls=calls) * 1e3, 2)}
@@ -122,11 +121,11 @@ def sweep(cfg: Qwen2Config, rows_list: tuple[int, ...], tilings: dict | None = N
             splits = (1, 2, 4) if k_major and name in ("o", "down") else (1,)
             for t, split in itertools.product(candidates, splits):
                 kw = dict(norm=norm if flags.get("norm") else None, eps=1e-6,
-                          bias=bias if flags.get("bias") else None, residual=res if flags.get("residual") else None,
+                          bias=bias if flags.get("bias") else None,
                           swiglu=bool(flags.get("swiglu")), out_dtype=torch.float32 if flags.get("fp32") else None,
                           tiling=t)
                 if split > 1:
-                    kw.update(residual=None, split_k=split)
+                    kw.update(split_k=split)
                 try:
                     us = timed(lambda: dk.matmul(x, next(turn), **kw), calls=calls) * 1e3
                 except Exception as err:  # noqa: BLE001 - a tiling the GPU cannot run (shared memory)
@@ -204,14 +203,6 @@ PLANS = {
     "preload_small": replace(dk.PLAN, preload=("qkv", "o", "down", "head")),
     "preload_qkv_o": replace(dk.PLAN, preload=("qkv", "o")),  # PLAN
     "run28": replace(dk.PLAN, late_sum=False, attend_preload=False),  # PLAN as in run 28
-    "prefetch_gate_up": replace(dk.PLAN, prefetch=("gate_up",)),
-    "prefetch_mlp": replace(dk.PLAN, prefetch=("gate_up", "down")),
-    "prefetch_all": replace(dk.PLAN, prefetch=("o", "gate_up", "down")),
-    "prefetch_down": replace(dk.PLAN, prefetch=("down",)),
-    "prefetch_o_down": replace(dk.PLAN, prefetch=("o", "down")),
-    "prefetch_mlp_from_o": replace(dk.PLAN, prefetch=("gate_up", "down"), prefetch_from="o"),
-    "prefetch_down_from_o": replace(dk.PLAN, prefetch=("down",), prefetch_from="o"),
-    "prefetch_down_from_gate_up": replace(dk.PLAN, prefetch=("down",), prefetch_from="gate_up"),
     "attend_pre": replace(dk.PLAN, attend_preload=True),  # PLAN
     "before_attend_pre": replace(dk.PLAN, attend_preload=False),
     "no_late_sum": replace(dk.PLAN, late_sum=False),

@@ -25,7 +25,7 @@ async def main(model: str, out: str, n: int) -> None:
     from engine.export_plan import ExportPlan, ExportSettings, Parts, render_parts
     from engine.factory import EngineConfig, build_synthesizer, lane_rows
     from voiceapp.cmd_export import GPU_SPARE_JOBS, export_config
-    from voiceapp.startup_bench import book_text
+    from lab.startup_bench import book_text
 
     phases: dict[str, float] = {}
 

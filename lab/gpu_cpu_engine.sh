@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device harness (run with carry [".devcarry/vllm-extra"]; no vLLM needed): the CPU engine on the lent machine's
 # CPU with CUDA hidden, and, with PART=say, the say-through-a-warm-server start-up case on its GPU.
-#   PART=say   voicectl bench --startup --cases import_torch,say_autostart on the GPU (issue 22's client figure)
+#   PART=say   python -m lab.startup --cases import_torch,say_autostart on the GPU (issue 22's client figure)
 #   PART=cpu16 the CPU engine on all cores: decoder variants (lab.cpu_decoder_probe) and the pipeline
 #              (lab.cpu_figures) with int8 and fp32 LLM weights
 #   PART=cpu2  the same pinned to two cores (taskset -c 0,1), with the variants that decide the CPU defaults
@@ -12,13 +12,13 @@
 #   PART=heads 16 cores split as cpu_pools does, with the LM head's pool spinning too, and a larger LLM share
 #   PART=spin  all cores: the int8 LLM's threads spinning or sleeping between kernels
 #   PART=split all cores: cropped vs whole-window decoding, and the int8 LLM's pool size against torch's
-#   PART=read  voicectl bench --read --no-sound (the minute's reading, fresh say processes) on all cores with int8,
+#   PART=read  python -m lab.read_bench --no-sound (the minute's reading, fresh say processes) on all cores with int8,
 #              int4 and fp32 weights, then pinned to two cores (taskset -c 0,1) with int8 and int4
 #   PART=ttfa  fresh `say --no-server --out` processes on all cores, alternating this tree with one where $PATCH
 #              (default .devcarry/head.patch: the LLM's head built at load; carry it) is reversed, then, with
 #              TRACES=1 (the default), chunk traces (lab.chunk_trace) of the same texts with int8 and int4 weights,
 #              for replaying the pacer here
-#   PART=rows  the minute's reading (`bench --read --no-sound --weights int8`) on all cores and pinned to two, this tree
+#   PART=rows  the minute's reading (`python -m lab.read_bench --no-sound --weights int8`) on all cores and pinned to two, this tree
 #              against one where $PATCH (carry it) is reversed, alternating, ROUNDS rounds (default 2)
 # Results (JSON lines) land in $OUT/<part>.jsonl; the machine's facts in $OUT/env.txt.
 set -u
@@ -39,10 +39,10 @@ figures() {  # figures LABEL PREFIX... -- ARGS: one lab.cpu_figures run, tagged
 }
 case ${PART:-say} in
 read)
-  CUDA_VISIBLE_DEVICES= python3 -m voiceapp.cli bench --read --no-sound --model "$MODEL" --weights int8,int4,none \
+  CUDA_VISIBLE_DEVICES= python3 -m lab.read_bench --no-sound --model "$MODEL" --weights int8,int4,none \
     --json "$OUT/read-all.json" 2>>"$OUT/err.log"
   echo "  at $(( $(date +%s) - T0 )) s"
-  CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m voiceapp.cli bench --read --no-sound --model "$MODEL" \
+  CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m lab.read_bench --no-sound --model "$MODEL" \
     --weights int8,int4 --json "$OUT/read-2.json" 2>>"$OUT/err.log"
   echo "  at $(( $(date +%s) - T0 )) s" ;;
 ttfa)
@@ -50,7 +50,7 @@ ttfa)
     && tar -C "$PWD" --exclude=./.devcarry/vllm-extra -cf - . | tar -C /tmp/before -xf - \
     && (cd /tmp/before && patch -p1 -R -s < "${PATCH:-.devcarry/head.patch}") || exit 5
   SHORT="The quick brown fox jumps over the lazy dog."
-  LONG=$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
+  LONG=$(python3 -c "from lab.read_bench import READ_TEXT; print(READ_TEXT.split('. ')[0] + '.')")
   for R in $(seq "${ROUNDS:-4}"); do
     for tree in "$PWD" /tmp/before; do
       for text in "$SHORT" "$LONG"; do
@@ -66,7 +66,7 @@ ttfa)
   echo "  at $(( $(date +%s) - T0 )) s"
   [ "${TRACES:-1}" = 1 ] && for q in int8 int4; do
     CUDA_VISIBLE_DEVICES= python3 -m lab.chunk_trace --model "$MODEL" --quantize $q "$SHORT" \
-      "$(python3 -c "from voiceapp.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
+      "$(python3 -c "from lab.read_bench import READ_TEXT; print(READ_TEXT)")" "$SHORT" >> "$OUT/traces.jsonl" \
       2>>"$OUT/err.log"
   done ;;
 rows)
@@ -78,7 +78,7 @@ rows)
       for pin in "" "taskset -c 0,1"; do
         name=$(basename "$tree")-r$R-$([ -n "$pin" ] && echo 2 || echo all)
         (cd "$tree" && CUDA_VISIBLE_DEVICES= XDG_CACHE_HOME=/tmp/cache-$(basename "$tree") PYTHONPATH=/tmp/site:$tree \
-          $pin python3 -m voiceapp.cli bench --read \
+          $pin python3 -m lab.read_bench \
           --no-sound --model "$MODEL" --weights int8 --json "$OUT/read-$name.json" >/dev/null 2>>"$OUT/err.log")
         echo "$name: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print(r['rtf'], r['ttfa_s'])" "$OUT/read-$name.json")"
         echo "  at $(( $(date +%s) - T0 )) s"
@@ -86,7 +86,7 @@ rows)
     done
   done ;;
 say)
-  python3 -m voiceapp.cli bench --startup --model "$MODEL" --cases import_torch,say_autostart --repeats 3 \
+  python3 -m lab.startup --model "$MODEL" --cases import_torch,say_autostart --repeats 3 \
     --timeout 300 --warm-json docs/benchmarks/latest.json --json "$OUT/startup-say.json" 2>&1 | tail -15 ;;
 cpu16)
   CUDA_VISIBLE_DEVICES= python3 -m lab.cpu_decoder_probe --model "$MODEL" --threads 16 --codes 44,82,182 --rounds 3 \

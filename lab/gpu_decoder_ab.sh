@@ -6,12 +6,12 @@
 set -u
 source lab/device_env.sh || exit $?
 common="--synthetic full --backend vllm --no-decoder-checks --no-reference --export-sentences 0
-        --sequential-export 0 --levels 1,8,32,64,128"
+        --levels 1,8,32,64,128"
 for policy in all batch1; do
   extra="--no-variants"
   [ "$policy" = batch1 ] && extra="--variants ${GPU_AB_VARIANTS:-busy8_24,busy16_16,busy24_24}"
   # shellcheck disable=SC2086
-  timeout "${GPU_AB_TIMEOUT:-270}" python3 -m voiceapp.cmd_bench $common --decoder-autotune $policy $extra \
+  timeout "${GPU_AB_TIMEOUT:-270}" python3 -m lab.bench $common --decoder-autotune $policy $extra \
       --json "$OUT/ab_$policy.json" > "$OUT/ab_$policy.log" 2>&1
   echo "$policy rc=$? at $(( $(date +%s) - T0 )) s"
   grep -E "streams:|\[engine\] (decoder|vLLM ready)" "$OUT/ab_$policy.log"

@@ -9,9 +9,9 @@ if [ ! -d /tmp/site/yaml ]; then
   mkdir -p /tmp/site && tar xJf .devcarry/vllm-extra/deps.tar.xz -C /tmp/site || exit 4
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 -m compileall -q /tmp/site engine voiceapp >/dev/null 2>&1
+python3 -m compileall -q /tmp/site engine voiceapp lab >/dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
 MODEL=${TMPDIR:-/tmp}/voiceapp-gpu-model
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
-timeout 420 python3 -m voiceapp.cli bench --export-check --model "$MODEL" --json "$OUT/export.json" --timeout 240 2>&1 | tail -8
-timeout 150 python3 -m voiceapp.cli bench --startup --cases export --repeats 2 --model "$MODEL" --json "$OUT/startup-export.json" 2>&1 | tail -6
+timeout 420 python3 -m lab.export_check --model "$MODEL" --json "$OUT/export.json" --timeout 240 2>&1 | tail -8
+timeout 150 python3 -m lab.startup --cases export --repeats 2 --model "$MODEL" --json "$OUT/startup-export.json" 2>&1 | tail -6

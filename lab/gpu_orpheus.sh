@@ -8,7 +8,7 @@
 #   call 3: bash lab/gpu_orpheus.sh fresh
 # ckpt: only the synthetic checkpoint (call 1 of a run without the decoder probe).
 # decoder: our SNAC against the snac package, the pipeline's seams, time per window (lab/orpheus_snac_gpu.py);
-# bench: `voicectl bench` at 1..256 streams all at once; fresh: an export and a `say` through a warm server, each a
+# bench: `python -m lab.bench` at 1..256 streams all at once; fresh: an export and a `say` through a warm server, each a
 # fresh process from launch. Everything worth keeping goes to $OUT. Exit 3: the machine was replaced.
 set -u
 PART=${1:?ckpt, decoder, bench or fresh}
@@ -29,16 +29,16 @@ fi
 source lab/device_env.sh || exit $?
 if [ "$PART" = bench ]; then
   set -o pipefail
-  timeout "${BENCH_TIMEOUT:-540}" python3 -m voiceapp.cli bench --model "$ORPH" --no-reference --no-variants \
+  timeout "${BENCH_TIMEOUT:-540}" python3 -m lab.bench --model "$ORPH" --no-reference --no-variants \
       --levels "${LEVELS:-1,8,32,64,128,192,256}" --tokens 413 --rounds-1 3 --export-sentences 0 \
       --json "$OUT/orpheus_bench.json" 2>&1 | grep -v EngineCore | tee "$OUT/bench.log" | tail -60
   echo "bench rc=$? at $(( $(date +%s) - t0 )) s"
 fi
 if [ "$PART" = fresh ]; then
-  timeout 280 python3 -m voiceapp.cli bench --model "$ORPH" --no-reference --export-sentences "${EXPORT_SENTENCES:-60}" \
-      --levels 1 --rounds-1 1 --no-variants --tokens 100 --json "$OUT/orpheus_export.json" 2>&1 | grep -v EngineCore | tail -15
+  timeout 280 python3 -m lab.bench --model "$ORPH" --no-reference --export-sentences "${EXPORT_SENTENCES:-60}" --levels 1 \
+      --rounds-1 1 --no-variants --tokens 100 --json "$OUT/orpheus_export.json" 2>&1 | grep -v EngineCore | tail -15
   echo "export at $(( $(date +%s) - t0 )) s"
-  timeout 240 python3 -m voiceapp.cli bench --startup --model "$ORPH" --cases say_autostart --repeats 3 \
+  timeout 240 python3 -m lab.startup --model "$ORPH" --cases say_autostart --repeats 3 \
       --json "$OUT/orpheus_startup.json" 2>&1 | grep -v EngineCore | tail -25
   echo "startup at $(( $(date +%s) - t0 )) s"
 fi

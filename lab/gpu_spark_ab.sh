@@ -10,8 +10,11 @@ PART=${1:?old or new}
 source lab/device_env.sh || exit $?
 write_model
 [ "$PART" = old ] && export PYTHONPATH=/tmp/site:$PWD/.devcarry/base
+BENCH="python3 -m lab.bench"
+[ "$PART" = old ] && BENCH="python3 -m voiceapp.cli bench"  # the base tree predates lab/: its bench had these flags
 cd /tmp  # the tree under test comes from PYTHONPATH alone
-timeout "${BENCH_TIMEOUT:-420}" python3 -m voiceapp.cli bench --model "$MODEL" --no-reference --no-variants \
+# shellcheck disable=SC2086
+timeout "${BENCH_TIMEOUT:-420}" $BENCH --model "$MODEL" --no-reference --no-variants \
     --no-decoder-checks --levels 1,32 --rounds-1 5 --export-sentences 0 --decoder-autotune none \
     --json "$OUT/spark_$PART.json" 2>&1 | grep -v EngineCore | tail -12
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -23,6 +23,17 @@ def voicectl(*args: str, stdin: bytes | str | None = None, env: dict[str, str] |
                           text=text, env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
+def lab(module: str, *args: str, env: dict[str, str] | None = None, text: bool = True,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m lab.MODULE ARGS` from the repository root (as lab/*.sh run them), output captured."""
+    return subprocess.run([sys.executable, "-m", f"lab.{module}", *args], capture_output=True, text=text,
+                          env={**os.environ, **(env or {})}, cwd=ROOT, timeout=timeout)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root: lab scripts run from there."""
+
+
 START_NOTICES = ("voicectl: LLM on the CPU: ", "voicectl: decoder on the CPU: ", "voicectl: converting the LLM to int8",
                  "voicectl: LLM converted to int8")
 """What an engine on the CPU says while it starts (which LLM path it took; its int8 conversion, once per
@@ -35,12 +46,12 @@ def without_start_notices(stderr: bytes | str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith(START_NOTICES)).strip()
 
 
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The process failed with exactly one `voicectl: ...` line on stderr (besides the engine's start-up notices)
+def one_line_error(proc: subprocess.CompletedProcess, prog: str = "voicectl") -> str:
+    """The process failed with exactly one `PROG: ...` line on stderr (besides the engine's start-up notices)
     and no traceback; returns that line."""
     err = without_start_notices(proc.stderr)
     assert proc.returncode != 0, err
-    assert err.startswith("voicectl: ") and "\n" not in err and "Traceback" not in err, err
+    assert err.startswith(f"{prog}: ") and "\n" not in err and "Traceback" not in err, err
     return err
 
 

@@ -65,8 +65,6 @@ def add_parser(sub) -> None:
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
-    # the determinism check (voicectl bench --export-check) renders in another order to show order does not matter
-    p.add_argument("--render-order", choices=("index", "reverse"), default="index", help=argparse.SUPPRESS)
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -485,8 +483,7 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
 
         try:
             todo = [i for i in range(len(plan.sentences)) if i not in done]
-            await render_parts(synth, plan, parts, todo[::-1] if args.render_order == "reverse" else todo, jobs,
-                               on_done)
+            await render_parts(synth, plan, parts, todo, jobs, on_done)
         finally:
             progress.close()
             _save_quietly(manifest, plan, done, outputs)

@@ -24,7 +24,6 @@ def add_parser(sub) -> None:
     p.add_argument("--socket", metavar="PATH",
                    help="socket path (default: $VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, "
                         "else /tmp/voiceapp-$UID/engine.sock)")
-    p.add_argument("--no-warmup", dest="no_warm_up", action="store_true", help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="stop once no client has been connected for SECONDS (default 0: never; a server that "
                         "`say` or the TUI start gets $VOICEAPP_IDLE_TIMEOUT, else 600)")

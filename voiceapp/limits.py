@@ -96,7 +96,7 @@ OPTIONS: dict[str, Limit] = {
     "tokens": MAX_TOKENS,
     "sentences": Limit(int, 1, 10_000),
     "rounds_1": Limit(int, 1, 10_000),
-    "export_sentences": Limit(int, 0, 100_000),  # 0: skip the export run (its help says so)
+    "export_sentences": Limit(int, 0, 100_000),  # python -m lab.bench: 0 skips the export run
     "reference_tokens": MAX_TOKENS,
     "first_new": Limit(int, 1, 750),  # engine.windowing.WHOLE_CODES: a whole sentence
     "first_right": Limit(int, 3, 750),  # above the crossfade's 2 codes (WindowSchedule)

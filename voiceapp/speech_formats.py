@@ -163,8 +163,6 @@ class StreamEncoder:
 
     def __init__(self, fmt: str, in_rate: int, out_rate: int, *, speed: float = 1.0, sized: bool = False) -> None:
         self.fmt, self.rate, self.sized = fmt, out_rate, sized
-        self.samples_out = 0
-        """16-bit samples handed to the codec so far (after resampling and tempo)."""
         self._resampler = self._tempo = self._muxer = None
         if in_rate != out_rate:
             import soxr
@@ -202,7 +200,6 @@ class StreamEncoder:
             self._muxer.close()
 
     def _write(self, ints: np.ndarray) -> bytes:
-        self.samples_out += len(ints)
         if self._muxer is not None:
             return self._muxer.write(ints)
         if self.sized:

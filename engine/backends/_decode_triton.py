@@ -15,25 +15,23 @@ import triton.language as tl
 
 
 @triton.jit
-def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, norm_ptr, bias_ptr, res_ptr, M, N,
+def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, norm_ptr, bias_ptr, M, N,
                   K: tl.constexpr, K_SPLIT, stride_wk, stride_wn, eps, HAS_ADD: tl.constexpr, HAS_NORM: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr,
                   UPCAST: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr = False, SPAN: tl.constexpr = 16,
-                  ROWS: tl.constexpr = 1, pf_a=0, pf_a_bytes=0, pf_b=0, pf_b_bytes=0, pf_c=0, pf_c_bytes=0,
-                  PREFETCH: tl.constexpr = 0, THREADS: tl.constexpr = 128, REDUCE: tl.constexpr = True,
-                  ADD_PARTS: tl.constexpr = 0):
+                  ROWS: tl.constexpr = 1, REDUCE: tl.constexpr = True, ADD_PARTS: tl.constexpr = 0):
     """out[M, N] = epilogue(rms_norm(x) @ w) for x [M, K] and w [K, N] (or [K, 2N] with SWIGLU: silu(gate) * up,
     gate in columns [0, N), up in [N, 2N)). With HAS_ADD, x is first replaced by x + add (a residual add), which
     the programs of the first column block also write to sum [M, K]. Rows are contiguous (x, add, sum: K apart;
-    out, res: N apart); w is read through its strides (one of them 1: [K, N] row-major, or the transposed view
+    out: N apart); w is read through its strides (one of them 1: [K, N] row-major, or the transposed view
     of an [N, K] weight, whose programs then each read whole rows of K contiguous values).
 
     With SPLIT_K > 1 (no norm or SwiGLU), program (n, m, s) reduces rows [s * K_SPLIT, (s + 1) * K_SPLIT) of w
     into fp32 partials part [SPLIT_K, M, N] and counts itself in count[m, n]; the last of a block's programs to
     finish sums the block's partials in split order (so the result does not depend on which was last), runs the
     epilogue and sets the count back to 0 for the next kernel. Without REDUCE the programs only store their
-    partials: the next kernel sums them (its ADD_PARTS), and the epilogue must be empty (no bias or residual).
+    partials: the next kernel sums them (its ADD_PARTS), and the epilogue must be empty (no bias).
 
     ADD_PARTS > 0 (PRELOAD only): `add` is such partials, [ADD_PARTS, M, K] fp32, summed in split order and
     rounded to x's dtype (as a reducing split-K kernel would have stored them) before the residual add.
@@ -44,18 +42,8 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
     PRELOAD (M <= ROWS, a few rows, one block of them): the program reads its whole slice of w (SPAN >= K_SPLIT
     rows, a power of two) in one tile *before* it waits: the weights do not depend on the previous kernel, so
     under PDL their memory latency overlaps it, and only the activations (a few kB, in L2) are read after the
-    wait.
-
-    PREFETCH (sm90, 1-3 regions): before anything else, the grid asks the L2 cache for the bytes [pf_x, pf_x +
-    pf_x_bytes) of global memory (addresses as integers), each thread a share (`_prefetch_l2`): the weights of
-    kernels to come, fetched while this one and those before them wait on each other."""
+    wait."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PREFETCH > 0:
-        _prefetch_l2(pf_a, pf_a_bytes, THREADS)
-    if PREFETCH > 1:
-        _prefetch_l2(pf_b, pf_b_bytes, THREADS)
-    if PREFETCH > 2:
-        _prefetch_l2(pf_c, pf_c_bytes, THREADS)
     if PRELOAD:  # one block of ROWS rows (M <= ROWS)
         rm = tl.arange(0, ROWS)
     else:
@@ -81,39 +69,21 @@ def matmul_kernel(x_ptr, add_ptr, sum_ptr, w_ptr, out_ptr, part_ptr, count_ptr, 
                 total = tl.zeros_like(acc)
                 for s in range(0, SPLIT_K):  # .cg: past L1, which may hold an older call's partials
                     total += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
-                _finish(total, total, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, False, HAS_BIAS, HAS_RES)
+                _finish(total, total, out_ptr, bias_ptr, rn, at, mask, n_ok, False, HAS_BIAS)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
     else:
-        _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU, HAS_BIAS, HAS_RES)
+        _finish(acc, acc_up, out_ptr, bias_ptr, rn, at, mask, n_ok, SWIGLU, HAS_BIAS)
 
 
 @triton.jit
-def _prefetch_l2(addr, size, THREADS: tl.constexpr):
-    """Asks the L2 cache for global memory [addr, addr + size) (addr 16-byte aligned, size a multiple of 16), cut
-    into equal runs of whole 16-byte units, one per thread of the grid: sm90's bulk prefetch, which holds no
-    registers and that nothing waits for (a hint: a run the cache drops is read from memory when it is needed)."""
-    program = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-    threads = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2) * THREADS
-    run = (size.to(tl.int64) + threads * 16 - 1) // (threads * 16) * 16
-    start = (program * THREADS + tl.arange(0, THREADS)).to(tl.int64) * run
-    length = tl.minimum(tl.maximum(size - start, 0), run).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred live; setp.ne.u32 live, $2, 0; @live cp.async.bulk.prefetch.L2.global [$1], $2; "
-        "mov.u32 $0, 0; }", "=r,l,r", [addr.to(tl.int64) + start, length], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _finish(acc, acc_up, out_ptr, bias_ptr, res_ptr, rn, at, mask, n_ok, SWIGLU: tl.constexpr,
-            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """The epilogue: SwiGLU, bias, residual, then out[at] in out's dtype."""
+def _finish(acc, acc_up, out_ptr, bias_ptr, rn, at, mask, n_ok, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The epilogue: SwiGLU, bias, then out[at] in out's dtype."""
     if SWIGLU:  # the projections round to the model dtype before the activation, as the eager MLP's do
         gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
         up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
         acc = gate / (1.0 + tl.exp(-gate)) * up
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        acc += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 

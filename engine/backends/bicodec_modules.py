@@ -199,9 +199,12 @@ class Snake(nn.Module):
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+        self.fused = True
+        """Whether a call snake_fused can take runs its Triton kernel; False keeps the eager formula (the fused
+        kernel's A/B, engine.bench.decoder_snake: set before a decoder's warm-up, which a CUDA graph keeps)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if snake_fused.usable(x, self.alpha):
+        if self.fused and snake_fused.usable(x, self.alpha):
             return snake_fused.fused_snake(x, self.alpha)
         inv_alpha = (self.alpha + 1e-9).reciprocal()
         if torch.is_grad_enabled():

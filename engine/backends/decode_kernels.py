@@ -133,15 +133,6 @@ class FusedPlan:
     """Projections ("qkv", "o", "gate_up", "down", "head") whose programs read their whole weight slice before
     they wait for the kernel before them, at up to PRELOAD_ROWS rows (with `pdl`, that read overlaps the previous
     kernel; PRELOAD_TILINGS)."""
-    prefetch: tuple[str, ...] = ()
-    """Projections of a layer ("o", "gate_up", "down") whose weights one of its kernels (`prefetch_from`) asks the
-    L2 cache for before it waits (sm90 bulk prefetch, `prefetches`). The idea: the q/k/v, attention and o kernels
-    are bound by latency, not by the memory's bandwidth, which the prefetch would fill meanwhile, so that the
-    MLP's kernels read their weights from L2 (a large GPU's L2 holds a layer's MLP). It does not pay: no placement
-    (the MLP's, the down projection's, or o's and down's weights, from the q/k/v, o or gate/up kernel) is faster
-    than none. Kept for the probe (lab/decode_kernels_probe.py)."""
-    prefetch_from: str = "qkv"
-    """The projection kernel of each layer that issues its `prefetch` ("qkv", "o" with o_split, or "gate_up")."""
     attend_preload: bool = False
     """The attention kernel (rope_in_attention, attend_chunk) reads its chunk of the cache before it waits for the
     q/k/v projection, so that the read overlaps it; the new key and value take their place in the tile. It
@@ -157,14 +148,8 @@ class FusedPlan:
     looping over those, is bit-exact but no faster.)"""
 
     def __post_init__(self) -> None:
-        unknown = set(self.prefetch) - {"o", "gate_up", "down"}
-        if unknown:
-            raise ValueError(f"FusedPlan.prefetch names no layer projection: {sorted(unknown)}")
         if self.attend_preload and not (self.rope_in_attention and self.attend_chunk):
             raise ValueError("FusedPlan.attend_preload needs rope_in_attention and attend_chunk")
-        if self.prefetch_from not in ("qkv", "o", "gate_up") or (self.prefetch_from == "o" and not self.o_split):
-            raise ValueError(f"FusedPlan.prefetch_from {self.prefetch_from!r} is none of our kernels (qkv, gate_up, "
-                             "or o with o_split)")
 
     def preload_tiling(self, name: str) -> Tiling | None:
         """The preloading tiling of projection `name` (a TILINGS key: "down_split" is a "down"), or None where this
@@ -200,24 +185,21 @@ def pdl_supported() -> bool:
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, swiglu: bool = False,
-           out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING, split_k: int = 1,
-           counts: torch.Tensor | None = None, pdl: bool = False, preload: Tiling | None = None,
-           prefetch: tuple[torch.Tensor, ...] = (), reduce: bool = True) -> torch.Tensor:
+           bias: torch.Tensor | None = None, swiglu: bool = False, out_dtype: torch.dtype | None = None,
+           tiling: Tiling = DEFAULT_TILING, split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
+           preload: Tiling | None = None, reduce: bool = True) -> torch.Tensor:
     """epilogue(rms_norm(x, norm) @ w) for x [M, K] and w [K, N] (row-major, or the transposed view of an [N, K]
-    weight): + bias [N], + residual [M, N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
+    weight): + bias [N], or with `swiglu` (w [K, 2N]: gate then up) silu(gate) * up. Output
     [M, N] in `out_dtype` (default x's). split_k > 1 (no norm or SwiGLU) cuts K into that many runs of whole
     BLOCK_Ks, each its own program; the last program of each output block sums them, counting in `counts`
     (int32 zeros, one per output block, left zero). `preload`: at up to PRELOAD_ROWS rows, this tiling's programs
     each read their weights in one tile before they wait for the previous kernel (FusedPlan.preload; bf16
-    weights, or any under the interpreter). `prefetch`: up to PREFETCH_MAX tensors (contiguous, or the transposed
-    view of one) whose memory the kernel asks the L2 cache for first, on sm90 (FusedPlan.prefetch; elsewhere
-    ignored). `reduce=False` (split K, no bias or residual): the programs leave their fp32 partials, returned as
-    [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are needed. Where K makes
-    one split only, the usual [M, N] comes back."""
-    return _launch(x, None, w, norm=norm, eps=eps, bias=bias, residual=residual, swiglu=swiglu, out_dtype=out_dtype,
-                   tiling=tiling, split_k=split_k, counts=counts, pdl=pdl, preload=preload, prefetch=prefetch,
-                   reduce=reduce)[0]
+    weights, or any under the interpreter). `reduce=False` (split K, no bias): the programs leave their fp32
+    partials, returned as [splits, M, N], for the next kernel to sum as its `add` (`add_matmul`); no counts are
+    needed. Where K makes one split only, the usual [M, N] comes back. (A residual is added by the next kernel's
+    `add`, not in this one's epilogue.)"""
+    return _launch(x, None, w, norm=norm, eps=eps, bias=bias, swiglu=swiglu, out_dtype=out_dtype, tiling=tiling,
+                   split_k=split_k, counts=counts, pdl=pdl, preload=preload, reduce=reduce)[0]
 
 
 def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,11 +211,9 @@ def add_matmul(x: torch.Tensor, add: torch.Tensor, w: torch.Tensor, **kw: Any) -
 
 
 def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm: torch.Tensor | None = None,
-            eps: float = 0.0, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
+            eps: float = 0.0, bias: torch.Tensor | None = None, swiglu: bool = False, out_dtype: torch.dtype | None = None, tiling: Tiling = DEFAULT_TILING,
             split_k: int = 1, counts: torch.Tensor | None = None, pdl: bool = False,
-            preload: Tiling | None = None, prefetch: tuple[torch.Tensor, ...] = (),
-            reduce: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+            preload: Tiling | None = None, reduce: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     add_parts = _add_parts(add, x)
     n = w.shape[1] // 2 if swiglu else w.shape[1]
@@ -250,8 +230,8 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     if splits > 1:
         if add is not None or norm is not None or swiglu:
             raise ValueError("a split-K matmul takes no residual add, norm or SwiGLU")
-        if not reduce and (bias is not None or residual is not None):
-            raise ValueError("a split-K matmul leaving its partials takes no bias or residual")
+        if not reduce and bias is not None:
+            raise ValueError("a split-K matmul leaving its partials takes no bias")
         if reduce and (counts is None or counts.dtype != torch.int32 or counts.numel() < grid[0] * grid[1]):
             raise ValueError(f"a split-K matmul needs int32 counts for {grid[0] * grid[1]} output blocks")
     part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
@@ -260,11 +240,9 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     _kernels().matmul_kernel[grid](
         x, add.contiguous() if add is not None else x, total, w, out, part,
         counts if splits > 1 and reduce else x,
-        norm if norm is not None else x, bias if bias is not None else x,
-        residual.contiguous() if residual is not None else x, m, n, k, k_split, w.stride(0), w.stride(1), eps,
-        HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
-        **_preload(preloading, k_split, m), **_prefetch(prefetch, tiling.warps))
+        norm if norm is not None else x, bias if bias is not None else x, m, n, k, k_split, w.stride(0), w.stride(1),
+        eps, HAS_ADD=add is not None, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu, SPLIT_K=splits, REDUCE=reduce, ADD_PARTS=add_parts, **_common(tiling, pdl),
+        **_preload(preloading, k_split, m))
     return out, total
 
 
@@ -305,40 +283,6 @@ def _preload(preloading: bool, k_split: int, rows: int) -> dict[str, Any]:
     if not preloading:
         return {}
     return {"PRELOAD": True, "SPAN": max(16, 1 << (k_split - 1).bit_length()), "ROWS": 1 << (rows - 1).bit_length()}
-
-
-PREFETCH_MAX = 3
-"""Regions one projection kernel prefetches at most (its PREFETCH constant)."""
-
-
-def prefetches() -> bool:
-    """Whether kernels can ask the L2 cache for memory ahead: sm90's bulk prefetch, on a Hopper-or-later GPU (not
-    the interpreter, which runs no inline assembly)."""
-    return not interpreting() and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-
-
-def prefetch_region(t: torch.Tensor) -> tuple[int, int]:
-    """The address and byte count (16-byte units) of the memory under `t`, a contiguous tensor or the transposed
-    view of one; a view of anything else is refused."""
-    if not (t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous())):
-        raise ValueError(f"prefetch takes contiguous memory, got strides {t.stride()} for {tuple(t.shape)}")
-    address, size = t.data_ptr(), t.numel() * t.element_size()
-    if address % 16:
-        raise ValueError("prefetch needs 16-byte aligned memory")
-    return address, size // 16 * 16
-
-
-def _prefetch(tensors: tuple[torch.Tensor, ...], warps: int) -> dict[str, Any]:
-    """PREFETCH, THREADS and the regions' addresses and sizes, where this GPU prefetches (else nothing: the
-    kernel's defaults prefetch nothing)."""
-    if len(tensors) > PREFETCH_MAX:
-        raise ValueError(f"a projection prefetches at most {PREFETCH_MAX} regions, got {len(tensors)}")
-    if not tensors or not prefetches():
-        return {}
-    args: dict[str, Any] = {"PREFETCH": len(tensors), "THREADS": 32 * warps}
-    for name, t in zip("abc", tensors):
-        args[f"pf_{name}"], args[f"pf_{name}_bytes"] = prefetch_region(t)
-    return args
 
 
 def _split(k: int, split_k: int, block_k: int) -> tuple[int, int]:

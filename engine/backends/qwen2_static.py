@@ -315,7 +315,7 @@ class StaticQwen2:
         for index, w in enumerate(self._fused_weights(plan)):
             k_cache, v_cache = k_all[index], v_all[index]
             kw = dict(norm=w.ln1, eps=self.eps, bias=w.qkv_bias, tiling=TILINGS["qkv"],
-                      preload=plan.preload_tiling("qkv"), prefetch=self._prefetched(w, plan, "qkv"), **launch)
+                      preload=plan.preload_tiling("qkv"), **launch)
             if pending is None:
                 qkv = dk.matmul(x, w.qkv_t, **kw)
             else:
@@ -329,23 +329,12 @@ class StaticQwen2:
                                   self.head_dim, pdl=plan.pdl)
                 attention = dk.attend(q, k_cache, v_cache, positions, self.kv_heads, self.head_dim, pdl=plan.pdl,
                                       chunk=plan.attend_chunk, counts=self.counts)
-            attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan,
-                                              self._prefetched(w, plan, "o"))
+            attended = self._fused_projection(attention, w.o_t, plan.o_split, "o", plan)
             act, x = dk.add_matmul(x, attended, w.gate_up_t, norm=w.ln2, eps=self.eps, swiglu=True,
-                                   tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"),
-                                   prefetch=self._prefetched(w, plan, "gate_up"), **launch)
+                                   tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"), **launch)
             pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan,
                                              late=late_down and index < len(self.layers) - 1)
         return x, pending
-
-    @staticmethod
-    def _prefetched(w: LayerWeights, plan: FusedPlan, kernel: str) -> tuple[torch.Tensor, ...]:
-        """The weights of layer `w` that its projection `kernel` prefetches (FusedPlan.prefetch, from
-        FusedPlan.prefetch_from), as the plan reads them."""
-        if kernel != plan.prefetch_from:
-            return ()
-        kinds = {"o": w.o_t, "gate_up": w.gate_up_t, "down": w.down_t}
-        return tuple(kinds[name] for name in plan.prefetch)
 
     def _fused_weights(self, plan: FusedPlan) -> list[LayerWeights]:
         """The layers as `plan` reads them: with k_major, the projections our kernels run are [N, K] copies (made
@@ -362,16 +351,15 @@ class StaticQwen2:
                                           down_t=flip(w.down_t) if key[1] else w.down_t) for w in self.layers]
         return self._k_major[key]
 
-    def _fused_projection(self, x: torch.Tensor, w_t: torch.Tensor, split: int, name: str, plan: FusedPlan,
-                          prefetch: tuple[torch.Tensor, ...] = (), *, late: bool = False) -> torch.Tensor:
-        """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways (and its `prefetch`); `late`: split
+    def _fused_projection(self, x: torch.Tensor, w_t: torch.Tensor, split: int, name: str, plan: FusedPlan, *,
+                          late: bool = False) -> torch.Tensor:
+        """x @ w_t by cuBLAS (split 0) or by `matmul` with K split `split` ways; `late`: split
         K's unsummed partials [split, B, N] for the next kernel's `add` (FusedPlan.late_sum)."""
         if not split:
             return torch.mm(x, w_t)
         key = name if split == 1 else f"{name}_split"
         return decode_kernels.matmul(x, w_t, tiling=TILINGS[key], split_k=split, pdl=plan.pdl,
-                                     preload=plan.preload_tiling(key), counts=self.counts, prefetch=prefetch,
-                                     reduce=not late)
+                                     preload=plan.preload_tiling(key), counts=self.counts, reduce=not late)
 
     def logits_fused(self, stream: tuple[torch.Tensor, torch.Tensor], head_t: torch.Tensor,
                      bias: torch.Tensor, plan: FusedPlan = FusedPlan()) -> torch.Tensor:

@@ -19,11 +19,6 @@ MAX_ELEMENTS = 2**31 - BLOCK
 """The kernel indexes with int32 offsets (last block included); larger tensors stay eager (a batch of 64 windows of
 15 s is ~1.5e9 elements at the widest layer, so only far larger batches get there)."""
 
-enabled = True
-"""Switch for A/B measurement (engine.bench.decoder_snake). Snake checks it on every eager call, but a captured
-CUDA graph keeps what it recorded: set it before a decoder's warm-up, as decoder_snake does (one decoder each)."""
-
-
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     """The compiled kernel, or None when Triton (or its libdevice sin) is missing."""
@@ -42,7 +37,7 @@ def available() -> bool:
 
 def usable(x: torch.Tensor, alpha: torch.Tensor) -> bool:
     """True when `fused_snake` may replace the eager formula for this call."""
-    return (enabled and x.is_cuda and x.dim() == 3 and x.is_contiguous() and x.dtype in (torch.float32,
+    return (x.is_cuda and x.dim() == 3 and x.is_contiguous() and x.dtype in (torch.float32,
             torch.bfloat16) and alpha.numel() == x.shape[1] and x.numel() < MAX_ELEMENTS
             and not torch.is_grad_enabled() and available())
 

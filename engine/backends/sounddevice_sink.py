@@ -268,14 +268,6 @@ class Player:
         onset = self._onset_perf
         return onset if self._onset_seq == seq else None
 
-    async def wait_onset(self, timeout_s: float = 2.0) -> float | None:
-        """Wait until the current utterance is audible; its onset, or None on timeout / clear."""
-        seq = self._utt_seq
-        deadline = perf_counter() + timeout_s
-        while (onset := self.onset_perf(seq)) is None and self._utt_seq == seq and perf_counter() < deadline:
-            await asyncio.sleep(self._poll_s / 2)
-        return onset
-
     # -- AudioSink ------------------------------------------------------------------------------------
 
     async def write(self, samples: np.ndarray) -> None:
@@ -425,7 +417,3 @@ class Player:
         """Ring size in device-rate frames (fill_frames / capacity_frames = buffer health)."""
         return self._ring.capacity_frames
 
-    @property
-    def buffered_s(self) -> float:
-        """Seconds of audio queued in the ring (not counting the host buffer's `latency_s`)."""
-        return self._ring.available / self.device_rate

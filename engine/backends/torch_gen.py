@@ -86,15 +86,6 @@ def sample_token(logits: torch.Tensor, opts: SamplingOptions, generator: torch.G
     return int(indices[choice])
 
 
-def allowed_mask(allowed_ids: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """Additive mask [V]: 0 on allowed ids, -inf elsewhere."""
-    if not allowed_ids or min(allowed_ids) < 0 or max(allowed_ids) >= vocab_size:
-        raise ValueError(f"allowed_ids must be non-empty ids in 0..{vocab_size - 1}")
-    mask = torch.full((vocab_size,), float("-inf"), device=device)
-    mask[torch.tensor(allowed_ids, device=device)] = 0.0
-    return mask
-
-
 def _static_from_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> StaticQwen2:
     """StaticQwen2 over a checkpoint's LLM weights, read without transformers."""
     weights = Qwen2Weights.from_checkpoint(path)

@@ -1,5 +1,6 @@
-"""Provides the benchmark behind `voicectl bench`: our pipeline at 1..128 concurrent streams, decoder
-precision/seams/speed, and the upstream reference pipeline (spark_tts_lib) on the same checkpoint.
+"""Provides the benchmark behind `voicectl bench` (our pipeline at 1..128 concurrent streams) and the lab's
+`python -m lab.bench` (decoder precision/seams/speed, and the upstream reference pipeline (spark_tts_lib) on the
+same checkpoint).
 
 Random weights never emit the stop token and sample all over the vocabulary, so every sentence is forced to a
 fixed token count: `FixedLengthGenerator` removes the stop ids from the allowed ids and sets max_tokens (the

@@ -123,22 +123,21 @@ def decoder_snake(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
 
     from engine.backends import snake_fused
     from engine.backends.bicodec import BiCodecDecoder
+    from engine.backends.bicodec_modules import Snake
 
     rows, audio = [], {}
     window = [DecodeItem(tuple((k * 53 + 11) % 8192 for k in range(128)), tuple(range(32)))]
-    was = snake_fused.enabled
-    try:
-        for fused in (False, True):
-            snake_fused.enabled = fused
-            dec = BiCodecDecoder(bicodec_dir, device="cuda", autotune="none")
-            capture_s = dec.warmup(lengths, batches)
-            rows += _speed_rows(dec, lengths, batches, repeats, snake="fused" if fused else "eager",
-                                capture_s=round(capture_s, 1))
-            audio[fused] = dec.decode(window)[0]
-            del dec
-            torch.cuda.empty_cache()
-    finally:
-        snake_fused.enabled = was
+    for fused in (False, True):
+        dec = BiCodecDecoder(bicodec_dir, device="cuda", autotune="none")
+        for module in dec.model.modules():
+            if isinstance(module, Snake):
+                module.fused = fused
+        capture_s = dec.warmup(lengths, batches)
+        rows += _speed_rows(dec, lengths, batches, repeats, snake="fused" if fused else "eager",
+                            capture_s=round(capture_s, 1))
+        audio[fused] = dec.decode(window)[0]
+        del dec
+        torch.cuda.empty_cache()
     diff = float(np.sqrt(np.mean((audio[True] - audio[False]) ** 2)))
     ref = float(np.sqrt(np.mean(audio[False] ** 2)))
     return {"available": snake_fused.available(), "rows": rows,

@@ -61,9 +61,6 @@ class BenchOptions:
     rounds_1: int = 8
     """Sequential repeats at 1 stream (TTFA percentiles need samples)."""
     preroll_s: float = 0.2
-    reference: bool = True
-    reference_tokens: int | None = None
-    decoder_checks: bool = True
     backend: str = "auto"
     decoder_dtype: str = "auto"
     decoder_autotune: str = "all"

@@ -130,8 +130,6 @@ class ModelFamily(Protocol):
     """One line for `voicectl model info` and errors."""
     llm_architecture: str
     """The Hugging Face architecture of its LLM (`LlamaForCausalLM`, `Qwen2ForCausalLM`)."""
-    default_sampling: SamplingOptions
-    """The family's sampling defaults (a request that names none gets these)."""
     schedule: WindowSchedule
     """Streaming windows in the decoder's frames: the decoder's context and the first window's size."""
     whole_codes: int

@@ -83,7 +83,6 @@ class SparkFamily:
     name = "spark"
     description = "Spark-TTS (Qwen2 LLM + BiCodec, 16 kHz)"
     llm_architecture = "Qwen2ForCausalLM"
-    default_sampling = SamplingOptions()
     schedule = WindowSchedule()
     whole_codes = WHOLE_CODES
     sizes = ("tiny", "full")

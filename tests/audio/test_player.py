@@ -306,10 +306,9 @@ def test_preroll_gates_the_start_and_onset_uses_dac_time(fake_sd):
     np.testing.assert_array_equal(pump(player), x[:400])
     after = perf_counter()
     assert before + 0.1 <= player.last_onset_perf <= after + 0.1
-    assert asyncio.run(player.wait_onset(0.1)) == player.last_onset_perf
     assert (player.underruns, player.fill_frames) == (0, 2900)
-    player.mark_utterance_start()
-    assert asyncio.run(player.wait_onset(0.05)) is None  # nothing of it played yet
+    seq = player.mark_utterance_start()
+    assert player.onset_perf(seq) is None  # nothing of it played yet
 
 
 def test_onset_of_a_gapless_next_utterance_counts_its_offset_in_the_buffer(fake_sd):

@@ -83,12 +83,12 @@ def test_the_default_buffer_lets_the_engine_finish_long_before_the_speakers(puls
 
 @pytest.mark.audio
 def test_bench_read_plays_through_the_speakers(pulse_server, record_monitor, tiny_model, tmp_path):
-    """`voicectl bench --read`: its `say` process plays the reading; first sound after first audio, no underrun."""
+    """`python -m lab.read_bench`: its `say` process plays the reading; first sound after first audio, no underrun."""
     out, text = tmp_path / "read.json", tmp_path / "text.txt"
     text.write_text(TEXT)
     with record_monitor("tts16") as cap:
-        proc = cli_helpers.voicectl("bench", "--read", "--model", str(tiny_model), "--backend", "torch", "--text",
-                                    str(text), "--json", str(out), text=True, timeout=600)
+        proc = cli_helpers.lab("read_bench", "--model", str(tiny_model), "--backend", "torch", "--text", str(text),
+                               "--json", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = json.loads(out.read_text())["runs"][0]
     assert run["underruns"] == 0 and run["first_sound_s"] >= run["ttfa_s"] > 0

@@ -44,7 +44,7 @@ OPTIONS = list(numeric_options(build_parser()))
 
 def test_the_walk_finds_the_options_it_should():
     names = {(" ".join(path), action.option_strings[-1]) for path, _, action in OPTIONS}
-    assert {("say", "--latency"), ("say", "--threads"), ("bench", "--threads"), ("bench", "--rounds-1"),
+    assert {("say", "--latency"), ("say", "--threads"), ("bench", "--threads"), ("bench", "--load-seconds"),
             ("export", "--normalize-loudness"), ("serve", "--idle-timeout"), ("serve", "--http-timeout")} <= names
 
 
@@ -77,7 +77,7 @@ def test_every_numeric_option_is_checked_by_the_table(path, parser, action):
     ["say", "Hi.", "--no-server", "--backend", "fake", "--latency", "1e9"],
     ["say", "Hi.", "--no-server", "--backend", "fake", "--threads", "16384"],
     ["bench", "--threads", "0"],
-    ["bench", "--rounds-1", "0"],
+    ["bench", "--tokens", "0"],
     ["export", "in.txt", "-o", "o.wav", "--backend", "fake", "--normalize-loudness=1e308"],
     ["serve", "--backend", "fake", "--threads", "-1"],
 ])

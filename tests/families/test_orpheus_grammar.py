@@ -5,11 +5,12 @@ import sys
 import pytest
 
 from engine.families.orpheus import grammar as g
-from engine.families.orpheus.grammar import FrameParser, audio_id, build_prompt, frame_ids, keep_tags, prompt_text
+from engine.families.orpheus.grammar import FrameParser, audio_id, build_prompt, keep_tags, prompt_text
 
 
 def ids_of(*frames):
-    return [i for frame in frames for i in frame_ids(frame)]
+    """The token ids of frames of codes (the inverse of what FrameParser does)."""
+    return [audio_id(k, c) for frame in frames for k, c in enumerate(frame)]
 
 
 F1 = (0, 4095, 17, 1, 2048, 3, 4094)

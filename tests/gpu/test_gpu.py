@@ -488,35 +488,10 @@ def test_a_preloading_attention_changes_no_value_bf16(cuda, positions):
     assert not counts.any()
 
 
-def test_prefetching_changes_no_value_bf16(cuda):
-    """FusedPlan.prefetch only asks the L2 cache for memory: the lane's q/k/v projection gives the same values and
-    residual stream, bit for bit, whether it prefetches a layer's MLP weights (26 MB, cut over all its threads),
-    a region smaller than one 16-byte unit a thread (most threads' runs empty), or nothing."""
-    import torch
-
-    from engine.backends import decode_kernels as dk
-
-    if not dk.prefetches():
-        pytest.skip("the bulk L2 prefetch needs sm90")
-    g = torch.Generator(device="cuda").manual_seed(5)
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    x, add = torch.randn(2, 896, generator=g, **bf16), torch.randn(2, 896, generator=g, **bf16)
-    w_qkv = (torch.randn(1152, 896, generator=g, **bf16) / 30).t()
-    gate_up, down = torch.randn(9728, 896, **bf16).t(), torch.randn(896, 4864, **bf16).t()
-    norm, bias = 1 + torch.randn(896, generator=g, **bf16) / 5, torch.randn(1152, generator=g, **bf16)
-    kw = dict(norm=norm, eps=1e-6, bias=bias, tiling=dk.TILINGS["qkv"], preload=dk.PLAN.preload_tiling("qkv"),
-              pdl=dk.pdl_supported())
-    want, want_total = dk.add_matmul(x, add, w_qkv, **kw)
-    for regions in ((gate_up, down), (torch.zeros(100, **bf16),), (w_qkv, gate_up, down)):
-        got, total = dk.add_matmul(x, add, w_qkv, prefetch=regions, **kw)
-        torch.cuda.synchronize()
-        assert torch.equal(got, want) and torch.equal(total, want_total)
-
-
 async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_model, tmp_path):
     """Export's engine (fixed-shape lanes, no vLLM): each sentence's PCM rendered alone, all at once, and in reverse
     order beside unrelated requests is the same bytes; its platform names the lanes. (Across processes:
-    `voicectl bench --export-check`.)"""
+    `python -m lab.export_check`.)"""
     import asyncio
     import hashlib
 

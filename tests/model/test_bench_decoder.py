@@ -1,4 +1,4 @@
-"""engine.bench.decoder_algorithms on the CPU (its GPU numbers come from `voicectl bench --decoder-only`)."""
+"""engine.bench.decoder_algorithms on the CPU (its GPU numbers come from `python -m lab.bench --decoder-only`)."""
 import torch
 
 from engine import bench

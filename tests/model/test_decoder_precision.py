@@ -7,7 +7,7 @@ import torch
 
 from engine.backends.base import DecodeItem
 from engine.backends.bicodec import BiCodecDecoder
-from engine.backends.decoder_agreement import TINY_BOUND_DB, compare, random_items
+from lab.decoder_agreement import TINY_BOUND_DB, compare, random_items
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import fade_edges
 from engine.cpu_pools import cpu_decodes_bf16, cpu_decoder_dtype

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.backends import qwen2_ort
-from engine.backends.llm_agreement import TINY_BOUND, agreement, compare, real_prompts, reference_runs
+from lab.llm_agreement import TINY_BOUND, agreement, compare, real_prompts, reference_runs
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.torch_gen import ROWS_GRACE_S, TorchTokenGenerator

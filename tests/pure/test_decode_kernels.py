@@ -35,12 +35,11 @@ def test_norm_matmul_bias(rows, dtype):
 
 
 @pytest.mark.parametrize("block_k", [32, 256])
-def test_matmul_residual(block_k):
+def test_matmul_runs_of_k(block_k):
     g = torch.Generator().manual_seed(block_k)
     x, w = torch.randn(5, 300, generator=g), torch.randn(300, 72, generator=g) / 10
-    res = torch.randn(5, 72, generator=g)
-    got = dk.matmul(x, w, residual=res, tiling=Tiling(block_n=32, block_k=block_k))
-    _close(got, x @ w + res, 1e-5)
+    got = dk.matmul(x, w, tiling=Tiling(block_n=32, block_k=block_k))
+    _close(got, x @ w, 1e-5)
 
 
 def test_matmul_swiglu_and_fp32_output():
@@ -151,8 +150,7 @@ def test_preloaded_weights_give_the_looped_products(k_major):
     counts = torch.zeros(16, dtype=torch.int32)
     for rows in (1, 3, dk.PRELOAD_ROWS):
         x, add = torch.randn(rows, 96, generator=g), torch.randn(rows, 96, generator=g)
-        res = torch.randn(rows, 80, generator=g)
-        for kw in (dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, swiglu=True, residual=res),
+        for kw in (dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, swiglu=True),
                    dict(split_k=2, counts=counts)):
             torch.testing.assert_close(dk.matmul(x, w, tiling=tiling, preload=preload, **kw),
                                        dk.matmul(x, w, tiling=tiling, **kw), atol=1e-5, rtol=1e-5)
@@ -164,24 +162,6 @@ def test_preloaded_weights_give_the_looped_products(k_major):
     assert dk._preload(True, 48, 3) == {"PRELOAD": True, "SPAN": 64, "ROWS": 4}  # noqa: SLF001 - padded
     assert dk.preloads(preload, w, 3) and not dk.preloads(preload, w, dk.PRELOAD_ROWS + 1)
     assert not dk.preloads(None, w, 1)
-
-
-def test_prefetch_names_whole_regions_and_is_left_out_where_it_cannot_run():
-    """`prefetch` (FusedPlan.prefetch) hands the kernel the memory under a weight, contiguous or the transposed view
-    of a contiguous one, in whole 16-byte units; strided views and more than PREFETCH_MAX regions are refused
-    before any launch. The interpreter runs no inline assembly: there the kernel prefetches nothing and gives the
-    same products."""
-    w = torch.randn(40, 24, dtype=torch.bfloat16)
-    assert dk.prefetch_region(w) == dk.prefetch_region(w.t()) == (w.data_ptr(), 40 * 24 * 2)
-    assert dk.prefetch_region(torch.zeros(9, dtype=torch.bfloat16))[1] == 16  # 18 bytes: one whole unit
-    with pytest.raises(ValueError, match="contiguous"):
-        dk.prefetch_region(w[:, ::2])
-    x = torch.randn(2, 24)
-    with pytest.raises(ValueError, match="at most"):
-        dk.matmul(x, torch.randn(24, 32), prefetch=(w,) * (dk.PREFETCH_MAX + 1))
-    assert not dk.prefetches() and dk._prefetch((w,), 4) == {}  # noqa: SLF001 - the interpreter
-    weight = torch.randn(24, 32)
-    assert torch.equal(dk.matmul(x, weight, prefetch=(w, weight)), dk.matmul(x, weight))
 
 
 @pytest.mark.parametrize("group", [1, 7])
@@ -211,14 +191,14 @@ def test_split_k_sums_its_partials_in_place():
     the product, in x's dtype, with the counters back at zero for the next kernel."""
     g = torch.Generator().manual_seed(9)
     x, w = torch.randn(3, 300, generator=g), torch.randn(300, 40, generator=g) / 10
-    res = torch.randn(3, 40, generator=g)
+    bias = torch.randn(40, generator=g)
     counts = torch.zeros(8, dtype=torch.int32)
     tiling = Tiling(block_n=16, block_k=64)
     assert dk._split(300, 4, 32) == (96, 4)  # noqa: SLF001
     for _ in range(2):
-        got = dk.matmul(x, w, split_k=4, counts=counts, residual=res, tiling=tiling)
+        got = dk.matmul(x, w, split_k=4, counts=counts, bias=bias, tiling=tiling)
         assert got.shape == (3, 40) and got.dtype == x.dtype and not counts.any()
-        _close(got, x @ w + res, 1e-5)
+        _close(got, x @ w + bias, 1e-5)
     with pytest.raises(ValueError, match="counts"):
         dk.matmul(x, w, split_k=4, counts=counts[:2], tiling=tiling)
     with pytest.raises(ValueError, match="counts"):
@@ -249,8 +229,8 @@ def test_partials_left_for_the_next_kernel_sum_to_what_the_last_program_stores()
     assert not torch.equal(got[1], resid)
     one = dk.matmul(x[:, :32], w[:32], split_k=4, tiling=tiling, reduce=False)  # one run of K (fp32: 32)
     assert one.shape == (3, 40)
-    with pytest.raises(ValueError, match="bias or residual"):
-        dk.matmul(x, w, split_k=4, tiling=tiling, reduce=False, residual=resid)
+    with pytest.raises(ValueError, match="no bias"):
+        dk.matmul(x, w, split_k=4, tiling=tiling, reduce=False, bias=resid[0])
     with pytest.raises(ValueError, match="preloading"):
         dk.add_matmul(resid, parts, w2, norm=norm, eps=1e-6)
     for bad in (parts.double(), parts[:, :2]):

@@ -34,16 +34,13 @@ def _cases() -> dict[str, tuple]:
     from engine.backends.decode_kernels import (ATTEND_STAGES, ATTEND_WARPS, MAX_ROWS, PLAN, PRELOAD_TILINGS,
                                                 SAMPLE_CHUNKS, TILINGS, _preload, _split)
 
-    matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr",
-                                      "res_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32",
-              **{f"pf_{r}": "i64" for r in "abc"}}
+    matmul = {**{n: "*bf16" for n in ("x_ptr", "add_ptr", "sum_ptr", "w_ptr", "out_ptr", "norm_ptr", "bias_ptr")}, "part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
 
     def projection(name: str, k: int, split: int = 1, preload: bool = False, **flags) -> tuple:
         tiling = (PRELOAD_TILINGS if preload else TILINGS)[name if split == 1 else f"{name}_split"]
-        constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, HAS_RES=False, SWIGLU=False,
+        constants = dict(K=k, HAS_ADD=False, HAS_NORM=False, HAS_BIAS=False, SWIGLU=False,
                          SPLIT_K=split, UPCAST=False, PDL=PLAN.pdl, BLOCK_M=MAX_ROWS, BLOCK_N=tiling.block_n,
-                         BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, PREFETCH=0, THREADS=128,
-                         REDUCE=True, ADD_PARTS=0)
+                         BLOCK_K=tiling.block_k, PRELOAD=False, SPAN=16, ROWS=1, REDUCE=True, ADD_PARTS=0)
         if preload:  # the tile height and rows a two-row lane launches with
             constants.update(_preload(True, _split(k, split, tiling.block_k)[0], 2))
         constants.update(flags)
@@ -68,8 +65,6 @@ def _cases() -> dict[str, tuple]:
         "down": projection("down", INTER, PLAN.down_split),
         "head": projection("head", HIDDEN, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
         "qkv_preload": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True),
-        "qkv_prefetch": projection("qkv", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, HAS_BIAS=True,
-                                   PREFETCH=3, THREADS=32 * PRELOAD_TILINGS["qkv"].warps),
         "o_preload": projection("o", HIDDEN, PLAN.o_split, preload=True),
         "gate_up_preload": projection("gate_up", HIDDEN, preload=True, HAS_ADD=True, HAS_NORM=True, SWIGLU=True),
         "down_preload": projection("down", INTER, PLAN.down_split, preload=True),
@@ -96,7 +91,7 @@ def _cases() -> dict[str, tuple]:
 
 
 def _compile_all() -> dict[str, object]:
-    """Shared memory and bulk L2 prefetch instructions per kernel, or the compiler's error (run without
+    """Shared memory per kernel, or the compiler's error (run without
     TRITON_INTERPRET: see the test)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -118,8 +113,7 @@ def _compile_all() -> dict[str, object]:
         try:
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": warps, "num_stages": stages})
-            results[name] = {"shared": compiled.metadata.shared,
-                             "bulk_prefetches": compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2.global")}
+            results[name] = {"shared": compiled.metadata.shared}
         except Exception as err:  # noqa: BLE001 - reported, and the test fails on it
             cause = err
             while cause.__cause__ is not None:
@@ -140,7 +134,7 @@ def compiled() -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "qkv_prefetch", "o_preload",
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "head", "qkv_preload", "o_preload",
                                   "gate_up_preload", "down_preload", "head_preload", "down_late", "qkv_parts",
                                   "attend", "attend_split",
                                   "rope_attend", "rope_attend_preload", "rope_store", "sample", "sample_topk"])
@@ -148,12 +142,6 @@ def test_kernel_compiles_for_sm90_within_its_shared_memory(compiled, name):
     found = compiled[name]
     assert isinstance(found, dict), found
     assert found["shared"] <= SHARED_MEMORY
-
-
-def test_only_a_prefetching_projection_asks_the_l2_cache_for_its_regions(compiled):
-    """Each region is one bulk prefetch per thread, kept though its result is unused (the instruction has effects)."""
-    assert compiled["qkv_prefetch"]["bulk_prefetches"] == 3
-    assert compiled["qkv_preload"]["bulk_prefetches"] == 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.prompt import (Prompt, build_clone_prompt, build_controllable_prompt, build_globals_prompt,
+from engine.prompt import (Prompt, build_controllable_prompt, build_globals_prompt,
                            semantic_allowed_ids)
 from engine.tokens import TokenIds
 
@@ -39,20 +39,6 @@ def test_controllable_prompt_rejects_unknown_labels(gender: str, pitch: str, spe
         build_controllable_prompt("Hi", gender, pitch, speed, IDS, encode)
 
 
-def test_clone_prompt_exact_ids() -> None:
-    p = build_clone_prompt("yo", "Ref.", GLOBALS, [0, 8191, 5], IDS, encode)
-    assert p.ids == (TASK_TTS, START_CONTENT, *map(ord, "Ref.yo"), END_CONTENT,
-                     START_GLOBAL, *(151665 + g for g in GLOBALS), END_GLOBAL,
-                     START_SEMANTIC, 155761, 155761 + 8191, 155761 + 5)
-
-
-def test_clone_prompt_rejects_bad_reference_codes() -> None:
-    with pytest.raises(ValueError):
-        build_clone_prompt("yo", "Ref.", GLOBALS, [8192], IDS, encode)
-    with pytest.raises(ValueError):
-        build_clone_prompt("yo", "Ref.", GLOBALS, [-1], IDS, encode)
-
-
 def test_globals_prompt_exact_ids_and_allowed() -> None:
     p = build_globals_prompt("Hello.", GLOBALS, IDS, encode)
     assert p.ids == (TASK_TTS, START_CONTENT, *map(ord, "Hello."), END_CONTENT,
@@ -69,8 +55,6 @@ def test_globals_prompt_exact_ids_and_allowed() -> None:
 def test_global_codes_validated(codes: list) -> None:
     with pytest.raises(ValueError):
         build_globals_prompt("Hello.", codes, IDS, encode)
-    with pytest.raises(ValueError):
-        build_clone_prompt("Hello.", "Ref.", codes, [1, 2], IDS, encode)
 
 
 def test_empty_text_rejected() -> None:

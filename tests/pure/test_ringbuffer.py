@@ -140,12 +140,10 @@ def test_clear_applied_by_owner_when_no_consumer_runs():
     assert ring.free == 4 and ring.available == 0
 
 
-def test_count_underrun_and_reset():
+def test_count_underrun():
     ring = RingBuffer(4)
     ring.count_underrun(10)
     assert (ring.underruns, ring.underrun_frames) == (1, 10)
-    ring.reset_underruns()
-    assert (ring.underruns, ring.underrun_frames) == (0, 0)
 
 
 def test_read_into_allocates_no_buffers():

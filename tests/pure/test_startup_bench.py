@@ -1,4 +1,4 @@
-"""The pure half of `voicectl bench --startup` (statistics, environments, the report and its table) and how the
+"""The pure half of `python -m lab.startup` (statistics, environments, the report and its table) and how the
 export case sees a first finished sentence."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from engine.export_plan import Parts
-from voiceapp.startup_bench import (CASES, CaseOutcome, ReportMeta, book_text, child_env, cpu_description,
+from lab.startup_bench import (CASES, CaseOutcome, ReportMeta, book_text, child_env, cpu_description,
                                     format_table, parse_cases, phase_medians, report, tuning_done)
-from voiceapp.startup_cases import last_json, last_line
+from lab.startup_cases import last_json, last_line
 
-META = ReportMeta(device="CPU Test, 2 cores", date="2026-01-02", git="abc", command="voicectl bench --startup",
+META = ReportMeta(device="CPU Test, 2 cores", date="2026-01-02", git="abc", command="python -m lab.startup",
                   model="synthetic tiny", repeats=3, gpu=False)
 
 

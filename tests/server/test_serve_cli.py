@@ -245,15 +245,16 @@ async def test_client_reports_server_gone_with_audio_started(served):
     assert await Connection.open(path) is None
 
 
-def test_serve_has_one_warm_up_flag_and_keeps_the_old_spelling_hidden():
-    """--no-warm-up is the engine flag every command shares; serve's older --no-warmup means the same and is not
-    offered a second time in the help."""
+def test_serve_has_one_warm_up_flag():
+    """--no-warm-up is the engine flag every command shares; serve's older --no-warmup is gone, refused in one
+    line like any unknown option."""
     from voiceapp.cli import build_parser
 
     parser = build_parser("serve")
     help_text = voicectl("serve", "--help", text=True).stdout
     assert "--no-warm-up" in help_text and "--no-warmup" not in help_text
-    assert parser.parse_args(["serve", "--no-warmup"]).no_warm_up is True
+    proc = voicectl("serve", "--no-warmup", text=True, timeout=60)
+    assert proc.returncode == 2 and "unrecognized arguments: --no-warmup" in proc.stderr
     assert parser.parse_args(["serve", "--no-warm-up"]).no_warm_up is True
     assert parser.parse_args(["serve"]).no_warm_up is False
 

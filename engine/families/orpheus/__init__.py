@@ -80,7 +80,6 @@ class OrpheusFamily:
     name = "orpheus"
     description = "Orpheus TTS (Llama LLM + SNAC, 24 kHz): a Llama config.json beside snac/"
     llm_architecture = "LlamaForCausalLM"
-    default_sampling = DEFAULT_SAMPLING
     schedule = SCHEDULE
     whole_codes = WHOLE_FRAMES
     sizes = ("tiny", "full")

@@ -120,17 +120,6 @@ class OrpheusInfo:
     """`tokenizer.json`, checked for Llama's BOS/EOT and every custom token the grammar uses."""
 
 
-def looks_like_orpheus(model_dir: str | os.PathLike[str]) -> bool:
-    """True when `model_dir` has a LlamaForCausalLM `config.json` and a `snac/` folder (cheap, never raises)."""
-    root = Path(model_dir).expanduser()
-    try:
-        with open(root / "config.json", encoding="utf-8") as f:
-            config = json.load(f)
-        return LLM_ARCHITECTURE in (config.get("architectures") or []) and (root / SNAC_DIR).is_dir()
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def read_orpheus(model_dir: str | os.PathLike[str]) -> OrpheusInfo:
     """Validate the Orpheus checkpoint at `model_dir` and describe it (configs and headers only).
 

@@ -82,13 +82,6 @@ def audio_id(position: int, code: int) -> int:
     return AUDIO_BASE + position * CODEBOOK + code
 
 
-def frame_ids(frame: Sequence[int]) -> tuple[int, ...]:
-    """The 7 token ids of one frame of codes (the inverse of what FrameParser does)."""
-    if len(frame) != FRAME_TOKENS:
-        raise ValueError(f"a frame has {FRAME_TOKENS} codes, got {len(frame)}")
-    return tuple(audio_id(k, c) for k, c in enumerate(frame))
-
-
 def split_levels(frames: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int]]:
     """Frames -> SNAC's three code rows (lengths n, 2n, 4n), in time order within each row."""
     rows: tuple[list[int], list[int], list[int]] = ([], [], [])

@@ -439,17 +439,6 @@ def measure_context_table(decoder: SnacDecoder, frames: Sequence[Sequence[int]],
     return table
 
 
-def context_frames(decoder: SnacDecoder, frames: Sequence[Sequence[int]], target_db: float = -40.0,
-                   most: int = 8, new: int = 4) -> tuple[int, int]:
-    """(left, right): the fewest frames of context each side needs for a seam error below `target_db`, the other
-    side held at `most`; ValueError if `most` is not enough."""
-    found = []
-    for side in ("left", "right"):
-        table = measure_context_table(decoder, frames, range(most + 1), new=new, side=side, other=most)
-        found.append(fewest_context(table, target_db, side))
-    return found[0], found[1]
-
-
 def fewest_context(table: dict[int, float], target_db: float = -40.0, side: str = "") -> int:
     """The fewest frames of context from which every larger one in `table` stays below `target_db`."""
     need = None

@@ -1,13 +1,19 @@
-"""Provides `voicectl bench --read`: a minute's reading spoken by fresh `voicectl say` processes, one for each choice of
+"""The reading benchmark: a minute's reading spoken by fresh `voicectl say` processes, one for each choice of
 weights, so that a user can see whether this machine speaks the model live and what each choice costs.
 
 Each process plays through the speakers with a ring the text cannot fill (`say --buffer`), so its wall time is the
 engine's own while the real player plays, not the speakers' pace; with `--no-sound` it writes a WAV instead. The
 runs go one after another in the order given, and each RTF is also given against the first run's. `report` and
-`format_table` are pure; `read_runs` launches the processes.
+`format_table` are pure; `read_runs` launches the processes. The table goes to stdout, the report to --json; the
+exit status is non-zero (one line) when a run failed, the others' figures still reported. Run from the repository
+root:
+
+    python -m lab.read_bench --model $MODEL --weights int8,int4,none [--no-sound] --json $OUT/read.json
 """
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
 import subprocess
 import sys
@@ -17,7 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from lab import lab_cli
+from voiceapp.cmd_bench import checkpoint_for, command_line, log, write_json
 from voiceapp.cmd_say import BUFFER_S
+
+PROG = "python -m lab.read_bench"
+DEVICE_TIMEOUT_S = 900.0
+"""Longest the probe that names the device may take (it imports torch)."""
 
 READ_TEXT = ("The morning train left the valley station a little after seven o'clock. Rain had fallen all night, and "
              "the fields beside the river were shining. Most of the passengers read quietly, or watched the hills "
@@ -147,3 +159,86 @@ def format_table(result: dict) -> str:
                      f"{cell(run['audio_s'], 2):>8} {cell(run['ttfa_s'], 2):>7} {cell(run['first_sound_s'], 2):>8} "
                      f"{cell(run['underruns']):>9} {cell(run.get('quiet_s'), 2):>7} {cell(run['process_s'], 1):>9}")
     return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = lab_cli.parser(PROG, "a minute's reading spoken by a fresh `voicectl say` process for each --weights, "
+                             "through the speakers with a ring it cannot fill, so RTF is the engine's own while it "
+                             "plays")
+    p.add_argument("--text", metavar="FILE", help="read this UTF-8 text instead of the built-in five sentences")
+    p.add_argument("--weights", metavar="LIST", default="auto",
+                   help="comma-separated --quantize values, one run each, in order (default auto; e.g. int8,int4,none: "
+                        "each RTF is also given against the first's)")
+    p.add_argument("--no-sound", action="store_true", help="write each reading to a WAV file instead of playing it")
+    p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
+    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the text once for each --weights; the table on stdout, the report to --json."""
+    from engine.errors import GenerationError
+    from lab.startup_cases import describe_device
+
+    weights, text = read_options(args)
+    if not args.no_sound:
+        check_speakers()
+    started = datetime.datetime.now().astimezone()
+    with checkpoint_for(args, log) as (model, checkpoint):
+        device, _ = describe_device(DEVICE_TIMEOUT_S)
+        runs = read_runs(model, weights, text, sound=not args.no_sound, backend=args.backend, threads=args.threads,
+                         log=log)
+    meta = {"device": device, "date": started.date().isoformat(), "command": command_line(PROG), "model": checkpoint,
+            "text_chars": len(text), "ring_s": ring_s(text), "sound": not args.no_sound}
+    result = report(runs, meta)
+    print(format_table(result))
+    if args.json:
+        write_json(Path(args.json), result)
+    if result["errors"]:
+        raise GenerationError(f"{len(result['errors'])} of {len(runs)} readings failed: {'; '.join(result['errors'])}")
+    return 0
+
+
+def check_speakers() -> None:
+    """Fail before any model loads when there is no output device to read through (suggesting --no-sound)."""
+    from engine.backends.sounddevice_sink import FILE_HINT, import_sounddevice, pick_device_rate
+    from engine.errors import AudioDeviceError
+
+    try:
+        pick_device_rate(import_sounddevice(), None, 16000)
+    except AudioDeviceError as err:
+        reason = str(err).removesuffix(f"; {FILE_HINT}")
+        raise AudioDeviceError(f"{reason}; --no-sound reads into WAV files instead") from None
+
+
+def read_options(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
+    """(weights, text) from --weights and --text; a bad one is a one-line InputError."""
+    from engine.config import QUANTIZE
+    from engine.errors import InputError
+    from voiceapp.common import decode_text, read_input_bytes, require_speakable
+
+    weights = tuple(w.strip() for w in args.weights.split(",") if w.strip())
+    unknown = [w for w in weights if w not in ("auto", *QUANTIZE)]
+    if not weights or unknown or len(set(weights)) < len(weights):
+        raise InputError(f"--weights: expected distinct values of auto, {', '.join(QUANTIZE)}; got {args.weights!r}")
+    if args.backend == "vllm" and weights != ("auto",):
+        raise InputError("--weights: the CPU engine's choice; vLLM runs its own weights")
+    text = READ_TEXT
+    if args.text:
+        too_long = InputError(f"--text {args.text}: more than {MAX_TEXT_CHARS} characters")
+        data = read_input_bytes(args.text, 4 * MAX_TEXT_CHARS)  # UTF-8: at most 4 bytes a character
+        if data is None:
+            raise too_long
+        text = decode_text(data, f"--text {args.text}")
+        if len(text) > MAX_TEXT_CHARS:
+            raise too_long
+    require_speakable(text, f"--text {args.text}" if args.text else "the text")
+    return weights, text.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return lab_cli.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,9 @@
-"""Provides the process-running half of `voicectl bench --startup`: each case launches fresh `voicectl` processes
-(`python -m voiceapp.cli ...`, as a user runs them) and times what a user waits for.
+"""Provides the process-running half of the start-up benchmark (`python -m lab.startup`): each case launches fresh
+`voicectl` processes (`python -m voiceapp.cli ...`, as a user runs them) and times what a user waits for.
 
 Every server runs on the benchmark's own socket (VOICEAPP_SOCKET in a private folder), so the user's server is
 never used nor stopped, and every one a case started is stopped when it ends. Every process has a time limit; a
-case that fails records its one line and the others still run. voiceapp.startup_bench holds the pure half.
+case that fails records its one line and the others still run. lab.startup_bench holds the pure half.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from engine.errors import VoiceError, one_line
 from voiceapp.client import serve_pids
-from voiceapp.startup_bench import SAY_TEXT, CaseOutcome, book_text, child_env, tuning_done
+from lab.startup_bench import SAY_TEXT, CaseOutcome, book_text, child_env, tuning_done
 
 POLL_S = 0.01
 """How often a watched folder, socket or file is looked at."""
@@ -72,6 +72,10 @@ class Bench:
     def voicectl(self, command: str, *args: str) -> list[str]:
         """`voicectl COMMAND ARGS --model M` as a user runs it, with this interpreter."""
         return [sys.executable, "-m", "voiceapp.cli", command, *args, "--model", str(self.model)]
+
+    def reversed_export(self, *args: str) -> list[str]:
+        """`voicectl export ARGS --model M` rendering its sentences last first (lab.reversed_export)."""
+        return [sys.executable, "-m", "lab.reversed_export", *args, "--model", str(self.model)]
 
     def path(self, stem: str, suffix: str = "") -> Path:
         """A new name in the work folder."""
@@ -193,7 +197,7 @@ def write_book(path: Path, sentences: int) -> Path:
 CASE_RUNNERS: dict[str, Callable[[Bench, CaseOutcome], None]] = {
     "say_inprocess_first_run": say_inprocess_first_run, "import_torch": import_torch,
     "say_inprocess": say_inprocess, "say_autostart": say_autostart, "serve": serve, "tui": tui, "export": export}
-"""Each case of voiceapp.startup_bench.CASES and the function that runs it."""
+"""Each case of lab.startup_bench.CASES and the function that runs it."""
 
 
 # ---- say ---------------------------------------------------------------------------------------------------
@@ -391,9 +395,10 @@ class ExportRun:
 
 
 def export_run(bench: Bench, book: Path, out: Path, *extra: str, kill_at: int | None = None,
-               name: str = "export") -> ExportRun:
-    """Run `voicectl export BOOK -o OUT EXTRA`; with `kill_at`, SIGKILL its process group once that many sentences
-    are finished. CaseFailed when it fails, or ends before it could be killed."""
+               name: str = "export", reverse: bool = False) -> ExportRun:
+    """Run `voicectl export BOOK -o OUT EXTRA` (with `reverse`, rendering its sentences last first); with `kill_at`,
+    SIGKILL its process group once that many sentences are finished. CaseFailed when it fails, or ends before it
+    could be killed."""
     from engine.export_plan import Parts
     from voiceapp.cmd_export import Layout
 
@@ -402,7 +407,8 @@ def export_run(bench: Bench, book: Path, out: Path, *extra: str, kill_at: int | 
     parts = Parts(Layout(out, directory=False, split=False).parts)
     t0 = time.perf_counter()
     with open(stdout, "wb") as sink:
-        proc = launch(bench.voicectl("export", *args), bench.env(server=False), log, stdout=sink)
+        argv = bench.reversed_export(*args) if reverse else bench.voicectl("export", *args)
+        proc = launch(argv, bench.env(server=False), log, stdout=sink)
     try:
         while proc.poll() is None:
             written = parts.written()
@@ -450,7 +456,7 @@ DEVICE_PROBE = "import torch; print(torch.cuda.get_device_name() if torch.cuda.i
 
 def describe_device(timeout_s: float) -> tuple[str, bool]:
     """(the GPU's name, True), else (the CPU's model and core count, False)."""
-    from voiceapp.startup_bench import cpu_description
+    from lab.startup_bench import cpu_description
 
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         proc = subprocess.run([sys.executable, "-c", DEVICE_PROBE], capture_output=True, text=True,

@@ -1,5 +1,5 @@
-"""Provides the pure half of `voicectl bench --startup`: the cases, what each measured, statistics, the report's
-JSON and the printed table. No processes, no clocks: voiceapp.startup_cases runs the processes and fills these in.
+"""Provides the pure half of the start-up benchmark (`python -m lab.startup`): the cases, what each measured, statistics, the report's
+JSON and the printed table. No processes, no clocks: lab.startup_cases runs the processes and fills these in.
 
 Users never meet a warm engine: every figure here is measured on fresh processes launched as a user runs them.
 """
@@ -59,7 +59,7 @@ class ReportMeta:
     git: str | None
     """The checkout's commit (`-dirty` when it has uncommitted changes), or None outside a checkout."""
     command: str
-    """The command line, as `voicectl bench ...`."""
+    """The command line, as `python -m lab.startup ...`."""
     model: str
     """`synthetic tiny` / `synthetic full`, or the checkpoint directory."""
     repeats: int
