@@ -80,6 +80,14 @@ class JoinConfig:
     """Longer sentences are split at clause boundaries (what the model handles well)."""
 
 
+def is_device(name: str, mps: bool = False) -> bool:
+    """Whether `name` is a device an engine may be put on: auto, cpu, cuda, cuda:N (and mps where `mps`)."""
+    kind, sep, index = name.partition(":")
+    if sep:
+        return kind == "cuda" and index.isdigit()
+    return name in ("auto", "cpu", "cuda") or (mps and name == "mps")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """How to build the engine."""
@@ -89,9 +97,12 @@ class EngineConfig:
     backend: str = "auto"
     """Token generator: auto (vLLM on CUDA if installed, else torch) | torch | vllm | fake."""
     device: str = "auto"
-    """LLM device for the torch backend: auto | cpu | cuda | mps."""
+    """Where the engine computes: auto | cpu | cuda | cuda:N | mps. A GPU named by index ("cuda:1") takes the LLM
+    (graph lane, torch generator) and, unless `decoder_device` says otherwise, the decoder: one engine per GPU in one
+    machine. vLLM takes no device (it runs on the process's current GPU), so an engine on another GPU runs without
+    it; a process whose CUDA_VISIBLE_DEVICES names one GPU (a Ray replica) has it as plain "cuda"."""
     decoder_device: str = "auto"
-    """Codec decoder device: auto (GPU if present and not slower than the CPU) | cpu | cuda."""
+    """Codec decoder device: auto (the engine's GPU if present and not slower than the CPU) | cpu | cuda | cuda:N."""
     decoder_dtype: str = "auto"
     """Codec decoder precision: auto | fp32 | bf16. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
     bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
@@ -151,6 +162,9 @@ class EngineConfig:
     would cost a CPU machine seconds of start-up)."""
 
     def __post_init__(self) -> None:
+        for name in ("device", "decoder_device"):
+            if not is_device(getattr(self, name), mps=name == "device"):
+                raise ValueError(f"unknown {name} {getattr(self, name)!r} (auto, cpu, cuda or cuda:N)")
         if self.backend not in ("auto", "torch", "vllm", "fake"):
             raise ValueError(f"unknown backend {self.backend!r}")
         if self.quantize not in ("auto", *QUANTIZE):

@@ -46,7 +46,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     voices = config.voices or family.voices()
     with phase("tokenizer", events):
         encode = _load_encoder(info)
-    _init_torch(events)
+    _init_torch(events, gpu_device(config))
     decoder = _build_decoder(family, info, config, events)
     generator = _build_generator(info, config, events)
     cache = GlobalsCache(info.checkpoint_hash, root=_path(config.cache_dir))
@@ -57,7 +57,8 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
                         eager_lookahead=getattr(generator, "concurrent_streams", False),
                         decode_batch=_decode_batch(config), model_info=info,
                         pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder),
-                                    ahead_windows_s=windows_s(schedule.ahead(), decoder)))
+                                    ahead_windows_s=windows_s(schedule.ahead(), decoder)),
+                        devices=_devices(generator, decoder))
     _warm_up_if_asked(synth, config, events)
     if config.freeze_heap:
         with phase("freeze_heap", events):
@@ -65,11 +66,29 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     return synth
 
 
+def gpu_device(config: EngineConfig) -> str:
+    """The GPU this engine's parts go to where they run on one: EngineConfig.device where it names one ("cuda:1"),
+    else the decoder's ("cuda:1"), else "cuda" (the current one, cuda:0 unless the process chose another)."""
+    for device in (config.device, config.decoder_device):
+        if device.startswith("cuda:"):
+            return device
+    return "cuda"
+
+
+def _devices(generator, decoder) -> tuple[str, ...]:
+    """Where the engine computes, for its status: the LLM's device (the graph lane's where one is in front) and
+    the decoder's, each once."""
+    lanes = _lanes(generator)
+    llm = lanes[0].device if lanes else getattr(generator, "device", None)  # vLLM: the current GPU
+    names = [str(llm) if llm is not None else "cuda", str(decoder.device)]
+    return tuple(dict.fromkeys(names))
+
+
 def _may_lag(config: EngineConfig, decoder) -> bool:
     """The LLM or the decoder computes on the CPU (or on a GPU other than CUDA), where speech may come slower than
     real time: `speak` then learns the speed from a request's first sentence before playing it (engine.pacing)."""
     gpu_decoder = str(decoder.device).startswith("cuda")
-    return not (gpu_decoder and config.device in ("auto", "cuda") and _cuda())
+    return not (gpu_decoder and (config.device == "auto" or config.device.startswith("cuda")) and _cuda())
 
 
 def _schedule(config: EngineConfig, may_lag: bool, default: WindowSchedule = WindowSchedule()) -> WindowSchedule:
@@ -121,9 +140,10 @@ def keep_compile_caches(env: dict[str, str] | None = None) -> None:
         env.setdefault(name, str(user_cache_dir() / "compile" / folder))
 
 
-def _init_torch(events: EventSink) -> None:
-    """Import torch and, where there is a GPU, create the CUDA context, each timed as its own phase (both are paid
-    once per process, by whichever step comes first). The compile caches are placed before anything compiles."""
+def _init_torch(events: EventSink, device: str = "cuda") -> None:
+    """Import torch and, where there is a GPU, create the CUDA context on `device`, each timed as its own phase
+    (both are paid once per process, by whichever step comes first). The compile caches are placed before anything
+    compiles."""
     keep_compile_caches()
     with phase("torch_import", events):
         cuda = _cuda()
@@ -131,7 +151,11 @@ def _init_torch(events: EventSink) -> None:
         import torch
 
         with phase("cuda_init", events):
-            torch.zeros(1, device="cuda")
+            if torch.device(device).index is not None:
+                # this thread's current GPU: what the parts built here capture their graphs on (their own threads
+                # replay them under the device guards torch puts around every call)
+                torch.cuda.set_device(device)
+            torch.zeros(1, device=device)
 
 
 def _warm_up_if_asked(synth: Synthesizer, config: EngineConfig, events: EventSink) -> None:
@@ -230,8 +254,10 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
 
     device = config.decoder_device
     if device == "auto":
-        device = "cuda" if _cuda() else "cpu"
-    if device != "cuda":
+        device = gpu_device(config) if _cuda() else "cpu"
+    elif device == "cuda":
+        device = gpu_device(config)
+    if not device.startswith("cuda"):
         return _cpu_decoder(family, info, config, events)
     import torch
 
@@ -241,19 +267,19 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     dtype = GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype
     try:
         with phase("decoder", events):
-            gpu = family.decoder(info, "cuda", dtype, threads=config.threads, deterministic=config.deterministic,
+            gpu = family.decoder(info, device, dtype, threads=config.threads, deterministic=config.deterministic,
                                  autotune=config.decoder_autotune)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
         with phase("decoder_graphs", events):
             # a deterministic engine renders whole sentences, whose lengths no captured window matches
             seconds = 0.0 if config.deterministic else gpu.warmup(lengths_for(config.schedule), batches)
     except RuntimeError as err:  # out of memory, driver trouble
-        if config.decoder_device == "cuda":
+        if config.decoder_device.startswith("cuda"):
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
         events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
         return _cpu_decoder(family, info, config, events)
     graphs = "no CUDA graphs" if config.deterministic or not seconds else f"CUDA graphs captured in {seconds:.1f} s"
-    events(Notice(f"decoder on {torch.cuda.get_device_name()} ({DTYPE_NAMES[dtype]}, {graphs})"))
+    events(Notice(f"decoder on {torch.cuda.get_device_name(device)} ({device}, {DTYPE_NAMES[dtype]}, {graphs})"))
     if config.decoder_device == "auto":
         probe = family.probe_item(lengths_for(config.schedule)[0])
         gpu_s = probe_decoder(gpu, probe)
@@ -296,21 +322,25 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
     want_lane = config.graph_lane and not config.deterministic
     lane, tried = None, False
     gpu = _cuda() and (config.device != "cpu" or backend == "vllm")  # --compute cpu: the LLM stays on the CPU
+    device = gpu_device(config)
     if config.deterministic:
         return _deterministic_generator(info, config, events, gpu)
     if backend == "auto" and config.one_listener and want_lane and gpu:
-        lane, tried = _build_lane(info, events, rows=config.lane_rows), True
+        lane, tried = _build_lane(info, events, device, rows=config.lane_rows), True
         if lane is not None:  # else vLLM below, as ever
             events(Notice("one listener: the graph lane carries it, vLLM is not started (--backend vllm starts it)"))
             return _torch_generator(info, config, events, lane)
     if backend in ("auto", "vllm") and gpu:
         try:
+            if not _current_gpu(device):
+                raise ImportError(f"vLLM runs on the process's current GPU, not {device}; give each engine a process "
+                                  f"whose CUDA_VISIBLE_DEVICES names its GPU")
             from engine.backends.vllm_gen import VllmTokenGenerator
 
             # no lane without vLLM (the torch generator below is the fallback)
             if not _vllm_installed():
                 raise ImportError("vllm is not installed")
-            lane = _build_lane(info, events, rows=config.lane_rows) if want_lane and not tried else None
+            lane = _build_lane(info, events, device, rows=config.lane_rows) if want_lane and not tried else None
             with phase("vllm", events):
                 gen = VllmTokenGenerator(info, events=events)
             return gen if lane is None else lane_router(gen, lane, events)
@@ -329,12 +359,12 @@ def _deterministic_generator(info, config: EngineConfig, events: EventSink, gpu:
     if config.backend == "vllm":
         raise InputError("vLLM cannot reproduce a sentence's bytes across runs (its batches change the arithmetic); "
                          "leave --backend at auto or torch")
-    lanes = _build_fixed_lanes(info, events) if gpu else []
+    lanes = _build_fixed_lanes(info, events, gpu_device(config)) if gpu else []
     if not lanes:
         return _torch_generator(info, config, events)
     import torch
 
-    fallback = _plain_torch_generator(info, config, events, torch.device("cuda"), lazy=True)
+    fallback = _plain_torch_generator(info, config, events, torch.device(gpu_device(config)), lazy=True)
     return fixed_lane_chain(fallback, lanes, events)
 
 
@@ -350,7 +380,7 @@ def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events):
     return generator
 
 
-def _build_fixed_lanes(info, events: EventSink) -> list:
+def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
     """The fixed-shape lanes of FIXED_LANES (GraphLane `fixed_shapes`), each sized to the GPU; none, with a notice,
     where they cannot run."""
     import torch
@@ -358,7 +388,7 @@ def _build_fixed_lanes(info, events: EventSink) -> list:
     from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
     
-    device = torch.device("cuda")
+    device = torch.device(device)
     if not _lane_runs_on(device, events, "; the torch generator renders one step per sentence"):
         return []
     t0 = time.perf_counter()
@@ -383,6 +413,8 @@ def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, b
     from engine.backends.torch_gen import pick_device
 
     device = pick_device() if config.device == "auto" else torch.device(config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(gpu_device(config))
     if device.type == "cuda" and lane is None and build_lane:
         lane = _build_lane(info, events, device, rows=config.lane_rows)
     gen = _plain_torch_generator(info, config, events, device, lazy=lane is not None)
@@ -473,6 +505,14 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
     return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global")
+
+
+def _current_gpu(device: str) -> bool:
+    """Whether `device` is the process's current GPU (what vLLM, which takes no device, runs on)."""
+    import torch
+
+    index = torch.device(device).index
+    return index is None or index == torch.cuda.current_device()
 
 
 def _free_gpu_memory() -> None:

@@ -19,6 +19,7 @@ from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for
 from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
+from engine.engine_api import describe_engine, device_status, lane_status
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.families.base import CodeParser, Grammar
 from engine.folds import UtteranceFolds
@@ -164,15 +165,19 @@ class Synthesizer(UtteranceFolds):
                  globals_cache: GlobalsCache | MemoryGlobalsCache | None = None,
                  *, schedule: WindowSchedule = WindowSchedule(), join: JoinConfig = JoinConfig(),
                  events: EventSink = ignore_events, eager_lookahead: bool = False,
-                 decode_batch: int | None = None, model_info: Any = None, pacer: Pacer | None = None) -> None:
+                 decode_batch: int | None = None, model_info: Any = None, pacer: Pacer | None = None,
+                 devices: tuple[str, ...] = ()) -> None:
         """`decode_batch`: most windows in one decoder call (None: what the decoder takes, its `batch_limit`); 1
-        makes a window's samples independent of what it would have been batched with (a deterministic engine)."""
+        makes a window's samples independent of what it would have been batched with (a deterministic engine).
+        `devices`: where the LLM and the decoder compute (default: the decoder's device)."""
         self.generator, self.decoder = generator, decoder
         self.grammar = grammar
         """The checkpoint's prompt format and token grammar (its family's: engine.families)."""
         self.model_info = model_info
         """The checkpoint this engine runs (engine.families.base.Checkpoint; None for the fake engine)."""
         self.pacer = pacer or Pacer()
+        self.devices = devices or (str(decoder.device),)
+        """The devices this engine computes on ("cuda:1", "cpu"), for its status."""
         self.voices, self.globals_cache = voices, globals_cache
         self.schedule, self.join, self.events = schedule, join, events
         self.eager_lookahead = eager_lookahead
@@ -460,6 +465,14 @@ class Synthesizer(UtteranceFolds):
     def on_decode_thread(self, fn: Callable[[], object]) -> Future:
         """Run `fn` on the decoder's thread, between two decodes (work that must not overlap one: graph capture)."""
         return self._decode_pool.submit(fn)
+
+    def describe(self) -> dict[str, Any]:
+        """engine.engine_api.Engine.describe: backend, checkpoint and pacing."""
+        return describe_engine(self)
+
+    def status(self) -> dict[str, Any]:
+        """engine.engine_api.Engine.status: each device's memory and the graph lane's counters."""
+        return {"devices": [device_status(d) for d in self.devices], **lane_status(self.generator)}
 
     async def close(self) -> None:
         await self.generator.close()

@@ -45,9 +45,6 @@ KIND_JSON, KIND_AUDIO = b"J", b"A"
 FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
 MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
 
-BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
-"""Generator class -> the --backend value that builds it."""
-
 FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceStarted,
                                                   ev.SentenceFinished, ev.RequestFinished, ev.RequestFailed,
                                                   ev.Notice)}
@@ -135,21 +132,6 @@ def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
         return None
 
 
-def describe_engine(synth: Any) -> dict[str, Any]:
-    """What identifies a Synthesizer's output: backend name and checkpoint (absolute path, hash; None for the fake); and
-    whether a client should learn its speed before playing a request (`paced_start`) and the windows its sentences
-    come in (`paced_windows_s`, and `paced_ahead_windows_s` for a sentence rendered ahead of its turn:
-    engine.pacing)."""
-    gen = synth.generator
-    name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
-    info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
-    return {"backend": BACKEND_NAMES.get(name, name),
-            "model": ({"path": str(Path(info.root).resolve()), "hash": info.checkpoint_hash}
-                      if info is not None else None),
-            "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s),
-            "paced_ahead_windows_s": list(synth.pacer.ahead_windows_s)}
-
-
 @functools.lru_cache(maxsize=1)
 def project_version() -> str:
     """The version of the code that runs: the pyproject.toml beside it in a source tree (a checkout on PYTHONPATH
@@ -169,15 +151,6 @@ def project_version() -> str:
         return importlib.metadata.version("voiceapp")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def lane_status(generator: Any) -> dict[str, Any]:
-    """The graph lane's counters for `voicectl status` ({} when the engine has no lane)."""
-    if getattr(generator, "lane", None) is None:
-        return {}
-    return {"lane": {"on": bool(generator.enabled and not generator.failed), "streams": generator.lane_streams,
-                     "handed_over": generator.handoffs, "failed": bool(generator.failed),
-                     "fused": bool(getattr(generator.lane, "fused", False))}}
 
 
 # ---- decoding ---------------------------------------------------------------------------------------------

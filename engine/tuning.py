@@ -92,15 +92,15 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
     decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it, each swapped
     in when ready. Nothing on an engine without a GPU lane."""
-    from engine.factory import _build_lane, _lane_in_front, _vllm_installed
+    from engine.factory import _build_lane, _current_gpu, _lane_in_front, _vllm_installed, gpu_device
 
     info = synth.model_info
     if info is None or not _lane_in_front(synth.generator):
         return Tuning([], events)
     steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth)),
-             TuningStep("lane", lambda: _build_lane(info, events, rows=None, background=True),
+             TuningStep("lane", lambda: _build_lane(info, events, gpu_device(config), rows=None, background=True),
                         lambda lane: _swap(synth, events, lane=lane))]
-    if config.backend == "auto" and _vllm_installed():
+    if config.backend == "auto" and _vllm_installed() and _current_gpu(gpu_device(config)):
         from engine.backends.vllm_gen import VllmTokenGenerator
 
         steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),

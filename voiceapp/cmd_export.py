@@ -448,9 +448,8 @@ def engine_checked(plan, synth, manifest, earlier: dict | None):
     """The plan completed with the engine's identity, checked against the manifest being resumed."""
     from engine.export_plan import ExportSettings
     from engine.platform_info import describe_platform
-    from engine.protocol import describe_engine
 
-    engine = describe_engine(synth)
+    engine = synth.describe()
     settings = dataclasses.replace(plan.settings, model_hash=engine["model"]["hash"] if engine["model"] else "fake",
                                    backend=engine["backend"], sample_rate=synth.sample_rate,
                                    platform=describe_platform(synth))

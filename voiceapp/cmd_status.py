@@ -33,6 +33,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe_device(device: dict) -> str:
+    """One device the engine computes on: its memory where it is a GPU."""
+    if "total_bytes" not in device:
+        return f"device: {device['device']}"
+    return (f"GPU memory: {device['used_bytes'] / 2**30:.1f} of {device['total_bytes'] / 2**30:.1f} GiB used "
+            f"({device['device']}, {device['name']}; {device['allocated_bytes'] / 2**30:.2f} GiB allocated by the "
+            f"engine)")
+
+
+def describe_replicas(replicas: list[dict]) -> list[str]:
+    """Engine replicas on a Ray cluster (voiceapp.ray_serve): one line each, with its devices."""
+    lines = [f"replicas: {len(replicas)} on Ray"]
+    for r in replicas:
+        devices = ", ".join(d["device"] for d in r.get("devices", [])) or "?"
+        lines.append(f"  replica {r['replica']}: {r['live']} live of {r['capacity']}, on {devices}")
+    return lines
+
+
 def describe(status: dict) -> list[str]:
     from voiceapp.autostart import idle_text
 
@@ -44,10 +62,9 @@ def describe(status: dict) -> list[str]:
              f"{started}; idle timeout: {idle_text(idle) if idle else 'none (runs until voicectl stop)'}",
              f"model: {model['path']} (hash {model['hash']})" if model else "model: none (fake backend)",
              f"backend: {status['backend']}, {status['sample_rate']} Hz"]
-    gpu = status.get("gpu")
-    if gpu:
-        lines.append(f"GPU memory: {gpu['used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB used "
-                     f"({gpu['device']}; {gpu['allocated_bytes'] / 2**30:.2f} GiB allocated by the server)")
+    lines += [describe_device(device) for device in status.get("devices", [])]
+    if status.get("replicas") is not None:
+        lines += describe_replicas(status["replicas"])
     lane = status.get("lane")
     if lane:
         state = "failed, off" if lane["failed"] else "on" if lane["on"] else "off"

@@ -19,7 +19,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", metavar="DIR", help="checkpoint directory (default: $VOICEAPP_MODEL, then the HF cache)")
     g.add_argument("--backend", choices=["auto", "torch", "vllm", "fake"], default="auto",
                    help="token generator (default: vLLM on a GPU, else torch)")
-    g.add_argument("--compute", choices=["auto", "cpu", "cuda"], default="auto", help="device for LLM and decoder")
+    g.add_argument("--compute", type=compute_device, default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="device for LLM and decoder (cuda:N: the GPU of that index)")
     g.add_argument("--threads", type=int, help="CPU threads for torch")
     g.add_argument("--quantize", choices=QUANTIZE,
                    help="the LLM's weights on the CPU: int8 (default there; converted once per checkpoint, "
@@ -32,6 +33,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-warm-up", action="store_true",
                    help="skip the short silent request that pays the process's first-use costs at start-up "
                         "(on a GPU the first audio then comes later)")
+
+
+def compute_device(value: str) -> str:
+    """--compute's value, checked (argparse turns the ValueError into its one-line usage error)."""
+    from engine.config import is_device
+
+    if not is_device(value):
+        raise ValueError(value)
+    return value
 
 
 def add_socket_arg(p: argparse.ArgumentParser) -> None:

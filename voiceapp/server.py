@@ -1,4 +1,4 @@
-"""Provides EngineServer: one warm Synthesizer served to local clients over a Unix socket (engine.protocol).
+"""Provides EngineServer: one warm engine (engine.engine_api.Engine) served to local clients over a Unix socket (engine.protocol).
 
 Safety: the socket directory is private (0700, ours), the socket is 0600, and connections from another uid are
 refused (SO_PEERCRED). A lock file beside the socket makes a second server refuse to start; a socket file left by
@@ -24,11 +24,11 @@ from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
-from engine.pipeline import Synthesizer
+from engine.engine_api import Engine
 from engine.tuning import Tuning
 from engine.types import AudioChunk
-from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
-                             encode_message, error_message, event_message, project_version, read_frame)
+from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_audio, encode_message, error_message,
+                             event_message, project_version, read_frame)
 from voiceapp.client import lock_path, peer_credentials
 from voiceapp.lockfile import LockHeld, PidLock
 
@@ -246,10 +246,10 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
 # ---- the server -------------------------------------------------------------------------------------------
 
 class EngineServer:
-    """Serves `synth` on a Unix socket. `requests`: the LiveRequests whose `route` is the synthesizer's event sink
-    (so that each request's events reach its client)."""
+    """Serves `synth` (an engine.engine_api.Engine: a Synthesizer, or replicas on Ray) on a Unix socket. `requests`:
+    the LiveRequests whose `route` is the engine's event sink (so that each request's events reach its client)."""
 
-    def __init__(self, synth: Synthesizer, path: Path, requests: LiveRequests, *, lock: SocketLock | None = None,
+    def __init__(self, synth: Engine, path: Path, requests: LiveRequests, *, lock: SocketLock | None = None,
                  private_dir: bool = False, log: Callable[[str], None] | None = None, idle_timeout_s: float = 0.0,
                  auto_started: bool = False, tuning: Tuning | None = None) -> None:
         self.synth, self.path, self.requests, self.lock = synth, path, requests, lock
@@ -342,7 +342,7 @@ class EngineServer:
 
     def hello(self) -> dict[str, Any]:
         return {"type": "hello", "v": PROTOCOL_VERSION, "version": project_version(), "pid": os.getpid(),
-                "sample_rate": self.synth.sample_rate, **describe_engine(self.synth)}
+                "sample_rate": self.synth.sample_rate, **self.synth.describe()}
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -356,7 +356,7 @@ class EngineServer:
                 "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 **({"http": self.http.status()} if self.http is not None else {}),
-                "gpu": gpu_memory(), **lane_status(self.synth.generator), **self.counts}
+                **self.synth.status(), **self.counts}
 
     # -- other front ends ---------------------------------------------------------------------------------
 
@@ -503,12 +503,3 @@ class EngineServer:
             conn.send(error_message(err.code, str(err)))
         return "gone"
 
-
-def gpu_memory() -> dict[str, Any] | None:
-    """Device memory when this process uses CUDA (never initializes CUDA just to ask)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return {"device": torch.cuda.get_device_name(), "used_bytes": total - free, "total_bytes": total,
-            "allocated_bytes": torch.cuda.memory_allocated()}

@@ -123,6 +123,8 @@ class GraphLane:
                                  compile_prefill=compile_prefill, capture_mode=capture_mode)
         self.scheduler = LaneScheduler(self.shapes, token_ids.stop_ids, allowed)
         self.fused, self.capture_s = self.runner.fused, self.runner.capture_s
+        self.device = self.runner.device
+        """The device its weights, cache and graphs are on."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-lane")
         self._vocab_checked: tuple[int, ...] | None = None
         """The last allowed set found inside the vocabulary."""

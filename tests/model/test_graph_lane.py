@@ -562,7 +562,7 @@ async def test_router_in_front_of_a_slower_generator_never_hands_over(lane) -> N
 
 
 def test_status_reports_the_lane(lane) -> None:
-    from engine.protocol import describe_engine, lane_status
+    from engine.engine_api import describe_engine, lane_status
     from voiceapp.cmd_status import describe
 
     router = LaneRouter(ScriptedGenerator(IDS), lane)
@@ -578,7 +578,7 @@ def test_status_reports_the_lane(lane) -> None:
     assert describe_engine(Synth())["backend"] == "fake"  # named after the generator behind the lane
     router.failed = True
     status = {"pid": 1, "uptime_s": 5, "socket": "s", "model": None, "backend": "vllm", "sample_rate": 16000,
-              "gpu": None, "streams": [], "served": 4, "cancelled": 0, "failed": 0, "clients": 0,
+              "devices": [], "streams": [], "served": 4, "cancelled": 0, "failed": 0, "clients": 0,
               **lane_status(router)}
     assert "graph lane: failed, off; 3 streams started there, 1 moved to vllm when other streams arrived" \
         in describe(status)

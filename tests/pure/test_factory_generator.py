@@ -32,10 +32,11 @@ class FakeVllm:
 @pytest.fixture
 def gpu(monkeypatch):
     """A GPU, vLLM installed, and lane builds counted (`lanes`: what each build returns, in turn)."""
-    built = SimpleNamespace(lanes=[], calls=0)
+    built = SimpleNamespace(lanes=[], calls=0, devices=[])
 
     def build_lane(info, events, device=None, rows=None):
         built.calls += 1
+        built.devices.append(device)
         return built.lanes.pop(0)
 
     module = ModuleType("engine.backends.vllm_gen")
@@ -184,3 +185,38 @@ def test_one_listener_captures_decoder_graphs_for_two_windows_at_once_a_crowd_fo
     decoder = factory._build_decoder(SPARK, SimpleNamespace(bicodec_dir="unused"), config)  # noqa: SLF001
     assert decoder.device == "cuda" and captured["lengths"] == lengths_for(config.schedule)
     assert captured["batches"] == ((1, 4) if one_listener else (1, 4, 8, 16, 32, 64))
+
+
+def test_an_engine_on_a_named_gpu_puts_its_lane_and_llm_there_and_leaves_vllm_out(gpu, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    gpu.lanes = [SimpleNamespace(rows=2) for _ in range(3)]
+    gen, notices = _generator(EngineConfig(device="cuda:1", one_listener=True))
+    assert gpu.devices == ["cuda:1"] and gen.primary.device == torch.device("cuda:1")
+    gen, notices = _generator(EngineConfig(device="cuda:1"))  # a crowd's engine: vLLM would land on cuda:0
+    assert list(map(str, gpu.devices)) == ["cuda:1", "cuda:1"] and isinstance(gen.primary, FakeTorchGen)
+    assert gen.primary.device == torch.device("cuda:1")
+    assert any("vLLM unavailable (vLLM runs on the process's current GPU, not cuda:1" in n for n in notices)
+    gen, _ = _generator(EngineConfig(device="cuda:0"))  # the current GPU: vLLM as ever
+    assert isinstance(gen.primary, FakeVllm)
+
+
+def test_the_engines_gpu_comes_from_its_config() -> None:
+    assert factory.gpu_device(EngineConfig()) == "cuda"
+    assert factory.gpu_device(EngineConfig(device="cuda:1")) == "cuda:1"
+    assert factory.gpu_device(EngineConfig(decoder_device="cuda:2")) == "cuda:2"
+    with pytest.raises(ValueError, match="unknown device 'gpu:1'"):
+        EngineConfig(device="gpu:1")
+    with pytest.raises(ValueError, match="unknown decoder_device 'mps'"):
+        EngineConfig(decoder_device="mps")
+
+
+def test_compute_takes_a_gpu_index_and_refuses_anything_else(capsys) -> None:
+    from voiceapp.cli import build_parser
+    from voiceapp.common import engine_config
+
+    args = build_parser().parse_args(["serve", "--compute", "cuda:1"])
+    config = engine_config(args)
+    assert config.device == "cuda:1" and config.decoder_device == "cuda:1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--compute", "cuda:x"])
+    assert "--compute: invalid" in capsys.readouterr().err

@@ -336,7 +336,7 @@ async def test_status_lists_live_streams(fake_server):
     status = await server_status(fake_server.path)
     await conn.close()
     assert status["pid"] == os.getpid() and status["backend"] == "fake" and status["model"] is None
-    assert status["socket"] == str(fake_server.path) and status["uptime_s"] >= 0 and status["gpu"] is None
+    assert status["socket"] == str(fake_server.path) and status["uptime_s"] >= 0 and status["devices"] == [{"device": "cpu"}]
     (stream,) = status["streams"]
     assert stream["voice"] == "mia" and stream["chars"] == len(LONG_TEXT) and stream["client_pid"] == os.getpid()
     assert stream["ttfa_ms"] is not None and stream["audio_s"] > 0

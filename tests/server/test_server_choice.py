@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine.pacing import Pacer
-from engine.protocol import describe_engine, project_version
+from engine.engine_api import describe_engine
+from engine.protocol import project_version
 from tests.cli_helpers import one_line_error, voicectl
 from voiceapp.server_socket import server_mismatch, wanted_checkpoint
 
