@@ -11,10 +11,18 @@ from typing import Any, AsyncIterable, AsyncIterator, Protocol, runtime_checkabl
 
 from engine.config import SynthesisRequest
 from engine.types import AudioChunk
-from engine.voices import VoiceBank
+from engine.voices import Voice
 
 BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "VllmTokenGenerator": "vllm"}
 """Generator class -> the --backend value that builds it."""
+
+
+class Voices(Protocol):
+    """What a server reads of an engine's voices (engine.voices.VoiceBank is one)."""
+
+    def all(self) -> dict[str, Voice]:
+        """Every voice by name."""
+        ...
 
 
 @runtime_checkable
@@ -23,7 +31,7 @@ class Engine(Protocol):
 
     sample_rate: int
     """Samples per second of every chunk `synthesize` yields."""
-    voices: VoiceBank
+    voices: Voices
     """The voices a request may name."""
 
     def synthesize(self, req: SynthesisRequest,

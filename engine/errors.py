@@ -58,6 +58,17 @@ class GenerationError(VoiceError):
     title = "generation"
 
 
+class EngineBusy(VoiceError):
+    """Every engine that could take the request is carrying as many streams as it keeps in real time (an HTTP
+    client gets 429 with Retry-After)."""
+
+    title = "busy"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Cancelled(VoiceError):
     """The request was stopped by the user."""
 

@@ -21,7 +21,8 @@ py=.venv/bin/python
 $py -m pip install -q --upgrade pip
 # CPU build unless a torch is already there (a GPU machine brings its own CUDA torch).
 $py -c 'import torch' 2>/dev/null || $py -m pip install -q "torch==2.13.0"
-$py -m pip install -q -e '.[dev]'
+# the Ray extra too: its tests (tests/server/test_ray_serve.py, tests/export/test_export_ray.py) run in CI
+$py -m pip install -q -e '.[dev,ray]'
 $py -m pip install -q --no-deps "spark-tts-lib==0.2.1"
 $py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
 echo "voicectl is .venv/bin/voicectl (or: source .venv/bin/activate)"

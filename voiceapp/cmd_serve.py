@@ -13,6 +13,8 @@ from dataclasses import replace
 from voiceapp.common import add_engine_args, engine_config
 from voiceapp.server_socket import LOG_PREFIX
 
+RAY_ONLY = ("replicas", "min_replicas", "max_replicas", "replica_streams", "replica_cpus")
+"""Options that only --ray takes."""
 WARMUP_TEXT = "Warming up."
 WARMUP_TOKENS = 40
 """Enough to run every stage once (prompt, generation, a few decode windows) without a long render."""
@@ -55,6 +57,21 @@ def add_parser(sub) -> None:
     w.add_argument("--wyoming", metavar="tcp://HOST:PORT",
                    help="also serve text to speech over the Wyoming protocol (e.g. tcp://0.0.0.0:10200; it has no "
                         "authentication: listen where only your Home Assistant reaches)")
+    r = p.add_argument_group("Ray (engine replicas on a Ray cluster: pip install 'voiceapp[ray]'; docs/scale.md)")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run the engine as Ray Serve replicas, one per GPU of the cluster at ADDRESS (a head's "
+                        "HOST:PORT, ray://HOST:10001, or auto; none: a local cluster), behind this process's "
+                        "socket, HTTP and Wyoming servers")
+    r.add_argument("--replicas", type=int, metavar="N",
+                   help="a fixed number of replicas (default: one per GPU; 1 on a cluster without GPUs)")
+    r.add_argument("--min-replicas", type=int, metavar="N",
+                   help="autoscale from N replicas (0: none while idle; the first request then waits for one)")
+    r.add_argument("--max-replicas", type=int, metavar="N", help="autoscale up to N replicas (default: the GPUs)")
+    r.add_argument("--replica-streams", type=int, metavar="N",
+                   help="most streams one replica takes at once (default 32; a replica's own capacity, its graph "
+                        "lane's rows, may be less: requests go to the replica with the most room)")
+    r.add_argument("--replica-cpus", type=float, metavar="N",
+                   help="CPUs a replica holds on a cluster without GPUs (default 1)")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -89,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
         from voiceapp.wyoming_api import parse_uri
 
         parse_uri(args.wyoming)  # a bad address fails before anything starts
+    if args.ray is not None:
+        from voiceapp.ray_serve import import_ray
+
+        import_ray()  # no Ray: one line naming the extra, before anything starts
+    elif any(getattr(args, name) is not None for name in RAY_ONLY):
+        raise InputError(f"--{next(n for n in RAY_ONLY if getattr(args, n) is not None).replace('_', '-')} "
+                         f"is an option of --ray")
     asyncio.run(serve(args, http_settings(args)))
     return 0
 
@@ -145,15 +169,18 @@ async def serve(args: argparse.Namespace, http=None) -> None:
             from voiceapp import wyoming_api
 
             wyoming_listener = wyoming_api.bind_listener(*wyoming_api.parse_uri(args.wyoming))
-        log(f"loading the engine ({describe_flags(args)})")
-        synth = build_synthesizer(first, events=requests.route)
+        if args.ray is not None:
+            synth = await ray_engine(args, first, crowd)
+        else:
+            log(f"loading the engine ({describe_flags(args)})")
+            synth = build_synthesizer(first, events=requests.route)
     except BaseException:
         for sock in (listener, wyoming_listener):
             if sock is not None:
                 sock.close()
         lock.release()
         raise
-    tuning = crowd_tuning(synth, crowd, requests.route) if tunes(args) else None
+    tuning = crowd_tuning(synth, crowd, requests.route) if tunes(args) and args.ray is None else None
     server = EngineServer(synth, path, requests, lock=lock, private_dir=private, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     if listener is not None:
@@ -167,7 +194,7 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         wyoming = WyomingApi(server, wyoming_listener, log=log)
     background = None
     try:
-        if not (args.no_warm_up or first.one_listener):  # a one-listener engine warmed up (factory)
+        if not (args.no_warm_up or first.one_listener or args.ray is not None):  # one listener's: in the factory
             log("warming up")
             await warm_up(synth)
         if tuning is not None and tuning.steps:
@@ -182,6 +209,45 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         if server.http is not None:
             await server.http.close()
         await server.close()
+        if args.ray is not None:
+            from voiceapp import ray_serve
+
+            ray_serve.shutdown()
+
+
+async def ray_engine(args: argparse.Namespace, first, crowd):
+    """`--ray`: join (or start) the cluster, deploy the engine replicas, and the engine that forwards to them
+    (voiceapp.ray_serve). The blocking Ray calls run on a worker thread; the loop is this process's servers'."""
+    import time
+
+    from voiceapp import ray_serve
+    from voiceapp.ray_replica import ReplicaPlan
+
+    ray_serve.import_ray()  # one line naming the extra, before anything else
+    loop = asyncio.get_running_loop()
+    t0 = time.monotonic()
+    await loop.run_in_executor(None, ray_serve.connect, args.ray or None, log)
+    scaling = ray_scaling(args)
+    plan = ReplicaPlan(first, crowd, tunes(args), scaling.streams)
+    log(f"deploying the engine ({describe_flags(args)})")
+    handle = await loop.run_in_executor(None, ray_serve.deploy, plan, scaling, log)
+    engine = await ray_serve.RayEngine.start(handle, log)
+    log(f"replicas answering {time.monotonic() - t0:.1f} s after start (cold start of the first: joining Ray, "
+        f"starting Serve and loading an engine)")
+    return engine
+
+
+def ray_scaling(args: argparse.Namespace):
+    """--replicas, --min-replicas, --max-replicas, --replica-streams and --replica-cpus against the cluster."""
+    import ray
+
+    from voiceapp.ray_serve import REPLICA_STREAMS, Scaling, check_scaling
+
+    scaling = Scaling(gpus=int(ray.cluster_resources().get("GPU", 0)), replicas=args.replicas,
+                      min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                      streams=args.replica_streams or REPLICA_STREAMS, cpus=args.replica_cpus or 1.0)
+    check_scaling(scaling)
+    return scaling
 
 
 async def listen(server, wyoming=None) -> None:

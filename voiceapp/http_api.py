@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.errors import InputError, VoiceError, one_line
+from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.types import AudioChunk
 from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, expected_audio_s, is_loopback,
                                  models_body, parse_speech, public_text, retry_after_s, voices_body)
@@ -221,6 +221,10 @@ class HttpApi:
         pump.task.add_done_callback(lambda _: self._pumps.discard(pump))
         try:
             first = await pump.next()
+        except EngineBusy as err:  # every engine replica is full (voiceapp.ray_serve)
+            self.counts["busy"] += 1
+            return error_response(ApiError(429, str(err), "too_many_requests", "rate_limit_error",
+                                           headers={"Retry-After": str(err.retry_after_s)}))
         except VoiceError as err:  # refused by the engine before any audio (counted there as failed)
             status, kind = (400, "invalid_request_error") if isinstance(err, InputError) else (500, "server_error")
             return error_response(ApiError(status, str(err), "engine_error", kind))

@@ -105,6 +105,11 @@ OPTIONS: dict[str, Limit] = {
     "load_seconds": Limit(float, 0, 86400.0, low_open=True, unit="seconds"),  # bench --load, per rate
     "load_seed": SEED,
     "fake_streams": Limit(int, 1, 10_000),  # bench --load --backend fake
+    "replicas": Limit(int, 1, 10_000),  # serve --ray: engine replicas
+    "min_replicas": Limit(int, 0, 10_000),  # 0: scale to zero
+    "max_replicas": Limit(int, 1, 10_000),
+    "replica_streams": Limit(int, 1, 100_000),
+    "replica_cpus": Limit(float, 0, 1024.0, low_open=True),  # Ray's num_cpus of a CPU replica
 }
 """Every numeric command-line option, by its argparse dest (the same limits wherever the option appears)."""
 

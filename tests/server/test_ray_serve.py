@@ -1,0 +1,160 @@
+"""`voicectl serve --ray` as a process, on a local Ray cluster with two CPU replicas of the fake engine: HTTP answers
+the samples the plain engine gives, concurrent requests spread over both replicas, a replica killed mid-stream cuts
+only its own stream (and Serve replaces it); no Ray, or a head nobody answers at, is one line."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cli_helpers import one_line_error, voicectl
+from tests.server.conftest import wait_for
+
+pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
+
+TEXT = "The first one. And a second, a little longer."
+LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))
+SEED, VOICE = 5, "mia"
+
+
+class RayServed:
+    """`voicectl serve --ray --replicas 2 --backend fake --http 127.0.0.1:0`, its stderr read as it comes."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="vr-"))
+        self.env = {**os.environ, "VOICEAPP_SOCKET": str(self.dir / "engine.sock"),
+                    "XDG_CACHE_HOME": str(self.dir / "cache"), "XDG_DATA_HOME": str(self.dir / "data")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", "--backend", "fake", "--ray",
+                                      "--replicas", "2", "--replica-cpus", "0.5", "--http", "127.0.0.1:0"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env, text=True)
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        assert wait_for(lambda: any("listening on" in line for line in self.log) or self.proc.poll() is not None,
+                        timeout=120), "".join(self.log)
+        assert self.proc.poll() is None, "".join(self.log)
+        self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", "".join(self.log)).group(1))
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def status(self) -> dict:
+        import asyncio
+
+        from voiceapp.client import server_status
+
+        return asyncio.run(server_status(Path(self.env["VOICEAPP_SOCKET"])))
+
+    def speech(self, text: str) -> http.client.HTTPResponse:
+        """A streamed pcm response at the engine's rate (float samples -> int16, as the API documents)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        body = {"model": "tts-1", "voice": VOICE, "input": text, "response_format": "pcm", "sample_rate": 16000,
+                "seed": SEED}
+        conn.request("POST", "/v1/audio/speech", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        return response
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # its local Ray cluster goes with it
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = RayServed()
+    yield server
+    server.stop()
+
+
+def int16(samples: np.ndarray) -> np.ndarray:
+    return np.rint(np.clip(samples.astype(np.float64), -1, 1) * 32767).astype(np.int16)
+
+
+def replicas(served: RayServed) -> dict[str, dict]:
+    return {r["replica"]: r for r in served.status()["replicas"]}
+
+
+def test_http_through_ray_gives_the_samples_the_plain_engine_gives(served, tmp_path):
+    out = tmp_path / "ref.wav"
+    proc = voicectl("say", TEXT, "--no-server", "--backend", "fake", "--voice", VOICE, "--seed", str(SEED),
+                    "--out", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    import soundfile
+
+    said, _ = soundfile.read(str(out), dtype="float32")
+    got = np.frombuffer(served.speech(TEXT).read(), "<i2")
+    assert len(said) > 16000 and np.array_equal(got, int16(said))
+    status = served.status()
+    assert status["ray"] is True and status["backend"] == "fake" and len(status["replicas"]) >= 1
+
+
+def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(served):
+    first = served.speech(LONG_TEXT)
+    first.read(3200)  # under way
+    assert wait_for(lambda: sum(r["live"] for r in replicas(served).values()) == 1, timeout=10)
+    victim = next(r for r in replicas(served).values() if r["live"] == 1)
+    second = served.speech(LONG_TEXT)
+    second.read(3200)
+    live = {name: r["live"] for name, r in replicas(served).items()}
+    assert sorted(live.values())[-2:] == [1, 1], live  # one stream on each replica: the emptier one took it
+    before = set(live)
+    os.kill(victim["pid"], signal.SIGKILL)
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        first.read()  # the chunked response ends without its last chunk: the client sees it was cut
+    whole = second.read()
+    assert len(whole) > 16000 * 2 * 10  # the other stream was spoken to its end (tens of seconds)
+    assert wait_for(lambda: any("engine replica serving this request stopped" in line for line in served.log), 10)
+    assert served.status()["lost_streams"] == 1
+
+    def replaced() -> bool:  # Serve starts a new replica: a later request lands on a name not seen before
+        served.speech(TEXT).read()
+        return bool(set(replicas(served)) - before)
+
+    assert wait_for(replaced, timeout=60, step=0.5), served.status()["replicas"]
+
+
+def test_ray_options_without_ray_or_an_unreachable_head_are_one_line(tmp_path):
+    blocker = tmp_path / "noray"
+    blocker.mkdir()
+    (blocker / "ray.py").write_text("raise ImportError('no ray here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]),
+           "VOICEAPP_SOCKET": str(tmp_path / "s.sock")}
+    proc = voicectl("serve", "--backend", "fake", "--ray", env=env)
+    assert proc.returncode == 2 and "pip install 'voiceapp[ray]'" in one_line_error(proc)
+    with socket_nobody_listens_on() as port:
+        proc = voicectl("serve", "--backend", "fake", "--ray", f"127.0.0.1:{port}",
+                        env={"VOICEAPP_SOCKET": str(tmp_path / "s.sock")})
+    assert proc.returncode == 1 and f"cannot reach the Ray head at 127.0.0.1:{port}" in one_line_error(proc)
+    proc = voicectl("serve", "--backend", "fake", "--replicas", "2", env={"VOICEAPP_SOCKET": str(tmp_path / "s.sock")})
+    assert proc.returncode == 2 and "--replicas is an option of --ray" in one_line_error(proc)
+
+
+class socket_nobody_listens_on:
+    """A loopback port bound but not listening: a connect there is refused at once."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
