@@ -58,6 +58,18 @@ class ManifestError(InputError):
     """The manifest cannot be read or belongs to a different export."""
 
 
+CPU_JOBS = 4
+"""Default --jobs on the CPU, which gains little from more."""
+GPU_SPARE_JOBS = 32
+"""Default --jobs on a GPU: the lane's rows plus these, so a row that frees while its sentence decodes is taken
+at once by a sentence already waiting."""
+
+
+def default_jobs(lane_rows: int) -> int:
+    """Sentences an engine renders at once by default: its graph lanes' rows and GPU_SPARE_JOBS, or CPU_JOBS
+    without a lane."""
+    return lane_rows + GPU_SPARE_JOBS if lane_rows else CPU_JOBS
+
 @dataclass(frozen=True, slots=True)
 class ExportSettings:
     """Everything that decides a sentence's audio. A resumed export must match all of it."""

@@ -27,11 +27,7 @@ from voiceapp.common import (add_engine_args, add_voice_args, engine_config, pro
                              read_text_file, require_speakable, sampling_options)
 from voiceapp.wavout import check_output
 
-CPU_JOBS = 4
-"""Default --jobs on the CPU, which gains little from more."""
-GPU_SPARE_JOBS = 32
-"""Default --jobs on a GPU: the lane's rows plus these, so a row that frees while its sentence decodes is taken
-at once by a sentence already waiting."""
+from engine.export_plan import CPU_JOBS, GPU_SPARE_JOBS, default_jobs  # noqa: F401 - the lab's scripts read them here
 MAX_EPUB_BYTES = 512 * 1024 * 1024
 
 
@@ -65,6 +61,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
+    r = p.add_argument_group("Ray (pip install 'voiceapp[ray]'; docs/scale.md)")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="render the sentences on the Ray cluster at ADDRESS (a head's HOST:PORT, ray://HOST:10001 "
+                        "or auto; none: a local cluster), one engine per GPU; the same bytes as without --ray")
+    r.add_argument("--ray-workers", type=int, metavar="N",
+                   help="engines on the cluster (default: one per GPU; on a cluster without GPUs, 1 per CPU "
+                        "worker: give N)")
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
     p.set_defaults(run=run)
@@ -105,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--jobs must be at least 1")
     if args.resume and args.restart:
         raise InputError("--resume and --restart exclude each other")
+    if args.ray is not None:
+        from voiceapp.ray_serve import import_ray
+
+        import_ray()  # no Ray: one line naming the extra, before anything is read
+    elif args.ray_workers is not None:
+        raise InputError("--ray-workers is an option of --ray")
     check_loudness_target(args.normalize_loudness)
     check_loudness_target(args.loudness, "--loudness", "an integrated loudness", "LUFS")
     if args.loudness is not None and args.normalize_loudness is not None:
@@ -326,6 +335,7 @@ async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_prog
     from engine.export_plan import Manifest, Parts
     from engine.factory import build_synthesizer
     from engine.metrics import RequestMetrics
+    from engine.platform_info import export_identity
 
     manifest = Manifest(layout.manifest, Parts(layout.parts))
     earlier = previous_run(manifest, plan, args, str(layout.out))
@@ -338,13 +348,63 @@ async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_prog
         engine.apply(event)
         _print_notices(event)
 
+    if args.ray is not None:
+        return await export_on_ray(plan, manifest, earlier, layout, args, tags, show_progress)
     synth = build_synthesizer(export_config(engine_config(args)), events=on_event)
     try:
-        plan = engine_checked(plan, synth, manifest, earlier)
-        stats = await render_and_assemble(plan, synth, manifest, layout, args, tags, show_progress)
+        plan = engine_checked(plan, export_identity(synth), manifest, earlier)
+        stats = await render_and_assemble(plan, LocalRenderer(synth, plan), manifest, layout, args, tags,
+                                          show_progress)
     finally:
         await synth.close()
     return {**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}}
+
+
+async def export_on_ray(plan, manifest, earlier: dict | None, layout: Layout, args: argparse.Namespace, tags,
+                        show_progress: str | None) -> dict:
+    """`--ray`: the sentences render on the cluster (voiceapp.ray_export), whose first worker's engine identity is
+    checked against the manifest before any part is written; the assembly is this process's, as ever."""
+    import ray
+
+    from voiceapp.ray_export import RayRenderer, Workers
+    from voiceapp.ray_serve import connect
+
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, connect, args.ray or None, _print_notices)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if not gpus:
+        _print_notices(f"the Ray cluster has no GPUs: {args.ray_workers or 1} CPU workers render the sentences")
+    renderer = RayRenderer(plan, export_config(engine_config(args)),
+                           Workers(gpus, count=args.ray_workers, jobs=args.jobs))
+    parts = manifest.parts
+    done = parts.finished(len(plan.sentences)) if parts.dir.is_dir() else set()
+    try:
+        identity = await renderer.start([i for i in range(len(plan.sentences)) if i not in done])
+        plan = engine_checked(plan, identity, manifest, earlier)
+        return await render_and_assemble(plan, renderer, manifest, layout, args, tags, show_progress)
+    finally:
+        ray.shutdown()
+
+
+class LocalRenderer:
+    """An export's sentences rendered by this process's engine (engine.export_plan.render_parts)."""
+
+    def __init__(self, synth, plan) -> None:
+        from engine.factory import lane_rows
+
+        self.synth, self.plan = synth, plan
+        self.sample_rate, self.pause_s = synth.sample_rate, synth.join.pause_s
+        self.rows = lane_rows(synth.generator)
+        self.started: float | None = None
+        """When rendering began, where before `render` (perf_counter; None: at `render`)."""
+
+    async def render(self, parts, todo: list[int], jobs: int | None, on_done) -> int:
+        """Render `todo` (render_parts); returns the jobs it ran at once."""
+        from engine.export_plan import render_parts
+
+        jobs = jobs or default_jobs(self.rows)
+        await render_parts(self.synth, self.plan, parts, todo, jobs, on_done)
+        return jobs
 
 
 def export_config(config):
@@ -444,33 +504,35 @@ def previous_run(manifest, plan, args: argparse.Namespace, out: str) -> dict | N
     return data
 
 
-def engine_checked(plan, synth, manifest, earlier: dict | None):
-    """The plan completed with the engine's identity, checked against the manifest being resumed."""
+def engine_checked(plan, identity: dict, manifest, earlier: dict | None):
+    """The plan completed with the engine's identity (engine.platform_info.export_identity), checked against the
+    manifest being resumed."""
     from engine.export_plan import ExportSettings
-    from engine.platform_info import describe_platform
 
-    engine = synth.describe()
+    engine = identity["describe"]
     settings = dataclasses.replace(plan.settings, model_hash=engine["model"]["hash"] if engine["model"] else "fake",
-                                   backend=engine["backend"], sample_rate=synth.sample_rate,
-                                   platform=describe_platform(synth))
+                                   backend=engine["backend"], sample_rate=identity["sample_rate"],
+                                   platform=identity["platform"])
     plan = dataclasses.replace(plan, settings=settings)
     if earlier is not None:
         manifest.check(earlier, plan, ExportSettings.ENGINE_KEYS)
     return plan
 
 
-async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
+async def render_and_assemble(plan, renderer, manifest, layout: Layout, args, tags,
                               show_progress: str | None) -> dict:
-    from engine.export_plan import assemble, cue_fits, cue_sheet, pause_samples, render_parts
-    from engine.factory import lane_rows
+    """Render what is left of `plan` with `renderer` (LocalRenderer, or voiceapp.ray_export.RayRenderer) and
+    assemble the output files."""
+    from engine.export_plan import assemble, cue_fits, cue_sheet, pause_samples
 
     parts, tracks = manifest.parts, layout.tracks(plan)
     outputs = [str(t.path) for t in tracks]
     done = parts.finished(len(plan.sentences)) if parts.dir.is_dir() else set()
     resumed = len(done)
-    rows = lane_rows(synth.generator)
-    jobs = args.jobs or (rows + GPU_SPARE_JOBS if rows else CPU_JOBS)
-    progress = Progress([len(s.text) for s in plan.sentences], done, synth.sample_rate, show_progress)
+    sample_rate = renderer.sample_rate
+    progress = Progress([len(s.text) for s in plan.sentences], done, sample_rate, show_progress)
+    if renderer.started is not None:  # a cluster renders from before its first sentence came back
+        progress.t0 = renderer.started
     try:
         parts.dir.mkdir(exist_ok=True)
         manifest.save(plan, done, outputs)
@@ -482,19 +544,19 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
 
         try:
             todo = [i for i in range(len(plan.sentences)) if i not in done]
-            await render_parts(synth, plan, parts, todo, jobs, on_done)
+            jobs = await renderer.render(parts, todo, args.jobs, on_done)
         finally:
             progress.close()
             _save_quietly(manifest, plan, done, outputs)
-        pause = pause_samples(synth.join.pause_s, synth.sample_rate)
-        gains = loudness_gains(plan, parts, args, pause, synth.sample_rate)
-        encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, synth.sample_rate)
-        offsets, total = assemble(parts, tracks, synth.sample_rate, pause, gains, encoder)
+        pause = pause_samples(renderer.pause_s, sample_rate)
+        gains = loudness_gains(plan, parts, args, pause, sample_rate)
+        encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, sample_rate)
+        offsets, total = assemble(parts, tracks, sample_rate, pause, gains, encoder)
         written = [t.path for t in tracks]
         if layout.has_cue(plan):
             marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
-            if cue_fits(marks, synth.sample_rate):
-                write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, synth.sample_rate))
+            if cue_fits(marks, sample_rate):
+                write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, sample_rate))
                 written.append(layout.cue)
             else:
                 layout.cue.unlink(missing_ok=True)  # an earlier export's sheet would mark another book
@@ -510,8 +572,8 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
         raise
     end = time.perf_counter()
     wall, e2e = end - progress.t0, end - process_start_perf()
-    rendered = progress.samples / synth.sample_rate  # resumed sentences cost no time: they do not count for speed
-    return {"audio_s": total / synth.sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
+    rendered = progress.samples / sample_rate  # resumed sentences cost no time: they do not count for speed
+    return {"audio_s": total / sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
             "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
 
 

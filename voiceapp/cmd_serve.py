@@ -13,7 +13,7 @@ from dataclasses import replace
 from voiceapp.common import add_engine_args, engine_config
 from voiceapp.server_socket import LOG_PREFIX
 
-RAY_ONLY = ("replicas", "min_replicas", "max_replicas", "replica_streams", "replica_cpus")
+RAY_ONLY = ("replicas", "min_replicas", "max_replicas", "replica_streams", "replica_cpus", "scale_down_after")
 """Options that only --ray takes."""
 WARMUP_TEXT = "Warming up."
 WARMUP_TOKENS = 40
@@ -70,6 +70,9 @@ def add_parser(sub) -> None:
     r.add_argument("--replica-streams", type=int, metavar="N",
                    help="most streams one replica takes at once (default 32; a replica's own capacity, its graph "
                         "lane's rows, may be less: requests go to the replica with the most room)")
+    r.add_argument("--scale-down-after", type=float, metavar="SECONDS",
+                   help="autoscaling: remove a replica once the others have had room to spare for SECONDS "
+                        "(default 60)")
     r.add_argument("--replica-cpus", type=float, metavar="N",
                    help="CPUs a replica holds on a cluster without GPUs (default 1)")
     add_engine_args(p)
@@ -245,7 +248,8 @@ def ray_scaling(args: argparse.Namespace):
 
     scaling = Scaling(gpus=int(ray.cluster_resources().get("GPU", 0)), replicas=args.replicas,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                      streams=args.replica_streams or REPLICA_STREAMS, cpus=args.replica_cpus or 1.0)
+                      streams=args.replica_streams or REPLICA_STREAMS, cpus=args.replica_cpus or 1.0,
+                      idle_s=60.0 if args.scale_down_after is None else args.scale_down_after)
     check_scaling(scaling)
     return scaling
 

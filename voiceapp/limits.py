@@ -110,6 +110,8 @@ OPTIONS: dict[str, Limit] = {
     "max_replicas": Limit(int, 1, 10_000),
     "replica_streams": Limit(int, 1, 100_000),
     "replica_cpus": Limit(float, 0, 1024.0, low_open=True),  # Ray's num_cpus of a CPU replica
+    "scale_down_after": Limit(float, 0, 86400.0, unit="seconds"),
+    "ray_workers": Limit(int, 1, 10_000),  # export --ray
 }
 """Every numeric command-line option, by its argparse dest (the same limits wherever the option appears)."""
 

@@ -13,6 +13,7 @@ Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -62,7 +63,8 @@ def connect(address: str | None, log: Callable[[str], None], **init: Any) -> Non
     if address not in (None, "auto"):
         check_reachable(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **init)
+        # Ray's own INFO and WARNING lines would mix with voicectl's on stderr: its errors still show
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **init)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise errors.VoiceError(f"cannot join the Ray cluster at {address}: {one_line(err)}") from None
     where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
@@ -95,6 +97,9 @@ class Scaling:
     streams: int = REPLICA_STREAMS
     cpus: float = 1.0
     """CPUs each CPU replica holds (Ray's num_cpus)."""
+    idle_s: float = 60.0
+    """Autoscaling: how long replicas must have had less to do before one is removed (the last, with a minimum of
+    0, included)."""
 
     def options(self) -> dict[str, Any]:
         """The deployment's options for serve.deployment: replicas (fixed, or autoscaled between the bounds) and
@@ -111,7 +116,7 @@ class Scaling:
             # a replica takes more streams once this many run on each: half its ceiling, so the next replica
             # loads (tens of seconds) while the others still have room
             "target_ongoing_requests": max(1, self.streams // 2), "upscale_delay_s": 1.0,
-            "downscale_delay_s": 60.0}}
+            "downscale_delay_s": self.idle_s}}
 
     def describe(self) -> str:
         what = f"{'one GPU' if self.gpus else f'{self.cpus:g} CPUs'} each"

@@ -1,0 +1,56 @@
+"""`voicectl export --ray` on a local Ray cluster, two CPU workers of the tiny checkpoint's real engine: the book is
+byte for byte the one-process export, and an export killed mid-book resumes with --ray to the same bytes."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.cli_helpers import one_line_error, voicectl
+from tests.export.test_cli_export_book import ok, start_export
+
+pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
+
+TEXT = "Chapter 1\n\n" + " ".join(f"Sentence number {i} is right here." for i in range(4)) + \
+       "\n\nChapter 2\n\n" + " ".join(f"And sentence {i} follows it." for i in range(4)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def clean(tiny_model, tmp_path_factory):
+    """The one-process export of TEXT on the tiny checkpoint (one torch thread, as each Ray worker has)."""
+    d = tmp_path_factory.mktemp("clean")
+    src = d / "book.txt"
+    src.write_text(TEXT)
+    engine = ["--model", str(tiny_model), "--backend", "torch", "--max-tokens", "120", "--threads", "1"]
+    ok(voicectl("export", str(src), "-o", str(d / "out.wav"), *engine, "--no-progress"))
+    return src, engine, (d / "out.wav").read_bytes(), (d / "out.cue").read_text()
+
+
+def test_an_export_on_ray_is_byte_identical_and_resumes(clean, tmp_path):
+    src, engine, want_wav, want_cue = clean
+    out = tmp_path / "out.wav"
+    err = ok(voicectl("export", str(src), "-o", str(out), *engine, "--ray", "--ray-workers", "2", "--jobs", "2",
+                      "--no-progress"))
+    assert "the Ray cluster has no GPUs: 2 CPU workers render the sentences" in err
+    assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
+
+    resumed, parts = tmp_path / "resumed.wav", tmp_path / "resumed.wav.parts"
+    proc = start_export(["export", str(src), "-o", str(resumed), *engine, "--jobs", "1", "--no-progress"], parts,
+                        at_least=2, start_new_session=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.stderr.close()
+    assert proc.wait(30) == -9 and not resumed.exists()
+    finished = len(list(parts.glob("*.part")))
+    assert 2 <= finished < 8
+    err = ok(voicectl("export", str(src), "-o", str(resumed), *engine, "--ray", "--ray-workers", "2", "--resume",
+                      "--no-progress"))
+    assert f"{finished} were already done" in err
+    assert resumed.read_bytes() == want_wav
+
+
+def test_ray_workers_without_ray_is_one_line(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("One sentence.")
+    proc = voicectl("export", str(src), "-o", str(tmp_path / "o.wav"), "--backend", "fake", "--ray-workers", "2")
+    assert proc.returncode == 2 and "--ray-workers is an option of --ray" in one_line_error(proc)
