@@ -228,12 +228,11 @@ class RayEngine:
             finished = True
         except BackPressureError:  # every replica full and the handle's queue too
             raise EngineBusy("every engine replica carries as many streams as it takes; try again shortly") from None
-        except ray.exceptions.RayError as err:
+        except ray.exceptions.RayError as err:  # the replica's process died, or the cluster went away
             self.lost += 1
             raise GenerationError(f"the engine replica serving this request stopped ({type(err).__name__}); "
-                                  f"the audio so far is all there is (Ray Serve replaces the replica)") from None
-        except asyncio.CancelledError:
-            raise
+                                  f"the audio so far is all there is (Ray Serve replaces a lost replica; a lost "
+                                  f"Ray head needs this server restarted)") from None
         finally:
             if not finished:
                 stream.cancel()

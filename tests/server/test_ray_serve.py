@@ -158,3 +158,30 @@ class socket_nobody_listens_on:
 
     def __exit__(self, *exc) -> None:
         self.sock.close()
+
+
+def test_replicas_are_one_per_gpu_or_autoscaled_between_the_bounds():
+    from engine.errors import InputError
+    from voiceapp.ray_serve import Scaling, check_scaling
+
+    assert Scaling(gpus=2).options()["num_replicas"] == 2
+    assert Scaling(gpus=2).options()["ray_actor_options"] == {"num_gpus": 1}
+    assert Scaling(gpus=0, replicas=3, cpus=0.5).options()["ray_actor_options"] == {"num_cpus": 0.5}
+    auto = Scaling(gpus=2, min_replicas=0, streams=32, idle_s=5).options()["autoscaling_config"]
+    assert (auto["min_replicas"], auto["max_replicas"], auto["initial_replicas"]) == (0, 2, 1)
+    assert auto["target_ongoing_requests"] == 16 and auto["downscale_delay_s"] == 5
+    for bad, says in [(Scaling(gpus=1, min_replicas=3, max_replicas=2), "is more than --max-replicas"),
+                      (Scaling(gpus=1, replicas=2, max_replicas=2), "--replicas is a fixed count")]:
+        with pytest.raises(InputError, match=says):
+            check_scaling(bad)
+
+
+def test_the_router_ranks_replicas_by_the_share_of_their_capacity_in_use():
+    from voiceapp.ray_replica import load_share
+
+    assert load_share({"live": 3, "capacity": 4}, None, 32) == 0.75
+    assert load_share({"live": 3, "capacity": 4}, 1, 32) == 0.25  # the router's own count is fresher
+    assert load_share({}, 2, 8) == 0.25  # before the first report: Serve's ceiling
+    shares = {name: load_share(stats, None, 32) for name, stats in
+              {"big lane": {"live": 8, "capacity": 64}, "small lane": {"live": 4, "capacity": 8}}.items()}
+    assert min(shares, key=shares.get) == "big lane"  # more streams, yet more room
