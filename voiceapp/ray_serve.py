@@ -12,7 +12,6 @@ Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import time
