@@ -5,9 +5,10 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
+COMMANDS = ("model", "say", "export", "export_many", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
             "speechd")
-"""Subcommand modules `voiceapp.cmd_<name>`; each defines add_parser(subparsers) and run(args) -> int."""
+"""Subcommand modules `voiceapp.cmd_<name>` (the command's name with - for _); each defines add_parser(subparsers)
+and run(args) -> int."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -17,7 +18,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                                                   "(Spark-TTS, Orpheus).")
     parser.add_argument("--version", action="version", version=f"voicectl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS if only is None else (only,):
+    for name in COMMANDS if only is None else (only.replace("-", "_"),):
         try:
             module = importlib.import_module(f"voiceapp.cmd_{name}")
         except ModuleNotFoundError as err:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         from voiceapp.cmd_say import preload_portaudio
 
         preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
-    parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
+    parser = build_parser(argv[0] if argv[0].replace("-", "_") in COMMANDS else None)
     try:
         args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits
         if args.command is None:

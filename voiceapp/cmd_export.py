@@ -61,6 +61,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
+    add_ray_args(p)
+    add_voice_args(p, default_seed=0)
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+def add_ray_args(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("Ray (pip install 'voiceapp[ray]'; docs/scale.md)")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="render the sentences on the Ray cluster at ADDRESS (a head's HOST:PORT, ray://HOST:10001 "
@@ -68,9 +75,18 @@ def add_parser(sub) -> None:
     r.add_argument("--ray-workers", type=int, metavar="N",
                    help="engines on the cluster (default: one per GPU; on a cluster without GPUs, 1 per CPU "
                         "worker: give N)")
-    add_voice_args(p, default_seed=0)
-    add_engine_args(p)
-    p.set_defaults(run=run)
+
+
+def check_ray_options(args: argparse.Namespace) -> None:
+    """No Ray with --ray, or --ray-workers without it: one line, before anything is read."""
+    from engine.errors import InputError
+
+    if args.ray is not None:
+        from voiceapp.ray_serve import import_ray
+
+        import_ray()
+    elif args.ray_workers is not None:
+        raise InputError("--ray-workers is an option of --ray")
 
 
 def lufs_level(text: str) -> float:
@@ -108,12 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--jobs must be at least 1")
     if args.resume and args.restart:
         raise InputError("--resume and --restart exclude each other")
-    if args.ray is not None:
-        from voiceapp.ray_serve import import_ray
-
-        import_ray()  # no Ray: one line naming the extra, before anything is read
-    elif args.ray_workers is not None:
-        raise InputError("--ray-workers is an option of --ray")
+    check_ray_options(args)
     check_loudness_target(args.normalize_loudness)
     check_loudness_target(args.loudness, "--loudness", "an integrated loudness", "LUFS")
     if args.loudness is not None and args.normalize_loudness is not None:
@@ -131,15 +142,20 @@ def run(args: argparse.Namespace) -> int:
             stats = asyncio.run(export(plan, layout, args, tags, None if args.no_progress else show))
         except KeyboardInterrupt:
             raise interrupted(layout, len(plan.sentences)) from None
+    report(plan, layout, stats)
+    if args.json:
+        print(json.dumps({**stats, "sentences": len(plan.sentences), "chapters": len(plan.book.chapters)}))
+    return 0
+
+
+def report(plan, layout: Layout, stats: dict) -> None:
+    """The line a finished export ends with."""
     what = ", ".join(str(t.path) for t in layout.tracks(plan)[:3]) + (" ..." if len(plan.book.chapters) > 3
                                                                       and layout.split else "")
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
     print(f"wrote {what}: {stats['audio_s']:.1f} s of audio in {stats['wall_s']:.1f} s ({stats['xrt']:.1f}x real "
           f"time; {stats['e2e_s']:.1f} s since launch, {stats['e2e_xrt']:.1f}x; {len(plan.sentences)} sentences in "
           f"{len(plan.book.chapters)} chapters{resumed})", file=sys.stderr)
-    if args.json:
-        print(json.dumps({**stats, "sentences": len(plan.sentences), "chapters": len(plan.book.chapters)}))
-    return 0
 
 
 # ---- where things go --------------------------------------------------------------------------------------
@@ -332,13 +348,25 @@ def read_input(path: str, max_bytes: int) -> tuple[str, bytes | str]:
 # ---- running it -------------------------------------------------------------------------------------------
 
 async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_progress: str | None) -> dict:
+    return (await export_books([book_job(plan, layout, args, tags)], args, show_progress))[0]
+
+
+def book_job(plan, layout: Layout, args: argparse.Namespace, tags) -> "BookJob":
+    """A book to render, with the manifest of its export and the one being resumed (checked against `args`)."""
     from engine.export_plan import Manifest, Parts
+
+    manifest = Manifest(layout.manifest, Parts(layout.parts))
+    return BookJob(plan, layout, manifest, previous_run(manifest, plan, args, str(layout.out)), tags, args)
+
+
+async def export_books(books: list["BookJob"], args: argparse.Namespace, show_progress: str | None) -> list[dict]:
+    """Render and assemble each book, on one engine of this process or (--ray) on the cluster; each book's stats."""
+    if args.ray is not None:
+        return await export_on_ray(books, args, show_progress)
     from engine.factory import build_synthesizer
     from engine.metrics import RequestMetrics
     from engine.platform_info import export_identity
 
-    manifest = Manifest(layout.manifest, Parts(layout.parts))
-    earlier = previous_run(manifest, plan, args, str(layout.out))
     # deterministic: a sentence's bytes must not depend on what renders beside it (--jobs, where a resume
     # restarts), nor on the process, or --resume would not reproduce an uninterrupted export. No warm-up request:
     # nobody listens for an export's first sentence, whose first-use costs it may as well pay itself.
@@ -348,22 +376,38 @@ async def export(plan, layout: Layout, args: argparse.Namespace, tags, show_prog
         engine.apply(event)
         _print_notices(event)
 
-    if args.ray is not None:
-        return await export_on_ray(plan, manifest, earlier, layout, args, tags, show_progress)
     synth = build_synthesizer(export_config(engine_config(args)), events=on_event)
+    results = []
     try:
-        plan = engine_checked(plan, export_identity(synth), manifest, earlier)
-        stats = await render_and_assemble(plan, LocalRenderer(synth, plan), manifest, layout, args, tags,
-                                          show_progress)
+        for book in books:
+            plan = engine_checked(book.plan, export_identity(synth), book.manifest, book.earlier)
+            stats = await render_and_assemble(plan, LocalRenderer(synth, plan), book.manifest, book.layout,
+                                              book.args, book.tags, show_progress)
+            results.append({**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}})
     finally:
         await synth.close()
-    return {**stats, "phases": {name: round(seconds, 3) for name, seconds in engine.phases.items()}}
+    return results
 
 
-async def export_on_ray(plan, manifest, earlier: dict | None, layout: Layout, args: argparse.Namespace, tags,
-                        show_progress: str | None) -> dict:
-    """`--ray`: the sentences render on the cluster (voiceapp.ray_export), whose first worker's engine identity is
-    checked against the manifest before any part is written; the assembly is this process's, as ever."""
+@dataclasses.dataclass(frozen=True)
+class BookJob:
+    """One book to render and assemble (`voicectl export-many` renders several in one go): what
+    render_and_assemble needs of it."""
+
+    plan: object
+    layout: Layout
+    manifest: object
+    earlier: dict | None
+    """The manifest of the export being resumed (previous_run), or None."""
+    tags: object
+    args: argparse.Namespace
+    """Its export's options (voiceapp.cmd_export_many gives each book its own input and output)."""
+
+
+async def export_on_ray(books: list[BookJob], args: argparse.Namespace, show_progress: str | None) -> list[dict]:
+    """`--ray`: the books' sentences render on the cluster, in one dataset (voiceapp.ray_export); the first
+    worker's engine identity is checked against every book's manifest before any part is written; each book is
+    then assembled by this process, as ever. Returns each book's stats."""
     import ray
 
     from voiceapp.ray_export import RayRenderer, Workers
@@ -374,15 +418,21 @@ async def export_on_ray(plan, manifest, earlier: dict | None, layout: Layout, ar
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if not gpus:
         _print_notices(f"the Ray cluster has no GPUs: {args.ray_workers or 1} CPU workers render the sentences")
-    renderer = RayRenderer(plan, export_config(engine_config(args)),
+    renderer = RayRenderer([book.plan for book in books], export_config(engine_config(args)),
                            Workers(gpus, count=args.ray_workers, jobs=args.jobs))
-    parts = manifest.parts
-    done = parts.finished(len(plan.sentences)) if parts.dir.is_dir() else set()
+    todos = []
+    for book in books:
+        parts = book.manifest.parts
+        done = parts.finished(len(book.plan.sentences)) if parts.dir.is_dir() else set()
+        todos.append([i for i in range(len(book.plan.sentences)) if i not in done])
     try:
-        identity = await renderer.start([i for i in range(len(plan.sentences)) if i not in done])
-        plan = engine_checked(plan, identity, manifest, earlier)
-        return await render_and_assemble(plan, renderer, manifest, layout, args, tags, show_progress)
+        identity = await renderer.start([book.manifest.parts for book in books], todos)
+        plans = [engine_checked(book.plan, identity, book.manifest, book.earlier) for book in books]
+        return [await render_and_assemble(plan, renderer.book(k), book.manifest, book.layout, book.args, book.tags,
+                                          show_progress)
+                for k, (book, plan) in enumerate(zip(books, plans))]
     finally:
+        renderer.close()
         ray.shutdown()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -58,98 +59,104 @@ class Workers:
 
 
 class SentenceRenderer:
-    """The Ray Data stage's class: one engine per actor; a batch of sentence indices in, their audio out."""
+    """The Ray Data stage's class: one engine per actor; a batch of (book, sentence index) in, their audio out."""
 
-    def __init__(self, plan: Any, config: EngineConfig, jobs: int | None) -> None:
+    def __init__(self, plans: list[Any], config: EngineConfig, jobs: int | None) -> None:
         from engine.export_plan import default_jobs
         from engine.factory import build_synthesizer, lane_rows
         from engine.platform_info import export_identity
 
-        self.plan = plan
+        self.plans = plans
         self.loop = asyncio.new_event_loop()  # one loop for the engine's life: its locks and threads keep it
         self.synth = build_synthesizer(config)
-        rows = lane_rows(self.synth.generator)
-        self.jobs = jobs or default_jobs(rows)
+        self.jobs = jobs or default_jobs(lane_rows(self.synth.generator))
         self.identity = json.dumps(export_identity(self.synth), sort_keys=True)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        indices = [int(i) for i in batch["index"]]
-        audio = self.loop.run_until_complete(self._render(indices))
-        return {"index": indices, "samples": [np.asarray(a, dtype="<f4").tobytes() for a in audio],
-                "identity": [self.identity] * len(indices)}
+        keys = [(int(b), int(i)) for b, i in zip(batch["book"], batch["index"])]
+        audio = self.loop.run_until_complete(self._render(keys))
+        return {"book": [b for b, _ in keys], "index": [i for _, i in keys],
+                "samples": [np.asarray(a, dtype="<f4").tobytes() for a in audio],
+                "identity": [self.identity] * len(keys)}
 
-    async def _render(self, indices: list[int]) -> list[np.ndarray]:
+    async def _render(self, keys: list[tuple[int, int]]) -> list[np.ndarray]:
         gate = asyncio.Semaphore(self.jobs)
 
-        async def one(index: int) -> np.ndarray:
+        async def one(book: int, index: int) -> np.ndarray:
             async with gate:
-                return await self.synth.render(self.plan.request(index))
+                return await self.synth.render(self.plans[book].request(index))
 
-        return await asyncio.gather(*(one(i) for i in indices))
+        return await asyncio.gather(*(one(b, i) for b, i in keys))
 
 
 class RayRenderer:
-    """Renders an export's sentences on the cluster (the module's docstring). `start` runs the dataset and returns
-    the first worker's identity; `render` writes every sentence's part as it comes back."""
+    """Renders the sentences of one or more books' exports on the cluster, in one dataset (the module's
+    docstring). `start` runs it and returns the first worker's engine identity; once the caller has checked it
+    against every book's manifest, `book(k)` renders book k for voiceapp.cmd_export.render_and_assemble. A thread
+    writes every part as it comes back, whichever book it belongs to (memory stays one batch), and tells the book's
+    renderer."""
 
-    def __init__(self, plan: Any, config: EngineConfig, workers: Workers) -> None:
-        self.plan, self.config, self.workers = plan, config, workers
+    def __init__(self, plans: list[Any], config: EngineConfig, workers: Workers) -> None:
+        self.plans, self.config, self.workers = plans, config, workers
         self.identity: dict[str, Any] | None = None
         self.started: float | None = None
         """When the dataset started (perf_counter): the export's speed counts from there."""
         self._rows: Iterator[dict[str, Any]] | None = None
         self._first: dict[str, Any] | None = None
         self._probe = False
-        """The plan had nothing left to render: sentence 0 was rendered only for the identity, and is dropped."""
+        """Nothing was left to render: one sentence was rendered only for the identity, and is dropped."""
+        self._parts: list[Any] = []
+        self._written: list[queue.Queue] = [queue.Queue() for _ in plans]
+        """Per book: (index, samples) of each part written, then None at the end (or the exception that ended it)."""
+        self._pump: threading.Thread | None = None
+        self._stop = threading.Event()
 
-    @property
-    def sample_rate(self) -> int:
-        return self.identity["sample_rate"]
-
-    @property
-    def pause_s(self) -> float:
-        return self.identity["pause_s"]
-
-    def describe(self) -> dict[str, Any]:
-        return self.identity["describe"]
-
-    async def start(self, todo: list[int]) -> dict[str, Any]:
-        """Start rendering `todo` (sentence 0 alone where it is empty: the identity comes with a sentence) and
-        return the engine's identity once the first sentence is back."""
-        self._probe = not todo
+    async def start(self, parts: list[Any], todos: list[list[int]]) -> dict[str, Any]:
+        """Start rendering each book's `todos` into its `parts` (sentence 0 of the first book alone where nothing
+        is left: the identity comes with a sentence); returns the engine's identity once a sentence is back."""
+        keys = [(b, i) for b, todo in enumerate(todos) for i in todo]
+        self._parts, self._probe = parts, not keys
         self.started = time.perf_counter()
-        self._rows = self._dataset(todo or [0])
+        self._rows = self._dataset(keys or [(0, 0)])
         self._first = await asyncio.get_running_loop().run_in_executor(None, next, self._rows, None)
         if self._first is None:
             raise VoiceError("the Ray cluster returned no sentence")
         self.identity = json.loads(self._first["identity"])
         return self.identity
 
-    async def render(self, parts: Any, todo: list[int], jobs: int | None, on_done: Callable[[int, int], None]) -> int:
-        """Write each sentence's part as it comes back (then `on_done(index, samples)`), on a worker thread: the
-        sentences `start` was given (`todo` names the same). Returns the sentences a worker took at once."""
-        stop = threading.Event()
+    def book(self, index: int) -> "BookRenderer":
+        return BookRenderer(self, index)
 
-        def drain() -> None:
-            rows = [] if self._probe else [self._first]
-            for row in _chain(rows, self._rows):
-                if stop.is_set():
+    def close(self) -> None:
+        """Stop writing parts (an export that failed or was interrupted)."""
+        self._stop.set()
+
+    def _start_pump(self) -> None:
+        if self._pump is None:
+            self._pump = threading.Thread(target=self._write_parts, name="ray-parts", daemon=True)
+            self._pump.start()
+
+    def _write_parts(self) -> None:
+        ended: BaseException | None = None
+        try:
+            for row in _chain([] if self._probe else [self._first], self._rows):
+                if self._stop.is_set():
                     return
                 if row["identity"] != self._first["identity"]:
                     raise VoiceError(f"the cluster's workers render differently ({json.loads(row['identity'])['platform']} "
                                      f"vs {self.identity['platform']}): a book's sentences must all render on one "
                                      f"kind of machine for its bytes to match; use a cluster of one kind")
+                book, index = int(row["book"]), int(row["index"])
                 samples = np.frombuffer(row["samples"], dtype="<f4")
-                parts.write(int(row["index"]), samples)
-                on_done(int(row["index"]), len(samples))
+                self._parts[book].dir.mkdir(exist_ok=True)
+                self._parts[book].write(index, samples)
+                self._written[book].put((index, len(samples)))
+        except BaseException as err:  # noqa: BLE001 - handed to the books waiting for their parts
+            ended = err
+        for written in self._written:
+            written.put(ended)
 
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, drain)
-        finally:
-            stop.set()
-        return self.workers.batch
-
-    def _dataset(self, todo: list[int]) -> Iterator[dict[str, Any]]:
+    def _dataset(self, keys: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
         import ray
 
         context = ray.data.DataContext.get_current()
@@ -157,11 +164,41 @@ class RayRenderer:
         context.print_on_execution_start = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
         batch = self.workers.batch
-        ds = ray.data.from_items([{"index": i} for i in todo], override_num_blocks=max(1, len(todo) // batch))
-        ds = ds.map_batches(SentenceRenderer, fn_constructor_kwargs={"plan": self.plan, "config": self.config,
+        ds = ray.data.from_items([{"book": b, "index": i} for b, i in keys],
+                                 override_num_blocks=max(1, len(keys) // batch))
+        ds = ds.map_batches(SentenceRenderer, fn_constructor_kwargs={"plans": self.plans, "config": self.config,
                                                                      "jobs": self.workers.jobs},
                             batch_size=batch, batch_format="numpy", **self.workers.options())
         return iter(ds.iter_rows())
+
+
+class BookRenderer:
+    """One book of a RayRenderer, as voiceapp.cmd_export.render_and_assemble renders it."""
+
+    def __init__(self, renderer: RayRenderer, index: int) -> None:
+        self.renderer, self.index = renderer, index
+        self.sample_rate: int = renderer.identity["sample_rate"]
+        self.pause_s: float = renderer.identity["pause_s"]
+        self.started = renderer.started
+
+    async def render(self, parts: Any, todo: list[int], jobs: int | None, on_done: Callable[[int, int], None]) -> int:
+        """Wait until every sentence of `todo` is written (`on_done(index, samples)` for each); returns the
+        sentences a worker took at once."""
+        self.renderer._start_pump()
+        wanted, loop = set(todo), asyncio.get_running_loop()
+        written = self.renderer._written[self.index]
+        while wanted:
+            item = await loop.run_in_executor(None, written.get)
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                raise VoiceError(f"the Ray cluster stopped with {len(wanted)} sentences of the book not rendered; "
+                                 f"run it again with --resume")
+            index, samples = item
+            if index in wanted:
+                wanted.discard(index)
+                on_done(index, samples)
+        return self.renderer.workers.batch
 
 
 def _chain(first: list, rest: Iterator) -> Iterator:

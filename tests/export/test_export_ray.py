@@ -11,6 +11,7 @@ from tests.cli_helpers import one_line_error, voicectl
 from tests.export.test_cli_export_book import ok, start_export
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
+pytestmark = pytest.mark.slow  # a local Ray cluster starts in each (seconds on 2 cores)
 
 TEXT = "Chapter 1\n\n" + " ".join(f"Sentence number {i} is right here." for i in range(4)) + \
        "\n\nChapter 2\n\n" + " ".join(f"And sentence {i} follows it." for i in range(4)) + "\n"
@@ -54,3 +55,16 @@ def test_ray_workers_without_ray_is_one_line(tmp_path):
     src.write_text("One sentence.")
     proc = voicectl("export", str(src), "-o", str(tmp_path / "o.wav"), "--backend", "fake", "--ray-workers", "2")
     assert proc.returncode == 2 and "--ray-workers is an option of --ray" in one_line_error(proc)
+
+
+def test_export_many_on_ray_gives_each_book_its_own_bytes(tmp_path):
+    from tests.export.test_export_many import BOOKS, FAKE, write_books
+
+    books = write_books(tmp_path / "books")
+    for name in BOOKS:
+        ok(voicectl("export", str(books / name), "-o", str(tmp_path / f"{name}.wav"), *FAKE))
+    out = tmp_path / "out"
+    ok(voicectl("export-many", str(books), "-o", str(out), "--format", "wav", *FAKE, "--ray", "--ray-workers", "2",
+                "--jobs", "2"))
+    for name in BOOKS:  # each sentence went to its own book's parts
+        assert (out / f"{name.split('.')[0]}.wav").read_bytes() == (tmp_path / f"{name}.wav").read_bytes()

@@ -22,6 +22,7 @@ from tests.cli_helpers import one_line_error, voicectl
 from tests.server.conftest import wait_for
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
+pytestmark = pytest.mark.slow  # a local Ray cluster starts in each (seconds on 2 cores)
 
 TEXT = "The first one. And a second, a little longer."
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))
