@@ -227,6 +227,12 @@ async def ray_engine(args: argparse.Namespace, first, crowd):
     from voiceapp.ray_replica import ReplicaPlan
 
     ray_serve.import_ray()  # one line naming the extra, before anything else
+    if first.backend != "fake":  # a checkpoint that is not there is one line here, not replicas failing to load
+        from engine.families import detect
+        from engine.model import resolve_model_dir
+
+        root = resolve_model_dir(first.model)
+        detect(root).read(root)
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
     await loop.run_in_executor(None, ray_serve.connect, args.ray or None, log)

@@ -39,6 +39,8 @@ COLD_START_S = 0.5
 """A request that waited longer than this for a replica that became ready after it was asked is a cold start."""
 COLD_STARTS_KEPT = 16
 """Cold starts status lists (the latest)."""
+CONSTRUCTOR_TRIES = 2
+"""Times Serve tries to build a replica's engine before the deployment fails (Serve's default is 20)."""
 CONNECT_TIMEOUT_S = 5.0
 """How long `connect` tries to reach a head's port before saying it cannot (ray.init itself retries for minutes)."""
 
@@ -54,8 +56,9 @@ def import_ray():
 
 
 def connect(address: str | None, log: Callable[[str], None], **init: Any) -> None:
-    """Join the Ray cluster at `address` (HOST:PORT of a head, ray://HOST:PORT, or "auto"), or start a local one
-    (None); nothing where this process already joined one. An address nothing answers at is one line."""
+    """Join the Ray cluster at `address` (HOST:PORT of a head, ray://HOST:PORT, or "auto": the one `ray start`
+    started on this machine), or start a local one of this process's own (None); nothing where this process already
+    joined one. An address nothing answers at is one line."""
     ray = import_ray()
     if ray.is_initialized():
         return
@@ -63,7 +66,9 @@ def connect(address: str | None, log: Callable[[str], None], **init: Any) -> Non
         check_reachable(address)
     try:
         # Ray's own INFO and WARNING lines would mix with voicectl's on stderr: its errors still show
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **init)
+        # "local": a new cluster of this process, never one a stale record of an earlier `ray start` points at
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, **init)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise errors.VoiceError(f"cannot join the Ray cluster at {address}: {one_line(err)}") from None
     where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
@@ -105,7 +110,9 @@ class Scaling:
         what each holds (a GPU, or `cpus`)."""
         actor = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus}
         opts: dict[str, Any] = {"ray_actor_options": actor, "max_ongoing_requests": self.streams,
-                                "health_check_period_s": HEALTH_PERIOD_S}
+                                "health_check_period_s": HEALTH_PERIOD_S,
+                                # an engine that cannot load (a bad checkpoint, no memory) fails again: say so soon
+                                "max_constructor_retry_count": CONSTRUCTOR_TRIES}
         if self.min_replicas is None and self.max_replicas is None:
             return {**opts, "num_replicas": self.replicas or self.gpus or 1}
         low = self.min_replicas if self.min_replicas is not None else 0
@@ -157,7 +164,11 @@ def deploy(plan, scaling: Scaling, log: Callable[[str], None]):
     deployment = serve.deployment(name=DEPLOYMENT_NAME, request_router_config=router,
                                   **scaling.options())(EngineReplica)
     log(f"starting {scaling.describe()} on Ray Serve")
-    return serve.run(deployment.bind(plan), name=APP_NAME, route_prefix=None)
+    try:
+        return serve.run(deployment.bind(plan), name=APP_NAME, route_prefix=None)
+    except Exception as err:  # noqa: BLE001 - Serve's own errors: a replica that could not build its engine
+        raise errors.VoiceError(f"the engine replicas did not start: {one_line(err)} (their log: Ray's "
+                                f"session folder, logs/serve)") from None
 
 
 class ReplicaVoices:
