@@ -221,8 +221,7 @@ class HttpApi:
         pump.task.add_done_callback(lambda _: self._pumps.discard(pump))
         try:
             first = await pump.next()
-        except EngineBusy as err:  # every engine replica is full (voiceapp.ray_serve)
-            self.counts["busy"] += 1
+        except EngineBusy as err:  # every engine replica is full (voiceapp.ray_serve); counted by server.stream
             return error_response(ApiError(429, str(err), "too_many_requests", "rate_limit_error",
                                            headers={"Retry-After": str(err.retry_after_s)}))
         except VoiceError as err:  # refused by the engine before any audio (counted there as failed)

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable
 from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
-from engine.errors import InputError, VoiceError, one_line
+from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
 from engine.engine_api import Engine
@@ -263,7 +263,7 @@ class EngineServer:
         """Started by `say` or the TUI rather than by hand (shown by status)."""
         self.log = log or requests.log
         self.started_at = time.time()
-        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
+        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0, "busy": 0}
         self.http: Any = None
         """The HTTP API serving this engine too (voiceapp.http_api.HttpApi), shown by status; None: none."""
         self._handlers: set[asyncio.Task] = set()
@@ -363,7 +363,8 @@ class EngineServer:
     async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int],
                      text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
         """Another front end's request: its audio, listed by status while it runs, counted (in `counts` too) when
-        it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end). Text
+        it ends: served, failed (the engine's VoiceError, raised on), busy (EngineBusy: every engine was full) or
+        cancelled (closed before its end). Text
         from `text_stream` follows the request's own, as it comes."""
         live = self.requests.live[req.request_id] = _Live(req, None, client=client)
         outcome = "cancelled"
@@ -373,6 +374,9 @@ class EngineServer:
                     live.samples += len(chunk.samples)
                     yield chunk
             outcome = "served"
+        except EngineBusy:  # refused before any audio: the front end says so (HTTP: 429)
+            outcome = "busy"
+            raise
         except VoiceError:
             outcome = "failed"
             raise

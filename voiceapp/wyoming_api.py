@@ -148,8 +148,9 @@ class WyomingApi:
     def __init__(self, server: EngineServer, sock: socket.socket, *, limits: WyomingLimits = WyomingLimits(),
                  log: Callable[[str], None] = print) -> None:
         self.server, self.sock, self.limits, self.log = server, sock, limits, log
-        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0}
-        """Requests by how they ended, and events refused (malformed, oversized, unknown)."""
+        self.counts = {"served": 0, "cancelled": 0, "failed": 0, "busy": 0, "rejected": 0}
+        """Requests by how they ended (busy: every engine was full), and events refused (malformed, oversized,
+        unknown)."""
         self._listener: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
 
