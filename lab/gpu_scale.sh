@@ -18,6 +18,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 BACKEND=${BACKEND:-torch}; RATES=${LOAD_RATES:-8,16,32,48,64,96}; SECONDS_PER_RATE=${LOAD_SECONDS:-20}
 MODEL=${TMPDIR:-/tmp}/voiceapp-gpu-model
+WORK=${TMPDIR:-/tmp}/voiceapp-scale; mkdir -p "$WORK"
 python3 -c "import ray; print('ray', ray.__version__)" || { echo "ray is not importable: set PYTHONPATH"; exit 5; }
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
@@ -25,7 +26,7 @@ ENGINE=(--model "$MODEL" --backend "$BACKEND")
 
 serve_up() {  # NAME ARGS...: a server on 127.0.0.1:8000 with its own socket; waits until it answers
   local name=$1; shift
-  VOICEAPP_SOCKET=/tmp/scale-$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:8000 "$@" \
+  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:8000 "$@" \
       2>"$OUT/serve-$name.log" &
   SERVER=$!
   for _ in $(seq 1800); do curl -s -o /dev/null http://127.0.0.1:8000/health && return 0; sleep 0.2; done
@@ -35,14 +36,14 @@ serve_down() { kill "$SERVER"; wait "$SERVER"; sleep 2; }
 measure() {  # NAME: first byte at 1 client, then the load test
   local name=$1
   python3 lab/http_latency.py http://127.0.0.1:8000/v1 --clients 1 --rounds 16 > "$OUT/first-byte-$name.json"
-  VOICEAPP_SOCKET=/tmp/scale-$name.sock python3 -m voiceapp.cli bench --load "$RATES" --load-seconds "$SECONDS_PER_RATE" \
+  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli bench --load "$RATES" --load-seconds "$SECONDS_PER_RATE" \
       --http http://127.0.0.1:8000 --json "$OUT/load-$name.json" > "$OUT/load-$name.txt" 2>&1
   tail -12 "$OUT/load-$name.txt"
 }
 
 # serving: one GPU, plain; two GPUs, through Ray (one replica each)
 CUDA_VISIBLE_DEVICES=0 serve_up direct && { measure direct; serve_down; }
-serve_up ray --ray && { measure ray; VOICEAPP_SOCKET=/tmp/scale-ray.sock python3 -m voiceapp.cli status --json > "$OUT/status-ray.json"; serve_down; }
+serve_up ray --ray && { measure ray; VOICEAPP_SOCKET=$WORK/ray.sock python3 -m voiceapp.cli status --json > "$OUT/status-ray.json"; serve_down; }
 
 # scale to zero: no replica while idle, then one request
 serve_up zero --ray --min-replicas 0 --max-replicas 1 --scale-down-after 5 && {
@@ -55,18 +56,18 @@ sys.exit(0 if sum(d.replica_states.values()) == 0 else 1)" 2>/dev/null && break
     sleep 2
   done
   python3 lab/http_latency.py http://127.0.0.1:8000/v1 --clients 1 --rounds 1 > "$OUT/cold.json"
-  VOICEAPP_SOCKET=/tmp/scale-zero.sock python3 -m voiceapp.cli status --json > "$OUT/status-zero.json"
+  VOICEAPP_SOCKET=$WORK/zero.sock python3 -m voiceapp.cli status --json > "$OUT/status-zero.json"
   grep "cold start" "$OUT/serve-zero.log"
   serve_down
 }
 
 # export: an hour of text on one GPU, then on both through Ray Data
-python3 lab/make_book.py /tmp/scale-book.txt --minutes "${BOOK_MINUTES:-60}"
-CUDA_VISIBLE_DEVICES=0 python3 -m voiceapp.cli export /tmp/scale-book.txt -o /tmp/scale-1.wav "${ENGINE[@]}" \
+python3 lab/make_book.py $WORK/book.txt --minutes "${BOOK_MINUTES:-60}"
+CUDA_VISIBLE_DEVICES=0 python3 -m voiceapp.cli export $WORK/book.txt -o $WORK/1.wav "${ENGINE[@]}" \
     --no-progress --json > "$OUT/export-1gpu.json" 2>"$OUT/export-1gpu.log"
-python3 -m voiceapp.cli export /tmp/scale-book.txt -o /tmp/scale-2.wav "${ENGINE[@]}" --ray --no-progress --json \
+python3 -m voiceapp.cli export $WORK/book.txt -o $WORK/2.wav "${ENGINE[@]}" --ray --no-progress --json \
     > "$OUT/export-2gpu.json" 2>"$OUT/export-2gpu.log"
-cmp -s /tmp/scale-1.wav /tmp/scale-2.wav && SAME=true || SAME=false
+cmp -s $WORK/1.wav $WORK/2.wav && SAME=true || SAME=false
 
 SAME=$SAME python3 - "$OUT" <<'EOF'
 import json, os, subprocess, sys
