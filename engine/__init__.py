@@ -26,7 +26,7 @@ _EXPORTS = {
     "AudioChunk": "engine.types", "VoiceError": "engine.errors", "InputError": "engine.errors",
     "ModelNotFound": "engine.errors", "FirstAudio": "engine.events", "FirstToken": "engine.events",
     "RequestFinished": "engine.events", "RequestFailed": "engine.events", "SentenceStarted": "engine.events",
-    "Notice": "engine.events", "detect_family": "engine.families",
+    "Notice": "engine.events", "detect_family": "engine.families", "Engine": "engine.engine_api",
 }
 """Public name -> the module that defines it (`detect_family` is engine.families.detect)."""
 __all__ = sorted(_EXPORTS)
