@@ -15,10 +15,11 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
 
 import numpy as np
 
-from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
+from engine.backends.base import CodecDecoder, DeadlineScheduled, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for
 from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
+from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.families.base import CodeParser, Grammar
 from engine.folds import UtteranceFolds
@@ -181,20 +182,30 @@ class Synthesizer(UtteranceFolds):
         self.sample_rate = decoder.sample_rate
         self.active_requests = 0
         """Requests being synthesized now (picks the busy window schedule)."""
+        self.deadlines = DeadlineBoard()
+        """When each live request's next audio is due (engine.deadlines): the decoder batcher and the generator
+        order their queues by it, and the front ends ask it whether one more stream fits (`admit`)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
-                                     one_length=decoder.fixed_shapes)
+                                     one_length=decoder.fixed_shapes, deadlines=self.deadlines)
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
         self._shape_lengths: tuple[int, ...] = ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""
         self.use_schedule(schedule)
         self._globals_lock = asyncio.Lock()
+        self._follow(generator)
 
     def swap_generator(self, generator: TokenGenerator) -> TokenGenerator:
         """Hand the next sentences to `generator` (a server's tuned one); sentences already generating finish on
         the one they started on. Returns the generator it replaced, for the caller to close once idle."""
         old, self.generator = self.generator, generator
+        self._follow(generator)
         return old
+
+    def _follow(self, generator: TokenGenerator) -> None:
+        """A generator that schedules by deadline orders its queue by this engine's board."""
+        if isinstance(generator, DeadlineScheduled):
+            generator.follow(self.deadlines)
 
     def use_schedule(self, schedule: WindowSchedule) -> tuple[int, ...]:
         """Plan the sentences that start from now on with `schedule` (those rendering keep theirs), their windows
@@ -249,6 +260,7 @@ class Synthesizer(UtteranceFolds):
         progress = _Progress(t0=time.perf_counter())
         self.events(RequestStarted(req.request_id))
         self.active_requests += 1
+        self.deadlines.open(req.request_id)
         cancelled = True
         try:
             voice = self.voices.get(req.voice)
@@ -269,6 +281,7 @@ class Synthesizer(UtteranceFolds):
             raise GenerationError(message) from err
         finally:
             self.active_requests -= 1
+            self.deadlines.close(req.request_id)
             wall = time.perf_counter() - progress.t0
             audio = progress.samples / self.sample_rate
             self.events(RequestFinished(req.request_id, audio_s=audio, wall_s=wall,
@@ -413,7 +426,7 @@ class Synthesizer(UtteranceFolds):
 
     async def _decode(self, req: SynthesisRequest, index: int, window: Window, item: DecodeItem) -> np.ndarray:
         t = time.perf_counter()
-        pcm = await self.batcher.decode(item)
+        pcm = await self.batcher.decode(item, req.request_id)
         final_codes = window.emit_stop - window.tail - window.emit_start
         self.events(ChunkDecoded(req.request_id, index, codes=final_codes,
                                  samples=final_codes * self.decoder.samples_per_code, decode_s=time.perf_counter() - t))
@@ -425,6 +438,7 @@ class Synthesizer(UtteranceFolds):
                            planned_s, made_at)
         progress.chunks += 1
         progress.samples += len(samples)
+        self.deadlines.heard(req.request_id, len(samples) / self.sample_rate)
         if not progress.first_audio and not pause:
             progress.first_audio = True
             self.events(FirstAudio(req.request_id, time.perf_counter() - progress.t0))

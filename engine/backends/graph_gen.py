@@ -23,9 +23,11 @@ from typing import Any, AsyncIterator
 import torch
 
 from engine.backends import decode_kernels
+from engine.backends.base import DeadlineScheduled
 from engine.backends.lane_runner import CANDIDATES, FUSE_ROWS, LaneRunner, ReadBack
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.config import SamplingOptions, request_of
+from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError
 from engine.events import EventSink, Notice, ignore_events
 from engine.lane_scheduler import ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob, LaneScheduler, LaneShapes
@@ -216,6 +218,10 @@ class GraphLane:
     def groups(self) -> set[str]:
         return self.scheduler.groups()
 
+    def follow(self, board: DeadlineBoard) -> None:
+        """Seat waiting sentences most pressing first (engine.backends.base DeadlineScheduled)."""
+        self.scheduler.deadlines = board
+
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str,
                      group: str | None = None) -> AsyncIterator[list[int]]:
         """Yield token deltas (stop id included when reached); up to `rows` jobs run at once, the rest wait in
@@ -345,6 +351,12 @@ class LaneRouter:
                 yield delta
         finally:
             self.primary_live -= 1
+
+    def follow(self, board: DeadlineBoard) -> None:
+        """The lane and (where it schedules by deadline too) the primary follow `board`."""
+        self.lane.follow(board)
+        if isinstance(self.primary, DeadlineScheduled):
+            self.primary.follow(board)
 
     async def abort(self, request_id: str) -> None:
         await self.lane.abort(request_id)

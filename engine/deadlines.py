@@ -1,0 +1,212 @@
+"""Provides the one deadline policy every stage orders its queue by: when each stream's next audio is due
+(`StreamClock`, kept for every live stream by a `DeadlineBoard`), which queued work goes first
+(`DeadlinePolicy.key`), how large a decoder batch may grow before the most pressing window waits too long
+(`BatchCost`), and whether one more stream fits (`DeadlineBoard.admit`). Pure: no clocks of its own (the board is
+handed one), no threads, no torch.
+
+A real-time listener starts playing a stream at its first audio and from then on has played `t - first_audio_at`
+seconds, so the stream's next audio is due at `first_audio_at + audio_delivered_s - margin`; before its first
+audio, a stream is due a fixed budget after its request arrived. The decoder batcher (engine.batching), the graph
+lane's admission (engine.lane_scheduler) and vLLM's submission priority (engine.backends.vllm_gen) all ask the same
+board and the same policy: one scheduler, not one per stage.
+
+No starvation: queued work counts as due at most `max_wait_s` after it was queued, so work for a stream far
+ahead of its listener waits a bounded time behind pressing work, not for ever.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+MARGIN_S = 0.2
+"""Audio is due this long before its listener plays it: the listener's pre-roll (engine.bench.load PREROLL_S), so
+the jitter of one delivery does not empty its buffer."""
+FIRST_AUDIO_S = 0.25
+"""A new stream's first audio is due this long after its request arrived: the first-audio target under load
+(issue 42: p95 at most 250 ms at the highest rate), so a stream that waits for its first sound competes with live
+streams' next windows instead of queueing behind all of them."""
+PRESSING_S = 1.0
+"""A stream whose next audio is due within this is pressing: background work (tuning) waits for it, and a live
+stream this close to its listener is served before any new stream's first sentence (the servers that hold first
+audio under load use the same bound)."""
+MAX_WAIT_S = 2.0
+"""Queued work counts as due at most this long after it was queued (the starvation bound)."""
+AT_RISK_S = 0.0
+"""A live stream whose slack (due time less now) falls below this is at risk of an underrun: no new stream is
+admitted while one is (`DeadlineBoard.admit`). 0: the listener's pre-roll (MARGIN_S) is already eaten into."""
+DECODE_BOUND_S = 0.1
+"""The longest decoder call the most pressing window waits for when it has less slack than that: a batch is cut
+to what the cost model says fits (BatchCost.cap). At 256 streams an uncapped batch of ~35 windows took 300-460 ms
+against 4-8 ms for one (issue 42), so a window due in 100 ms missed its listener behind 34 others."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePolicy:
+    """The numbers every stage's ordering uses (one object, shared)."""
+
+    margin_s: float = MARGIN_S
+    first_audio_s: float = FIRST_AUDIO_S
+    pressing_s: float = PRESSING_S
+    max_wait_s: float = MAX_WAIT_S
+    at_risk_s: float = AT_RISK_S
+    decode_bound_s: float = DECODE_BOUND_S
+
+    def key(self, due_at: float | None, queued_at: float) -> float:
+        """What a queue orders by, smallest first: the stream's due time, capped at `queued_at + max_wait_s` so that
+        nothing waits without bound; work of no known stream (None: warm-up, a voice's conditioning) counts as due
+        at that cap."""
+        cap = queued_at + self.max_wait_s
+        return cap if due_at is None or due_at > cap else due_at
+
+    def order(self, items: Sequence[T], key: Callable[[T], float]) -> list[int]:
+        """Indices of `items` most pressing first; ties keep their queue order."""
+        keys = [key(item) for item in items]
+        return sorted(range(len(items)), key=lambda i: (keys[i], i))
+
+    def pressing(self, due_at: float | None, now: float) -> bool:
+        return due_at is not None and due_at - now < self.pressing_s
+
+
+@dataclass(slots=True)
+class StreamClock:
+    """One stream's deadline: when it arrived, when its first audio went out, and how much audio went out since."""
+
+    arrived_at: float
+    first_audio_at: float | None = None
+    audio_s: float = 0.0
+    """Seconds of audio handed on (pauses between sentences included: the listener plays them too)."""
+
+    def heard(self, seconds: float, now: float) -> None:
+        """`seconds` of audio went to the listener at `now`."""
+        if self.first_audio_at is None:
+            self.first_audio_at = now
+        self.audio_s += seconds
+
+    def due_at(self, policy: DeadlinePolicy) -> float:
+        """When its next audio must be out for a real-time listener not to run dry."""
+        if self.first_audio_at is None:
+            return self.arrived_at + policy.first_audio_s
+        return self.first_audio_at + self.audio_s - policy.margin_s
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether one more stream is admitted now, and if not why and when to ask again."""
+
+    admit: bool
+    reason: str = ""
+    retry_after_s: float = 0.0
+
+
+class DeadlineBoard:
+    """Every live stream's clock, by request id: the pipeline opens, feeds and closes them; the schedulers read due
+    times (`due_at`, from any thread: a lookup, no iteration); the front ends ask `admit`."""
+
+    def __init__(self, policy: DeadlinePolicy = DeadlinePolicy(), clock: Callable[[], float] = time.perf_counter,
+                 capacity_streams: float | None = None) -> None:
+        self.policy, self.clock = policy, clock
+        self.capacity_streams = capacity_streams
+        """Streams the engine carries in real time, where it says (the tuned stream limit, a fake engine's known
+        throughput); None: unknown, and only the live streams' slack decides admission."""
+        self._clocks: dict[str, StreamClock] = {}
+
+    def open(self, request_id: str) -> None:
+        self._clocks[request_id] = StreamClock(self.clock())
+
+    def heard(self, request_id: str, seconds: float) -> None:
+        stream = self._clocks.get(request_id)
+        if stream is not None:
+            stream.heard(seconds, self.clock())
+
+    def close(self, request_id: str) -> None:
+        self._clocks.pop(request_id, None)
+
+    @property
+    def live(self) -> int:
+        return len(self._clocks)
+
+    def due_at(self, request_id: str) -> float | None:
+        """When the stream's next audio is due (None: no such live stream)."""
+        stream = self._clocks.get(request_id)
+        return None if stream is None else stream.due_at(self.policy)
+
+    def key(self, request_id: str, queued_at: float) -> float:
+        """The policy's ordering key for work of this stream queued at `queued_at`."""
+        return self.policy.key(self.due_at(request_id), queued_at)
+
+    def pressing(self, now: float | None = None) -> int:
+        """Live streams whose next audio is due within the policy's `pressing_s`."""
+        now = self.clock() if now is None else now
+        return sum(self.policy.pressing(s.due_at(self.policy), now) for s in list(self._clocks.values()))
+
+    def at_risk(self, now: float | None = None) -> int:
+        """Streams past their first audio whose slack is below `at_risk_s`, plus streams whose first audio is
+        already late: the engine is not keeping up with what it has."""
+        now = self.clock() if now is None else now
+        return sum(s.due_at(self.policy) - now < self.policy.at_risk_s for s in list(self._clocks.values()))
+
+    def admit(self, now: float | None = None) -> Verdict:
+        """Whether a new stream may start now without pushing a live one into an underrun: below the declared
+        capacity (where there is one) and no live stream at risk."""
+        now = self.clock() if now is None else now
+        live = self.live
+        if self.capacity_streams is not None and live + 1 > self.capacity_streams:
+            return Verdict(False, f"{live} streams live, the most this engine carries in real time",
+                           self._retry_after(now))
+        risk = self.at_risk(now)
+        if risk:
+            return Verdict(False, f"{risk} of {live} live streams are close to running dry", self._retry_after(now))
+        return Verdict(True)
+
+    def _retry_after(self, now: float) -> float:
+        """Seconds until the most pressing live stream has caught up, at least 1: a guess; the front end has a
+        better one where it knows the streams' lengths."""
+        worst = min((s.due_at(self.policy) - now for s in list(self._clocks.values())), default=0.0)
+        return max(1.0, -worst)
+
+
+def capacity_streams(tokens_per_s: float, need_tokens_per_s: float) -> float:
+    """Streams a measured token throughput carries in real time, each needing `need_tokens_per_s`."""
+    if need_tokens_per_s <= 0:
+        raise ValueError("a stream's need must be above 0")
+    return tokens_per_s / need_tokens_per_s
+
+
+@dataclass
+class BatchCost:
+    """What a decoder call of B windows costs, learnt from the calls made (an exponential average per batch size),
+    and the largest batch that keeps the most pressing window's wait bounded (`cap`)."""
+
+    smoothing: float = 0.3
+    """Weight of the newest call in a batch size's average."""
+    seconds: dict[int, float] = field(default_factory=dict)
+    """Average seconds of a call, by its batch size."""
+
+    def note(self, batch: int, seconds: float) -> None:
+        old = self.seconds.get(batch)
+        self.seconds[batch] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def estimate(self, batch: int) -> float | None:
+        """Seconds a call of `batch` windows should take: the average of the nearest size measured at or above it,
+        else scaled up from the largest below it (a call costs at most in proportion to its windows); None before
+        any call."""
+        if not self.seconds:
+            return None
+        above = [b for b in self.seconds if b >= batch]
+        if above:
+            return self.seconds[min(above)]
+        largest = max(self.seconds)
+        return self.seconds[largest] * batch / largest
+
+    def cap(self, slack_s: float, most: int, bound_s: float) -> int:
+        """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
+        waits no longer than max(slack_s, bound_s); `most` while nothing was measured."""
+        budget = max(slack_s, bound_s)
+        if self.estimate(most) is None or self.estimate(most) <= budget:
+            return most
+        fits = [b for b in range(1, most + 1) if (self.estimate(b) or 0.0) <= budget]
+        return max(fits, default=1)
+
