@@ -37,6 +37,12 @@ MAX_WAIT_S = 2.0
 AT_RISK_S = 0.0
 """A live stream whose slack (due time less now) falls below this is at risk of an underrun: no new stream is
 admitted while one is (`DeadlineBoard.admit`). 0: the listener's pre-roll (MARGIN_S) is already eaten into."""
+REALTIME_SPEED = 1.15
+"""A stream is made fast enough only at this many seconds of audio per second of the engine's time (the pacer's
+REALTIME_MARGIN, engine.pacing): admission refuses a stream that would slow a measured live one below it."""
+SPEED_EVIDENCE_S = 0.25
+"""Engine time after a stream's first audio before its speed counts: its first windows are small and come in a
+burst."""
 DECODE_BOUND_S = 0.1
 """The longest decoder call the most pressing window waits for when it has less slack than that: a batch is cut
 to what the cost model says fits (BatchCost.cap). At 256 streams an uncapped batch of ~35 windows took 300-460 ms
@@ -53,6 +59,8 @@ class DeadlinePolicy:
     max_wait_s: float = MAX_WAIT_S
     at_risk_s: float = AT_RISK_S
     decode_bound_s: float = DECODE_BOUND_S
+    realtime_speed: float = REALTIME_SPEED
+    speed_evidence_s: float = SPEED_EVIDENCE_S
 
     def key(self, due_at: float | None, queued_at: float) -> float:
         """What a queue orders by, smallest first: the stream's due time, capped at `queued_at + max_wait_s` so that
@@ -78,18 +86,45 @@ class StreamClock:
     first_audio_at: float | None = None
     audio_s: float = 0.0
     """Seconds of audio handed on (pauses between sentences included: the listener plays them too)."""
+    first_s: float = 0.0
+    """Seconds of its first chunk (not part of its measured speed: it came before the clock started)."""
+    held: bool = False
+    """Audio is ready and waits for its consumer to take it (a client that reads slowly or not at all): the
+    engine is not what keeps this stream's listener waiting, so it is neither pressing nor at risk."""
+    held_since: float = 0.0
+    held_s: float = 0.0
+    """Time since its first audio that its consumer kept it waiting (not the engine's time, as in engine.pacing)."""
 
     def heard(self, seconds: float, now: float) -> None:
         """`seconds` of audio went to the listener at `now`."""
         if self.first_audio_at is None:
-            self.first_audio_at = now
+            self.first_audio_at, self.first_s = now, seconds
         self.audio_s += seconds
+
+    def hold(self, held: bool, now: float) -> None:
+        """Its audio waits for its consumer (True) or the consumer asked for more (False)."""
+        if held and not self.held:
+            self.held_since = now
+        elif self.held and not held and self.first_audio_at is not None:
+            self.held_s += now - max(self.held_since, self.first_audio_at)
+        self.held = held
 
     def due_at(self, policy: DeadlinePolicy) -> float:
         """When its next audio must be out for a real-time listener not to run dry."""
         if self.first_audio_at is None:
             return self.arrived_at + policy.first_audio_s
         return self.first_audio_at + self.audio_s - policy.margin_s
+
+    def speed(self, now: float, policy: DeadlinePolicy) -> float | None:
+        """Seconds of audio made per second of the engine's time since its first audio (its consumer's waits left
+        out); None until `speed_evidence_s` of engine time."""
+        if self.first_audio_at is None:
+            return None
+        took = now - self.first_audio_at - self.held_s - (now - max(self.held_since, self.first_audio_at)
+                                                         if self.held else 0.0)
+        if took < policy.speed_evidence_s:
+            return None
+        return (self.audio_s - self.first_s) / took
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +156,12 @@ class DeadlineBoard:
         if stream is not None:
             stream.heard(seconds, self.clock())
 
+    def hold(self, request_id: str, held: bool) -> None:
+        """Whether the stream's next audio is ready and waits for its consumer (StreamClock.held)."""
+        stream = self._clocks.get(request_id)
+        if stream is not None:
+            stream.hold(held, self.clock())
+
     def close(self, request_id: str) -> None:
         self._clocks.pop(request_id, None)
 
@@ -140,17 +181,24 @@ class DeadlineBoard:
     def pressing(self, now: float | None = None) -> int:
         """Live streams whose next audio is due within the policy's `pressing_s`."""
         now = self.clock() if now is None else now
-        return sum(self.policy.pressing(s.due_at(self.policy), now) for s in list(self._clocks.values()))
+        return sum(not s.held and self.policy.pressing(s.due_at(self.policy), now)
+                   for s in list(self._clocks.values()))
 
     def at_risk(self, now: float | None = None) -> int:
         """Streams past their first audio whose slack is below `at_risk_s`, plus streams whose first audio is
-        already late: the engine is not keeping up with what it has."""
+        late by more than `pressing_s` (a line of them: the engine is not keeping up with what it has; a first
+        audio a little late is the engine's own latency, not a crowd). Streams held by their consumer do not
+        count."""
         now = self.clock() if now is None else now
-        return sum(s.due_at(self.policy) - now < self.policy.at_risk_s for s in list(self._clocks.values()))
+        policy = self.policy
+        return sum(not s.held and s.due_at(policy) - now < (policy.at_risk_s if s.first_audio_at is not None
+                                                             else -policy.pressing_s)
+                   for s in list(self._clocks.values()))
 
     def admit(self, now: float | None = None) -> Verdict:
         """Whether a new stream may start now without pushing a live one into an underrun: below the declared
-        capacity (where there is one) and no live stream at risk."""
+        capacity (where there is one), no live stream at risk, and every measured live stream fast enough to
+        share the engine with one more (`shared_speed`)."""
         now = self.clock() if now is None else now
         live = self.live
         if self.capacity_streams is not None and live + 1 > self.capacity_streams:
@@ -159,7 +207,31 @@ class DeadlineBoard:
         risk = self.at_risk(now)
         if risk:
             return Verdict(False, f"{risk} of {live} live streams are close to running dry", self._retry_after(now))
+        shared = self.shared_speed(now)
+        if shared is not None and shared < self.policy.realtime_speed:
+            return Verdict(False, f"{live} live streams would slow to {shared:.2f}x real time with one more",
+                           self._retry_after(now))
         return Verdict(True)
+
+    def shared_speed(self, now: float | None = None) -> float | None:
+        """The slowest measured live stream's speed once one more stream shares the engine: the engine's time is
+        shared, so each stream's share shrinks by live / (live + 1). None while no stream is measured."""
+        now = self.clock() if now is None else now
+        streams = [s for s in list(self._clocks.values()) if not s.held]
+        speeds = [v for v in (s.speed(now, self.policy) for s in streams) if v is not None]
+        if not speeds:
+            return None
+        live = self.live
+        return min(speeds) * live / (live + 1)
+
+    def capacity(self, now: float | None = None) -> float | None:
+        """Streams the engine carries in real time, as far as the live ones show: the declared capacity, else the
+        slowest measured stream's speed times the live streams (what each would get, shared), at REALTIME_SPEED;
+        None while nothing says."""
+        if self.capacity_streams is not None:
+            return self.capacity_streams
+        shared = self.shared_speed(now)
+        return None if shared is None else shared * (self.live + 1) / self.policy.realtime_speed
 
     def _retry_after(self, now: float) -> float:
         """Seconds until the most pressing live stream has caught up, at least 1: a guess; the front end has a

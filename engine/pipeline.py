@@ -19,7 +19,7 @@ from engine.backends.base import CodecDecoder, DeadlineScheduled, DecodeItem, To
 from engine.batching import DecodeBatcher, lengths_for
 from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
-from engine.deadlines import DeadlineBoard
+from engine.deadlines import DeadlineBoard, Verdict
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.families.base import CodeParser, Grammar
 from engine.folds import UtteranceFolds
@@ -202,6 +202,15 @@ class Synthesizer(UtteranceFolds):
         self._follow(generator)
         return old
 
+    def admit(self) -> Verdict:
+        """Whether one more request may start now without pushing a live one into an underrun (the front ends ask
+        before they start one: engine.deadlines DeadlineBoard.admit). Always, on an engine whose pacer holds
+        sentences back (slower than real time by measure or by design): there no listener is played in real time
+        from its first audio, so no deadline is missed."""
+        if self.pacer.holds_sentences:
+            return Verdict(True)
+        return self.deadlines.admit()
+
     def _follow(self, generator: TokenGenerator) -> None:
         """A generator that schedules by deadline orders its queue by this engine's board."""
         if isinstance(generator, DeadlineScheduled):
@@ -268,7 +277,9 @@ class Synthesizer(UtteranceFolds):
             # aclosing: an abandoned stream must stop generation now, not whenever the GC finalizes it.
             async with aclosing(self._chunks(req, text_stream, voice, globals_, progress)) as chunks:
                 async for chunk in chunks:
+                    self.deadlines.hold(req.request_id, True)  # until the consumer asks for more
                     yield chunk
+                    self.deadlines.hold(req.request_id, False)
             cancelled = False
         except VoiceError as err:
             self.events(RequestFailed(req.request_id, str(err)))

@@ -205,12 +205,7 @@ class HttpApi:
         synth = self.server.synth
         params = parse_speech(await self._body(request), synth.voices.all(), self.formats, synth.sample_rate,
                               self.limits)
-        if len(self._pumps) >= self.limits.max_streams:
-            now = asyncio.get_running_loop().time()
-            wait = retry_after_s((now - p.started, p.seconds, p.expected_s) for p in self._pumps)
-            raise ApiError(429, f"this server is speaking {len(self._pumps)} requests, the most it takes at once "
-                                f"(--http-max-streams); try again in {wait} s", "too_many_requests",
-                           "rate_limit_error", headers={"Retry-After": str(wait)})
+        self._admit(synth)
         req, ignored = self._synthesis_request(params)
         client = f"http {request.client.host}:{request.client.port}" if request.client else "http"
         encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate, speed=params.speed,
@@ -241,6 +236,21 @@ class HttpApi:
                 pump.stop()
             return Response(body, media_type=media_type, headers=headers)
         return _SpeechResponse(pump, (p.data async for p in pump.pieces(first)), media_type, headers)
+
+    def _admit(self, synth: Any) -> None:
+        """A 429 with Retry-After where one more stream is past --http-max-streams, or would push a live stream
+        into an underrun (the engine's deadlines: Synthesizer.admit); Retry-After is when the live response nearest
+        its end should end."""
+        full = len(self._pumps) >= self.limits.max_streams
+        verdict = None if full else synth.admit()
+        if not full and verdict.admit:
+            return
+        now = asyncio.get_running_loop().time()
+        wait = retry_after_s((now - p.started, p.seconds, p.expected_s) for p in self._pumps)
+        why = (f"this server is speaking {len(self._pumps)} requests, the most it takes at once (--http-max-streams)"
+               if full else f"this server is at capacity ({verdict.reason})")
+        raise ApiError(429, f"{why}; try again in {wait} s", "too_many_requests", "rate_limit_error",
+                       headers={"Retry-After": str(wait)})
 
     def _synthesis_request(self, params: SpeechParams) -> tuple[SynthesisRequest, list[str]]:
         """The engine's request for `params`, and the names of the fields it leaves unused. The hook for a model

@@ -148,14 +148,46 @@ def test_admission_refuses_past_the_declared_capacity():
     assert board.admit().admit
 
 
-def test_a_first_audio_already_late_counts_as_at_risk():
+def test_a_first_audio_late_by_more_than_the_pressing_bound_counts_as_at_risk():
     clock = Clock(0.0)
     board = DeadlineBoard(POLICY, clock)
     board.open("waiting")
-    clock.t = 0.2
-    assert board.admit().admit
-    clock.t = 0.3  # its first audio was due at 0.25
-    assert not board.admit().admit and board.at_risk() == 1 and board.pressing() == 1
+    clock.t = 0.3  # its first audio was due at 0.25: late, but by the engine's own latency
+    assert board.admit().admit and board.pressing() == 1
+    clock.t = 1.3  # more than pressing_s late: a line of streams is waiting
+    assert not board.admit().admit and board.at_risk() == 1
+
+
+@pytest.mark.parametrize("speed, admitted", [(2.0, True), (1.5, False)])
+def test_admission_refuses_a_stream_that_would_slow_a_measured_one_below_real_time(speed, admitted):
+    """Two streams made at `speed` (their consumers' waits left out): a third shares the engine's time three ways,
+    so each would get speed x 2/3: 1.33x (admitted, above REALTIME_SPEED) or 1.00x (refused)."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    for name in ("a", "b"):
+        board.open(name)
+        board.heard(name, 1.0)  # a first chunk: before the speed's clock starts
+    board.hold("a", True)   # a's consumer kept it waiting 0.5 s: not the engine's time
+    clock.t = 0.5
+    board.hold("a", False)
+    clock.t = 1.0
+    board.heard("a", speed * 0.5)
+    board.heard("b", speed * 1.0)
+    assert board.shared_speed() == pytest.approx(speed * 2 / 3)
+    verdict = board.admit()
+    assert verdict.admit is admitted
+    if not admitted:
+        assert "would slow to 1.00x" in verdict.reason
+    assert board.capacity() == pytest.approx(speed * 2 / POLICY.realtime_speed)
+
+
+def test_a_stream_not_measured_yet_does_not_decide():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("new")
+    board.heard("new", 1.0)
+    clock.t = 0.1  # 0.1 s of engine time since its first audio: too little to tell its speed
+    assert board.shared_speed() is None and board.capacity() is None and board.admit().admit
 
 
 # ---- the decoder batcher orders by deadline ----------------------------------------------------------------------
@@ -262,3 +294,16 @@ def test_without_a_board_the_lane_admits_as_before():
         sched.add(lane_job(sentence_id(name, 0)))
     seated = [job.request_id for plan in sched.admit() for job in plan.jobs]
     assert sorted(seated) == ["a-0", "b-0"]
+
+
+def test_a_stream_whose_consumer_does_not_read_blocks_no_one():
+    """A client that never reads leaves its stream's audio waiting in the engine: not the engine's lateness."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("stalled")
+    board.heard("stalled", 0.3)
+    board.hold("stalled", True)
+    clock.t = 5.0
+    assert board.admit().admit and board.pressing() == 0
+    board.hold("stalled", False)
+    assert not board.admit().admit
