@@ -18,7 +18,7 @@ import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
@@ -105,7 +105,8 @@ class GraphLane:
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
                  plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
-                 capture_mode: str = "global", fixed_shapes: bool = False) -> None:
+                 capture_mode: str = "global", fixed_shapes: bool = False,
+                 between: Callable[[], None] | None = None) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
@@ -113,7 +114,8 @@ class GraphLane:
         tensor code (a lane whose every step is fused would compile just its prefills, once per shape).
         `capture_mode`: torch.cuda.graph's capture_error_mode (thread_local for a lane built while other threads
         use the GPU). `fixed_shapes`: every decode step runs all `rows` over a span of `max_len`, and every prefill
-        holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES)."""
+        holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES).
+        `between`: called before each graph capture (LaneRunner)."""
         if fixed_shapes and (fused or compile_layers):
             raise ValueError("fixed shapes run the plain tensor code: no fused kernels, no compiled layers")
         self.token_ids = token_ids
@@ -122,7 +124,7 @@ class GraphLane:
         self.runner = LaneRunner(model, allowed, self.shapes, device=device, dtype=dtype,
                                  compile_layers=compile_layers, capture=capture,
                                  fused=False if fixed_shapes else fused, fuse_rows=fuse_rows, plan=plan,
-                                 compile_prefill=compile_prefill, capture_mode=capture_mode)
+                                 compile_prefill=compile_prefill, capture_mode=capture_mode, between=between)
         self.scheduler = LaneScheduler(self.shapes, token_ids.stop_ids, allowed)
         self.fused, self.capture_s = self.runner.fused, self.runner.capture_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-lane")
