@@ -275,10 +275,14 @@ class BatchCost:
 
     def cap(self, slack_s: float, most: int, bound_s: float) -> int:
         """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
-        waits no longer than max(slack_s, bound_s); `most` while nothing was measured."""
+        waits no longer than max(slack_s, bound_s); `most` while nothing was measured. The estimate is constant
+        between two measured sizes and linear past the largest, so only those edges are tried."""
         budget = max(slack_s, bound_s)
-        if self.estimate(most) is None or self.estimate(most) <= budget:
+        if not self.seconds:
             return most
-        fits = [b for b in range(1, most + 1) if (self.estimate(b) or 0.0) <= budget]
+        largest = max(self.seconds)
+        edges = [b for b in self.seconds if b < most] + [most]
+        if most > largest:  # past the largest measured size: as many windows as its rate fits in the budget
+            edges.append(min(most, int(budget * largest / self.seconds[largest])))
+        fits = [b for b in edges if b >= 1 and (self.estimate(b) or 0.0) <= budget]
         return max(fits, default=1)
-

@@ -307,3 +307,10 @@ def test_a_stream_whose_consumer_does_not_read_blocks_no_one():
     assert board.admit().admit and board.pressing() == 0
     board.hold("stalled", False)
     assert not board.admit().admit
+
+
+def test_past_the_largest_measured_batch_the_cap_follows_its_rate():
+    cost = BatchCost()
+    cost.note(16, 0.1)
+    assert cost.cap(slack_s=0.32, most=64, bound_s=0.1) == 51  # 51 windows at 6.25 ms each
+    assert cost.cap(slack_s=0.05, most=64, bound_s=0.1) == 16
