@@ -323,7 +323,9 @@ class Synthesizer(UtteranceFolds):
         try:
             while True:
                 if not feeds:
+                    self.deadlines.hold(req.request_id, True)  # waiting for its text is not the engine's lateness
                     text = await sentences.next()
+                    self.deadlines.hold(req.request_id, False)
                     if text is None:
                         break
                     feeds.append((index, self._start(req, text, index, voice, globals_), None))

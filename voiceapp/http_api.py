@@ -129,7 +129,7 @@ class HttpApi:
                 "live": len(self._pumps), "max_streams": self.limits.max_streams,
                 "max_chars": self.limits.max_chars, "max_connections": self.max_connections,
                 "refused_connections": self.refused_connections, "evicted_connections": self.evicted_connections,
-                **self.counts}
+                "capacity_streams": _rounded(self.server.synth.deadlines.capacity()), **self.counts}
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -307,7 +307,8 @@ class HttpApi:
         return JSONResponse(voices_body(voices))
 
     async def _health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams})
+        return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams,
+                             "capacity_streams": _rounded(self.server.synth.deadlines.capacity())})
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         """Starlette's own refusals (no such path, wrong method) in OpenAI's error shape."""
@@ -326,6 +327,11 @@ class HttpApi:
             self.log(f"HTTP: internal error on {request.method} {request.url.path}: {one_line(exc)}")
         return error_response(ApiError(500, f"internal server error: {type(exc).__name__}", "internal_error",
                                        "server_error"))
+
+
+def _rounded(capacity: float | None) -> float | None:
+    """The engine's capacity in streams as status shows it (None: not measured yet; engine.deadlines)."""
+    return None if capacity is None else round(capacity, 1)
 
 
 def connection_cap(configured: int) -> int:

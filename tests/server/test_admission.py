@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import socket
+import urllib.request
 
 import pytest
 
@@ -47,6 +48,8 @@ def test_http_past_capacity_is_a_429_with_retry_after_and_room_comes_back(fake_s
     api = with_http(fake_server)
     fake_server.synth.deadlines.capacity_streams = 1
     try:
+        health = json.loads(urllib.request.urlopen(api.url.removesuffix("/v1") + "/health", timeout=10).read())
+        assert health["capacity_streams"] == 1  # what the engine says it carries, reported
         held, held_conn = post(api.url, LONG_TEXT)
         assert held.status == 200 and held.read(2048)  # one live stream: all this engine says it carries
         refused, conn = post(api.url, "Hello there.")
