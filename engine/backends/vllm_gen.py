@@ -207,12 +207,14 @@ class VllmTokenGenerator:
 
     @classmethod
     def attached(cls, make_engine: Any, token_ids: Any, *, max_num_seqs: int = 256,
-                 events: EventSink = ignore_events) -> "VllmTokenGenerator":
+                 events: EventSink = ignore_events, by_deadline: bool = False) -> "VllmTokenGenerator":
         """A generator around an engine object built by `make_engine()` on the vLLM thread (anything with
-        AsyncLLM's `generate(prompt, params, request_id)` and `shutdown()`); for tests of the plumbing."""
+        AsyncLLM's `generate(prompt, params, request_id)` and `shutdown()`, and its `priority` keyword with
+        `by_deadline`); for tests of the plumbing."""
         self = cls.__new__(cls)
         self.info = None
         self._setup(token_ids, events, max_num_seqs)
+        self._by_deadline = by_deadline
 
         async def build() -> None:
             self._llm = make_engine()
@@ -262,7 +264,7 @@ class VllmTokenGenerator:
         if board is None or not self._by_deadline:
             return {}
         now = board.clock()
-        return {"priority": int((board.key(request_of(request_id), now) - self._epoch) * 1000)}
+        return {"priority": round((board.key(request_of(request_id), now) - self._epoch) * 1000)}
 
     async def _pump(self, ids: tuple[int, ...], params: Any, vid: str, channel: _Channel,
                     priority: dict[str, int] | None = None) -> None:
