@@ -129,11 +129,11 @@ class StreamClock:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether one more stream is admitted now, and if not why and when to ask again."""
+    """Whether one more stream is admitted now, and if not why (when to ask again is the front end's to say: it
+    knows how long its live responses still run, voiceapp.speech_api retry_after_s)."""
 
     admit: bool
     reason: str = ""
-    retry_after_s: float = 0.0
 
 
 class DeadlineBoard:
@@ -202,15 +202,13 @@ class DeadlineBoard:
         now = self.clock() if now is None else now
         live = self.live
         if self.capacity_streams is not None and live + 1 > self.capacity_streams:
-            return Verdict(False, f"{live} streams live, the most this engine carries in real time",
-                           self._retry_after(now))
+            return Verdict(False, f"{live} streams live, the most this engine carries in real time")
         risk = self.at_risk(now)
         if risk:
-            return Verdict(False, f"{risk} of {live} live streams are close to running dry", self._retry_after(now))
+            return Verdict(False, f"{risk} of {live} live streams are close to running dry")
         shared = self.shared_speed(now)
         if shared is not None and shared < self.policy.realtime_speed:
-            return Verdict(False, f"{live} live streams would slow to {shared:.2f}x real time with one more",
-                           self._retry_after(now))
+            return Verdict(False, f"{live} live streams would slow to {shared:.2f}x real time with one more")
         return Verdict(True)
 
     def shared_speed(self, now: float | None = None) -> float | None:
@@ -233,11 +231,6 @@ class DeadlineBoard:
         shared = self.shared_speed(now)
         return None if shared is None else shared * (self.live + 1) / self.policy.realtime_speed
 
-    def _retry_after(self, now: float) -> float:
-        """Seconds until the most pressing live stream has caught up, at least 1: a guess; the front end has a
-        better one where it knows the streams' lengths."""
-        worst = min((s.due_at(self.policy) - now for s in list(self._clocks.values())), default=0.0)
-        return max(1.0, -worst)
 
 
 def capacity_streams(tokens_per_s: float, need_tokens_per_s: float) -> float:
