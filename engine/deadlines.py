@@ -12,12 +12,18 @@ board and the same policy: one scheduler, not one per stage.
 
 No starvation: queued work counts as due at most `max_wait_s` after it was queued, so work for a stream far
 ahead of its listener waits a bounded time behind pressing work, not for ever.
+
+engine.pacing is the listener's side of the same clock (how long a sentence waits before it plays, on an engine
+slower than real time); this is the engine's side (what is due when, for every stream). They share the margin a
+stream must be made faster than real time by (REALTIME_MARGIN).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
+
+from engine.pacing import REALTIME_MARGIN
 
 T = TypeVar("T")
 
@@ -37,9 +43,10 @@ MAX_WAIT_S = 2.0
 AT_RISK_S = 0.0
 """A live stream whose slack (due time less now) falls below this is at risk of an underrun: no new stream is
 admitted while one is (`DeadlineBoard.admit`). 0: the listener's pre-roll (MARGIN_S) is already eaten into."""
-REALTIME_SPEED = 1.15
+REALTIME_SPEED = REALTIME_MARGIN
 """A stream is made fast enough only at this many seconds of audio per second of the engine's time (the pacer's
-REALTIME_MARGIN, engine.pacing): admission refuses a stream that would slow a measured live one below it."""
+margin: below it a loaded machine's jitter empties a listener's pre-roll): admission refuses a stream that would
+slow a measured live one below it."""
 SPEED_EVIDENCE_S = 0.25
 """Engine time after a stream's first audio before its speed counts: its first windows are small and come in a
 burst."""
