@@ -275,10 +275,13 @@ class BatchCost:
 
     def cap(self, slack_s: float, most: int, bound_s: float) -> int:
         """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
-        waits no longer than max(slack_s, bound_s); `most` while nothing was measured. The estimate is constant
-        between two measured sizes and linear past the largest, so only those edges are tried."""
+        waits no longer than max(slack_s, bound_s); `most` while nothing was measured, and `most` where that
+        window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a smaller batch
+        only slows every later window (an overloaded decoder makes up time only by its largest batches; cutting
+        them cost the fake engine's crowds more silence, not less). The estimate is constant between two measured
+        sizes and linear past the largest, so only those edges are tried."""
         budget = max(slack_s, bound_s)
-        if not self.seconds:
+        if not self.seconds or slack_s <= 0:
             return most
         largest = max(self.seconds)
         edges = [b for b in self.seconds if b < most] + [most]

@@ -1,17 +1,21 @@
 """The Synthesizer keeps every live request's deadline (engine.deadlines) on the fake engine: opened when it starts,
 fed as its chunks go out, closed when it ends; a request waiting for its streamed text, or for its consumer to read,
-is not late; its decoder batcher and a generator that schedules by deadline share the one board."""
+is not late; its decoder batcher and a generator that schedules by deadline share the one board; and with a decoder
+queue longer than a batch, newcomers get their first audio sooner than in arrival order."""
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 
 import pytest
 
+from engine.bench.load import SENTENCES, Arrival, summarize_rate
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.deadlines import DeadlineBoard
 from engine.factory import EngineConfig, build_synthesizer
-from engine.fakes import ScriptedGenerator
+from engine.fakes import ScriptedGenerator, ToneDecoder
+from voiceapp.load_bench import drive, engine_target
 
 
 def req(text: str, request_id: str = "r1") -> SynthesisRequest:
@@ -84,3 +88,43 @@ def test_the_batcher_and_a_deadline_scheduled_generator_share_the_engines_board(
     gen = Following(synth.grammar.token_ids)
     synth.swap_generator(gen)
     assert gen.board is synth.deadlines
+
+
+class QueuedDecoder(ToneDecoder):
+    """A decoder whose call takes 10 ms plus 2 ms a window (time spent off the event loop, as a GPU's)."""
+
+    batch_limit = 6
+
+    def decode(self, items):
+        time.sleep(0.010 + 0.002 * len(items))
+        return super().decode(items)
+
+
+async def crowd_first_audio(by_deadline: bool) -> tuple[float, float]:
+    """16 long streams well ahead of their listeners, then 30 one-sentence requests arriving: the decoder's queue
+    is longer than its batch (6). (First audio p50 of the newcomers in ms, the long streams' silence in s.)"""
+    synth = build_synthesizer(EngineConfig(backend="fake"))
+    synth.decoder = synth.batcher.decoder = QueuedDecoder()
+    synth.batcher.max_batch = QueuedDecoder.batch_limit
+    if not by_deadline:
+        synth.batcher.deadlines = None
+    target = engine_target(synth, synth.voices.default)
+    arrivals = [Arrival(0.01 * k, " ".join(SENTENCES)) for k in range(16)]
+    arrivals += [Arrival(1.0 + 0.04 * k, SENTENCES[k % len(SENTENCES)]) for k in range(30)]
+    try:
+        logs = await drive(target, arrivals)
+    finally:
+        await synth.close()
+    long, short = (summarize_rate(1, 1, part, synth.sample_rate) for part in (logs[:16], logs[16:]))
+    assert long.failed == short.failed == 0
+    return short.first_ms_p50, long.underrun_s
+
+
+@pytest.mark.slow
+async def test_newcomers_first_windows_go_before_far_ahead_streams_windows():
+    """Arrival order makes a newcomer's first window wait behind every long stream's next one; by deadline it goes
+    first, and the long streams, seconds ahead of their listeners, still hear no gap."""
+    fifo_first, _ = await crowd_first_audio(by_deadline=False)
+    first, long_silence = await crowd_first_audio(by_deadline=True)
+    assert long_silence == 0
+    assert first < 0.85 * fifo_first, (first, fifo_first)

@@ -107,7 +107,8 @@ def test_a_batch_is_cut_to_what_the_most_pressing_window_can_wait_for():
         cost.note(batch, seconds)
     assert cost.cap(slack_s=0.05, most=32, bound_s=0.1) == 16  # 16 windows take 90 ms: within the 100 ms bound
     assert cost.cap(slack_s=1.0, most=32, bound_s=0.1) == 32   # far from due: the whole batch
-    assert cost.cap(slack_s=-1.0, most=32, bound_s=0.005) == 1  # late and a tight bound: one at a time
+    assert cost.cap(slack_s=0.004, most=32, bound_s=0.004) == 1  # due in 4 ms: alone, in 6 ms
+    assert cost.cap(slack_s=-1.0, most=32, bound_s=0.1) == 32  # late already: the whole batch
     assert BatchCost().cap(slack_s=0.0, most=64, bound_s=0.1) == 64  # nothing measured: no cut
 
 
