@@ -20,6 +20,7 @@ from engine.events import Notice
 from engine.fakes import fixed_throughput
 from tests.server.conftest import ThreadServer, wait_for
 from voiceapp.client import RemoteSynthesizer
+from voiceapp.cmd_status import describe
 from voiceapp.http_api import HttpApi
 from voiceapp.load_bench import HttpTarget, drive
 
@@ -83,6 +84,9 @@ async def test_a_socket_request_past_capacity_waits_in_line_with_a_notice(fake_s
         notices = [e.message for e in events if isinstance(e, Notice)]
         assert notices and notices[0].startswith("queued, 0 ahead"), notices
         assert not waiting.done()
+        status = fake_server.status()
+        assert status["queued"] == 1
+        assert "1 queued until the engine has room" in "\n".join(describe(status))
         await stream.aclose()  # the live stream ends: the queued one starts
         audio = await asyncio.wait_for(waiting, 20)
         assert len(audio) > 1000
