@@ -1,8 +1,8 @@
 """Provides the one deadline policy every stage orders its queue by: when each stream's next audio is due
 (`StreamClock`, kept for every live stream by a `DeadlineBoard`), which queued work goes first
 (`DeadlinePolicy.key`), how large a decoder batch may grow before the most pressing window waits too long
-(`BatchCost`), and whether one more stream fits (`DeadlineBoard.admit`). Pure: no clocks of its own (the board is
-handed one), no threads, no torch.
+(`BatchCost`), and whether one more stream fits (`DeadlineBoard.admit`). Pure: the board reads the clock it is
+handed (time.perf_counter unless a test scripts one); no threads, no torch.
 
 A real-time listener starts playing a stream at its first audio and from then on has played `t - first_audio_at`
 seconds, so the stream's next audio is due at `first_audio_at + audio_delivered_s - margin`; before its first
@@ -52,8 +52,8 @@ SPEED_EVIDENCE_S = 0.25
 burst."""
 DECODE_BOUND_S = 0.1
 """The longest decoder call the most pressing window waits for when it has less slack than that: a batch is cut
-to what the cost model says fits (BatchCost.cap). At 256 streams an uncapped batch of ~35 windows took 300-460 ms
-against 4-8 ms for one (issue 42), so a window due in 100 ms missed its listener behind 34 others."""
+to what the cost model says fits (BatchCost.cap), since a crowd's large batches take many times one window's call
+(docs/performance.md, "Under load")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +239,6 @@ class DeadlineBoard:
         return None if shared is None else shared * (self.live + 1) / self.policy.realtime_speed
 
 
-
-def capacity_streams(tokens_per_s: float, need_tokens_per_s: float) -> float:
-    """Streams a measured token throughput carries in real time, each needing `need_tokens_per_s`."""
-    if need_tokens_per_s <= 0:
-        raise ValueError("a stream's need must be above 0")
-    return tokens_per_s / need_tokens_per_s
-
-
 @dataclass
 class BatchCost:
     """What a decoder call of B windows costs, learnt from the calls made (an exponential average per batch size),
@@ -277,9 +269,9 @@ class BatchCost:
         """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
         waits no longer than max(slack_s, bound_s); `most` while nothing was measured, and `most` where that
         window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a smaller batch
-        only slows every later window (an overloaded decoder makes up time only by its largest batches; cutting
-        them cost the fake engine's crowds more silence, not less). The estimate is constant between two measured
-        sizes and linear past the largest, so only those edges are tried."""
+        only slows every later window (an overloaded decoder makes up time only by its largest batches:
+        docs/performance.md, "Under load"). The estimate is constant between two measured sizes and linear past
+        the largest, so only those edges are tried."""
         budget = max(slack_s, bound_s)
         if not self.seconds or slack_s <= 0:
             return most

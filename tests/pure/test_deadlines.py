@@ -12,8 +12,7 @@ import pytest
 from engine.backends.base import DecodeItem
 from engine.batching import DecodeBatcher
 from engine.config import SamplingOptions, request_of, sentence_id
-from engine.deadlines import (BatchCost, DeadlineBoard, DeadlinePolicy, StreamClock, Verdict,
-                              capacity_streams)
+from engine.deadlines import BatchCost, DeadlineBoard, DeadlinePolicy, StreamClock, Verdict
 from engine.fakes import ToneDecoder
 from engine.lane_scheduler import ADMIT_NEW, LaneJob, LaneScheduler, LaneShapes
 
@@ -139,7 +138,7 @@ def test_admission_refuses_while_a_live_stream_would_run_dry_and_admits_once_it_
 
 def test_admission_refuses_past_the_declared_capacity():
     clock = Clock(0.0)
-    board = DeadlineBoard(POLICY, clock, capacity_streams=capacity_streams(tokens_per_s=200, need_tokens_per_s=50))
+    board = DeadlineBoard(POLICY, clock, capacity_streams=4)  # e.g. 200 tokens a second, 50 a stream
     for k in range(4):
         board.open(f"s{k}")
         board.heard(f"s{k}", 5.0)
