@@ -52,8 +52,8 @@ SPEED_EVIDENCE_S = 0.25
 burst."""
 DECODE_BOUND_S = 0.1
 """The longest decoder call the most pressing window waits for when it has less slack than that: a batch is cut
-to what the cost model says fits (BatchCost.cap), since a crowd's large batches take many times one window's call
-(docs/performance.md, "Under load")."""
+to what the cost model says fits (BatchCost.cap), since a crowd's large batches take many times one window's
+call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,9 +269,9 @@ class BatchCost:
         """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
         waits no longer than max(slack_s, bound_s); `most` while nothing was measured, and `most` where that
         window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a smaller batch
-        only slows every later window (an overloaded decoder makes up time only by its largest batches:
-        docs/performance.md, "Under load"). The estimate is constant between two measured sizes and linear past
-        the largest, so only those edges are tried."""
+        only slows every later window (an overloaded decoder makes up time only by its largest batches). The
+        estimate is constant between two measured sizes and linear past the largest, so only those edges are
+        tried."""
         budget = max(slack_s, bound_s)
         if not self.seconds or slack_s <= 0:
             return most

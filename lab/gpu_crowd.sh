@@ -19,8 +19,7 @@ step() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
 
 step "bench --levels"
 timeout "${CROWD_BENCH_TIMEOUT:-240}" python3 -m voiceapp.cmd_bench --model "$MODEL" --backend vllm \
-    --levels 1,128,192,256,384 --rounds-1 4 --no-reference --no-variants --no-decoder-checks \
-    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    --levels 1,128,192,256,384 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?"; grep -E "streams|real time" "$OUT/bench.log" | tail -8
 
 step "serve --http (tuning in the background)"
