@@ -12,13 +12,15 @@ only makes the decode more exact), instead of padding.
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 
 from engine.backends.base import CodecDecoder, DecodeItem
+from engine.deadlines import BatchCost, DeadlineBoard
 
 DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
 """Window batches a decoder that replays CUDA graphs captures for each window length (a batch of B windows replays
@@ -36,6 +38,10 @@ class BatchStats:
     """Largest batch seen."""
     retried_alone: int = 0
     """Windows re-decoded one by one after their batch failed (to find whose window was bad)."""
+    capped: int = 0
+    """Calls cut below max_batch so that the most pressing window waited less (engine.deadlines BatchCost)."""
+    cost: BatchCost = field(default_factory=BatchCost)
+    """Seconds a call took, by its batch size: what `capped` cuts by."""
 
     @property
     def mean_batch(self) -> float:
@@ -52,22 +58,30 @@ class DecodeBatcher:
       for every other length's pass too (for fixed-shape decoders, where lengths are few and standard).
     - A failing batch is retried item by item, so an error reaches only the caller whose window caused it.
     - A caller cancelled while waiting drops its window if it was not sent yet; others are unaffected.
+    - With a DeadlineBoard (`deadlines`), queued windows go most pressing first (the stream whose listener needs
+      audio soonest: engine.deadlines), and a call takes no more windows than the most pressing one can wait for
+      (BatchCost.cap, from the calls measured so far). Without one, or with one window queued, first come first
+      served.
     Bound to the event loop that uses it; it re-binds when idle on a new loop (tests make one per test).
     """
 
     def __init__(self, decoder: CodecDecoder, executor: Executor | None = None, *, max_batch: int = 64,
-                 max_codes: int | None = None, one_length: bool = False) -> None:
+                 max_codes: int | None = None, one_length: bool = False,
+                 deadlines: DeadlineBoard | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.decoder, self.executor = decoder, executor
         self.max_batch, self.max_codes, self.one_length = max_batch, max_codes, one_length
+        self.deadlines = deadlines
+        """Orders the queue by the streams' due times (None: arrival order, batches of max_batch)."""
         self.stats = BatchStats()
-        self._pending: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
+        self._pending: list[_Entry] = []
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def decode(self, item: DecodeItem) -> np.ndarray:
-        """Audio for one window (see CodecDecoder.decode), decoded together with whatever else is queued."""
+    async def decode(self, item: DecodeItem, stream: str | None = None) -> np.ndarray:
+        """Audio for one window (see CodecDecoder.decode), decoded together with whatever else is queued; `stream`:
+        the request it is for (its deadline orders the queue)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             if self._worker is not None and not self._worker.done() and self._loop is not None \
@@ -75,7 +89,9 @@ class DecodeBatcher:
                 raise RuntimeError("DecodeBatcher is in use on another event loop")
             self._loop, self._worker, self._pending = loop, None, []
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        self._pending.append((item, future))
+        board = self.deadlines
+        key = 0.0 if board is None else board.key(stream or "", board.clock())
+        self._pending.append((item, future, key))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         return await future
@@ -88,7 +104,7 @@ class DecodeBatcher:
                 continue
             items = [item for item, _ in batch]
             try:
-                results = await loop.run_in_executor(self.executor, self.decoder.decode, items)
+                results, took = await loop.run_in_executor(self.executor, self._timed_decode, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"decoder returned {len(results)} results for {len(items)} windows")
             except Exception as err:  # noqa: BLE001 - handed to the callers
@@ -97,11 +113,19 @@ class DecodeBatcher:
                     continue
                 await self._one_by_one(loop, batch)
                 continue
+            self.stats.cost.note(len(items), took)
             self.stats.calls += 1
             self.stats.items += len(items)
             self.stats.max_batch = max(self.stats.max_batch, len(items))
             for (_, future), pcm in zip(batch, results):
                 _settle(future, result=pcm)
+
+    def _timed_decode(self, items: list[DecodeItem]) -> tuple[list[np.ndarray], float]:
+        """The decoder's call and its seconds, timed on the executor's thread (so a wait for other work there, a
+        graph capture, is not counted as the call's cost)."""
+        t = time.perf_counter()
+        results = self.decoder.decode(items)
+        return results, time.perf_counter() - t
 
     async def _one_by_one(self, loop: asyncio.AbstractEventLoop,
                           batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]) -> None:
@@ -117,26 +141,50 @@ class DecodeBatcher:
                 _settle(future, result=pcm)
 
     def _take(self) -> list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]:
-        """Up to max_batch live windows (max_codes codes; with one_length, of the first one's length) from the
-        front of the queue, in order; cancelled ones dropped; the rest keep their order."""
+        """Up to `_most()` live windows (max_codes codes; with one_length, of the first one's length) from the
+        front of the queue (most pressing first, where it is ordered by deadline), in order; cancelled ones
+        dropped; the rest keep their order."""
+        pending = [entry for entry in self._pending if not entry[1].done()]  # cancelled while queued: dropped
+        if self.deadlines is not None and len(pending) > 1:
+            pending = [pending[i] for i in self.deadlines.policy.order(pending, _key)]
+        most = self._most(pending)
         batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
         codes = 0
-        rest: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
-        for entry in self._pending:
-            item, future = entry
-            if future.done():  # cancelled while queued
-                continue
+        rest: list[_Entry] = []
+        for entry in pending:
+            item, future, _ = entry
             n = len(item.codes)
-            full = len(batch) >= self.max_batch or (
+            full = len(batch) >= most or (
                 self.max_codes is not None and batch and codes + n > self.max_codes) or (
                 self.one_length and batch and n != len(batch[0][0].codes))
             if full:
                 rest.append(entry)
             else:
-                batch.append(entry)
+                batch.append((item, future))
                 codes += n
         self._pending = rest
         return batch
+
+    def _most(self, pending: list[_Entry]) -> int:
+        """Windows the next call may take: max_batch, less where the most pressing window (the first) cannot wait
+        for a call that large (BatchCost.cap)."""
+        board = self.deadlines
+        if board is None or len(pending) <= 1:
+            return self.max_batch
+        policy = board.policy
+        most = self.stats.cost.cap(pending[0][2] - board.clock(), min(self.max_batch, len(pending)),
+                                   policy.decode_bound_s)
+        if most < min(self.max_batch, len(pending)):
+            self.stats.capped += 1
+        return most
+
+
+_Entry = tuple[DecodeItem, "asyncio.Future[np.ndarray]", float]
+"""A queued window: its item, its caller's future, and its deadline key (engine.deadlines DeadlinePolicy.key)."""
+
+
+def _key(entry: _Entry) -> float:
+    return entry[2]
 
 
 def _settle(future: asyncio.Future[np.ndarray], *, result: np.ndarray | None = None,

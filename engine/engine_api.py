@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from engine.deadlines import Verdict
 
 from engine.config import SynthesisRequest
 from engine.types import AudioChunk
@@ -43,6 +46,15 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]:
         """What identifies its output (the server's hello): "backend", "model" ({"path", "hash"} or None) and its
         pacing ("paced_start", "paced_windows_s", "paced_ahead_windows_s": engine.pacing)."""
+        ...
+
+    def admit(self) -> "Verdict":
+        """Whether one more request may start now without pushing a live one into an underrun (front ends ask
+        before they start one; engine.deadlines)."""
+        ...
+
+    def capacity(self) -> float | None:
+        """Streams it carries in real time as far as it knows (None while nothing says)."""
         ...
 
     def status(self) -> dict[str, Any]:

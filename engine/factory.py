@@ -5,7 +5,7 @@ import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.config import EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
@@ -448,9 +448,11 @@ def _quantize(config: EngineConfig, device) -> str:
     return ("int8" if qwen2_ort.supported() else "none") if config.quantize == "auto" else config.quantize
 
 
-def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False):
+def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False,
+                between: Callable[[], None] | None = None):
     """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
-    which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice."""
+    which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice.
+    `between`: called before each graph capture (background tuning waits there for live streams)."""
     import torch
 
     device = torch.device(device or "cuda")
@@ -458,14 +460,14 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None, b
         return None
     t0 = time.perf_counter()
     try:
-        lane = _new_lane(info, device, rows, compiled=True, background=background)
+        lane = _new_lane(info, device, rows, compiled=True, background=background, between=between)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work
         failure = one_line(err)
         lane = None
     if lane is None:  # retried outside the except block, so the failed attempt's GPU memory is gone first
         _free_gpu_memory()
         try:
-            lane = _new_lane(info, device, rows, compiled=False, background=background)
+            lane = _new_lane(info, device, rows, compiled=False, background=background, between=between)
             events(Notice(f"graph lane without torch.compile or fused kernels ({failure})"))
         except Exception as err:  # noqa: BLE001 - out of memory, capture failure, unreadable weights
             _free_gpu_memory()
@@ -489,7 +491,8 @@ def _lane_runs_on(device, events: EventSink, then: str = "") -> bool:
     return False
 
 
-def _new_lane(info, device, most_rows: int | None, compiled: bool, background: bool = False):
+def _new_lane(info, device, most_rows: int | None, compiled: bool, background: bool = False,
+              between: Callable[[], None] | None = None):
     """`compiled`: Inductor-compiled layers and the fused Triton decode kernels (where Triton is there); without
     it, the plain tensor code in CUDA graphs, which needs neither compiler. `background`: built while the engine
     serves (its graph captures must not forbid other threads' CUDA calls)."""
@@ -504,7 +507,7 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
     # few rows they take
     return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
-                     capture_mode="thread_local" if background else "global")
+                     capture_mode="thread_local" if background else "global", between=between)
 
 
 def _current_gpu(device: str) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from engine.config import SamplingOptions
+from engine.deadlines import DeadlineBoard
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 """Prompt lengths are padded up to one of these (one graph each); longer prompts go to vLLM. A sentence prompt
@@ -102,6 +103,8 @@ class LaneJob:
     """A stop id came back: no more steps for it."""
     ended: bool = False
     """Off the lane: its end (or error) was handed over."""
+    queued_at: float = 0.0
+    """When it was queued, on the deadline board's clock (engine.deadlines: the starvation bound counts from it)."""
 
     def wants_steps(self) -> bool:
         return not self.stopped and self.launched < self.opts.max_tokens and not self.aborted.is_set()
@@ -168,11 +171,16 @@ class LaneScheduler:
         """Steps per read-back by rows running (the bench swaps it to measure other bursts)."""
         self.served = 0
         """Jobs that ended with all their tokens (a stop id or the token limit)."""
+        self.deadlines: DeadlineBoard | None = None
+        """Where set, waiting jobs get rows most pressing first (their streams' due times: engine.deadlines);
+        else requests without a row first, then in arrival order."""
 
     # ---- arrivals (any thread) ---------------------------------------------------------------------------------
 
     def add(self, job: LaneJob) -> None:
         """Queue a job for a row."""
+        if self.deadlines is not None:
+            job.queued_at = self.deadlines.clock()
         self.jobs.append(job)
         self.waiting.append(job)
 
@@ -208,7 +216,9 @@ class LaneScheduler:
         """Give waiting jobs free rows, in as few prefills as PREFILL_BATCHES allow: requests with no row yet first
         (up to ADMIT_NEW: their first sound comes first), then later sentences in arrival order while fewer than
         ADMIT jobs are admitted. All rows share one allowed set: a job with another waits until the rows are
-        empty."""
+        empty. With a deadline board, most pressing first instead (`_admit_by_deadline`)."""
+        if self.deadlines is not None and len(self.waiting) > 1:
+            return self._prefills(self._admit_by_deadline(self.deadlines))
         admitted: list[LaneJob] = []
         new = 0
         while self.waiting and None in self.row_jobs:
@@ -226,6 +236,31 @@ class LaneScheduler:
             self._seat(job)
             admitted.append(job)
         return self._prefills(admitted)
+
+    def _admit_by_deadline(self, board: DeadlineBoard) -> list[LaneJob]:
+        """Seat waiting jobs most pressing first by the board's policy (a stream about to run dry, then a new
+        stream's first sentence, then the next sentence of a stream far ahead of its listener; ties and a
+        request's own sentences in arrival order), within the same ADMIT_NEW / ADMIT caps per round."""
+        running = {job.group for job in self.row_jobs if job is not None}
+        waiting = list(self.waiting)
+        order = board.policy.order(waiting, lambda job: board.key(job.group, job.queued_at))
+        admitted: list[LaneJob] = []
+        new = later = 0
+        for job in (waiting[i] for i in order):
+            if None not in self.row_jobs:
+                break
+            fresh = job.group not in running
+            if (fresh and new >= ADMIT_NEW) or (not fresh and later >= ADMIT):
+                continue
+            if not self._steps_with(job.allowed) and any(self.row_jobs):
+                break
+            self._seat(job)
+            admitted.append(job)
+            running.add(job.group)
+            new, later = new + fresh, later + (not fresh)
+        for job in admitted:  # in place: `add` appends from the event loop's thread meanwhile
+            self.waiting.remove(job)
+        return admitted
 
     def _first_without_row(self) -> int | None:
         """Where the oldest waiting job of a request that holds no row stands in the queue."""

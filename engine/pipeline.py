@@ -15,11 +15,12 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
 
 import numpy as np
 
-from engine.backends.base import CodecDecoder, DecodeItem, TokenGenerator
+from engine.backends.base import CodecDecoder, DeadlineScheduled, DecodeItem, TokenGenerator
 from engine.batching import DecodeBatcher, lengths_for
 from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
 from engine.engine_api import describe_engine, device_status, lane_status
+from engine.deadlines import DeadlineBoard, Verdict
 from engine.errors import GenerationError, InputError, VoiceError
 from engine.families.base import CodeParser, Grammar
 from engine.folds import UtteranceFolds
@@ -186,20 +187,43 @@ class Synthesizer(UtteranceFolds):
         self.sample_rate = decoder.sample_rate
         self.active_requests = 0
         """Requests being synthesized now (picks the busy window schedule)."""
+        self.deadlines = DeadlineBoard()
+        """When each live request's next audio is due (engine.deadlines): the decoder batcher and the generator
+        order their queues by it, and the front ends ask it whether one more stream fits (`admit`)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
-                                     one_length=decoder.fixed_shapes)
+                                     one_length=decoder.fixed_shapes, deadlines=self.deadlines)
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
         self._shape_lengths: tuple[int, ...] = ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""
         self.use_schedule(schedule)
         self._globals_lock = asyncio.Lock()
+        self._follow(generator)
 
     def swap_generator(self, generator: TokenGenerator) -> TokenGenerator:
         """Hand the next sentences to `generator` (a server's tuned one); sentences already generating finish on
         the one they started on. Returns the generator it replaced, for the caller to close once idle."""
         old, self.generator = self.generator, generator
+        self._follow(generator)
         return old
+
+    def admit(self) -> Verdict:
+        """Whether one more request may start now without pushing a live one into an underrun (the front ends ask
+        before they start one: engine.deadlines DeadlineBoard.admit). Always, on an engine whose pacer holds
+        sentences back (slower than real time by measure or by design): there no listener is played in real time
+        from its first audio, so no deadline is missed."""
+        if self.pacer.holds_sentences:
+            return Verdict(True)
+        return self.deadlines.admit()
+
+    def capacity(self) -> float | None:
+        """Streams this engine carries in real time as far as its live ones show (engine.deadlines)."""
+        return self.deadlines.capacity()
+
+    def _follow(self, generator: TokenGenerator) -> None:
+        """A generator that schedules by deadline orders its queue by this engine's board."""
+        if isinstance(generator, DeadlineScheduled):
+            generator.follow(self.deadlines)
 
     def use_schedule(self, schedule: WindowSchedule) -> tuple[int, ...]:
         """Plan the sentences that start from now on with `schedule` (those rendering keep theirs), their windows
@@ -254,6 +278,7 @@ class Synthesizer(UtteranceFolds):
         progress = _Progress(t0=time.perf_counter())
         self.events(RequestStarted(req.request_id))
         self.active_requests += 1
+        self.deadlines.open(req.request_id)
         cancelled = True
         try:
             voice = self.voices.get(req.voice)
@@ -261,7 +286,9 @@ class Synthesizer(UtteranceFolds):
             # aclosing: an abandoned stream must stop generation now, not whenever the GC finalizes it.
             async with aclosing(self._chunks(req, text_stream, voice, globals_, progress)) as chunks:
                 async for chunk in chunks:
+                    self.deadlines.hold(req.request_id, True)  # until the consumer asks for more
                     yield chunk
+                    self.deadlines.hold(req.request_id, False)
             cancelled = False
         except VoiceError as err:
             self.events(RequestFailed(req.request_id, str(err)))
@@ -274,6 +301,7 @@ class Synthesizer(UtteranceFolds):
             raise GenerationError(message) from err
         finally:
             self.active_requests -= 1
+            self.deadlines.close(req.request_id)
             wall = time.perf_counter() - progress.t0
             audio = progress.samples / self.sample_rate
             self.events(RequestFinished(req.request_id, audio_s=audio, wall_s=wall,
@@ -304,7 +332,9 @@ class Synthesizer(UtteranceFolds):
         try:
             while True:
                 if not feeds:
+                    self.deadlines.hold(req.request_id, True)  # waiting for its text is not the engine's lateness
                     text = await sentences.next()
+                    self.deadlines.hold(req.request_id, False)
                     if text is None:
                         break
                     feeds.append((index, self._start(req, text, index, voice, globals_), None))
@@ -418,7 +448,7 @@ class Synthesizer(UtteranceFolds):
 
     async def _decode(self, req: SynthesisRequest, index: int, window: Window, item: DecodeItem) -> np.ndarray:
         t = time.perf_counter()
-        pcm = await self.batcher.decode(item)
+        pcm = await self.batcher.decode(item, req.request_id)
         final_codes = window.emit_stop - window.tail - window.emit_start
         self.events(ChunkDecoded(req.request_id, index, codes=final_codes,
                                  samples=final_codes * self.decoder.samples_per_code, decode_s=time.perf_counter() - t))
@@ -430,6 +460,7 @@ class Synthesizer(UtteranceFolds):
                            planned_s, made_at)
         progress.chunks += 1
         progress.samples += len(samples)
+        self.deadlines.heard(req.request_id, len(samples) / self.sample_rate)
         if not progress.first_audio and not pause:
             progress.first_audio = True
             self.events(FirstAudio(req.request_id, time.perf_counter() - progress.t0))

@@ -13,6 +13,8 @@ also names its project "version", which a client compares with its own), then ca
           then {"type": "end"} when "stream" is true]  {"type": "cancel"} at any time;  or {"type": "status"}
   server: {"type": "started", "request_id"}, event and audio frames in order, then {"type": "done", "cancelled"}
           or {"type": "error", "code", "error", "message"};  {"type": "status", ...}
+A request the engine has no room for yet (voiceapp.server AdmissionLine) waits; meanwhile its first frames are Notice
+events ("queued, N ahead: ..."), one each time its place changes, which the client shows.
 """
 from __future__ import annotations
 

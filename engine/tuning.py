@@ -5,6 +5,10 @@ it imports when called.
 
 Each step runs on a worker thread; what it returns is handed to `apply` on the event loop, which swaps it into the
 engine. Its progress is what `voicectl status` and the TUI show.
+
+Tuning never hurts a live request: it yields (`Yielding`) before each step and before each graph capture inside
+the lane and decoder steps while a live stream is pressing (its next audio due within engine.deadlines
+PRESSING_S), so the GPU and the decode thread are the live streams' while they need them.
 """
 from __future__ import annotations
 
@@ -15,6 +19,56 @@ from typing import Any, Awaitable, Callable
 
 from engine.errors import one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
+
+
+YIELD_POLL_S = 0.02
+"""How often a paused piece of background work looks again whether a live stream is still pressing."""
+MAX_YIELD_S = 5.0
+"""The longest one pause waits: under a crowd that is always pressing, tuning still goes on, a piece at a time (the
+larger lane and vLLM it builds are what carry that crowd)."""
+
+
+@dataclass
+class Yielding:
+    """Background work's pauses for live streams: `wait` (a worker thread) or `wait_async` (the event loop) returns
+    once no live stream is pressing, or after MAX_YIELD_S."""
+
+    pressing: Callable[[], int]
+    """Live streams whose next audio is due soon (engine.deadlines DeadlineBoard.pressing)."""
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    poll_s: float = YIELD_POLL_S
+    max_s: float = MAX_YIELD_S
+    pauses: int = 0
+    """Times it waited."""
+    paused_s: float = 0.0
+    """Seconds it waited, in all."""
+
+    def wait(self) -> None:
+        """Block while a live stream is pressing (at most max_s)."""
+        t0 = self.clock()
+        if not self.pressing():
+            return
+        while self.pressing() and self.clock() - t0 < self.max_s:
+            self.sleep(self.poll_s)
+        self._count(t0)
+
+    async def wait_async(self) -> None:
+        """`wait` on the event loop."""
+        t0 = self.clock()
+        if not self.pressing():
+            return
+        while self.pressing() and self.clock() - t0 < self.max_s:
+            await asyncio.sleep(self.poll_s)
+        self._count(t0)
+
+    def _count(self, t0: float) -> None:
+        self.pauses += 1
+        self.paused_s += self.clock() - t0
+
+
+def never_pressing() -> int:
+    return 0
 
 
 @dataclass
@@ -43,6 +97,8 @@ class Tuning:
 
     steps: list[TuningStep] = field(default_factory=list)
     events: EventSink = ignore_events
+    yielding: Yielding = field(default_factory=lambda: Yielding(never_pressing))
+    """Waits for live streams before each step (its steps wait inside too, between graph captures)."""
     started: float | None = None
     finished: float | None = None
 
@@ -54,13 +110,14 @@ class Tuning:
         """What `voicectl status` shows: done, seconds since the start, each step."""
         end = self.finished if self.finished is not None else time.monotonic()
         return {"done": self.done, "seconds": None if self.started is None else end - self.started,
-                "steps": [step.as_dict() for step in self.steps]}
+                "steps": [step.as_dict() for step in self.steps], "yielded_s": round(self.yielding.paused_s, 3)}
 
     async def run(self) -> None:
         """Run every step. A failing step is a notice and the engine keeps what it had; the others go on."""
         loop = asyncio.get_running_loop()
         self.started = time.monotonic()
         for step in self.steps:
+            await self.yielding.wait_async()
             await self._run_step(loop, step)
         self.finished = time.monotonic()
         if self.steps:
@@ -95,26 +152,31 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     from engine.factory import _build_lane, _current_gpu, _lane_in_front, _vllm_installed, gpu_device
 
     info = synth.model_info
+    gate = Yielding(synth.deadlines.pressing)
     if info is None or not _lane_in_front(synth.generator):
-        return Tuning([], events)
-    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth)),
-             TuningStep("lane", lambda: _build_lane(info, events, gpu_device(config), rows=None, background=True),
+        return Tuning([], events, gate)
+    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, gate)),
+             TuningStep("lane", lambda: _build_lane(info, events, gpu_device(config), rows=None, background=True,
+                                                    between=gate.wait),
                         lambda lane: _swap(synth, events, lane=lane))]
     if config.backend == "auto" and _vllm_installed() and _current_gpu(gpu_device(config)):
         from engine.backends.vllm_gen import VllmTokenGenerator
 
         steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),
                                 lambda gen: _swap(synth, events, primary=gen)))
-    return Tuning(steps, events)
+    return Tuning(steps, events, gate)
 
 
-def _capture_decoder_batches(synth: Any) -> bool:
-    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes; for the
-    window lengths of the schedule the engine runs (a config may leave it to the model family)."""
+def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
+    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes (and, with a
+    `gate`, only while no live stream is pressing); for the window lengths of the schedule the engine runs (a config
+    may leave it to the model family)."""
     from engine.batching import DECODE_BATCHES, lengths_for
 
     for batch in DECODE_BATCHES:
         for length in lengths_for(synth.schedule):
+            if gate is not None:
+                gate.wait()
             synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
     return True
 

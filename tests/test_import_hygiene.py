@@ -6,7 +6,8 @@ import pytest
 
 PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.windowed_decode",
         "engine.crossfade", "engine.ringbuffer", "engine.player_gate", "engine.events", "engine.errors",
-        "engine.config", "engine.voices", "engine.model", "engine.seams", "engine.lane_scheduler", "engine.metrics",
+        "engine.config", "engine.voices", "engine.model", "engine.seams", "engine.lane_scheduler", "engine.deadlines",
+        "engine.metrics",
         "engine.atomic", "engine.bench", "engine.pacing", "engine.families", "engine.families.base",
         "engine.families.spark", "engine.families.orpheus", "engine.families.orpheus.grammar",
         "engine.families.orpheus.checkpoint", "engine.cpu_pools", "engine.platform_info"]

@@ -75,7 +75,8 @@ def describe(status: dict) -> list[str]:
     if status.get("tuning"):
         lines.append(describe_tuning(status["tuning"]))
     lines.append(f"requests: {len(status['streams'])} live, {status['served']} served, {status['cancelled']} "
-                 f"cancelled, {status['failed']} failed; {status['clients']} clients connected")
+                 f"cancelled, {status['failed']} failed; {status['clients']} clients connected"
+                 + (f"; {status['queued']} queued until the engine has room" if status.get("queued") else ""))
     if status.get("http"):
         lines.append(describe_http(status["http"]))
     for s in status["streams"]:
@@ -93,7 +94,9 @@ def describe_http(http: dict) -> str:
             f"{http['max_streams']}, {http['served']} served, {http['cancelled']} cancelled, {http['failed']} "
             f"failed, {http['rejected']} rejected, {http['busy']} turned away busy"
             + (f"; connections at the cap ({http['max_connections']}): {http['evicted_connections']} idle ones "
-               f"replaced, {http['refused_connections']} refused" if "max_connections" in http else ""))
+               f"replaced, {http['refused_connections']} refused" if "max_connections" in http else "")
+            + (f"; carries about {http['capacity_streams']:g} streams in real time"
+               if http.get("capacity_streams") is not None else ""))
 
 
 def describe_tuning(tuning: dict) -> str:
@@ -105,7 +108,9 @@ def describe_tuning(tuning: dict) -> str:
 
     head = "done" if tuning["done"] else "in progress"
     took = "" if tuning["seconds"] is None else f" after {tuning['seconds']:.0f} s"
-    return f"tuning: {head}{took}" + (f" ({', '.join(step(s) for s in tuning['steps'])})" if tuning["steps"] else "")
+    yielded = tuning.get("yielded_s") or 0
+    return (f"tuning: {head}{took}" + (f" ({', '.join(step(s) for s in tuning['steps'])})" if tuning["steps"] else "")
+            + (f"; waited {yielded:.1f} s for live streams" if yielded else ""))
 
 
 def _duration(seconds: float) -> str:

@@ -129,7 +129,7 @@ class HttpApi:
                 "live": len(self._pumps), "max_streams": self.limits.max_streams,
                 "max_chars": self.limits.max_chars, "max_connections": self.max_connections,
                 "refused_connections": self.refused_connections, "evicted_connections": self.evicted_connections,
-                **self.counts}
+                "capacity_streams": _rounded(self.server.synth.capacity()), **self.counts}
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -205,12 +205,7 @@ class HttpApi:
         synth = self.server.synth
         params = parse_speech(await self._body(request), synth.voices.all(), self.formats, synth.sample_rate,
                               self.limits)
-        if len(self._pumps) >= self.limits.max_streams:
-            now = asyncio.get_running_loop().time()
-            wait = retry_after_s((now - p.started, p.seconds, p.expected_s) for p in self._pumps)
-            raise ApiError(429, f"this server is speaking {len(self._pumps)} requests, the most it takes at once "
-                                f"(--http-max-streams); try again in {wait} s", "too_many_requests",
-                           "rate_limit_error", headers={"Retry-After": str(wait)})
+        self._admit(synth)
         req, ignored = self._synthesis_request(params)
         client = f"http {request.client.host}:{request.client.port}" if request.client else "http"
         encoder = StreamEncoder(params.response_format, synth.sample_rate, params.sample_rate, speed=params.speed,
@@ -244,6 +239,21 @@ class HttpApi:
                 pump.stop()
             return Response(body, media_type=media_type, headers=headers)
         return _SpeechResponse(pump, (p.data async for p in pump.pieces(first)), media_type, headers)
+
+    def _admit(self, synth: Any) -> None:
+        """A 429 with Retry-After where one more stream is past --http-max-streams, or would push a live stream
+        into an underrun (the engine's deadlines: Synthesizer.admit); Retry-After is when the live response nearest
+        its end should end."""
+        full = len(self._pumps) >= self.limits.max_streams
+        verdict = None if full else synth.admit()
+        if not full and verdict.admit:
+            return
+        now = asyncio.get_running_loop().time()
+        wait = retry_after_s((now - p.started, p.seconds, p.expected_s) for p in self._pumps)
+        why = (f"this server is speaking {len(self._pumps)} requests, the most it takes at once (--http-max-streams)"
+               if full else f"this server is at capacity ({verdict.reason})")
+        raise ApiError(429, f"{why}; try again in {wait} s", "too_many_requests", "rate_limit_error",
+                       headers={"Retry-After": str(wait)})
 
     def _synthesis_request(self, params: SpeechParams) -> tuple[SynthesisRequest, list[str]]:
         """The engine's request for `params`, and the names of the fields it leaves unused. The hook for a model
@@ -300,7 +310,8 @@ class HttpApi:
         return JSONResponse(voices_body(voices))
 
     async def _health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams})
+        return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams,
+                             "capacity_streams": _rounded(self.server.synth.capacity())})
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         """Starlette's own refusals (no such path, wrong method) in OpenAI's error shape."""
@@ -319,6 +330,11 @@ class HttpApi:
             self.log(f"HTTP: internal error on {request.method} {request.url.path}: {one_line(exc)}")
         return error_response(ApiError(500, f"internal server error: {type(exc).__name__}", "internal_error",
                                        "server_error"))
+
+
+def _rounded(capacity: float | None) -> float | None:
+    """The engine's capacity in streams as status shows it (None: not measured yet; engine.deadlines)."""
+    return None if capacity is None else round(capacity, 1)
 
 
 def connection_cap(configured: int) -> int:

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 from engine import errors
 from engine.config import SynthesisRequest
+from engine.deadlines import Verdict
 from engine.errors import EngineBusy, GenerationError, InputError, VoiceError, one_line
 from engine.types import AudioChunk
 from engine.voices import Voice
@@ -206,6 +207,15 @@ class RayEngine:
 
     def describe(self) -> dict[str, Any]:
         return {**self._describe, "ray": True}
+
+    def admit(self) -> Verdict:
+        """Always: each replica admits or refuses its own streams (a full one raises EngineBusy, a 429)."""
+        return Verdict(True)
+
+    def capacity(self) -> float | None:
+        """The streams the replicas last said they carry, summed (None before any said)."""
+        said = [r["capacity"] for r in self.replicas.values() if r.get("capacity") is not None]
+        return sum(said) if said else None
 
     def status(self) -> dict[str, Any]:
         return {"devices": [], "replicas": [{**{k: v for k, v in r.items() if k not in ("voices", "describe")},

@@ -15,12 +15,14 @@ import os
 import stat
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterable, AsyncIterator, Callable
 from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
+from engine.deadlines import Verdict
 from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
@@ -245,6 +247,47 @@ def parse_say(message: dict[str, Any]) -> SynthesisRequest:
 
 # ---- the server -------------------------------------------------------------------------------------------
 
+ADMISSION_POLL_S = 0.05
+"""How often a queued socket request asks again: a stream that ends frees its room within this."""
+
+
+class AdmissionLine:
+    """Socket requests the engine cannot take yet (one more would push a live stream into an underrun:
+    Synthesizer.admit) wait here, first come first served; each is told once where it stands, and again when that
+    changes ("queued, N ahead"). A request that finds the line empty and the engine able to take it starts at
+    once: no wait, no message."""
+
+    def __init__(self, admit: Callable[[], Verdict], poll_s: float = ADMISSION_POLL_S) -> None:
+        self.admit, self.poll_s = admit, poll_s
+        self._line: deque[object] = deque()
+
+    def __len__(self) -> int:
+        return len(self._line)
+
+    async def turn(self, notify: Callable[[str], None]) -> None:
+        """Return once it is this request's turn and the engine admits it; `notify` gets each notice."""
+        if not self._line and self.admit().admit:
+            return
+        place = object()
+        self._line.append(place)
+        told = None
+        try:
+            while True:
+                ahead = self._line.index(place)
+                verdict = self.admit() if ahead == 0 else None
+                if verdict is not None and verdict.admit:
+                    return
+                if ahead != told:
+                    why = f" ({verdict.reason})" if verdict is not None else ""
+                    notify(f"queued, {ahead} ahead: the engine is at capacity{why}; it starts when a live stream "
+                           f"has room")
+                    told = ahead
+                await asyncio.sleep(self.poll_s)
+        finally:
+            self._line.remove(place)
+
+
+
 class EngineServer:
     """Serves `synth` (an engine.engine_api.Engine: a Synthesizer, or replicas on Ray) on a Unix socket. `requests`:
     the LiveRequests whose `route` is the engine's event sink (so that each request's events reach its client)."""
@@ -264,6 +307,8 @@ class EngineServer:
         self.log = log or requests.log
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0, "busy": 0}
+        self.line = AdmissionLine(synth.admit)
+        """Socket requests waiting for room (shown by status as `queued`)."""
         self.http: Any = None
         """The HTTP API serving this engine too (voiceapp.http_api.HttpApi), shown by status; None: none."""
         self._handlers: set[asyncio.Task] = set()
@@ -353,6 +398,7 @@ class EngineServer:
                     "text_pending": live.text.chars if live.text else 0} for live in self.requests.live.values()]
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
+                "queued": len(self.line),
                 "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 **({"http": self.http.status()} if self.http is not None else {}),
@@ -470,6 +516,7 @@ class EngineServer:
         """Stream the request's audio to its client: ("done" | "failed" | "gone", the error if failed)."""
         conn = live.conn
         try:
+            await self.line.turn(lambda message: conn.send(event_message(Notice(message))))
             async with contextlib.aclosing(self.synth.synthesize(live.req, text_stream)) as chunks:
                 async for chunk in chunks:
                     age = 0.0 if chunk.made_at is None else max(0.0, time.perf_counter() - chunk.made_at)

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from engine.config import SamplingOptions
+from engine.deadlines import DeadlineBoard
 from engine.prompt import Prompt
 
 
@@ -24,6 +25,16 @@ class TokenGenerator(Protocol):
         ...
 
     async def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class DeadlineScheduled(Protocol):
+    """A TokenGenerator that orders its queued work by the streams' deadlines (engine.deadlines): the graph lane's
+    admission, vLLM's submission priority. The Synthesizer hands it its board."""
+
+    def follow(self, board: DeadlineBoard) -> None:
+        """Order queued work by `board`'s due times from now on."""
         ...
 
 

@@ -18,14 +18,16 @@ import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
 from engine.backends import decode_kernels
+from engine.backends.base import DeadlineScheduled
 from engine.backends.lane_runner import CANDIDATES, FUSE_ROWS, LaneRunner, ReadBack
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.config import SamplingOptions, request_of
+from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError
 from engine.events import EventSink, Notice, ignore_events
 from engine.lane_scheduler import ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob, LaneScheduler, LaneShapes
@@ -103,7 +105,8 @@ class GraphLane:
                  max_len: int = SPAN_BUCKETS[-1], rows: int = ROWS, compile_layers: bool = False,
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
                  plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
-                 capture_mode: str = "global", fixed_shapes: bool = False) -> None:
+                 capture_mode: str = "global", fixed_shapes: bool = False,
+                 between: Callable[[], None] | None = None) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
@@ -111,7 +114,8 @@ class GraphLane:
         tensor code (a lane whose every step is fused would compile just its prefills, once per shape).
         `capture_mode`: torch.cuda.graph's capture_error_mode (thread_local for a lane built while other threads
         use the GPU). `fixed_shapes`: every decode step runs all `rows` over a span of `max_len`, and every prefill
-        holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES)."""
+        holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES).
+        `between`: called before each graph capture (LaneRunner)."""
         if fixed_shapes and (fused or compile_layers):
             raise ValueError("fixed shapes run the plain tensor code: no fused kernels, no compiled layers")
         self.token_ids = token_ids
@@ -120,7 +124,7 @@ class GraphLane:
         self.runner = LaneRunner(model, allowed, self.shapes, device=device, dtype=dtype,
                                  compile_layers=compile_layers, capture=capture,
                                  fused=False if fixed_shapes else fused, fuse_rows=fuse_rows, plan=plan,
-                                 compile_prefill=compile_prefill, capture_mode=capture_mode)
+                                 compile_prefill=compile_prefill, capture_mode=capture_mode, between=between)
         self.scheduler = LaneScheduler(self.shapes, token_ids.stop_ids, allowed)
         self.fused, self.capture_s = self.runner.fused, self.runner.capture_s
         self.device = self.runner.device
@@ -217,6 +221,10 @@ class GraphLane:
 
     def groups(self) -> set[str]:
         return self.scheduler.groups()
+
+    def follow(self, board: DeadlineBoard) -> None:
+        """Seat waiting sentences most pressing first (engine.backends.base DeadlineScheduled)."""
+        self.scheduler.deadlines = board
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str,
                      group: str | None = None) -> AsyncIterator[list[int]]:
@@ -347,6 +355,12 @@ class LaneRouter:
                 yield delta
         finally:
             self.primary_live -= 1
+
+    def follow(self, board: DeadlineBoard) -> None:
+        """The lane and (where it schedules by deadline too) the primary follow `board`."""
+        self.lane.follow(board)
+        if isinstance(self.primary, DeadlineScheduled):
+            self.primary.follow(board)
 
     async def abort(self, request_id: str) -> None:
         await self.lane.abort(request_id)

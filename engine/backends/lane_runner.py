@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -105,8 +105,11 @@ class LaneRunner:
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  compile_layers: bool = False, capture: bool | None = None, fused: bool | None = None,
                  fuse_rows: int = FUSE_ROWS, plan: decode_kernels.FusedPlan | None = None,
-                 compile_prefill: bool | None = None, capture_mode: str = "global") -> None:
+                 compile_prefill: bool | None = None, capture_mode: str = "global",
+                 between: Callable[[], None] | None = None) -> None:
         """The arguments are GraphLane's (which documents them), less the scheduler's."""
+        self.between = between
+        """Called before each graph capture: a lane built in the background waits there for live streams."""
         self.device = torch.device(device)
         self.shapes = shapes
         self.rows, self.max_len = shapes.rows, shapes.max_len
@@ -335,6 +338,8 @@ class LaneRunner:
                 if kind == "decode" and self._fuses(a) and b != self.shapes.spans[0]:
                     self.graphs[(kind, a, b)] = self.graphs[(kind, a, self.shapes.spans[0])]  # the same step
                     continue
+                if self.between is not None:
+                    self.between()
                 self.graphs[(kind, a, b)] = self._capture(kind, a, b, pool)
             self.positions.zero_()
             self.steps.zero_()

@@ -23,7 +23,8 @@ from collections import deque
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, AsyncIterator, Sequence
 
-from engine.config import SamplingOptions
+from engine.config import SamplingOptions, request_of
+from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError, one_line
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
@@ -127,8 +128,10 @@ class VllmTokenGenerator:
     def __init__(self, info: Any, *, events: EventSink = ignore_events, max_num_seqs: int = 256,
                  max_model_len: int = 4096, decoder_reserve_gib: float = 12.0, want_gib: float = 24.0,
                  gpu_memory_utilization: float | None = None, warmup_batches: Sequence[int] = WARMUP_BATCHES,
-                 enforce_eager: bool = False, start_timeout_s: float = 900.0,
+                 enforce_eager: bool = False, start_timeout_s: float = 900.0, by_deadline: bool = True,
                  **engine_kwargs: Any) -> None:
+        """`by_deadline`: vLLM's priority scheduling, each sentence's priority its stream's due time once the
+        engine's board is followed (`follow`); False: vLLM's first come, first served."""
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # our process already holds a CUDA context
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
@@ -153,6 +156,9 @@ class VllmTokenGenerator:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.info = info
         self._setup(info.token_ids, events, max_num_seqs)
+        self._by_deadline = by_deadline
+        if by_deadline:
+            engine_kwargs.setdefault("scheduling_policy", "priority")
         engine_args = dict(model=str(info.llm_dir), skip_tokenizer_init=True, dtype="bfloat16",
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            max_num_seqs=max_num_seqs, enable_prefix_caching=True, enforce_eager=enforce_eager,
@@ -189,18 +195,26 @@ class VllmTokenGenerator:
         self._live: dict[str, dict[str, ConcurrentFuture[None]]] = {}
         self._wakers: dict[int, _Waker] = {}
         self._llm: Any = None
+        self._by_deadline = False
+        """Submit with a priority (the engine runs vLLM's priority policy)."""
+        self._deadlines: DeadlineBoard | None = None
+        """The streams' due times a sentence's priority comes from (`follow`)."""
+        self._epoch = time.perf_counter()
+        """Priorities are milliseconds of the board's clock after this (vLLM takes an int, smaller first)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
 
     @classmethod
     def attached(cls, make_engine: Any, token_ids: Any, *, max_num_seqs: int = 256,
-                 events: EventSink = ignore_events) -> "VllmTokenGenerator":
+                 events: EventSink = ignore_events, by_deadline: bool = False) -> "VllmTokenGenerator":
         """A generator around an engine object built by `make_engine()` on the vLLM thread (anything with
-        AsyncLLM's `generate(prompt, params, request_id)` and `shutdown()`); for tests of the plumbing."""
+        AsyncLLM's `generate(prompt, params, request_id)` and `shutdown()`, and its `priority` keyword with
+        `by_deadline`); for tests of the plumbing."""
         self = cls.__new__(cls)
         self.info = None
         self._setup(token_ids, events, max_num_seqs)
+        self._by_deadline = by_deadline
 
         async def build() -> None:
             self._llm = make_engine()
@@ -237,10 +251,26 @@ class VllmTokenGenerator:
 
         return TokensPrompt(prompt_token_ids=list(ids))
 
-    async def _pump(self, ids: tuple[int, ...], params: Any, vid: str, channel: _Channel) -> None:
+    def follow(self, board: DeadlineBoard) -> None:
+        """Submit each sentence with its stream's due time as its priority (engine.backends.base
+        DeadlineScheduled), where the engine runs vLLM's priority policy."""
+        self._deadlines = board
+        self._epoch = board.clock()
+
+    def _priority(self, request_id: str) -> dict[str, int]:
+        """generate()'s priority argument for a sentence of `request_id`: its stream's deadline key in whole
+        milliseconds (vLLM serves smaller first, ties in arrival order); none without a board."""
+        board = self._deadlines
+        if board is None or not self._by_deadline:
+            return {}
+        now = board.clock()
+        return {"priority": round((board.key(request_of(request_id), now) - self._epoch) * 1000)}
+
+    async def _pump(self, ids: tuple[int, ...], params: Any, vid: str, channel: _Channel,
+                    priority: dict[str, int] | None = None) -> None:
         """On the vLLM loop: stream one request into its channel. Cancelled -> generate() aborts it in vLLM."""
         try:
-            async for out in self._llm.generate(self._prompt(ids), params, vid):
+            async for out in self._llm.generate(self._prompt(ids), params, vid, **(priority or {})):
                 completion = out.outputs[0]
                 channel.push("tokens", list(completion.token_ids), out.finished)
                 if out.finished:
@@ -265,7 +295,8 @@ class VllmTokenGenerator:
         vid = f"{request_id}#{next(self._ids)}"
         loop = asyncio.get_running_loop()
         channel = _Channel(self._waker(loop))
-        future = asyncio.run_coroutine_threadsafe(self._pump(prompt.ids, params, vid, channel), self._loop)
+        future = asyncio.run_coroutine_threadsafe(
+            self._pump(prompt.ids, params, vid, channel, self._priority(request_id)), self._loop)
         self._live.setdefault(request_id, {})[vid] = future
         finished = False
         try:

@@ -191,3 +191,43 @@ def test_id_runs():
 
     assert id_runs((5, 3, 4, 10, 11, 7, 4)) == ((3, 6), (7, 8), (10, 12))
     assert id_runs(tuple(range(100, 8292)) + (7,)) == ((7, 8), (100, 8292))
+
+
+class PriorityEngine(FakeEngine):
+    """Also records each request's `priority` (vLLM's priority policy: smaller first), None where none was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.priorities: dict[str, int | None] = {}
+
+    def generate(self, prompt, params, request_id, priority=None):
+        self.priorities[request_id.split("#")[0]] = priority
+        return super().generate(prompt, params, request_id)
+
+
+async def test_each_sentence_is_submitted_with_its_streams_deadline_as_priority():
+    from engine.config import sentence_id
+    from engine.deadlines import DeadlineBoard
+
+    now = [10.0]
+    board = DeadlineBoard(clock=lambda: now[0])
+    for name, ahead in (("near", 0.3), ("far", 6.0)):
+        board.open(name)
+        board.heard(name, ahead)
+    engine = PriorityEngine()
+    gen = VllmTokenGenerator.attached(lambda: engine, IDS, by_deadline=True)
+    gen._prompt, gen._params = (lambda ids: list(ids)), (lambda prompt, opts: opts)
+    try:
+        await collect(gen, 3, "unfollowed")
+        gen.follow(board)
+        now[0] = 10.05
+        await collect(gen, 3, sentence_id("far", 1))
+        await collect(gen, 3, sentence_id("near", 1))
+        await collect(gen, 3, "warm-up")
+    finally:
+        gen.close_now()
+    p = engine.priorities
+    assert p["unfollowed"] is None  # no board: vLLM's default
+    # due - the board's clock at follow(), in ms: near at 10.1 (0.1 s of slack), far capped at the wait bound
+    assert p["near-1"] == 100 and p["far-1"] == round((10.05 + board.policy.max_wait_s - 10.0) * 1000)
+    assert p["near-1"] < p["far-1"] <= p["warm-up"]

@@ -712,7 +712,7 @@ def test_a_lane_that_fails_to_build_compiled_is_rebuilt_plain(monkeypatch) -> No
 
     builds = []
 
-    def new_lane(info, device, rows, compiled, background=False):
+    def new_lane(info, device, rows, compiled, background=False, between=None):
         builds.append(compiled)
         if compiled:
             raise RuntimeError("out of resource: shared memory\nmore detail")

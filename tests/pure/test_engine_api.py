@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from engine.config import SynthesisRequest
+from engine.deadlines import Verdict
 from engine.engine_api import Engine, device_status
 from engine.factory import EngineConfig, build_synthesizer
 from engine.types import AudioChunk
@@ -29,6 +30,12 @@ class Echo:
     def describe(self) -> dict[str, Any]:
         return {"backend": "echo", "model": None, "paced_start": False, "paced_windows_s": [],
                 "paced_ahead_windows_s": []}
+
+    def admit(self) -> Verdict:
+        return Verdict(True)
+
+    def capacity(self) -> float | None:
+        return None
 
     def status(self) -> dict[str, Any]:
         return {"devices": [{"device": "cpu"}], "replicas": [{"replica": "r1", "live": 0, "capacity": 4,

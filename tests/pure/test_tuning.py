@@ -103,3 +103,84 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
 
     assert _capture_decoder_batches(Synth())
     assert captured == [((n,), (b,), True) for b in DECODE_BATCHES for n in lengths_for(SCHEDULE)]
+
+
+class Script:
+    """A scripted timeline for Yielding: a clock that sleeping advances, and live streams pressing until a time."""
+
+    def __init__(self, pressing_until: float) -> None:
+        self.t, self.until = 0.0, pressing_until
+        self.asked = 0
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def pressing(self) -> int:
+        self.asked += 1
+        return 2 if self.t < self.until else 0
+
+
+def test_background_work_waits_while_a_live_stream_is_pressing() -> None:
+    from engine.tuning import Yielding
+
+    script = Script(pressing_until=0.3)
+    gate = Yielding(script.pressing, script.sleep, script.clock, poll_s=0.02, max_s=5.0)
+    gate.wait()
+    assert 0.3 <= script.t < 0.35 and gate.pauses == 1 and gate.paused_s == script.t
+    gate.wait()  # nothing pressing now: no pause
+    assert gate.pauses == 1 and script.t < 0.35
+
+
+def test_a_pause_is_bounded_so_tuning_finishes_under_a_steady_crowd() -> None:
+    from engine.tuning import Yielding
+
+    script = Script(pressing_until=1e9)
+    gate = Yielding(script.pressing, script.sleep, script.clock, poll_s=0.1, max_s=2.0)
+    gate.wait()
+    assert 2.0 <= script.t < 2.2 and gate.pauses == 1
+
+
+async def test_steps_and_the_captures_inside_them_yield_to_live_streams() -> None:
+    """The runner waits before a step while a stream is pressing (on the loop), and the decoder step before each
+    capture (on its worker thread): no capture starts while a stream is pressing, and each starts once none is."""
+    import time
+    from concurrent.futures import Future
+
+    from engine.batching import DECODE_BATCHES, lengths_for
+    from engine.tuning import Yielding, _capture_decoder_batches
+    from engine.windowing import WindowSchedule
+
+    pressing = {"now": 1}
+    log: list[str] = []
+
+    class Decoder:
+        def warmup(self, lengths, batches, background=False):
+            log.append("capture while pressing" if pressing["now"] else "capture")
+            if len(log) == 1:
+                pressing["now"] = 1  # a new request arrives after the first capture
+            return 0.0
+
+    class Synth:
+        schedule, decoder = WindowSchedule(), Decoder()
+
+        def on_decode_thread(self, fn):
+            done: Future = Future()
+            done.set_result(fn())
+            return done
+
+    def sleep(seconds):
+        pressing["now"] = 0  # the pressing stream got its audio while the capture waited
+        log.append("waited")
+
+    gate = Yielding(lambda: pressing["now"], sleep, poll_s=0.01)
+    tuning = Tuning([TuningStep("decoder", lambda: _capture_decoder_batches(Synth(), gate))], yielding=gate)
+    asyncio.get_running_loop().call_later(0.1, pressing.update, {"now": 0})
+    t0 = time.monotonic()
+    await tuning.run()
+    assert 0.1 <= time.monotonic() - t0 < 2.0  # the step waited for the first stream, not for MAX_YIELD_S
+    assert log[:3] == ["capture", "waited", "capture"] and "capture while pressing" not in log
+    assert log.count("capture") == len(DECODE_BATCHES) * len(lengths_for(WindowSchedule()))
+    assert gate.pauses == 2 and tuning.status()["yielded_s"] >= 0.1

@@ -57,7 +57,8 @@ def test_status_shows_tuning_and_an_engine_without_a_gpu_has_none_to_do(sock_pat
     proc = start_serve("--model", str(tiny_model), "--threads", "2", env=env)
     try:
         status = json.loads(voicectl("status", "--json", env=env).stdout)
-        assert status["tuning"] == {"done": True, "seconds": status["tuning"]["seconds"], "steps": []}
+        assert status["tuning"] == {"done": True, "seconds": status["tuning"]["seconds"], "steps": [],
+                                    "yielded_s": 0.0}
         text = voicectl("status", env=env).stdout.decode()
         assert "tuning: done" in text
     finally:

@@ -1,0 +1,316 @@
+"""engine.deadlines on scripted timelines: each stream's due time, the one ordering every stage uses (pressing first,
+no starvation, ties stable), the decoder's batch cap, and admission (refuses what would underrun, admits again once
+a stream ends). Also the two queues that use it: DecodeBatcher and the graph lane's LaneScheduler."""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine.backends.base import DecodeItem
+from engine.batching import DecodeBatcher
+from engine.config import SamplingOptions, request_of, sentence_id
+from engine.deadlines import BatchCost, DeadlineBoard, DeadlinePolicy, StreamClock, Verdict
+from engine.fakes import ToneDecoder
+from engine.lane_scheduler import ADMIT_NEW, LaneJob, LaneScheduler, LaneShapes
+
+POLICY = DeadlinePolicy(margin_s=0.2, first_audio_s=0.25, pressing_s=1.0, max_wait_s=2.0)
+
+
+class Clock:
+    """A scripted clock: time moves only when the test says."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---- one stream's clock ---------------------------------------------------------------------------------------
+
+def test_a_new_stream_is_due_its_first_audio_budget_after_it_arrived():
+    s = StreamClock(arrived_at=10.0)
+    assert s.due_at(POLICY) == pytest.approx(10.25)
+
+
+def test_after_first_audio_the_stream_is_due_when_its_listener_would_run_dry_less_the_margin():
+    s = StreamClock(arrived_at=10.0)
+    s.heard(0.5, now=10.1)  # first audio at 10.1: the listener plays from then on
+    s.heard(1.0, now=10.3)
+    assert s.first_audio_at == 10.1
+    assert s.due_at(POLICY) == pytest.approx(10.1 + 1.5 - 0.2)
+
+
+def test_the_board_follows_its_streams_and_forgets_ended_ones():
+    clock = Clock(5.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("a")
+    clock.t = 5.1
+    board.heard("a", 2.0)
+    board.heard("unknown", 1.0)  # a warm-up or a closed stream: ignored
+    assert board.due_at("a") == pytest.approx(5.1 + 2.0 - 0.2)
+    assert board.live == 1
+    board.close("a")
+    assert board.due_at("a") is None and board.live == 0
+
+
+# ---- the ordering ---------------------------------------------------------------------------------------------
+
+def test_pressing_work_goes_first_then_new_streams_then_far_ahead_ones():
+    clock = Clock(100.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("far")
+    board.open("near")
+    clock.t = 100.2
+    board.heard("far", 5.0)    # 5 s ahead of its listener
+    board.heard("near", 0.35)  # 0.15 s of audio left once the margin is taken
+    clock.t = 100.3
+    board.open("new")           # due at 100.55
+    queue = ["far", "new", "near"]
+    order = POLICY.order(queue, lambda stream: board.key(stream, queued_at=clock.t))
+    assert [queue[i] for i in order] == ["near", "new", "far"]
+
+
+def test_ties_keep_queue_order():
+    keys = {"a": 1.0, "b": 1.0, "c": 0.5, "d": 1.0}
+    queue = list(keys)
+    assert [queue[i] for i in POLICY.order(queue, keys.__getitem__)] == ["c", "a", "b", "d"]
+
+
+def test_far_ahead_work_waits_a_bounded_time_behind_a_stream_of_pressing_work():
+    """A far-ahead stream's sentence queued at t=0, and from then on every 0.1 s new pressing work due 0.5 s later:
+    the far one goes once it has waited max_wait_s (less the pressing slack), not never."""
+    far_key = POLICY.key(due_at=60.0, queued_at=0.0)
+    served_at = None
+    for step in range(100):
+        now = step * 0.1
+        pressing_key = POLICY.key(due_at=now + 0.5, queued_at=now)
+        if far_key <= pressing_key:
+            served_at = now
+            break
+    assert served_at is not None and served_at <= POLICY.max_wait_s
+
+
+def test_work_of_no_known_stream_counts_as_due_at_the_wait_bound():
+    assert POLICY.key(None, queued_at=3.0) == pytest.approx(5.0)
+
+
+# ---- the decoder's batch cap ----------------------------------------------------------------------------------
+
+def test_a_batch_is_cut_to_what_the_most_pressing_window_can_wait_for():
+    cost = BatchCost()
+    for batch, seconds in ((1, 0.006), (8, 0.04), (16, 0.09), (32, 0.3)):
+        cost.note(batch, seconds)
+    assert cost.cap(slack_s=0.05, most=32, bound_s=0.1) == 16  # 16 windows take 90 ms: within the 100 ms bound
+    assert cost.cap(slack_s=1.0, most=32, bound_s=0.1) == 32   # far from due: the whole batch
+    assert cost.cap(slack_s=0.004, most=32, bound_s=0.004) == 1  # due in 4 ms: alone, in 6 ms
+    assert cost.cap(slack_s=-1.0, most=32, bound_s=0.1) == 32  # late already: the whole batch
+    assert BatchCost().cap(slack_s=0.0, most=64, bound_s=0.1) == 64  # nothing measured: no cut
+
+
+def test_cost_beyond_the_largest_measured_batch_scales_with_the_windows():
+    cost = BatchCost()
+    cost.note(16, 0.1)
+    assert cost.estimate(32) == pytest.approx(0.2) and cost.estimate(4) == pytest.approx(0.1)
+
+
+# ---- admission --------------------------------------------------------------------------------------------------
+
+def test_admission_refuses_while_a_live_stream_would_run_dry_and_admits_once_it_ended():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("steady")
+    board.open("starved")
+    clock.t = 0.1
+    board.heard("steady", 10.0)
+    board.heard("starved", 0.4)
+    clock.t = 0.2
+    assert board.admit().admit  # starved has 0.3 s of audio left, 0.1 s over its margin
+    clock.t = 0.35             # now under its margin: a new stream would take steps it needs
+    verdict = board.admit()
+    assert not verdict.admit and "1 of 2" in verdict.reason
+    board.close("starved")
+    assert board.admit() == Verdict(True)
+
+
+def test_admission_refuses_past_the_declared_capacity():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock, capacity_streams=4)  # e.g. 200 tokens a second, 50 a stream
+    for k in range(4):
+        board.open(f"s{k}")
+        board.heard(f"s{k}", 5.0)
+    verdict = board.admit()
+    assert not verdict.admit and "4 streams live" in verdict.reason
+    board.close("s0")
+    assert board.admit().admit
+
+
+def test_a_first_audio_late_by_more_than_the_pressing_bound_counts_as_at_risk():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("waiting")
+    clock.t = 0.3  # its first audio was due at 0.25: late, but by the engine's own latency
+    assert board.admit().admit and board.pressing() == 1
+    clock.t = 1.3  # more than pressing_s late: a line of streams is waiting
+    assert not board.admit().admit and board.at_risk() == 1
+
+
+@pytest.mark.parametrize("speed, admitted", [(2.0, True), (1.5, False)])
+def test_admission_refuses_a_stream_that_would_slow_a_measured_one_below_real_time(speed, admitted):
+    """Two streams made at `speed` (their consumers' waits left out): a third shares the engine's time three ways,
+    so each would get speed x 2/3: 1.33x (admitted, above REALTIME_SPEED) or 1.00x (refused)."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    for name in ("a", "b"):
+        board.open(name)
+        board.heard(name, 1.0)  # a first chunk: before the speed's clock starts
+    board.hold("a", True)   # a's consumer kept it waiting 0.5 s: not the engine's time
+    clock.t = 0.5
+    board.hold("a", False)
+    clock.t = 1.0
+    board.heard("a", speed * 0.5)
+    board.heard("b", speed * 1.0)
+    assert board.shared_speed() == pytest.approx(speed * 2 / 3)
+    verdict = board.admit()
+    assert verdict.admit is admitted
+    if not admitted:
+        assert "would slow to 1.00x" in verdict.reason
+    assert board.capacity() == pytest.approx(speed * 2 / POLICY.realtime_speed)
+
+
+def test_a_stream_not_measured_yet_does_not_decide():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("new")
+    board.heard("new", 1.0)
+    clock.t = 0.1  # 0.1 s of engine time since its first audio: too little to tell its speed
+    assert board.shared_speed() is None and board.capacity() is None and board.admit().admit
+
+
+# ---- the decoder batcher orders by deadline ----------------------------------------------------------------------
+
+class SlowDecoder(ToneDecoder):
+    """Records which windows each call held (by their first code)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.calls: list[list[int]] = []
+
+    def decode(self, items):
+        self.calls.append([it.codes[0] for it in items])
+        time.sleep(self.delay_s)
+        return super().decode(items)
+
+
+def window(tag: int) -> DecodeItem:
+    return DecodeItem((tag,) + (1,) * 9, (0,) * 32)
+
+
+async def test_the_batcher_decodes_the_most_pressing_windows_first():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    for name, ahead in (("far", 8.0), ("near", 0.25), ("mid", 2.0)):
+        board.open(name)
+        board.heard(name, ahead)
+    dec = SlowDecoder(0.02)
+    with ThreadPoolExecutor(1) as pool:
+        batcher = DecodeBatcher(dec, pool, max_batch=2, deadlines=board)
+        await asyncio.gather(batcher.decode(window(0), "warm-up"), batcher.decode(window(1), "far"),
+                             batcher.decode(window(2), "mid"), batcher.decode(window(3), "near"))
+    # all four queued before the worker ran: near (due in 50 ms) and mid (1.8 s) first; far (7.8 s) counts as due at
+    # the wait bound (2 s), as does the warm-up's window (no stream), and they keep their queue order
+    assert dec.calls == [[3, 2], [0, 1]], dec.calls
+
+
+async def test_the_batcher_cuts_a_batch_for_a_pressing_window():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("near")
+    board.heard("near", 0.21)  # due in 10 ms
+    dec = SlowDecoder(0.0)
+    with ThreadPoolExecutor(1) as pool:
+        batcher = DecodeBatcher(dec, pool, max_batch=8, deadlines=board)
+        for batch, seconds in ((1, 0.01), (2, 0.05), (4, 0.2), (8, 0.4)):
+            batcher.stats.cost.note(batch, seconds)
+        await asyncio.gather(batcher.decode(window(0), "near"), *(batcher.decode(window(k), "other")
+                                                                   for k in range(1, 8)))
+    # near is due in 10 ms, so it waits at most the 100 ms bound: 2 windows (50 ms), not 8 (400 ms)
+    assert dec.calls[0] == [0, 1] and sum(map(len, dec.calls)) == 8 and batcher.stats.capped == 1, dec.calls
+
+
+# ---- the graph lane's admission -------------------------------------------------------------------------------
+
+def lane_job(request_id: str) -> LaneJob:
+    return LaneJob(tuple(range(8)), SamplingOptions(max_tokens=5), (1, 2), lambda *e: None, request_id,
+                   request_of(request_id))
+
+
+def test_the_lane_seats_a_stream_near_underrun_before_a_new_one_before_a_far_ahead_one():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    sched = LaneScheduler(LaneShapes.of(4, 512), stop_ids=(9,), allowed=(1, 2))
+    sched.deadlines = board
+    for name in ("far", "near"):
+        board.open(name)
+        sched.add(lane_job(sentence_id(name, 0)))
+    sched.admit()  # both first sentences hold rows
+    clock.t = 0.1
+    board.heard("far", 6.0)
+    board.heard("near", 0.4)
+    assert sched.busy_rows == 2  # rows 2 and 3 are free
+    clock.t = 0.2
+    sched.add(lane_job(sentence_id("far", 1)))
+    board.open("new")
+    sched.add(lane_job(sentence_id("new", 0)))
+    sched.add(lane_job(sentence_id("near", 1)))
+    seated = [job.request_id for plan in sched.admit() for job in plan.jobs]
+    assert sorted(seated) == ["near-1", "new-0"]  # two free rows: the far-ahead stream's sentence waits
+    assert [job.request_id for job in sched.waiting] == ["far-1"]
+
+
+def test_the_lane_keeps_a_requests_sentences_in_order_and_its_caps():
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    sched = LaneScheduler(LaneShapes.of(128, 512), stop_ids=(9,), allowed=(1, 2))
+    sched.deadlines = board
+    for k in range(ADMIT_NEW + 3):
+        board.open(f"r{k}")
+        sched.add(lane_job(sentence_id(f"r{k}", 0)))
+        sched.add(lane_job(sentence_id(f"r{k}", 1)))
+    seated = [job.request_id for plan in sched.admit() for job in plan.jobs]
+    firsts = [s for s in seated if s.endswith("-0")]
+    assert len(firsts) == ADMIT_NEW
+    for s in seated:
+        if s.endswith("-1"):  # a later sentence is seated only with (or after) its first
+            assert s[:-2] + "-0" in seated
+
+
+def test_without_a_board_the_lane_admits_as_before():
+    sched = LaneScheduler(LaneShapes.of(2, 512), stop_ids=(9,), allowed=(1, 2))
+    for name in ("a", "b", "c"):
+        sched.add(lane_job(sentence_id(name, 0)))
+    seated = [job.request_id for plan in sched.admit() for job in plan.jobs]
+    assert sorted(seated) == ["a-0", "b-0"]
+
+
+def test_a_stream_whose_consumer_does_not_read_blocks_no_one():
+    """A client that never reads leaves its stream's audio waiting in the engine: not the engine's lateness."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("stalled")
+    board.heard("stalled", 0.3)
+    board.hold("stalled", True)
+    clock.t = 5.0
+    assert board.admit().admit and board.pressing() == 0
+    board.hold("stalled", False)
+    assert not board.admit().admit
+
+
+def test_past_the_largest_measured_batch_the_cap_follows_its_rate():
+    cost = BatchCost()
+    cost.note(16, 0.1)
+    assert cost.cap(slack_s=0.32, most=64, bound_s=0.1) == 51  # 51 windows at 6.25 ms each
+    assert cost.cap(slack_s=0.05, most=64, bound_s=0.1) == 16
