@@ -98,6 +98,18 @@ class Pacer:
         return (f"speech comes at {self.speed:.2f}x real time here, too slow to play as it is made: each sentence "
                 f"starts once enough of it is ready to play through (pauses between sentences, none within)")
 
+    def preroll_s(self, default_s: float, floor_s: float) -> float:
+        """The pre-roll a player that stays open between requests needs before the next one plays: `default_s` while
+        this engine's speed is unknown or it is held back (slow, or below RECOVERED_MARGIN: the margin a slow engine
+        is paced with stays); `floor_s` once it is measured well ahead of real time. Then each window arrives before
+        the one before it has played (the pacer holds a sentence whose windows would not: `start_after` plans them
+        at the measured speed), so the player has only the scheduling of a busy machine to ride out, and an utterance
+        starts with its first chunk (one window, more than `floor_s`) instead of waiting for the windows that fill
+        `default_s`."""
+        if self.speed is None or self.slow or self.speed < RECOVERED_MARGIN:
+            return default_s
+        return min(default_s, floor_s)
+
     def judge(self, speed: float) -> None:
         """A sentence's measured speed: slow below REALTIME_MARGIN, fast again from RECOVERED_MARGIN."""
         self.speed = speed

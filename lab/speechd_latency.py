@@ -7,7 +7,8 @@ Each run, in turns:
 - `module`: the module's Speaker in this process, fed speechd's SPEAK as the protocol brings it; from the SPEAK's
   closing "." to: the server's first audio frame read (`first_audio`), the first write to the player (`queued`),
   the player's own prediction of when it reaches the speakers (`onset`, PortAudio's DAC time) and the first
-  non-zero sample in the capture (`sound`); then its `device_underruns` (PortAudio's output-underflow flags).
+  non-zero sample in the capture (`sound`); then the player's `underruns` (its ring ran dry mid-utterance) and
+  `device_underruns` (PortAudio's output-underflow flags), counted over the player's life.
 - `spd_say`: `spd-say TEXT` launched against a real speech-dispatcher whose default module is ours, to its first
   non-zero sample in the capture.
 The capture's own latency (parec, 5 ms fragments) is in `sound` and `spd_say` alike.
@@ -132,7 +133,8 @@ def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str
     if onset is None and player is not None:
         onset = player.onset_perf(1)
     result = {"first_audio": ms(hooks.first_audio, t0), "queued": ms(hooks.queued, t0), "onset": ms(onset, t0),
-              "sound": round(sound, 1), "device_underruns": getattr(player, "output_underflows", None)}
+              "sound": round(sound, 1), "device_underruns": getattr(player, "output_underflows", None),
+              "underruns": getattr(player, "underruns", None)}
     out.seek(0)
     out.truncate()
     return result

@@ -37,6 +37,21 @@ MARK_POLL_S = 0.005
 """How often a playing message checks how far the speakers got (marks, BEGIN): 5 ms of lateness at most."""
 MAX_BODY_CHARS = 1 << 22
 """A message body longer than this is cut (speechd sends paragraphs; a runaway client's 4 MB is enough)."""
+WARM_S = 30.0
+"""How long the output stream stays open after a message: a screen reader speaks at every keystroke, and the next
+message then starts on a stream that is already playing (silence). An idle open stream costs PortAudio a callback of
+zeros every few milliseconds and keeps the sound server's sink awake, so it is closed after this long."""
+LATENCY = "low"
+"""The module's output latency unless its Args name one (--latency): PortAudio's low latency for the device. The
+player's callback only copies, and a message's audio comes well ahead of the device (the server streams faster
+than real time, or the pacer holds a sentence until it can play through), so nothing needs a long host buffer;
+each of its seconds is a second more before the first sound (say's 0.1 s default was ~100 ms of the budget)."""
+PREROLL_S = 0.2
+"""Pre-roll while the engine's speed is not known yet (the first message on a server) or it is slow: say's."""
+FAST_PREROLL_S = 0.03
+"""Pre-roll once the engine is measured well ahead of real time (engine.pacing.Pacer.preroll_s): less than any
+first window (4 frames, 80 ms), so a message plays from its first chunk; what it covers is a loaded machine's
+scheduling between the chunks, which come whole, faster than they play."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------
@@ -101,6 +116,7 @@ def module_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="voiceapp module", add_help=False)
     add_playback_args(p)
+    p.set_defaults(latency=None)  # None: LATENCY
     add_voice_args(p, default_seed=0)
     add_socket_arg(p)
     add_engine_args(p)
@@ -351,6 +367,11 @@ class Speaker:
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
         self._voices: dict | None = None
+        self.output = WarmPlayer(self.args, self.loop)
+        """The output stream, kept open between messages."""
+        self._rate: int | None = None
+        """The sample rate the stream opens at before the server says its own: the last server's, else the model
+        family's."""
 
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
@@ -394,34 +415,35 @@ class Speaker:
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 self._task.result(5)
+        with contextlib.suppress(BaseException):
+            asyncio.run_coroutine_threadsafe(self.output.close(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
     async def _speak(self, pieces: list[Segment], voice: str) -> None:
         progress = _Progress(self.out)
-        holder: list = []
-        """The message's Player, once `_play` opened it."""
         ending = "702 END"
         try:
-            await self._play(pieces, voice, progress, holder)
+            await self._play(pieces, voice, progress)
             progress.reached(None)  # the marks after the last audio: everything has played
         except asyncio.CancelledError:
             ending = "704 PAUSE" if self._ending == "PAUSE" else "703 STOP"
         except Exception as err:  # noqa: BLE001 - one line in the log, and speechd hears this message ended
-            from engine.errors import VoiceError
+            from engine.errors import AudioDeviceError, VoiceError
 
             self.log(f"error: {err}" if isinstance(err, VoiceError) else f"error: {type(err).__name__}: {err}")
             ending = "703 STOP"
+            if isinstance(err, AudioDeviceError) or not isinstance(err, VoiceError):
+                await self.output.drop()  # the stream is not trusted again: the next message opens another
         finally:
-            progress.stop()
-            if holder:
-                holder[0].close()  # silent before the closing event goes out
+            progress.stop()  # (a stopped message's audio was dropped by the player's clear: silent already)
+            self.output.idle()
             self._active = False
             progress.finish(ending)
 
-    async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress", holder: list) -> None:
-        """The message as one request, its segments on lines of their own, onto one Player (put into `holder`
-        once opened); each segment's marks wait for the sentences before it."""
+    async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress") -> None:
+        """The message as one request, its segments on lines of their own, onto the warm Player; each segment's
+        marks wait for the sentences before it."""
         from engine.config import SynthesisRequest
         from voiceapp.common import sampling_options
 
@@ -431,11 +453,13 @@ class Speaker:
             before += sentence_count(piece.text) if piece.text.strip() else 0
         if before == 0:
             return  # nothing speakable: the marks are reported as the message ends
+        self.output.open_ahead(self._rate or self._family_rate())  # the stream starts while the request goes out
         remote = await self._connect()
+        self._rate = remote.sample_rate
         try:
-            player = self._open_player(remote.sample_rate)
-            holder.append(player)
-            progress.watch(player)
+            player = await self.output.get(remote.sample_rate)
+            player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S))
+            progress.watch(player, player.mark_utterance_start())
             speaker = counted(remote)
             req = SynthesisRequest("\n".join(piece.text for piece in pieces), voice=voice,
                                    options=sampling_options(self.args))
@@ -461,27 +485,111 @@ class Speaker:
         return remote
 
     def prepare(self) -> None:
-        """Import what speaking needs (PortAudio, the client, the player) on the speaker's thread, so that the first
-        message does not wait for it."""
+        """Import what speaking needs (the client, the player) on the speaker's thread, and start PortAudio on a
+        thread of its own (engine.backends.portaudio_calls: a frozen sound server holds that thread, not the
+        speaker's), so that the first message waits for none of it."""
         async def load() -> None:
             try:
+                from engine.backends.portaudio_calls import start_loading
+
+                start_loading()
                 import engine.backends.sounddevice_sink  # noqa: F401
-                import sounddevice  # noqa: F401
                 import voiceapp.autostart  # noqa: F401
                 from engine.text import normalize
 
                 normalize("warm")
+                self._family_rate()
             except Exception as err:  # noqa: BLE001 - said again, as a one-line error, by the first message
                 self.log(f"preparing: {type(err).__name__}: {err}")
 
         asyncio.run_coroutine_threadsafe(load(), self.loop)
 
-    def _open_player(self, sample_rate: int):
+    def _family_rate(self) -> int:
+        """The configured model family's sample rate (no model loaded): what the first message's stream opens at."""
+        if self._rate is None:
+            from engine.families import family_of
+
+            self._rate = family_of(self.config.model).sample_rate
+        return self._rate
+
+
+class WarmPlayer:
+    """The module's output stream (engine.backends.sounddevice_sink's Player), opened as a message's request goes
+    out and kept open between messages, closed once WARM_S pass without one. Used on the speaker's loop only; the
+    stream opens on a thread of its own, bounded by the Player (a frozen sound server: AudioDeviceError after a few
+    seconds), so that a STOP meanwhile is heard at once."""
+
+    def __init__(self, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> None:
+        self.args, self.loop = args, loop
+        self.player = None
+        self._opening: asyncio.Future | None = None
+        """The Player being opened (at its rate): awaited by the message that needs it, kept across a STOP."""
+        self._rate = 0
+        self._idle: asyncio.TimerHandle | None = None
+
+    def open_ahead(self, rate: int) -> None:
+        """Start opening a stream at `rate` unless one is open or opening at it."""
+        self._cancel_idle()
+        if (self.player is not None and self.player.sample_rate == rate) or (self._opening and self._rate == rate):
+            return
+        if self._opening is not None:  # at another rate: closed once it opened
+            self._opening.add_done_callback(_close_opened)
+        self._rate = rate
+        self._opening = self.loop.run_in_executor(None, self._open, rate)
+
+    async def get(self, rate: int):
+        """The open stream at `rate` (opened now where the one ahead was at another rate). AudioDeviceError where
+        PortAudio refuses or does not answer; a cancel (STOP) leaves a stream still opening to the next message."""
+        self.open_ahead(rate)
+        opening = self._opening
+        if opening is None:
+            return self.player
+        try:
+            player = await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None
+        await self.drop()
+        self.player = player
+        return player
+
+    def _open(self, rate: int):
         from engine.backends.sounddevice_sink import Player
 
         device = self.args.device
         device = int(device) if device and device.isdigit() else device
-        return Player(sample_rate=sample_rate, device=device, latency=self.args.latency, buffer_s=self.args.buffer)
+        return Player(sample_rate=rate, device=device, latency=LATENCY if self.args.latency is None
+                      else self.args.latency, preroll_s=PREROLL_S, buffer_s=self.args.buffer)
+
+    def idle(self) -> None:
+        """A message ended: close the stream if no other comes within WARM_S."""
+        self._cancel_idle()
+        self._idle = self.loop.call_later(WARM_S, lambda: self.loop.create_task(self.close()))
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    async def drop(self) -> None:
+        """Close the open stream (bounded: engine.backends.sounddevice_sink's Player.close), on a thread."""
+        player, self.player = self.player, None
+        if player is not None:
+            await self.loop.run_in_executor(None, player.close)
+
+    async def close(self) -> None:
+        """Close the stream, and one still opening once it opened."""
+        self._cancel_idle()
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.add_done_callback(_close_opened)
+        await self.drop()
+
+
+def _close_opened(opening: asyncio.Future) -> None:
+    """A stream opened for nobody: closed (bounded) on a thread."""
+    if not opening.cancelled() and opening.exception() is None:
+        threading.Thread(target=opening.result().close, name="speechd-close", daemon=True).start()
 
 
 class _Progress:
@@ -501,15 +609,17 @@ class _Progress:
     def mark_after(self, names: tuple[str, ...], sentences: int) -> None:
         self.pending += [(sentences, name) for name in names]
 
-    def watch(self, player) -> None:
+    def watch(self, player, utterance: int) -> None:
+        """Follow `player` playing its utterance number `utterance` (the message's)."""
         self.player = player
-        self._watch = asyncio.get_running_loop().create_task(self._poll())
+        self._watch = asyncio.get_running_loop().create_task(self._poll(utterance))
 
-    async def _poll(self) -> None:
+    async def _poll(self, utterance: int) -> None:
         player = self.player
         ahead = int(player.latency_s * player.device_rate)  # what the device holds before it is heard
         while not self.finished:
-            if not self.begun and player.last_onset_perf is not None and time.perf_counter() >= player.last_onset_perf:
+            onset = player.onset_perf(utterance)
+            if not self.begun and onset is not None and time.perf_counter() >= onset:
                 self.begin()
             if self.begun:
                 self.reached(player.played_frames - ahead)

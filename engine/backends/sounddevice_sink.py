@@ -247,6 +247,14 @@ class Player:
                 f"{FILE_HINT}")
         return last
 
+    def set_preroll(self, preroll_s: float) -> float:
+        """Audio buffered before the next utterance starts playing, from now on (a player kept open between
+        utterances sizes it for each one: engine.pacing.Pacer.preroll_s); never below 1.5x the granted latency
+        (see `preroll_s` in __init__). The re-buffer after an underrun keeps its size. Returns the seconds set."""
+        frames = max(int(round(preroll_s * self.device_rate)), int(self.latency_s * self.device_rate * 1.5) + 1)
+        self._preroll_frames = frames  # one int, read by the callback as a whole
+        return frames / self.device_rate
+
     # -- utterances and onset -------------------------------------------------------------------------
 
     def mark_utterance_start(self) -> int:
