@@ -8,7 +8,7 @@ Each run, in turns:
   closing "." to: the server's first audio frame read (`first_audio`), the first write to the player (`queued`),
   the player's own prediction of when it reaches the speakers (`onset`, PortAudio's DAC time) and the first
   non-zero sample in the capture (`sound`); then the player's `underruns` (its ring ran dry mid-utterance) and
-  `device_underruns` (PortAudio's output-underflow flags), counted over the player's life.
+  `device_underruns` (PortAudio's output-underflow flags), counted from the SPEAK to the END.
 - `spd_say`: `spd-say TEXT` launched against a real speech-dispatcher whose default module is ours, to its first
   non-zero sample in the capture.
 The capture's own latency (parec, 5 ms fragments) is in `sound` and `spd_say` alike.
@@ -51,10 +51,10 @@ class Capture:
         return self.path.stat().st_size // 4 if self.path.exists() else 0
 
     def first_sound_ms(self, start: int, timeout_s: float = 10.0) -> float:
-        """Milliseconds from frame `start` to the first non-zero sample after it."""
+        """Milliseconds from frame `start` to the first non-zero sample after it (the file read from there on)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            heard = np.flatnonzero(np.fromfile(self.path, np.float32)[start:])
+            heard = np.flatnonzero(np.fromfile(self.path, np.float32, offset=4 * start))
             if len(heard):
                 return float(heard[0]) * 1000 / RATE
             time.sleep(0.01)
@@ -75,6 +75,7 @@ class Hooks:
         self.first_audio: float | None = None
         self.queued: float | None = None
         self.player = None
+        self.last_player = None
         hooks = self
         synthesize, write = RemoteSynthesizer.synthesize, Player.write
 
@@ -117,8 +118,12 @@ async def engine_first_audio_ms(socket: Path, text: str) -> float:
 
 
 def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str) -> dict:
-    """One SPEAK fed to the in-process module; its steps' milliseconds from the SPEAK's closing line."""
+    """One SPEAK fed to the in-process module; its steps' milliseconds from the SPEAK's closing line, the pre-roll
+    the player started with and the lead the pacer had measured before (engine.pacing, where the module has them)."""
     hooks.reset()
+    pacer = (getattr(protocol.speaker, "_pacer", None) or (None, None))[1]
+    lead = getattr(pacer, "lead_s", None)
+    before = (hooks.last_player.output_underflows, hooks.last_player.underruns) if hooks.last_player else (0, 0)
     for line in ("SPEAK", text):
         protocol.feed(line)
     start = cap.frames()
@@ -132,9 +137,15 @@ def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str
     onset = player.last_onset_perf if player is not None else None
     if onset is None and player is not None:
         onset = player.onset_perf(1)
-    result = {"first_audio": ms(hooks.first_audio, t0), "queued": ms(hooks.queued, t0), "onset": ms(onset, t0),
-              "sound": round(sound, 1), "device_underruns": getattr(player, "output_underflows", None),
-              "underruns": getattr(player, "underruns", None)}
+    if player is not None and player is not hooks.last_player:
+        before, hooks.last_player = (0, 0), player
+    preroll = getattr(player, "_preroll_frames", None)
+    result = {"lead": None if lead is None else round(lead * 1000, 1),
+              "preroll": None if preroll is None else round(preroll * 1000 / player.device_rate, 1),
+              "first_audio": ms(hooks.first_audio, t0), "queued": ms(hooks.queued, t0), "onset": ms(onset, t0),
+              "sound": round(sound, 1),
+              "device_underruns": None if player is None else player.output_underflows - before[0],
+              "underruns": None if player is None else player.underruns - before[1]}
     out.seek(0)
     out.truncate()
     return result
@@ -159,6 +170,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=9)
     p.add_argument("--text", default="Hello there.")
     p.add_argument("--no-spd", action="store_true", help="skip the spd-say runs")
+    p.add_argument("--latency", help="the module's --latency (default: its own)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sdl."))
     for d in ("config", "home", "run", "engine", "data", "cache", "pa"):
@@ -181,6 +193,8 @@ def main() -> None:
 
         write_checkpoint(root / "tiny", size="tiny", seed=0)
         engine_args = ["--model", str(root / "tiny"), "--backend", "torch", "--max-tokens", "40"]
+    if args.latency:
+        engine_args += ["--latency", args.latency]
     speechd = cap = None
     try:
         from voiceapp.speechd_module import ModuleConfig, ModuleProtocol, Output, Speaker

@@ -38,20 +38,23 @@ MARK_POLL_S = 0.005
 MAX_BODY_CHARS = 1 << 22
 """A message body longer than this is cut (speechd sends paragraphs; a runaway client's 4 MB is enough)."""
 WARM_S = 30.0
-"""How long the output stream stays open after a message: a screen reader speaks at every keystroke, and the next
-message then starts on a stream that is already playing (silence). An idle open stream costs PortAudio a callback of
-zeros every few milliseconds and keeps the sound server's sink awake, so it is closed after this long."""
-LATENCY = "low"
-"""The module's output latency unless its Args name one (--latency): PortAudio's low latency for the device. The
-player's callback only copies, and a message's audio comes well ahead of the device (the server streams faster
-than real time, or the pacer holds a sentence until it can play through), so nothing needs a long host buffer;
-each of its seconds is a second more before the first sound (say's 0.1 s default was ~100 ms of the budget)."""
+"""How long the output stream stays open (stopped) after a message: a screen reader speaks at every keystroke, and
+the next message then starts a stream that is already open. Closed after this long without one, so that an idle
+module holds no stream on the sound server."""
+LATENCY = 0.03
+"""The module's output latency unless its Args name one (--latency). Its stream starts at each message's first
+audio, priming the device's buffer from it (engine.backends.sounddevice_sink's start_on_audio), so the latency no
+longer delays the first sound. What it sets: how much of a busy machine's scheduling the device rides out, and what
+the device takes at once as it starts (Player.pull_s, 1.5x it). A message plays from its first chunk only where
+the rest of that chunk outlasts the wait for the next one (engine.pacing.Pacer.preroll_s): a Spark message's first
+window is 80 ms, and its second came 16-35 ms later from an engine of a GPU's speed on the 2-core machine, so
+0.03 (45 ms) leaves the margin that 0.05 (75 ms) did not (the ring ran dry in 10 of 12 messages), where PortAudio's
+"low" (8.5 ms) underflowed the device itself on a loaded machine (docs/integrations.md)."""
 PREROLL_S = 0.2
 """Pre-roll while the engine's speed is not known yet (the first message on a server) or it is slow: say's."""
-FAST_PREROLL_S = 0.03
-"""Pre-roll once the engine is measured well ahead of real time (engine.pacing.Pacer.preroll_s): less than any
-first window (4 frames, 80 ms), so a message plays from its first chunk; what it covers is a loaded machine's
-scheduling between the chunks, which come whole, faster than they play."""
+FAST_PREROLL_S = 0.0
+"""Pre-roll once the engine came far enough ahead of real time (engine.pacing.Pacer.preroll_s): the least the
+player takes (Player.pull_s), so that a message plays from its first chunk."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------
@@ -458,7 +461,7 @@ class Speaker:
         self._rate = remote.sample_rate
         try:
             player = await self.output.get(remote.sample_rate)
-            player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S))
+            player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
             progress.watch(player, player.mark_utterance_start())
             speaker = counted(remote)
             req = SynthesisRequest("\n".join(piece.text for piece in pieces), voice=voice,
@@ -515,7 +518,8 @@ class Speaker:
 
 class WarmPlayer:
     """The module's output stream (engine.backends.sounddevice_sink's Player), opened as a message's request goes
-    out and kept open between messages, closed once WARM_S pass without one. Used on the speaker's loop only; the
+    out and kept open between messages (started at each one's first audio, stopped after it: start_on_audio),
+    closed once WARM_S pass without one. Used on the speaker's loop only; the
     stream opens on a thread of its own, bounded by the Player (a frozen sound server: AudioDeviceError after a few
     seconds), so that a STOP meanwhile is heard at once."""
 
@@ -559,7 +563,7 @@ class WarmPlayer:
         device = self.args.device
         device = int(device) if device and device.isdigit() else device
         return Player(sample_rate=rate, device=device, latency=LATENCY if self.args.latency is None
-                      else self.args.latency, preroll_s=PREROLL_S, buffer_s=self.args.buffer)
+                      else self.args.latency, preroll_s=PREROLL_S, buffer_s=self.args.buffer, start_on_audio=True)
 
     def idle(self) -> None:
         """A message ended: close the stream if no other comes within WARM_S."""
