@@ -50,6 +50,10 @@ the rest of that chunk outlasts the wait for the next one (engine.pacing.Pacer.p
 window is 80 ms, and its second came 16-35 ms later from an engine of a GPU's speed on the 2-core machine, so
 0.03 (45 ms) leaves the margin that 0.05 (75 ms) did not (the ring ran dry in 10 of 12 messages), where PortAudio's
 "low" (8.5 ms) underflowed the device itself on a loaded machine (docs/integrations.md)."""
+PACED_LATENCY = 0.1
+"""The latency where the engine computes on this machine's CPU (its pacer holds each message's first sentence until
+it has measured the engine, engine.pacing.Pacer.probe_first): say's. The engine then competes with the callback for
+the CPU, and LATENCY's 37 ms of device buffer left gaps in a tiny checkpoint's message at load 9 on 2 cores."""
 PREROLL_S = 0.2
 """Pre-roll while the engine's speed is not known yet (the first message on a server) or it is slow: say's."""
 FAST_PREROLL_S = 0.0
@@ -119,7 +123,7 @@ def module_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="voiceapp module", add_help=False)
     add_playback_args(p)
-    p.set_defaults(latency=None)  # None: LATENCY
+    p.set_defaults(latency=None)  # None: the module chooses (Speaker.latency_for)
     add_voice_args(p, default_seed=0)
     add_socket_arg(p)
     add_engine_args(p)
@@ -375,6 +379,8 @@ class Speaker:
         self._rate: int | None = None
         """The sample rate the stream opens at before the server says its own: the last server's, else the model
         family's."""
+        self._latency = self.latency_for(None)
+        """The latency it opens at before the server says how its engine is paced: the last server's."""
 
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
@@ -456,11 +462,11 @@ class Speaker:
             before += sentence_count(piece.text) if piece.text.strip() else 0
         if before == 0:
             return  # nothing speakable: the marks are reported as the message ends
-        self.output.open_ahead(self._rate or self._family_rate())  # the stream starts while the request goes out
+        self.output.open_ahead(self._rate or self._family_rate(), self._latency)  # opens while the request goes out
         remote = await self._connect()
-        self._rate = remote.sample_rate
+        self._rate, self._latency = remote.sample_rate, self.latency_for(remote.pacer)
         try:
-            player = await self.output.get(remote.sample_rate)
+            player = await self.output.get(self._rate, self._latency)
             player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
             progress.watch(player, player.mark_utterance_start())
             speaker = counted(remote)
@@ -507,6 +513,13 @@ class Speaker:
 
         asyncio.run_coroutine_threadsafe(load(), self.loop)
 
+    def latency_for(self, pacer) -> float:
+        """The output latency for a server whose engine is paced by `pacer` (None: not known yet): the Args' own,
+        else LATENCY where the engine streams from its first chunk, else say's (PACED_LATENCY)."""
+        if self.args.latency is not None:
+            return self.args.latency
+        return PACED_LATENCY if pacer is not None and pacer.probe_first else LATENCY
+
     def _family_rate(self) -> int:
         """The configured model family's sample rate (no model loaded): what the first message's stream opens at."""
         if self._rate is None:
@@ -519,32 +532,35 @@ class Speaker:
 class WarmPlayer:
     """The module's output stream (engine.backends.sounddevice_sink's Player), opened as a message's request goes
     out and kept open between messages (started at each one's first audio, stopped after it: start_on_audio),
-    closed once WARM_S pass without one. Used on the speaker's loop only; the
-    stream opens on a thread of its own, bounded by the Player (a frozen sound server: AudioDeviceError after a few
-    seconds), so that a STOP meanwhile is heard at once."""
+    closed once WARM_S pass without one. Used on the speaker's loop only; the stream opens on a thread of its own,
+    bounded by the Player (a frozen sound server: AudioDeviceError after a few seconds), so that a STOP meanwhile is
+    heard at once."""
 
     def __init__(self, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> None:
         self.args, self.loop = args, loop
         self.player = None
+        self._key: tuple[int, float] | None = None
+        """(sample rate, latency) of the open player."""
         self._opening: asyncio.Future | None = None
-        """The Player being opened (at its rate): awaited by the message that needs it, kept across a STOP."""
-        self._rate = 0
+        """The Player being opened: awaited by the message that needs it, kept across a STOP."""
+        self._opening_key: tuple[int, float] | None = None
         self._idle: asyncio.TimerHandle | None = None
 
-    def open_ahead(self, rate: int) -> None:
-        """Start opening a stream at `rate` unless one is open or opening at it."""
+    def open_ahead(self, rate: int, latency: float) -> None:
+        """Start opening a stream at `rate` and `latency` unless one is open or opening with them."""
         self._cancel_idle()
-        if (self.player is not None and self.player.sample_rate == rate) or (self._opening and self._rate == rate):
+        key = (rate, latency)
+        if (self.player is not None and self._key == key) or (self._opening and self._opening_key == key):
             return
-        if self._opening is not None:  # at another rate: closed once it opened
+        if self._opening is not None:  # with other settings: closed once it opened
             self._opening.add_done_callback(_close_opened)
-        self._rate = rate
-        self._opening = self.loop.run_in_executor(None, self._open, rate)
+        self._opening_key = key
+        self._opening = self.loop.run_in_executor(None, self._open, rate, latency)
 
-    async def get(self, rate: int):
-        """The open stream at `rate` (opened now where the one ahead was at another rate). AudioDeviceError where
+    async def get(self, rate: int, latency: float):
+        """The open stream at `rate` and `latency` (opened now where the one ahead was not). AudioDeviceError where
         PortAudio refuses or does not answer; a cancel (STOP) leaves a stream still opening to the next message."""
-        self.open_ahead(rate)
+        self.open_ahead(rate, latency)
         opening = self._opening
         if opening is None:
             return self.player
@@ -554,16 +570,16 @@ class WarmPlayer:
             if opening.done() and self._opening is opening:
                 self._opening = None
         await self.drop()
-        self.player = player
+        self.player, self._key = player, (rate, latency)
         return player
 
-    def _open(self, rate: int):
+    def _open(self, rate: int, latency: float):
         from engine.backends.sounddevice_sink import Player
 
         device = self.args.device
         device = int(device) if device and device.isdigit() else device
-        return Player(sample_rate=rate, device=device, latency=LATENCY if self.args.latency is None
-                      else self.args.latency, preroll_s=PREROLL_S, buffer_s=self.args.buffer, start_on_audio=True)
+        return Player(sample_rate=rate, device=device, latency=latency, preroll_s=PREROLL_S,
+                      buffer_s=self.args.buffer, start_on_audio=True)
 
     def idle(self) -> None:
         """A message ended: close the stream if no other comes within WARM_S."""
@@ -577,7 +593,7 @@ class WarmPlayer:
 
     async def drop(self) -> None:
         """Close the open stream (bounded: engine.backends.sounddevice_sink's Player.close), on a thread."""
-        player, self.player = self.player, None
+        player, self.player, self._key = self.player, None, None
         if player is not None:
             await self.loop.run_in_executor(None, player.close)
 
