@@ -438,9 +438,11 @@ class Speaker:
         except asyncio.CancelledError:
             ending = "704 PAUSE" if self._ending == "PAUSE" else "703 STOP"
         except Exception as err:  # noqa: BLE001 - one line in the log, and speechd hears this message ended
+            from engine.backends.sounddevice_sink import FILE_HINT
             from engine.errors import AudioDeviceError, VoiceError
 
-            self.log(f"error: {err}" if isinstance(err, VoiceError) else f"error: {type(err).__name__}: {err}")
+            said = str(err).removesuffix(f"; {FILE_HINT}")  # (speechd's user cannot pass --out)
+            self.log(f"error: {said}" if isinstance(err, VoiceError) else f"error: {type(err).__name__}: {err}")
             ending = "703 STOP"
             if isinstance(err, AudioDeviceError) or not isinstance(err, VoiceError):
                 await self.output.drop()  # the stream is not trusted again: the next message opens another
