@@ -41,24 +41,15 @@ WARM_S = 30.0
 """How long the output stream stays open (stopped) after a message: a screen reader speaks at every keystroke, and
 the next message then starts a stream that is already open. Closed after this long without one, so that an idle
 module holds no stream on the sound server."""
-LATENCY = 0.03
-"""The module's output latency unless its Args name one (--latency). Its stream starts at each message's first
-audio, priming the device's buffer from it (engine.backends.sounddevice_sink's start_on_audio), so the latency no
-longer delays the first sound. What it sets: how much of a busy machine's scheduling the device rides out, and what
-the device takes at once as it starts (Player.pull_s, 1.5x it). A message plays from its first chunk only where
-the rest of that chunk outlasts the wait for the next one (engine.pacing.Pacer.preroll_s): a Spark message's first
-window is 80 ms, and its second came 16-35 ms later from an engine of a GPU's speed on the 2-core machine, so
-0.03 (45 ms) leaves the margin that 0.05 (75 ms) did not (the ring ran dry in 10 of 12 messages), where PortAudio's
-"low" (8.5 ms) underflowed the device itself on a loaded machine (docs/integrations.md)."""
-PACED_LATENCY = 0.1
-"""The latency where the engine computes on this machine's CPU (its pacer holds each message's first sentence until
-it has measured the engine, engine.pacing.Pacer.probe_first): say's. The engine then competes with the callback for
-the CPU, and LATENCY's 37 ms of device buffer left gaps in a tiny checkpoint's message at load 9 on 2 cores."""
 PREROLL_S = 0.2
-"""Pre-roll while the engine's speed is not known yet (the first message on a server) or it is slow: say's."""
+"""Pre-roll while the engine's speed is not known yet (the first message on a server), it is slow, or its first
+chunk does not come far enough ahead of the next one for the device (engine.pacing.Pacer.preroll_s): say's."""
 FAST_PREROLL_S = 0.0
-"""Pre-roll once the engine came far enough ahead of real time (engine.pacing.Pacer.preroll_s): the least the
-player takes (Player.pull_s), so that a message plays from its first chunk."""
+"""Pre-roll otherwise: the least the player takes (Player.pull_s), so that a message plays from its first chunk.
+At say's 0.1 s latency the device takes 150 ms as it starts, more than a Spark message's first window (80 ms): a
+message then starts with its second chunk, which came 16-35 ms after the first from an engine of a GPU's speed on
+the 2-core machine. Latencies that let the first chunk start it (0.03 s: 45 ms) left gaps where that machine was
+loaded (PortAudio flagged the device running dry mid-message), so the module keeps say's (docs/integrations.md)."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------
@@ -123,7 +114,6 @@ def module_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="voiceapp module", add_help=False)
     add_playback_args(p)
-    p.set_defaults(latency=None)  # None: the module chooses (Speaker.latency_for)
     add_voice_args(p, default_seed=0)
     add_socket_arg(p)
     add_engine_args(p)
@@ -379,8 +369,7 @@ class Speaker:
         self._rate: int | None = None
         """The sample rate the stream opens at before the server says its own: the last server's, else the model
         family's."""
-        self._latency = self.latency_for(None)
-        """The latency it opens at before the server says how its engine is paced: the last server's."""
+
 
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
@@ -464,11 +453,11 @@ class Speaker:
             before += sentence_count(piece.text) if piece.text.strip() else 0
         if before == 0:
             return  # nothing speakable: the marks are reported as the message ends
-        self.output.open_ahead(self._rate or self._family_rate(), self._latency)  # opens while the request goes out
+        self.output.open_ahead(self._rate or self._family_rate())  # the stream opens while the request goes out
         remote = await self._connect()
-        self._rate, self._latency = remote.sample_rate, self.latency_for(remote.pacer)
+        self._rate = remote.sample_rate
         try:
-            player = await self.output.get(self._rate, self._latency)
+            player = await self.output.get(self._rate)
             player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
             progress.watch(player, player.mark_utterance_start())
             speaker = counted(remote)
@@ -515,13 +504,6 @@ class Speaker:
 
         asyncio.run_coroutine_threadsafe(load(), self.loop)
 
-    def latency_for(self, pacer) -> float:
-        """The output latency for a server whose engine is paced by `pacer` (None: not known yet): the Args' own,
-        else LATENCY where the engine streams from its first chunk, else say's (PACED_LATENCY)."""
-        if self.args.latency is not None:
-            return self.args.latency
-        return PACED_LATENCY if pacer is not None and pacer.probe_first else LATENCY
-
     def _family_rate(self) -> int:
         """The configured model family's sample rate (no model loaded): what the first message's stream opens at."""
         if self._rate is None:
@@ -541,28 +523,26 @@ class WarmPlayer:
     def __init__(self, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> None:
         self.args, self.loop = args, loop
         self.player = None
-        self._key: tuple[int, float] | None = None
-        """(sample rate, latency) of the open player."""
         self._opening: asyncio.Future | None = None
         """The Player being opened: awaited by the message that needs it, kept across a STOP."""
-        self._opening_key: tuple[int, float] | None = None
+        self._opening_rate = 0
         self._idle: asyncio.TimerHandle | None = None
 
-    def open_ahead(self, rate: int, latency: float) -> None:
-        """Start opening a stream at `rate` and `latency` unless one is open or opening with them."""
+    def open_ahead(self, rate: int) -> None:
+        """Start opening a stream at `rate` unless one is open or opening at it."""
         self._cancel_idle()
-        key = (rate, latency)
-        if (self.player is not None and self._key == key) or (self._opening and self._opening_key == key):
+        if (self.player is not None and self.player.sample_rate == rate) or (
+                self._opening is not None and self._opening_rate == rate):
             return
-        if self._opening is not None:  # with other settings: closed once it opened
+        if self._opening is not None:  # at another rate: closed once it opened
             self._opening.add_done_callback(_close_opened)
-        self._opening_key = key
-        self._opening = self.loop.run_in_executor(None, self._open, rate, latency)
+        self._opening_rate = rate
+        self._opening = self.loop.run_in_executor(None, self._open, rate)
 
-    async def get(self, rate: int, latency: float):
-        """The open stream at `rate` and `latency` (opened now where the one ahead was not). AudioDeviceError where
+    async def get(self, rate: int):
+        """The open stream at `rate` (opened now where the one ahead was at another). AudioDeviceError where
         PortAudio refuses or does not answer; a cancel (STOP) leaves a stream still opening to the next message."""
-        self.open_ahead(rate, latency)
+        self.open_ahead(rate)
         opening = self._opening
         if opening is None:
             return self.player
@@ -572,15 +552,15 @@ class WarmPlayer:
             if opening.done() and self._opening is opening:
                 self._opening = None
         await self.drop()
-        self.player, self._key = player, (rate, latency)
+        self.player = player
         return player
 
-    def _open(self, rate: int, latency: float):
+    def _open(self, rate: int):
         from engine.backends.sounddevice_sink import Player
 
         device = self.args.device
         device = int(device) if device and device.isdigit() else device
-        return Player(sample_rate=rate, device=device, latency=latency, preroll_s=PREROLL_S,
+        return Player(sample_rate=rate, device=device, latency=self.args.latency, preroll_s=PREROLL_S,
                       buffer_s=self.args.buffer, start_on_audio=True)
 
     def idle(self) -> None:
@@ -595,7 +575,7 @@ class WarmPlayer:
 
     async def drop(self) -> None:
         """Close the open stream (bounded: engine.backends.sounddevice_sink's Player.close), on a thread."""
-        player, self.player, self._key = self.player, None, None
+        player, self.player = self.player, None
         if player is not None:
             await self.loop.run_in_executor(None, player.close)
 
