@@ -366,6 +366,11 @@ class Speaker:
         self._voices: dict | None = None
         self.output = WarmPlayer(self.args, self.loop)
         """The output stream, kept open between messages."""
+        self._kept = None
+        """The last message's server connection (a RemoteSynthesizer after a whole request), kept for the next: no
+        connect and hello before its request goes out."""
+        self._idle: asyncio.TimerHandle | None = None
+        """Closes the stream and the kept connection WARM_S after the last message."""
         self._rate: int | None = None
         """The sample rate the stream opens at before the server says its own: the last server's, else the model
         family's."""
@@ -414,13 +419,15 @@ class Speaker:
             with contextlib.suppress(BaseException):
                 self._task.result(5)
         with contextlib.suppress(BaseException):
-            asyncio.run_coroutine_threadsafe(self.output.close(), self.loop).result(5)
+            asyncio.run_coroutine_threadsafe(self._rest(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
     async def _speak(self, pieces: list[Segment], voice: str) -> None:
         progress = _Progress(self.out)
         ending = "702 END"
+        if self._idle is not None:
+            self._idle.cancel()
         try:
             await self._play(pieces, voice, progress)
             progress.reached(None)  # the marks after the last audio: everything has played
@@ -437,14 +444,25 @@ class Speaker:
                 await self.output.drop()  # the stream is not trusted again: the next message opens another
         finally:
             progress.stop()  # (a stopped message's audio was dropped by the player's clear: silent already)
-            self.output.idle()
+            self._idle = self.loop.call_later(WARM_S, lambda: self.loop.create_task(self._rest()))
             self._active = False
             progress.finish(ending)
+
+    async def _rest(self) -> None:
+        """No message for WARM_S (or QUIT): close the stream and the kept connection."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            await kept.close()
+        await self.output.close()
 
     async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress") -> None:
         """The message as one request, its segments on lines of their own, onto the warm Player; each segment's
         marks wait for the sentences before it."""
         from engine.config import SynthesisRequest
+        from voiceapp.client import ServerGone
         from voiceapp.common import sampling_options
 
         before = 0
@@ -454,18 +472,34 @@ class Speaker:
         if before == 0:
             return  # nothing speakable: the marks are reported as the message ends
         self.output.open_ahead(self._rate or self._family_rate())  # the stream opens while the request goes out
-        remote = await self._connect()
-        self._rate = remote.sample_rate
+        remote, self._kept = self._kept, None
+        reused = remote is not None
+        if remote is None:
+            remote = await self._connect()
         try:
+            self._rate = remote.sample_rate
             player = await self.output.get(self._rate)
-            player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
             progress.watch(player, player.mark_utterance_start())
-            speaker = counted(remote)
             req = SynthesisRequest("\n".join(piece.text for piece in pieces), voice=voice,
                                    options=sampling_options(self.args))
-            await speaker.speak(req, MarkingSink(player, speaker, progress))
+            queued = player.queued_frames
+            try:
+                await self._request(remote, req, player, progress)
+            except (ServerGone, OSError):
+                if not reused or player.queued_frames != queued:
+                    raise
+                await remote.close()  # the server of the kept connection went away since: ask the one there now
+                remote = await self._connect()
+                await self._request(remote, req, player, progress)
+            self._kept, remote = remote, None  # a whole request: its connection serves the next message
         finally:
-            await remote.close()
+            if remote is not None:
+                await remote.close()
+
+    async def _request(self, remote, req, player, progress: "_Progress") -> None:
+        player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
+        speaker = counted(remote)
+        await speaker.speak(req, MarkingSink(player, speaker, progress))
 
     async def _connect(self):
         from engine.errors import VoiceError
@@ -516,7 +550,7 @@ class Speaker:
 class WarmPlayer:
     """The module's output stream (engine.backends.sounddevice_sink's Player), opened as a message's request goes
     out and kept open between messages (started at each one's first audio, stopped after it: start_on_audio),
-    closed once WARM_S pass without one. Used on the speaker's loop only; the stream opens on a thread of its own,
+    closed by the Speaker once WARM_S pass without one. Used on the speaker's loop only; the stream opens on a thread of its own,
     bounded by the Player (a frozen sound server: AudioDeviceError after a few seconds), so that a STOP meanwhile is
     heard at once."""
 
@@ -526,11 +560,9 @@ class WarmPlayer:
         self._opening: asyncio.Future | None = None
         """The Player being opened: awaited by the message that needs it, kept across a STOP."""
         self._opening_rate = 0
-        self._idle: asyncio.TimerHandle | None = None
 
     def open_ahead(self, rate: int) -> None:
         """Start opening a stream at `rate` unless one is open or opening at it."""
-        self._cancel_idle()
         if (self.player is not None and self.player.sample_rate == rate) or (
                 self._opening is not None and self._opening_rate == rate):
             return
@@ -563,16 +595,6 @@ class WarmPlayer:
         return Player(sample_rate=rate, device=device, latency=self.args.latency, preroll_s=PREROLL_S,
                       buffer_s=self.args.buffer, start_on_audio=True)
 
-    def idle(self) -> None:
-        """A message ended: close the stream if no other comes within WARM_S."""
-        self._cancel_idle()
-        self._idle = self.loop.call_later(WARM_S, lambda: self.loop.create_task(self.close()))
-
-    def _cancel_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-
     async def drop(self) -> None:
         """Close the open stream (bounded: engine.backends.sounddevice_sink's Player.close), on a thread."""
         player, self.player = self.player, None
@@ -581,7 +603,6 @@ class WarmPlayer:
 
     async def close(self) -> None:
         """Close the stream, and one still opening once it opened."""
-        self._cancel_idle()
         opening, self._opening = self._opening, None
         if opening is not None:
             opening.add_done_callback(_close_opened)
