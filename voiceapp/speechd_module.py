@@ -290,7 +290,7 @@ def sentence_count(text: str) -> int:
     """How many sentences the engine speaks for `text` alone: its splitter's, the unspeakable ones left out. The
     message goes to the engine with its segments on lines of their own, and the splitter ends a sentence at every
     line break, so the segments' counts add up to the message's."""
-    from engine.pipeline import JoinConfig
+    from engine.config import JoinConfig
     from engine.text import is_speakable, normalize, split_sentences
 
     return sum(is_speakable(normalize(s)) for s in split_sentences(text, JoinConfig().max_sentence_chars))
@@ -528,11 +528,12 @@ class Speaker:
 
                 start_loading()
                 import engine.backends.sounddevice_sink  # noqa: F401
+                import engine.config  # noqa: F401
                 import voiceapp.autostart  # noqa: F401
-                from engine.text import normalize
 
-                normalize("warm")
+                sentence_count("Warm, here.")  # the text's imports and tables (normalize's)
                 self._family_rate()
+                self.bank()
             except Exception as err:  # noqa: BLE001 - said again, as a one-line error, by the first message
                 self.log(f"preparing: {type(err).__name__}: {err}")
 

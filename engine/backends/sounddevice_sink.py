@@ -194,9 +194,9 @@ class Player:
 
     def _open_and_start(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
         try:
+            primed = {"prime_output_buffers_using_stream_callback": True} if self._start_on_audio else {}
             stream = sd.OutputStream(samplerate=self.device_rate, channels=1, dtype="float32", device=device,
-                                     latency=latency, callback=self._callback,
-                                     prime_output_buffers_using_stream_callback=self._start_on_audio)
+                                     latency=latency, callback=self._callback, **primed)
         except (sd.PortAudioError, ValueError) as err:
             raise _device_error("cannot open the audio output device", err) from err
         self.latency_s = float(stream.latency)
