@@ -142,7 +142,6 @@ def test_spd_say_plays_exactly_what_say_out_writes(speechd, record_monitor, tiny
     assert speechd.server_counts()["served"] == before["served"] + 1
     start = align(heard, ref)
     played = heard[start:start + len(ref)]
-    np.save("/tmp/sd_heard.npy", heard); np.save("/tmp/sd_ref.npy", ref)
     assert len(played) == len(ref), "the capture ends before the utterance does"
     assert np.corrcoef(played, ref)[0, 1] > 0.999, f"-t {voice_type} did not speak {preset}"
     np.testing.assert_array_equal(played, ref)  # the path is bit-exact: gapless, one request for both sentences
