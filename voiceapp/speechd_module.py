@@ -9,8 +9,11 @@ the module reports 701 BEGIN (as its first audio plays), 700 for each index mark
 and then exactly one of 702 END, 703 STOP or 704 PAUSE.
 
 Threads: the main thread reads stdin and answers (`ModuleProtocol`); the messages are spoken on an asyncio loop of
-its own thread (`Speaker`). Everything written to stdout goes through one lock, one whole reply or event at a time,
-and no event of a message is written before its `200 OK SPEAKING`.
+its own thread (`Speaker`), onto one output stream kept open between messages (`WarmPlayer`: started at each
+message's first audio, primed from it) and through the last message's server connection; PortAudio's start and the
+stream's opening run on threads of their own, bounded, so that a frozen sound server holds neither. Everything
+written to stdout goes through one lock, one whole reply or event at a time, and no event of a message is written
+before its `200 OK SPEAKING`.
 """
 from __future__ import annotations
 
@@ -374,7 +377,6 @@ class Speaker:
         self._rate: int | None = None
         """The sample rate the stream opens at before the server says its own: the last server's, else the model
         family's."""
-
 
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
