@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.portaudio_calls import FROZEN, NoAnswer, answer, bounded, guard_exit, load_sounddevice
+from engine.backends.portaudio_calls import (FROZEN, WAIT_S, NoAnswer, answer, bounded, guard_exit,
+                                            load_sounddevice)
 from engine.errors import AudioDeviceError
 from engine.player_gate import may_play, rebuffers_after, watch_progress
 from engine.ringbuffer import RingBuffer
@@ -216,14 +217,15 @@ class Player:
 
     def _start_if_due(self) -> None:
         """With start_on_audio: start the stopped stream once the callback would play what is queued (its pre-roll,
-        an end mark, a full ring), on portaudio_calls.answer's thread (it talks to the audio server)."""
+        an end mark, a full ring), on portaudio_calls.answer's thread (it talks to the audio server), waiting as
+        long as clear's restart does (WAIT_S): the stream is open already, and the producer's loop waits meanwhile."""
         ring = self._ring
         if self._running or not may_play(False, False, ring.available, self._preroll_frames, 0,
                                          ring.end_pending or ring.free <= 0) or ring.available == 0:
             return
         sd, stream = self._sd, self._stream
         try:
-            answer(stream.start, sd, name="portaudio-start")
+            answer(stream.start, sd, name="portaudio-start", wait_s=WAIT_S)
         except NoAnswer:
             self._dead = self._wedged = True
             raise AudioDeviceError(f"{FROZEN}; {FILE_HINT}") from None

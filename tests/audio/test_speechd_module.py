@@ -317,3 +317,48 @@ def test_a_frozen_sound_server_ends_each_message_with_one_line_and_stop_is_heard
             proc.kill()
             proc.wait()
         cli_helpers.kill_servers(socket)
+
+
+@pytest.mark.audio
+def test_a_sound_server_frozen_between_messages_ends_the_next_with_one_line(private_pulse, tmp_path):
+    """A message plays; the sound server freezes; the next message's stream start does not come back: a STOP is
+    heard within the start's bound, a message left alone ends (703 STOP) within PortAudio's bounds with one log line
+    (the stopped one may have said it too), and the module answers and quits cleanly."""
+    from voiceapp.speechd_module import config_text
+
+    server = private_pulse({"freezes": RATE})
+    socket, log = tmp_path / "engine.sock", tmp_path / "module.log"
+    config = tmp_path / "voiceapp.conf"
+    config.write_text(config_text(["--backend", "fake", "--socket", str(socket)], {}, "ava", log))
+    env = {**os.environ, **server.env, "VOICEAPP_IDLE_TIMEOUT": "60", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(die_with_parent([sys.executable, "-m", "voiceapp.cli", "speechd", "module", str(config)]),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env)
+    try:
+        send(proc, "INIT")
+        read_until(proc, "299 OK LOADED SUCCESSFULLY", 10)
+        send(proc, "SPEAK", "Hello there.", ".")
+        read_until(proc, "702 END", 30)
+        server.proc.send_signal(signal.SIGSTOP)
+        send(proc, "SPEAK", "Hello again.", ".")
+        read_until(proc, "200 OK SPEAKING", 5)
+        time.sleep(0.3)
+        send(proc, "STOP")
+        _, took = read_until(proc, "703 STOP", 10)
+        assert took < 3, f"STOP took {took:.1f} s while the stream's start waited on the frozen server"
+        send(proc, "SPEAK", "Hello at last.", ".")
+        got, took = read_until(proc, "703 STOP", 20)
+        assert "200 OK SPEAKING" in got and took < 10, (got, took)
+        errors = [line for line in log.read_text().splitlines() if "error:" in line]
+        assert len(errors) <= 2 and all(line.endswith("error: the audio output does not answer (is the sound "
+                                                      "server frozen?)") for line in errors), errors
+        assert errors, "the message left alone ended without a word in the log"
+        send(proc, "QUIT")
+        read_until(proc, "210 OK QUIT", 10)
+        assert proc.wait(15) == 0
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cli_helpers.kill_servers(socket)
