@@ -49,10 +49,9 @@ PREROLL_S = 0.2
 chunk does not come far enough ahead of the next one for the device (engine.pacing.Pacer.preroll_s): say's."""
 FAST_PREROLL_S = 0.0
 """Pre-roll otherwise: the least the player takes (Player.pull_s), so that a message plays from its first chunk.
-At say's 0.1 s latency the device takes 150 ms as it starts, more than a Spark message's first window (80 ms): a
-message then starts with its second chunk, which came 16-35 ms after the first from an engine of a GPU's speed on
-the 2-core machine. Latencies that let the first chunk start it (0.03 s: 45 ms) left gaps where that machine was
-loaded (PortAudio flagged the device running dry mid-message), so the module keeps say's (docs/integrations.md)."""
+At say's latency the device takes more as it starts than a Spark message's first window holds, so a message starts
+with its second chunk; smaller latencies, which let the first chunk start it, left gaps on a loaded machine (the
+device ran dry mid-message), so the module keeps say's latency and the lead rule decides."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------

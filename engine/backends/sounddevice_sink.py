@@ -135,8 +135,8 @@ class Player:
         start_on_audio: start the stream only once an utterance's pre-roll is queued, and stop it after each
             drain and clear. It starts priming the device's buffer from that audio (PortAudio's
             prime_output_buffers_using_stream_callback), so the first sample is the first the device plays: a
-            stream already running has its whole buffer (1.25x latency through PulseAudio) of silence queued ahead
-            of it. For a player kept open between utterances (speech-dispatcher's module).
+            stream already running has its whole buffer (about the latency) of silence queued ahead of it. For a
+            player kept open between utterances (speech-dispatcher's module).
         """
         if preroll_s < 0 or buffer_s <= 0 or (rebuffer_s or 0) < 0:
             raise ValueError("preroll_s and rebuffer_s must be >= 0 and buffer_s > 0")
@@ -299,8 +299,9 @@ class Player:
 
     @property
     def pull_s(self) -> float:
-        """Audio the device takes ahead of real time as it starts, at most: its buffer and a callback's block
-        (through PulseAudio, 1.25x and 0.25x the latency at once, priming included). The pre-roll exceeds it."""
+        """Audio the device takes ahead of real time as it starts, at most: its buffer, primed at once, and a
+        callback's block (through PulseAudio the buffer is a little more than the latency). The pre-roll exceeds it,
+        as __init__'s rule for `preroll_s` has it."""
         return 1.5 * self.latency_s
 
     # -- utterances and onset -------------------------------------------------------------------------
