@@ -31,6 +31,9 @@ load went away); higher than REALTIME_MARGIN so that it does not flip at every s
 MIN_INTERVALS = 2
 """Intervals between a sentence's chunks before its speed counts: one interval alone cannot tell a fast engine
 from a late chunk followed by a burst, so a speed never rests on the first one alone."""
+LEAD_MARGIN_S = 0.01
+"""What a player that starts at a request's first chunk keeps beyond the device's pull (`preroll_s`): the lead it
+was measured with is the least of one earlier request, and the next may come a little later."""
 MIN_EVIDENCE_S = 0.2
 """Audio, after a sentence's second chunk, measured before its speed counts (unless the sentence ends first): the
 third window of the default schedule (engine.windowing) carries 0.48 s, so a probed first sentence is judged as
@@ -58,6 +61,10 @@ class Pacer:
     (`start_after`). Empty: audio counted as a steady flow."""
     ahead_windows_s: tuple[float, ...] = ()
     """The same of a sentence rendered ahead of its turn (WindowSchedule.ahead: larger windows); empty: `windows_s`."""
+    lead_s: float | None = None
+    """How far ahead of real time the last request's first sentence came, at its tightest: played from its first
+    chunk as that came, the least audio it had in hand as each later chunk came (`_Sentence.lead_s`). None until a
+    first sentence of two chunks or more was measured."""
 
     def request(self) -> "RequestPace":
         """The pacing of one `speak` call."""
@@ -98,6 +105,16 @@ class Pacer:
         return (f"speech comes at {self.speed:.2f}x real time here, too slow to play as it is made: each sentence "
                 f"starts once enough of it is ready to play through (pauses between sentences, none within)")
 
+    def preroll_s(self, default_s: float, floor_s: float, pull_s: float) -> float:
+        """The pre-roll of a player whose device takes `pull_s` of audio ahead of real time as it starts (its primed
+        buffer and a callback's block): `floor_s`, so that the request plays from its first chunk, where the last
+        request's first sentence came far enough ahead of real time for that (`lead_s`, at least `pull_s` and
+        LEAD_MARGIN_S) from an engine measured well ahead of it; else `default_s`, while the engine is unmeasured or
+        held back (slow, or below RECOVERED_MARGIN: a slow engine keeps the margin it is paced with)."""
+        if self.speed is None or self.slow or self.speed < RECOVERED_MARGIN or self.lead_s is None:
+            return default_s
+        return min(default_s, floor_s) if self.lead_s >= pull_s + LEAD_MARGIN_S else default_s
+
     def judge(self, speed: float) -> None:
         """A sentence's measured speed: slow below REALTIME_MARGIN, fast again from RECOVERED_MARGIN."""
         self.speed = speed
@@ -116,6 +133,8 @@ class RequestPace:
         self._sentence = _Sentence()
         self._probing = pacer.probe_first
         """No sentence of this request has given a speed yet: hold each until its own does (or it ends)."""
+        self._first = True
+        """The sentence being made is the request's first (its lead goes to the Pacer)."""
 
     def blocked(self, seconds: float) -> None:
         """`speak` waited this long on a full player: not the engine's time (unless the sentence being made renders
@@ -137,6 +156,9 @@ class RequestPace:
             self.pacer.judge(s.speed())
             self._probing = False
         if sentence_end:
+            if self._first and s.chunks > 1:
+                self.pacer.lead_s = s.lead_s
+            self._first = False
             self._sentence = _Sentence()
             return False
         if not s.released:
@@ -192,6 +214,8 @@ class _Sentence:
     """The most audio it may make, where known."""
     ahead: bool = False
     """It was rendered ahead of its turn: its chunks' times are when they were made."""
+    lead_s: float = math.inf
+    """Played from its first chunk as that came: the least audio not yet played as each later chunk came."""
 
     def note(self, seconds: float, now: float, planned_s: float | None) -> None:
         if self.chunks == 0:
@@ -199,6 +223,7 @@ class _Sentence:
             self.blocked_s = 0.0  # waits while the sentence before it was written are not its own
         else:
             self.evidence_s += seconds
+            self.lead_s = min(self.lead_s, self.audio_s - (now - self.first_at - self.blocked_s))
         if self.chunks == 1:
             self.second_at, self.blocked_at_second = now, self.blocked_s
         elif self.chunks >= 2:

@@ -9,8 +9,11 @@ the module reports 701 BEGIN (as its first audio plays), 700 for each index mark
 and then exactly one of 702 END, 703 STOP or 704 PAUSE.
 
 Threads: the main thread reads stdin and answers (`ModuleProtocol`); the messages are spoken on an asyncio loop of
-its own thread (`Speaker`). Everything written to stdout goes through one lock, one whole reply or event at a time,
-and no event of a message is written before its `200 OK SPEAKING`.
+its own thread (`Speaker`), onto one output stream kept open between messages (`WarmPlayer`: started at each
+message's first audio, primed from it) and through the last message's server connection; PortAudio's start and the
+stream's opening run on threads of their own, bounded, so that a frozen sound server holds neither. Everything
+written to stdout goes through one lock, one whole reply or event at a time, and no event of a message is written
+before its `200 OK SPEAKING`.
 """
 from __future__ import annotations
 
@@ -37,6 +40,18 @@ MARK_POLL_S = 0.005
 """How often a playing message checks how far the speakers got (marks, BEGIN): 5 ms of lateness at most."""
 MAX_BODY_CHARS = 1 << 22
 """A message body longer than this is cut (speechd sends paragraphs; a runaway client's 4 MB is enough)."""
+WARM_S = 30.0
+"""How long the output stream stays open (stopped) after a message: a screen reader speaks at every keystroke, and
+the next message then starts a stream that is already open. Closed after this long without one, so that an idle
+module holds no stream on the sound server."""
+PREROLL_S = 0.2
+"""Pre-roll while the engine's speed is not known yet (the first message on a server), it is slow, or its first
+chunk does not come far enough ahead of the next one for the device (engine.pacing.Pacer.preroll_s): say's."""
+FAST_PREROLL_S = 0.0
+"""Pre-roll otherwise: the least the player takes (Player.pull_s), so that a message plays from its first chunk.
+At say's latency the device takes more as it starts than a Spark message's first window holds, so a message starts
+with its second chunk; smaller latencies, which let the first chunk start it, left gaps on a loaded machine (the
+device ran dry mid-message), so the module keeps say's latency and the lead rule decides."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------
@@ -277,7 +292,7 @@ def sentence_count(text: str) -> int:
     """How many sentences the engine speaks for `text` alone: its splitter's, the unspeakable ones left out. The
     message goes to the engine with its segments on lines of their own, and the splitter ends a sentence at every
     line break, so the segments' counts add up to the message's."""
-    from engine.pipeline import JoinConfig
+    from engine.config import JoinConfig
     from engine.text import is_speakable, normalize, split_sentences
 
     return sum(is_speakable(normalize(s)) for s in split_sentences(text, JoinConfig().max_sentence_chars))
@@ -351,6 +366,16 @@ class Speaker:
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
         self._voices: dict | None = None
+        self.output = WarmPlayer(self.args, self.loop)
+        """The output stream, kept open between messages."""
+        self._kept = None
+        """The last message's server connection (a RemoteSynthesizer after a whole request), kept for the next: no
+        connect and hello before its request goes out."""
+        self._idle: asyncio.TimerHandle | None = None
+        """Closes the stream and the kept connection WARM_S after the last message."""
+        self._rate: int | None = None
+        """The sample rate the stream opens at before the server says its own: the last server's, else the model
+        family's."""
 
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
@@ -394,35 +419,51 @@ class Speaker:
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 self._task.result(5)
+        with contextlib.suppress(BaseException):
+            asyncio.run_coroutine_threadsafe(self._rest(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
     async def _speak(self, pieces: list[Segment], voice: str) -> None:
         progress = _Progress(self.out)
-        holder: list = []
-        """The message's Player, once `_play` opened it."""
         ending = "702 END"
+        if self._idle is not None:
+            self._idle.cancel()
         try:
-            await self._play(pieces, voice, progress, holder)
+            await self._play(pieces, voice, progress)
             progress.reached(None)  # the marks after the last audio: everything has played
         except asyncio.CancelledError:
             ending = "704 PAUSE" if self._ending == "PAUSE" else "703 STOP"
         except Exception as err:  # noqa: BLE001 - one line in the log, and speechd hears this message ended
-            from engine.errors import VoiceError
+            from engine.backends.sounddevice_sink import FILE_HINT
+            from engine.errors import AudioDeviceError, VoiceError
 
-            self.log(f"error: {err}" if isinstance(err, VoiceError) else f"error: {type(err).__name__}: {err}")
+            said = str(err).removesuffix(f"; {FILE_HINT}")  # (speechd's user cannot pass --out)
+            self.log(f"error: {said}" if isinstance(err, VoiceError) else f"error: {type(err).__name__}: {err}")
             ending = "703 STOP"
+            if isinstance(err, AudioDeviceError) or not isinstance(err, VoiceError):
+                await self.output.drop()  # the stream is not trusted again: the next message opens another
         finally:
-            progress.stop()
-            if holder:
-                holder[0].close()  # silent before the closing event goes out
+            progress.stop()  # (a stopped message's audio was dropped by the player's clear: silent already)
+            self._idle = self.loop.call_later(WARM_S, lambda: self.loop.create_task(self._rest()))
             self._active = False
             progress.finish(ending)
 
-    async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress", holder: list) -> None:
-        """The message as one request, its segments on lines of their own, onto one Player (put into `holder`
-        once opened); each segment's marks wait for the sentences before it."""
+    async def _rest(self) -> None:
+        """No message for WARM_S (or QUIT): close the stream and the kept connection."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            await kept.close()
+        await self.output.close()
+
+    async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress") -> None:
+        """The message as one request, its segments on lines of their own, onto the warm Player; each segment's
+        marks wait for the sentences before it."""
         from engine.config import SynthesisRequest
+        from voiceapp.client import ServerGone
         from voiceapp.common import sampling_options
 
         before = 0
@@ -431,17 +472,35 @@ class Speaker:
             before += sentence_count(piece.text) if piece.text.strip() else 0
         if before == 0:
             return  # nothing speakable: the marks are reported as the message ends
-        remote = await self._connect()
+        self.output.open_ahead(self._rate or self._family_rate())  # the stream opens while the request goes out
+        remote, self._kept = self._kept, None
+        reused = remote is not None
+        if remote is None:
+            remote = await self._connect()
         try:
-            player = self._open_player(remote.sample_rate)
-            holder.append(player)
-            progress.watch(player)
-            speaker = counted(remote)
+            self._rate = remote.sample_rate
+            player = await self.output.get(self._rate)
+            progress.watch(player, player.mark_utterance_start())
             req = SynthesisRequest("\n".join(piece.text for piece in pieces), voice=voice,
                                    options=sampling_options(self.args))
-            await speaker.speak(req, MarkingSink(player, speaker, progress))
+            queued = player.queued_frames
+            try:
+                await self._request(remote, req, player, progress)
+            except (ServerGone, OSError):
+                if not reused or player.queued_frames != queued:
+                    raise
+                await remote.close()  # the server of the kept connection went away since: ask the one there now
+                remote = await self._connect()
+                await self._request(remote, req, player, progress)
+            self._kept, remote = remote, None  # a whole request: its connection serves the next message
         finally:
-            await remote.close()
+            if remote is not None:
+                await remote.close()
+
+    async def _request(self, remote, req, player, progress: "_Progress") -> None:
+        player.set_preroll(remote.pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
+        speaker = counted(remote)
+        await speaker.speak(req, MarkingSink(player, speaker, progress))
 
     async def _connect(self):
         from engine.errors import VoiceError
@@ -461,27 +520,101 @@ class Speaker:
         return remote
 
     def prepare(self) -> None:
-        """Import what speaking needs (PortAudio, the client, the player) on the speaker's thread, so that the first
-        message does not wait for it."""
+        """Import what speaking needs (the client, the player) on the speaker's thread, and start PortAudio on a
+        thread of its own (engine.backends.portaudio_calls: a frozen sound server holds that thread, not the
+        speaker's), so that the first message waits for none of it."""
         async def load() -> None:
             try:
-                import engine.backends.sounddevice_sink  # noqa: F401
-                import sounddevice  # noqa: F401
-                import voiceapp.autostart  # noqa: F401
-                from engine.text import normalize
+                from engine.backends.portaudio_calls import start_loading
 
-                normalize("warm")
+                start_loading()
+                import engine.backends.sounddevice_sink  # noqa: F401
+                import engine.config  # noqa: F401
+                import voiceapp.autostart  # noqa: F401
+
+                sentence_count("Warm, here.")  # the text's imports and tables (normalize's)
+                self._family_rate()
+                self.bank()
             except Exception as err:  # noqa: BLE001 - said again, as a one-line error, by the first message
                 self.log(f"preparing: {type(err).__name__}: {err}")
 
         asyncio.run_coroutine_threadsafe(load(), self.loop)
 
-    def _open_player(self, sample_rate: int):
+    def _family_rate(self) -> int:
+        """The configured model family's sample rate (no model loaded): what the first message's stream opens at."""
+        if self._rate is None:
+            from engine.families import family_of
+
+            self._rate = family_of(self.config.model).sample_rate
+        return self._rate
+
+
+class WarmPlayer:
+    """The module's output stream (engine.backends.sounddevice_sink's Player), opened as a message's request goes
+    out and kept open between messages (started at each one's first audio, stopped after it: start_on_audio),
+    closed by the Speaker once WARM_S pass without one. Used on the speaker's loop only; the stream opens on a thread of its own,
+    bounded by the Player (a frozen sound server: AudioDeviceError after a few seconds), so that a STOP meanwhile is
+    heard at once."""
+
+    def __init__(self, args: argparse.Namespace, loop: asyncio.AbstractEventLoop) -> None:
+        self.args, self.loop = args, loop
+        self.player = None
+        self._opening: asyncio.Future | None = None
+        """The Player being opened: awaited by the message that needs it, kept across a STOP."""
+        self._opening_rate = 0
+
+    def open_ahead(self, rate: int) -> None:
+        """Start opening a stream at `rate` unless one is open or opening at it."""
+        if (self.player is not None and self.player.sample_rate == rate) or (
+                self._opening is not None and self._opening_rate == rate):
+            return
+        if self._opening is not None:  # at another rate: closed once it opened
+            self._opening.add_done_callback(_close_opened)
+        self._opening_rate = rate
+        self._opening = self.loop.run_in_executor(None, self._open, rate)
+
+    async def get(self, rate: int):
+        """The open stream at `rate` (opened now where the one ahead was at another). AudioDeviceError where
+        PortAudio refuses or does not answer; a cancel (STOP) leaves a stream still opening to the next message."""
+        self.open_ahead(rate)
+        opening = self._opening
+        if opening is None:
+            return self.player
+        try:
+            player = await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None
+        await self.drop()
+        self.player = player
+        return player
+
+    def _open(self, rate: int):
         from engine.backends.sounddevice_sink import Player
 
         device = self.args.device
         device = int(device) if device and device.isdigit() else device
-        return Player(sample_rate=sample_rate, device=device, latency=self.args.latency, buffer_s=self.args.buffer)
+        return Player(sample_rate=rate, device=device, latency=self.args.latency, preroll_s=PREROLL_S,
+                      buffer_s=self.args.buffer, start_on_audio=True)
+
+    async def drop(self) -> None:
+        """Close the open stream (bounded: engine.backends.sounddevice_sink's Player.close), on a thread."""
+        player, self.player = self.player, None
+        if player is not None:
+            await self.loop.run_in_executor(None, player.close)
+
+    async def close(self) -> None:
+        """Close the stream, and one still opening once it opened."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.add_done_callback(_close_opened)
+        await self.drop()
+
+
+def _close_opened(opening: asyncio.Future) -> None:
+    """A stream opened for nobody: closed (bounded) on a thread."""
+    if not opening.cancelled() and opening.exception() is None:
+        threading.Thread(target=opening.result().close, name="speechd-close", daemon=True).start()
 
 
 class _Progress:
@@ -501,15 +634,17 @@ class _Progress:
     def mark_after(self, names: tuple[str, ...], sentences: int) -> None:
         self.pending += [(sentences, name) for name in names]
 
-    def watch(self, player) -> None:
+    def watch(self, player, utterance: int) -> None:
+        """Follow `player` playing its utterance number `utterance` (the message's)."""
         self.player = player
-        self._watch = asyncio.get_running_loop().create_task(self._poll())
+        self._watch = asyncio.get_running_loop().create_task(self._poll(utterance))
 
-    async def _poll(self) -> None:
+    async def _poll(self, utterance: int) -> None:
         player = self.player
         ahead = int(player.latency_s * player.device_rate)  # what the device holds before it is heard
         while not self.finished:
-            if not self.begun and player.last_onset_perf is not None and time.perf_counter() >= player.last_onset_perf:
+            onset = player.onset_perf(utterance)
+            if not self.begun and onset is not None and time.perf_counter() >= onset:
                 self.begin()
             if self.begun:
                 self.reached(player.played_frames - ahead)

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.portaudio_calls import FROZEN, NoAnswer, answer, bounded, guard_exit, load_sounddevice
+from engine.backends.portaudio_calls import (FROZEN, WAIT_S, NoAnswer, answer, bounded, guard_exit,
+                                            load_sounddevice)
 from engine.errors import AudioDeviceError
 from engine.player_gate import may_play, rebuffers_after, watch_progress
 from engine.ringbuffer import RingBuffer
@@ -116,8 +117,9 @@ class Player:
         resample_quality: str = "HQ",
         poll_s: float = 0.01,
         stall_timeout_s: float = 5.0,
+        start_on_audio: bool = False,
     ) -> None:
-        """Open and start the session's output stream.
+        """Open and start the session's output stream (with `start_on_audio`, open it only).
 
         sample_rate: rate of the samples given to write() (the model's rate).
         device: PortAudio device index or name; None = the default output device.
@@ -130,6 +132,11 @@ class Player:
         device_rate: force the stream's rate (None = the model rate if the device takes it, else the
             device's default rate); when it differs from sample_rate, one stateful soxr stream resamples.
         stall_timeout_s: waiting this long with no callback progress means the device is gone.
+        start_on_audio: start the stream only once an utterance's pre-roll is queued, and stop it after each
+            drain and clear. It starts priming the device's buffer from that audio (PortAudio's
+            prime_output_buffers_using_stream_callback), so the first sample is the first the device plays: a
+            stream already running has its whole buffer (about the latency) of silence queued ahead of it. For a
+            player kept open between utterances (speech-dispatcher's module).
         """
         if preroll_s < 0 or buffer_s <= 0 or (rebuffer_s or 0) < 0:
             raise ValueError("preroll_s and rebuffer_s must be >= 0 and buffer_s > 0")
@@ -171,6 +178,9 @@ class Player:
         """A PortAudio call on the stream did not return within portaudio_calls.WAIT_S and was left on its thread:
         the stream is not touched again, not even to close it (a second call would only queue behind the first)."""
         self._sd = sd
+        self._start_on_audio = start_on_audio
+        self._running = False
+        """The stream was started and not stopped since (always, without start_on_audio, once open)."""
         self._stream = self._open_stream(sd, device, latency)
 
     # -- stream ---------------------------------------------------------------------------------------
@@ -185,8 +195,9 @@ class Player:
 
     def _open_and_start(self, sd: Any, device: int | str | None, latency: float | str) -> Any:
         try:
+            primed = {"prime_output_buffers_using_stream_callback": True} if self._start_on_audio else {}
             stream = sd.OutputStream(samplerate=self.device_rate, channels=1, dtype="float32", device=device,
-                                     latency=latency, callback=self._callback)
+                                     latency=latency, callback=self._callback, **primed)
         except (sd.PortAudioError, ValueError) as err:
             raise _device_error("cannot open the audio output device", err) from err
         self.latency_s = float(stream.latency)
@@ -194,12 +205,43 @@ class Player:
         if self._preroll_frames <= self.latency_s * self.device_rate:  # granted more than asked
             self._preroll_frames = int(self.latency_s * self.device_rate * 1.5) + 1  # (and the ring opens
             # the gate when full, so even a pre-roll beyond its capacity cannot stall playback)
+        if self._start_on_audio:
+            return stream
         try:
             stream.start()
         except sd.PortAudioError as err:
             stream.close(ignore_errors=True)
             raise _device_error("cannot start the audio output device", err) from err
+        self._running = True
         return stream
+
+    def _start_if_due(self) -> None:
+        """With start_on_audio: start the stopped stream once the callback would play what is queued (its pre-roll,
+        an end mark, a full ring), on portaudio_calls.answer's thread (it talks to the audio server), waiting as
+        long as clear's restart does (WAIT_S): the stream is open already, and the producer's loop waits meanwhile."""
+        ring = self._ring
+        if self._running or not may_play(False, False, ring.available, self._preroll_frames, 0,
+                                         ring.end_pending or ring.free <= 0) or ring.available == 0:
+            return
+        sd, stream = self._sd, self._stream
+        try:
+            answer(stream.start, sd, name="portaudio-start", wait_s=WAIT_S)
+        except NoAnswer:
+            self._dead = self._wedged = True
+            raise AudioDeviceError(f"{FROZEN}; {FILE_HINT}") from None
+        except sd.PortAudioError as err:
+            self._dead = True
+            raise _device_error("cannot start the audio output device", err) from err
+        self._running = True
+
+    def _stop_idle(self) -> None:
+        """With start_on_audio: stop the stream between utterances (what it still holds is silence or dropped)."""
+        if not self._start_on_audio or not self._running or self._dead:
+            return
+        self._running = False
+        stream = self._stream
+        if not bounded(lambda: stream.abort(ignore_errors=True), self._sd, name="portaudio-stop"):
+            self._dead = self._wedged = True
 
     def _callback(self, outdata: np.ndarray, frames: int, time: Any, status: Any) -> None:
         """PortAudio thread: copy from the ring, zero-fill on shortfall, note the onset. Nothing else."""
@@ -230,7 +272,7 @@ class Player:
     def _check_alive(self) -> None:
         if self._closed:
             raise AudioDeviceError(f"the audio player is closed; {FILE_HINT}")
-        if self._dead or not self._stream.active:
+        if self._dead or (self._running and not self._stream.active):
             self._dead = True
             raise AudioDeviceError(f"the audio output device stopped (disconnected?); {FILE_HINT}")
 
@@ -246,6 +288,21 @@ class Player:
                 f"the audio output device stopped playing (no callback for {self._stall_timeout_s:g} s); "
                 f"{FILE_HINT}")
         return last
+
+    def set_preroll(self, preroll_s: float) -> float:
+        """Audio buffered before the next utterance starts playing, from now on (a player kept open between
+        utterances sizes it for each one: engine.pacing.Pacer.preroll_s); never below 1.5x the granted latency
+        (see `preroll_s` in __init__). The re-buffer after an underrun keeps its size. Returns the seconds set."""
+        frames = max(int(round(preroll_s * self.device_rate)), int(self.pull_s * self.device_rate) + 1)
+        self._preroll_frames = frames  # one int, read by the callback as a whole
+        return frames / self.device_rate
+
+    @property
+    def pull_s(self) -> float:
+        """Audio the device takes ahead of real time as it starts, at most: its buffer, primed at once, and a
+        callback's block (through PulseAudio the buffer is a little more than the latency). The pre-roll exceeds it,
+        as __init__'s rule for `preroll_s` has it."""
+        return 1.5 * self.latency_s
 
     # -- utterances and onset -------------------------------------------------------------------------
 
@@ -287,6 +344,7 @@ class Player:
         gen = self._clear_gen
         ring = self._ring
         done = ring.write(x)
+        self._start_if_due()
         last = (self._callbacks, perf_counter(), perf_counter())
         while done < len(x):
             last = await self._wait_progress(last)
@@ -299,6 +357,7 @@ class Player:
         pre-roll (or the next such mark) before it resumes. The resampler keeps its few samples of delay until the
         next write, which carries on from them."""
         self._ring.mark_end()
+        self._start_if_due()
 
     async def drain(self) -> None:
         """Flush the resampler, end the utterance, wait until it has been played, then let at least
@@ -316,10 +375,12 @@ class Player:
         end = ring.write_count
         if not was_open and ring.available == 0:
             return
+        self._start_if_due()
         last = (self._callbacks, perf_counter(), perf_counter())
         while ring.read_count < end and ring.available > 0:
             last = await self._wait_progress(last)
         await asyncio.sleep(max(0.1, 2 * self.latency_s))
+        self._stop_idle()
 
     def clear(self) -> None:
         """Drop everything queued (barge-in); output falls silent at once. Producer thread only. Waits for the
@@ -342,11 +403,14 @@ class Player:
         # abort() returns once the callback thread has stopped, so the ring has no consumer until start().
         stream, ring, sd = self._stream, self._ring, self._sd
 
+        running, self._running = self._running, not self._start_on_audio  # (start_on_audio: stopped until due)
+
         def restart() -> None:
             try:
-                stream.abort()
+                if running:
+                    stream.abort()
                 ring.apply_clear()
-                if not self._dead:  # given up on meanwhile: not started again
+                if not self._dead and not self._start_on_audio:  # given up on meanwhile: not started again
                     stream.start()
             except sd.PortAudioError:
                 ring.apply_clear()  # the stream is dead; the next write/drain raises AudioDeviceError

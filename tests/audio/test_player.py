@@ -190,6 +190,44 @@ async def test_clear_silences_output_fast_and_player_recovers(record_monitor):
     assert (gaps, errors) == ([], []), "the first utterance is cut off cleanly; the next plays intact"
 
 
+@pytest.mark.audio
+async def test_a_stream_started_on_audio_plays_its_first_sample_first_and_stops_between_utterances(record_monitor):
+    """start_on_audio: the stream is open but silent until an utterance's pre-roll is queued; it then starts with the
+    device's buffer primed from that audio, so the first sample sounds at once, not after the latency's silence;
+    it stops after the drain and after a clear, and the next utterances play intact on the same stream."""
+    first, second, third = noise(0.6, seed=7), noise(0.4, seed=8), noise(0.5, seed=9)
+    with record_monitor("tts16") as cap:
+        with Player(RATE, latency=0.1, buffer_s=4.0, start_on_audio=True) as player:
+            await asyncio.sleep(0.2)
+            assert not player._stream.active, "started before any audio"
+            since = cap.frames_so_far()
+            await player.write(first)
+            made_at = perf_counter()
+            while np.count_nonzero(np.fromfile(cap.path, np.float32, offset=4 * since)) == 0:
+                assert perf_counter() - made_at < 2, "no sound"
+                await asyncio.sleep(0.002)
+            first_sound_s = perf_counter() - made_at
+            await player.drain()
+            assert not player._stream.active, "still running after the drain"
+            after_first = cap.frames_so_far()
+            await player.write(noise(3.0, seed=10))
+            await asyncio.sleep(0.3)
+            player.clear()
+            assert not player._stream.active, "running again after the clear"
+            await asyncio.sleep(0.2)
+            cleared_at = cap.frames_so_far()
+            await player.write(second)
+            await player.drain()
+            await player.write(third)
+            await player.drain()
+            assert (player.underruns, player.output_underflows) == (0, 0)
+    data = cap()
+    assert first_sound_s < 0.05, f"the first sample sounded {first_sound_s * 1000:.0f} ms after it was queued"
+    assert verify(data[:after_first], first)[1:] == ([], [])
+    _, gaps, errors = verify(data[cleared_at:], np.concatenate([second, third]))
+    assert errors == [] and [at for at, _ in gaps] == [len(second)], "the next two utterances intact"
+
+
 _VANISH_CHILD = """
 import asyncio, os, signal, sys, time
 import numpy as np

@@ -343,3 +343,37 @@ def test_time_blocked_on_the_player_counts_for_a_sentence_rendered_ahead():
         pace.arrived(0.8, False, 10.0 + k, planned_s=8.0, made_at=at)
         pace.blocked(0.5)
     assert pace.pacer.speed == pytest.approx(0.8)
+
+
+def chunks_at(pace, times_sizes, end_last=True):
+    """One sentence's chunks of (arrival time, seconds of audio)."""
+    for i, (t, seconds) in enumerate(times_sizes):
+        pace.arrived(seconds, end_last and i == len(times_sizes) - 1, t)
+
+
+def test_the_lead_is_the_least_audio_in_hand_as_each_later_chunk_comes():
+    """Played from its first chunk (80 ms) as it came: the second comes 30 ms later (50 ms in hand), the third 100
+    ms after the first (320 ms came before it: 220 ms in hand); the request's first sentence only counts."""
+    pacer = Pacer()
+    pace = pacer.request()
+    chunks_at(pace, [(1.0, 0.08), (1.03, 0.24), (1.1, 0.48)])
+    assert pacer.lead_s == pytest.approx(0.05)
+    chunks_at(pace, [(1.2, 0.08), (1.5, 0.24)])  # the second sentence: 220 ms behind, not the lead
+    assert pacer.lead_s == pytest.approx(0.05)
+    chunks_at(pacer.request(), [(2.0, 0.08)])  # one chunk says nothing of the lead: the last one stays
+    assert pacer.lead_s == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("lead, expected", [(0.06, 0.0), (0.045, 0.2), (0.03, 0.2)])
+def test_a_player_starts_at_the_first_chunk_only_where_the_lead_outlasts_the_device_pull(lead, expected):
+    """A device that takes 40 ms as it starts, + LEAD_MARGIN_S (10 ms): a lead of 60 ms plays from the first chunk
+    (the floor, 0), one of 45 ms waits for the default 0.2 s."""
+    assert Pacer(speed=5.0, lead_s=lead).preroll_s(0.2, 0.0, pull_s=0.04) == expected
+
+
+def test_an_unmeasured_slow_or_barely_fast_engine_keeps_the_default_pre_roll():
+    assert Pacer().preroll_s(0.2, 0.0, 0.03) == 0.2  # nothing measured
+    assert Pacer(speed=5.0).preroll_s(0.2, 0.0, 0.03) == 0.2  # no lead yet
+    assert Pacer(speed=5.0, slow=True, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.2
+    assert Pacer(speed=1.3, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.2  # under RECOVERED_MARGIN
+    assert Pacer(speed=1.5, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.0
