@@ -84,7 +84,7 @@ OPTIONS: dict[str, Limit] = {
     "seed": SEED,
     "max_tokens": MAX_TOKENS,
     "latency": Limit(float, 0, 2.0, low_open=True, unit="seconds"),  # PortAudio's output latency
-    "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.cmd_say.BUFFER_S
+    "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.common.BUFFER_S
     "jobs": Limit(int, 1, 256),
     "normalize_loudness": Limit(float, -50.0, -6.0, unit="dBFS"),  # an RMS level (engine.book loudness)
     "max_mb": Limit(int, 1, 4096, unit="MB"),

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from voiceapp.cmd_say import BUFFER_S
+from voiceapp.common import BUFFER_S
 
 READ_TEXT = ("The morning train left the valley station a little after seven o'clock. Rain had fallen all night, and "
              "the fields beside the river were shining. Most of the passengers read quietly, or watched the hills "

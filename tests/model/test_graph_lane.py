@@ -413,7 +413,7 @@ def test_lane_rows_by_front_end() -> None:
     import argparse
 
     from engine.factory import EngineConfig
-    from voiceapp.cmd_serve import add_parser, serve_config
+    from voiceapp.cli.serve import add_parser, serve_config
     from voiceapp.common import engine_config
 
     parser = argparse.ArgumentParser()
@@ -563,7 +563,7 @@ async def test_router_in_front_of_a_slower_generator_never_hands_over(lane) -> N
 
 def test_status_reports_the_lane(lane) -> None:
     from engine.protocol import describe_engine, lane_status
-    from voiceapp.cmd_status import describe
+    from voiceapp.cli.status import describe
 
     router = LaneRouter(ScriptedGenerator(IDS), lane)
     router.lane_streams, router.handoffs = 3, 1

@@ -9,7 +9,7 @@ import pytest
 from engine.pacing import Pacer
 from engine.protocol import describe_engine, project_version
 from tests.cli_helpers import one_line_error, voicectl
-from voiceapp.server_socket import server_mismatch, wanted_checkpoint
+from voiceapp.server.rendezvous import server_mismatch, wanted_checkpoint
 
 
 @pytest.fixture

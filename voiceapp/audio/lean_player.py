@@ -260,14 +260,14 @@ class LeanPlayer:
 
 class FloatWav:
     """The lean road's `--out`: float32 mono samples written as they come into a WAV file (IEEE float, the format
-    `say --out` writes), beside the target until complete (voiceapp.wavout's partial file), then renamed over it.
+    `say --out` writes), beside the target until complete (voiceapp.audio.wavout's partial file), then renamed over it.
     The same samples as the full road's file; only libsndfile's PEAK chunk is left out."""
 
     HEADER = 58
     """RIFF (12) + fmt with cbSize (26) + fact (12) + data's header (8) bytes."""
 
     def __init__(self, out, sample_rate: int) -> None:
-        from voiceapp.wavout import create_partial
+        from voiceapp.audio.wavout import create_partial
 
         self.out, self.sample_rate = out, int(sample_rate)
         self.tmp = create_partial(out)

@@ -1,4 +1,6 @@
-"""Provides `voicectl`: argparse subcommands, each in its own `voiceapp.cmd_*` module; errors rendered here."""
+"""Provides `voicectl`: argparse subcommands, each in its own module of this package (`voiceapp.cli.<name>`);
+errors rendered here. `python -m voiceapp.cli` runs it too (the server autostart and the speechd module script
+written by `voicectl speechd install` start it so)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +9,15 @@ import sys
 
 COMMANDS = ("model", "say", "export", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
             "speechd")
-"""Subcommand modules `voiceapp.cmd_<name>`; each defines add_parser(subparsers) and run(args) -> int."""
+"""The subcommands, in `voicectl --help`'s order; each module defines add_parser(subparsers) and run(args) -> int."""
+
+ELSEWHERE = {"bench": "voiceapp.cmd_bench"}
+"""Subcommand modules outside this package (the rest are `voiceapp.cli.<name>`)."""
+
+
+def command_module(name: str) -> str:
+    """The module that implements subcommand `name`."""
+    return ELSEWHERE.get(name, f"{__name__}.{name}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -19,9 +29,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only,):
         try:
-            module = importlib.import_module(f"voiceapp.cmd_{name}")
+            module = importlib.import_module(command_module(name))
         except ModuleNotFoundError as err:
-            if err.name != f"voiceapp.cmd_{name}":
+            if err.name != command_module(name):
                 raise
             continue
         module.add_parser(sub)
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     if argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and os.environ.get("VOICEAPP_NO_SERVER", "") in (
             "", "0"):
-        from voiceapp.cmd_say import preload_portaudio
+        from voiceapp.cli.say import preload_portaudio
 
         preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
@@ -87,7 +97,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

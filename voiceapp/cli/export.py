@@ -4,7 +4,7 @@ an audiobook file, resumably.
 Sentences render concurrently (--jobs), each with its own seed derived from --seed and its index, into finished
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
 bytes as an uninterrupted one. Outputs: one M4B, MP3 or Opus file with chapter marks, title, author and cover
-(voiceapp.containers), one WAV (+ a CUE sheet of chapters when there are several), or one file per chapter (-o DIR/,
+(voiceapp.audio.containers), one WAV (+ a CUE sheet of chapters when there are several), or a file per chapter (-o DIR/,
 WAV, or --split-chapters). A finished export leaves its manifest as its record: run again, it says it is complete. Without --resume an earlier unfinished export is never discarded
 silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
 the output names the running one's pid).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from voiceapp.common import (add_engine_args, add_voice_args, engine_config, process_start_perf, read_input_bytes,
                              read_text_file, require_speakable, sampling_options)
-from voiceapp.wavout import check_output
+from voiceapp.audio.wavout import check_output
 
 CPU_JOBS = 4
 """Default --jobs on the CPU, which gains little from more."""
@@ -149,7 +149,7 @@ class Layout:
     def from_args(cls, args: argparse.Namespace) -> "Layout":
         from engine.errors import OutputError
 
-        from voiceapp.containers import check_suffix
+        from voiceapp.audio.containers import check_suffix
 
         out = Path(args.out)
         directory = args.out.endswith(("/", os.sep)) or out.is_dir()
@@ -186,7 +186,7 @@ class Layout:
 
     @property
     def suffix(self) -> str:
-        """The output files' suffix: .wav, or a container's (voiceapp.containers)."""
+        """The output files' suffix: .wav, or a container's (voiceapp.audio.containers)."""
         return ".wav" if self.directory else self.out.suffix.lower()
 
     def has_cue(self, plan) -> bool:
@@ -236,7 +236,7 @@ def refuse_read_only_outputs(layout: Layout, plan) -> None:
     """An output file (a chapter file, the CUE sheet) marked read-only is kept, as a read-only WAV is: OutputError
     before any work, instead of replacing it."""
     from engine.errors import OutputError
-    from voiceapp.wavout import read_only
+    from voiceapp.audio.wavout import read_only
 
     for path in layout.files(plan)[:-2]:  # not the manifest and the lock: the export's own
         if path.exists() and not path.is_dir() and read_only(path):
@@ -379,7 +379,7 @@ def book_tags(args: argparse.Namespace, book, layout: Layout):
     not a sane image is an InputError; an EPUB's own bad cover is left out with a notice. Checked before any model
     is loaded; WAV has no tags (its CUE names the title)."""
     from engine.errors import InputError
-    from voiceapp.containers import MAX_COVER_BYTES, Tags, read_cover
+    from voiceapp.audio.containers import MAX_COVER_BYTES, Tags, read_cover
 
     if layout.suffix == ".wav":
         return Tags(args.title or book.title)
@@ -522,7 +522,7 @@ async def render_and_assemble(plan, synth, manifest, layout: Layout, args, tags,
 def container_encoder(plan, layout: Layout, tags, sample_rate: int):
     """assemble's encoder for M4B, MP3 and Opus: one file with a chapter mark per chapter, or (split) one file per
     chapter tagged with its title, the book's as album, and its number."""
-    from voiceapp.containers import CONTAINERS, Mark, encode
+    from voiceapp.audio.containers import CONTAINERS, Mark, encode
 
     container = CONTAINERS[layout.suffix]
     numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}

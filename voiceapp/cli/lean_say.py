@@ -1,5 +1,5 @@
 """Provides the lean road of `voicectl say` through a warm server: the request already sent
-(`voiceapp.server_socket.send_say`), its answer read with blocking socket calls and played through LeanPlayer, on
+(`voiceapp.server.rendezvous.send_say`), its answer read with blocking socket calls and played through LeanPlayer, on
 the standard library, sounddevice and the engine's pure modules. Neither numpy nor asyncio is imported, so a
 client's launch-to-first-audio is the interpreter, argparse, PortAudio and the server's own first audio.
 
@@ -22,8 +22,8 @@ from engine.events import FirstAudio, Notice, RequestStarted, SentenceStarted
 from engine.pacing import Pacer
 from engine.protocol import (AUDIO_PREFIX, FLAG_PAUSE, FLAG_SENTENCE_END, HEADER, KIND_AUDIO, ProtocolError,
                              parse_event, parse_header)
-from voiceapp.lean_player import FRAME_BYTES, FloatWav, LeanPlayer, RateRefused
-from voiceapp.server_socket import CONNECT_TIMEOUT_S, FIRST_REPLY_S, not_answering, still_answers
+from voiceapp.audio.lean_player import FRAME_BYTES, FloatWav, LeanPlayer, RateRefused
+from voiceapp.server.rendezvous import CONNECT_TIMEOUT_S, FIRST_REPLY_S, not_answering, still_answers
 
 READ_BYTES = 1 << 16
 """One recv's worth: a few audio frames at a time."""
@@ -124,7 +124,7 @@ def open_file(info: dict[str, Any], out) -> FloatWav:
 def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any) -> None:
     """Play the answer to the request `sent` carries on `player` (or write it: a FloatWav, which is not paced),
     then wait until it has been heard (or the file is complete); `events` gets what RemoteSynthesizer would report. Raises the server's error as a VoiceError, and
-    voiceapp.client.ServerGone's lookalike (`errors.VoiceError` with `audio_started`) when the server goes away."""
+    a lookalike of voiceapp.server.client.ServerGone (a VoiceError with `audio_started`) when the server goes away."""
     info = sent.info
     rate = player.sample_rate
     paced = isinstance(player, LeanPlayer)
@@ -203,7 +203,7 @@ def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any
 
 
 class Gone(errors.VoiceError):
-    """The server went away mid-request (voiceapp.client.ServerGone's meaning, without importing asyncio)."""
+    """The server went away mid-request (voiceapp.server.client.ServerGone's meaning, without importing asyncio)."""
 
     def __init__(self, message: str, audio_started: bool) -> None:
         super().__init__(message)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from engine.events import Notice
 from engine.metrics import RequestMetrics
-from voiceapp.common import (add_engine_args, add_server_args, add_voice_args, engine_config, process_start_perf,
-                             require_speakable, require_voice, sampling_options)
+from voiceapp.common import (add_engine_args, add_playback_args, add_server_args, add_voice_args, engine_config,
+                             process_start_perf, require_speakable, require_voice, sampling_options)
 
 
 def add_parser(sub) -> None:
@@ -27,28 +27,11 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-BUFFER_S = (0.5, 600.0)
-"""--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB (the row
-"buffer" of voiceapp.limits.OPTIONS checks it)."""
-BUFFER_DEFAULT_S = 30.0
-"""The player's ring unless --buffer says otherwise: an engine faster than the speakers makes up to this much ahead
-instead of waiting on them, so --json's wall time is the engine's for anything shorter, and a fast stretch banks
-audio for a slow one. A few MB of memory."""
-
-
-def add_playback_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
-    p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
-    p.add_argument("--buffer", type=float, default=BUFFER_DEFAULT_S, metavar="SECONDS",
-                   help=f"audio the player may hold ahead of what it plays (default {BUFFER_DEFAULT_S:g}): the "
-                        f"engine makes speech ahead while it can instead of waiting on the speakers")
-
-
 @dataclass
 class SayMetrics(RequestMetrics):
     """What `--stats` / `--json` report: the request's numbers (engine.metrics) and who spoke it. Its "phases"
     also hold "launch": this process's start to an in-process engine's construction (the interpreter and the
-    imports before it); and "queued", on the lean road through a warm server (voiceapp.lean_say): this process's
+    imports before it); and "queued", on the lean road through a warm server (voiceapp.cli.lean_say): this process's
     start to its first audio handed to the player."""
 
     server_pid: int | None = None
@@ -130,11 +113,11 @@ def report(args: argparse.Namespace, metrics: SayMetrics) -> None:
 
 
 def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent) -> bool:
-    """Play the request `sent` carries, or write it to --out, on the lean road (voiceapp.lean_say: no numpy, no
+    """Play the request `sent` carries, or write it to --out, on the lean road (voiceapp.cli.lean_say: no numpy, no
     asyncio before its first audio is queued, nor after); False, with `sent` untouched, where that road cannot play it (the caller then takes
     the full one). A server that goes away before any audio: spoken in-process, as `say` does."""
     from engine.errors import InputError
-    from voiceapp import lean_say
+    from voiceapp.cli import lean_say
 
     try:
         check_input(args, text, speakable=False)
@@ -155,7 +138,7 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
             if not args.out:
                 raise
             from engine.errors import OutputError
-            from voiceapp.wavout import disk_full
+            from voiceapp.audio.wavout import disk_full
 
             if disk_full(err, Path(args.out)):
                 raise OutputError(f"disk full while writing {args.out}; nothing was written") from None
@@ -188,11 +171,11 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
 
 def send_ahead(args: argparse.Namespace, req, from_stdin: bool, events):
     """The request sent to a running server before this process imports its audio stack and checks its input
-    (`voiceapp.server_socket.send_say`), or None: stdin, no server wanted, none running, or one that cannot stand
+    (`voiceapp.server.rendezvous.send_say`), or None: stdin, no server wanted, none running, or one that cannot stand
     in (the usual road then starts one or says why). A server that does not answer: a Notice to `events`, and
     `args.no_server` set, so that the usual road speaks in-process without waiting on it again."""
     from engine.protocol import MAX_TEXT_PIECE
-    from voiceapp.server_socket import ServerNotAnswering, send_say, server_disabled, socket_path
+    from voiceapp.server.rendezvous import ServerNotAnswering, send_say, server_disabled, socket_path
 
     if from_stdin or not req.text.strip() or len(req.text) > MAX_TEXT_PIECE or server_disabled(args.no_server):
         return None
@@ -222,7 +205,7 @@ def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
         require_speakable(text, "the text")
     require_voice(args.voice, args.model)
     if args.out:
-        from voiceapp.wavout import check_output  # numpy comes with it: only where a file is written
+        from voiceapp.audio.wavout import check_output  # numpy comes with it: only where a file is written
 
         check_output(Path(args.out))
 
@@ -236,7 +219,7 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
     replayed: that is an error, like a server dying mid-speech).
     """
     from engine.errors import InputError
-    from voiceapp.client import ServerGone
+    from voiceapp.server.client import ServerGone
 
     player = None
     checked_later = sent is not None and not from_stdin
@@ -291,11 +274,11 @@ async def speak_in_process(req, from_stdin: bool, args: argparse.Namespace, metr
 async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetrics,
                      player) -> None:
     """One request on `synth` (a Synthesizer or a RemoteSynthesizer): to the player, or to --out."""
-    from voiceapp.stdin_text import stdin_pieces
+    from voiceapp.cli.stdin_text import stdin_pieces
 
     stream = stdin_pieces() if from_stdin else None
     if player is None:
-        from voiceapp.wavout import write_wav
+        from voiceapp.audio.wavout import write_wav
 
         await write_wav(synth.synthesize(req, stream), Path(args.out), synth.sample_rate, subtype="FLOAT")
         return
@@ -310,10 +293,10 @@ async def speak_with(synth, req, from_stdin: bool, args: argparse.Namespace, met
 
 async def connect_server(args: argparse.Namespace, events, sent=None):
     """A RemoteSynthesizer on the server that `sent` went to, else on the running (or just started) server, or None
-    (see `voiceapp.autostart.connect_or_start`)."""
-    from voiceapp.autostart import connect_or_start
-    from voiceapp.client import RemoteSynthesizer
-    from voiceapp.server_socket import server_disabled, socket_path
+    (see `voiceapp.server.autostart.connect_or_start`)."""
+    from voiceapp.server.autostart import connect_or_start
+    from voiceapp.server.client import RemoteSynthesizer
+    from voiceapp.server.rendezvous import server_disabled, socket_path
 
     if sent is not None:
         return await RemoteSynthesizer.adopt(sent, socket_path(args.socket), events)

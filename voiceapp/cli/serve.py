@@ -1,6 +1,6 @@
 """Provides `voicectl serve`: keep one engine warm and serve `say` (and other clients) over a Unix socket, with
---http the OpenAI-compatible speech API over HTTP (voiceapp.http_api), and with --wyoming Home Assistant's Wyoming
-protocol (voiceapp.wyoming_api), all on the same engine."""
+--http the OpenAI-compatible speech API over HTTP (voiceapp.http.api), and with --wyoming Home Assistant's Wyoming
+protocol (voiceapp.wyoming.api), all on the same engine."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from voiceapp.common import add_engine_args, engine_config
-from voiceapp.server_socket import LOG_PREFIX
+from voiceapp.server.rendezvous import LOG_PREFIX
 
 WARMUP_TEXT = "Warming up."
 WARMUP_TOKENS = 40
@@ -81,13 +81,13 @@ def tunes(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InputError
-    from voiceapp.autostart import unblock_stop_signals
+    from voiceapp.server.autostart import unblock_stop_signals
 
     unblock_stop_signals()  # a parent's blocked or ignored SIGTERM would make `voicectl stop` wait in vain
     if args.idle_timeout < 0:
         raise InputError(f"--idle-timeout {args.idle_timeout:g}: must be 0 (never) or more seconds")
     if args.wyoming is not None:
-        from voiceapp.wyoming_api import parse_uri
+        from voiceapp.wyoming.api import parse_uri
 
         parse_uri(args.wyoming)  # a bad address fails before anything starts
     asyncio.run(serve(args, http_settings(args)))
@@ -95,10 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def http_settings(args: argparse.Namespace):
-    """--http and its options as voiceapp.speech_api.HttpSettings, checked before anything starts; None without
+    """--http and its options as voiceapp.http.rules.HttpSettings, checked before anything starts; None without
     --http."""
     from engine.errors import InputError
-    from voiceapp.speech_api import API_KEY_ENV, HttpLimits, http_settings as settings
+    from voiceapp.http.rules import API_KEY_ENV, HttpLimits, http_settings as settings
 
     if args.http is None:
         return None
@@ -119,16 +119,16 @@ def sendable_key(key: str) -> bool:
 
 
 def log(line: str) -> None:
-    """One line of the server's log (stderr; `voiceapp.autostart` relays these while a client waits)."""
+    """One line of the server's log (stderr; `voiceapp.server.autostart` relays these while a client waits)."""
     print(f"{LOG_PREFIX}{line}", file=sys.stderr, flush=True)
 
 
 async def serve(args: argparse.Namespace, http=None) -> None:
-    """`http`: the HTTP API's voiceapp.speech_api.HttpSettings (None: no HTTP API)."""
+    """`http`: the HTTP API's voiceapp.http.rules.HttpSettings (None: no HTTP API)."""
     from engine.factory import build_synthesizer
     from engine.tuning import crowd_tuning
-    from voiceapp.client import is_default_location, socket_path
-    from voiceapp.server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
+    from voiceapp.server.client import is_default_location, socket_path
+    from voiceapp.server.engine_server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
 
     first, crowd = first_config(args), serve_config(args)  # bad engine flags fail before the socket is touched
     path = socket_path(args.socket)
@@ -139,11 +139,11 @@ async def serve(args: argparse.Namespace, http=None) -> None:
     listener = wyoming_listener = None
     try:
         if http is not None:  # bound now: a port in use fails before the model loads
-            from voiceapp.http_api import bind_listener
+            from voiceapp.http.api import bind_listener
 
             listener = bind_listener(http.host, http.port)
         if getattr(args, "wyoming", None) is not None:
-            from voiceapp import wyoming_api
+            from voiceapp.wyoming import api as wyoming_api
 
             wyoming_listener = wyoming_api.bind_listener(*wyoming_api.parse_uri(args.wyoming))
         log(f"loading the engine ({describe_flags(args)})")
@@ -158,12 +158,12 @@ async def serve(args: argparse.Namespace, http=None) -> None:
     server = EngineServer(synth, path, requests, lock=lock, private_dir=private, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     if listener is not None:
-        from voiceapp.http_api import HttpApi
+        from voiceapp.http.api import HttpApi
 
         server.http = HttpApi(server, listener, api_key=http.api_key, limits=http.limits, cors=http.cors, log=log)
     wyoming = None
     if wyoming_listener is not None:
-        from voiceapp.wyoming_api import WyomingApi
+        from voiceapp.wyoming.api import WyomingApi
 
         wyoming = WyomingApi(server, wyoming_listener, log=log)
     background = None
@@ -187,8 +187,8 @@ async def serve(args: argparse.Namespace, http=None) -> None:
 
 async def listen(server, wyoming=None) -> None:
     """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client. `wyoming`: the Wyoming front
-    end (voiceapp.wyoming_api.WyomingApi), started with the rest."""
-    from voiceapp.autostart import idle_text
+    end (voiceapp.wyoming.api.WyomingApi), started with the rest."""
+    from voiceapp.server.autostart import idle_text
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

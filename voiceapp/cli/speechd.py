@@ -1,6 +1,6 @@
 """Provides `voicectl speechd install|uninstall|status`: speech-dispatcher's native output module (per user), so
 `spd-say` and screen readers speak through the warm engine; and `voicectl speechd module CONFIG`, the module process
-speechd starts (voiceapp.speechd_module)."""
+speechd starts (voiceapp.speechd.module)."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _paths():
-    from voiceapp.speechd import Paths, user_conf_dir, user_module_dir
+    from voiceapp.speechd.install import Paths, user_conf_dir, user_module_dir
 
     return Paths(user_conf_dir(), module_dir=user_module_dir())
 
@@ -87,9 +87,9 @@ def module_options(args: argparse.Namespace, model: str | None) -> list[str]:
 def install(args: argparse.Namespace) -> int:
     from engine.errors import InputError
     from engine.voices import DEFAULT_VOICE, resolve_name
-    from voiceapp import speechd
+    from voiceapp.speechd import install as speechd
     from voiceapp.common import checked_threads, require_voice
-    from voiceapp.speechd_module import config_text
+    from voiceapp.speechd.module import config_text
 
     require_voice(args.voice)
     checked_threads(args.threads)
@@ -131,7 +131,7 @@ def install(args: argparse.Namespace) -> int:
 
 
 def uninstall(args: argparse.Namespace) -> int:
-    from voiceapp import speechd
+    from voiceapp.speechd import install as speechd
 
     done = speechd.uninstall(_paths())
     for line in done or ["nothing to remove: voiceapp is not installed for speech-dispatcher"]:
@@ -142,8 +142,8 @@ def uninstall(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from voiceapp import speechd
-    from voiceapp.speechd_module import read_config
+    from voiceapp.speechd import install as speechd
+    from voiceapp.speechd.module import read_config
 
     paths = _paths()
     binary = shutil.which("speech-dispatcher")
@@ -196,7 +196,7 @@ def module(args: argparse.Namespace) -> int:
     """speechd's module process: the protocol on stdin and stdout, as UTF-8 whatever the locale."""
     import io
 
-    from voiceapp.speechd_module import run_module
+    from voiceapp.speechd.module import run_module
 
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
     stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="replace", newline="\n",

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from voiceapp.client import lock_holder, server_status, socket_path
+    from voiceapp.server.client import lock_holder, server_status, socket_path
 
     path = socket_path(args.socket)
     status = asyncio.run(server_status(path))
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(status: dict) -> list[str]:
-    from voiceapp.autostart import idle_text
+    from voiceapp.server.autostart import idle_text
 
     model = status.get("model")
     idle = status.get("idle_timeout_s")

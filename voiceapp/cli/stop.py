@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import VoiceError
-    from voiceapp.client import socket_path
+    from voiceapp.server.client import socket_path
 
     path = socket_path(args.socket)
     pid = asyncio.run(server_pid(path))
@@ -41,7 +41,7 @@ async def server_pid(path: Path) -> int | None:
     """The server's pid from its hello; else from the socket's lock (a server still loading its engine, or one of
     another protocol version); None when no server runs there."""
     from engine.errors import VoiceError
-    from voiceapp.client import Connection, lock_holder
+    from voiceapp.server.client import Connection, lock_holder
 
     try:
         conn = await Connection.open(path)
@@ -55,7 +55,7 @@ async def server_pid(path: Path) -> int | None:
 
 def wait_stopped(path: Path, timeout_s: float) -> bool:
     """Wait until the socket and its lock are gone; False if they are still there after `timeout_s`."""
-    from voiceapp.client import lock_holder
+    from voiceapp.server.client import lock_holder
 
     end = time.monotonic() + timeout_s
     while path.exists() or lock_holder(path) is not None:

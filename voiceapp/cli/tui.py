@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
 def tui_options(args: argparse.Namespace):
     """What the app runs with: the engine flags, the output, and the server to use (and start if none runs)."""
-    from voiceapp.autostart import server_disabled
-    from voiceapp.client import socket_path
+    from voiceapp.server.autostart import server_disabled
+    from voiceapp.server.client import socket_path
     from voiceapp.tui.bridge import TuiOptions
 
     out_dir = prepare_out_dir(Path(args.out_dir)) if args.out_dir else None

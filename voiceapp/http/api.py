@@ -1,8 +1,8 @@
 """Provides HttpApi: the OpenAI-compatible speech API of a `voicectl serve` process, served on the engine and the
-event loop of its Unix-socket server (voiceapp.server.EngineServer).
+event loop of its Unix-socket server (voiceapp.server.engine_server.EngineServer).
 
 A thin shell: Starlette routes, served by uvicorn on a socket bound before the model loads. What a request means
-is voiceapp.speech_api's, how its audio is written voiceapp.speech_formats'. Each speech response's audio is pulled
+is voiceapp.http.rules's, how its audio is written voiceapp.http.formats'. Each speech response's audio is pulled
 from the engine and encoded by a task of its own (`_Pump`), a few pieces ahead of the client; whatever ends the
 response (its end, a client gone, the server stopping) stops that task, which closes the engine's stream (the engine
 aborts the request) and counts it. The first piece is awaited before the response starts, so a request the engine
@@ -49,12 +49,12 @@ from starlette.routing import Route
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError, one_line
 from engine.types import AudioChunk
-from voiceapp.speech_api import (ApiError, HttpLimits, SpeechParams, authorized, expected_audio_s, is_loopback,
+from voiceapp.http.rules import (ApiError, HttpLimits, SpeechParams, authorized, expected_audio_s, is_loopback,
                                  models_body, parse_speech, public_text, retry_after_s, voices_body)
-from voiceapp.speech_formats import FORMATS, StreamEncoder, supported_formats
+from voiceapp.http.formats import FORMATS, StreamEncoder, supported_formats
 
 if TYPE_CHECKING:
-    from voiceapp.server import EngineServer
+    from voiceapp.server.engine_server import EngineServer
 
 IDLE_TIMEOUT_S = 5.0
 """A keep-alive connection with no new request is closed after this (uvicorn's timeout_keep_alive), or after

@@ -1,17 +1,17 @@
 """Provides the rules of the OpenAI-compatible speech API as pure functions: what a request asks for, which voice a
-name means, who may ask, the error bodies. `voiceapp.http_api` serves them; nothing here does I/O.
+name means, who may ask, the error bodies. `voiceapp.http.api` serves them; nothing here does I/O.
 
 A request (`POST /v1/audio/speech`, a JSON object):
   input            the text (required; at most `HttpLimits.max_chars` characters)
   voice            one of our voices (`voicectl voices`), or an OpenAI voice name (OPENAI_VOICES maps it to a preset)
-  response_format  wav | pcm | flac | mp3 | opus | aac, those the installed FFmpeg can write (voiceapp.speech_formats)
+  response_format  wav | pcm | flac | mp3 | opus | aac, those the installed FFmpeg can write (voiceapp.http.formats)
   speed            0.25 to 4.0: the tempo, pitch kept (FFmpeg's atempo)
   model            any string: one engine serves every model name (GET /v1/models lists those clients send)
   instructions     kept in SpeechParams; a model without an instruction knob ignores it (the response says so);
                    "None" and "" mean none (Home Assistant sends the string "None" when unset)
   stream_format    "audio" (the bytes of response_format) or "sse" (OpenAI's speech.audio.delta events)
   stream           false: the body is encoded whole and sent with its length (sizes in its header); true or absent:
-                   streamed as it is synthesized (FLAC when absent: whole, see voiceapp.speech_formats)
+                   streamed as it is synthesized (FLAC when absent: whole, see voiceapp.http.formats)
   lang_code        taken and unused (Kokoro-style clients send it; the model reads the text's own language)
   seed, sample_rate   ours (OpenAI has neither): the sampling seed, as `voicectl say --seed`; the output rate
 Any other field is ignored; those and lang_code are named in the result (`SpeechParams.unused`), for the server
@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 from engine.errors import InputError
 from engine.text import is_speakable, normalize
 from engine.voices import resolve_name
-from voiceapp.speech_formats import SPEED_RANGE
+from voiceapp.http.formats import SPEED_RANGE
 
 OPENAI_VOICES = {"alloy": "ava", "ash": "leo", "ballad": "max", "cedar": "leo", "coral": "emma", "echo": "leo",
                  "fable": "sam", "marin": "ava", "nova": "emma", "onyx": "max", "sage": "mia", "shimmer": "mia",
@@ -69,7 +69,7 @@ class HttpLimits:
     """Speech requests served at once; more get 429."""
     max_connections: int = 256
     """HTTP connections held at once, idle ones included (fewer where the descriptor limit is low: see
-    voiceapp.http_api.connection_cap); past that a new one gets a 503 and is closed."""
+    voiceapp.http.api.connection_cap); past that a new one gets a 503 and is closed."""
 
     timeout_s: float = 10.0
     """Seconds a client may take to send a request's head, or its body, or may leave a response unread while the

@@ -4,7 +4,7 @@ in the background (detached, stopping itself once idle) and wait for it, relayin
 Two front ends starting at once end with one server: each spawns a child, the socket's lock lets one of them
 load the engine and the other exits at once ("already running"); both clients then wait for the winner's socket.
 A server that cannot stand in (another project or protocol version, backend, or a checkpoint of another hash:
-`voiceapp.server_socket.server_mismatch`) is never used nor stopped: the front end speaks in-process.
+`voiceapp.server.rendezvous.server_mismatch`) is never used nor stopped: the front end speaks in-process.
 `--no-server` or VOICEAPP_NO_SERVER=1 turns all of this off.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from engine.errors import InputError, VoiceError
 from engine.events import EventSink, Notice, ignore_events
-from voiceapp.client import RemoteSynthesizer, ServerUnusable, connect_usable
-from voiceapp.server_socket import (LOG_PREFIX, NO_SERVER_ENV, is_default_location, lock_holder,  # noqa: F401
+from voiceapp.server.client import RemoteSynthesizer, ServerUnusable, connect_usable
+from voiceapp.server.rendezvous import (LOG_PREFIX, NO_SERVER_ENV, is_default_location, lock_holder,  # noqa: F401
                                     server_disabled)
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class ServerLog:
 
 def spawn_server(path: Path, config: EngineConfig, idle_s: float) -> tuple[subprocess.Popen, ServerLog]:
     """Start the server detached (its own session, no terminal, stderr to its log); it outlives this process."""
-    from voiceapp.server import prepare_socket_dir
+    from voiceapp.server.engine_server import prepare_socket_dir
 
     prepare_socket_dir(path, is_default_location(path))
     log = ServerLog.open(log_path(path))

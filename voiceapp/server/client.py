@@ -1,5 +1,5 @@
 """Provides the engine server's client: RemoteSynthesizer, a Synthesizer lookalike (`synthesize` / `render` /
-`speak`) whose audio comes from a warm `voicectl serve` process. Where the socket lives: voiceapp.server_socket.
+`speak`) whose audio comes from a warm `voicectl serve` process. Where the socket lives: voiceapp.server.rendezvous.
 
 Audio plays in the client (its own Player), so `say` behaves the same whether the engine is in-process or not.
 """
@@ -21,7 +21,7 @@ from engine.pacing import Pacer
 from engine.protocol import (MAX_TEXT_PIECE, PROTOCOL_VERSION, AudioFrame, ProtocolError, encode_message,
                              parse_event, read_frame)
 from engine.types import AudioChunk
-from voiceapp.server_socket import (CONNECT_TIMEOUT_S, FIRST_REPLY_S, SentSay, ServerNotAnswering,  # noqa: F401
+from voiceapp.server.rendezvous import (CONNECT_TIMEOUT_S, FIRST_REPLY_S, SentSay, ServerNotAnswering,  # noqa: F401
                                     default_socket_path, is_default_location, lock_holder, lock_path,
                                     not_answering, peer_credentials, say_message, serve_pids, server_mismatch,
                                     socket_path)
@@ -169,14 +169,14 @@ class RemoteSynthesizer(UtteranceFolds):
                            ahead_windows_s=tuple(float(w) for w in conn.info.get("paced_ahead_windows_s") or ()))
         """Pacing of `speak`, the server's engine's (engine.pacing); it learns the speed in this client."""
         self.started_server = False
-        """This client started the server (`voiceapp.autostart`); it keeps running after the client is done."""
+        """This client started the server (`voiceapp.server.autostart`); it keeps running after the client is done."""
         self._conn: Connection | None = conn
         self._sent: SentSay | None = None
         """A request already sent on `_conn` (`adopt`): the next `synthesize` reads its answer instead of asking."""
 
     @classmethod
     async def adopt(cls, sent: SentSay, path: Path, events: EventSink = ignore_events) -> "RemoteSynthesizer":
-        """Take over a connection on which `voiceapp.server_socket.send_say` has sent a request: the next
+        """Take over a connection on which `voiceapp.server.rendezvous.send_say` has sent a request: the next
         `synthesize` call, with that same request, streams its answer."""
         reader, writer = await asyncio.open_unix_connection(sock=sent.sock)
         remote = cls(Connection(reader, writer, sent.info), path, events)

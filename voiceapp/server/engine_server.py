@@ -4,7 +4,7 @@ Safety: the socket directory is private (0700, ours), the socket is 0600, and co
 refused (SO_PEERCRED). A lock file beside the socket makes a second server refuse to start; a socket file left by
 a dead server is replaced. Every client gets its own request task; a client that cancels or disconnects has its
 request aborted. Malformed input gets an error frame and the connection is closed; the server keeps serving.
-Other front ends on the same engine (the HTTP API, voiceapp.http_api) run their requests through `stream`, so that
+Other front ends on the same engine (the HTTP API, voiceapp.http.api) run their requests through `stream`, so that
 status lists and counts them too.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from engine.tuning import Tuning
 from engine.types import AudioChunk
 from engine.protocol import (PROTOCOL_VERSION, AudioFrame, ProtocolError, describe_engine, encode_audio, lane_status,
                              encode_message, error_message, event_message, project_version, read_frame)
-from voiceapp.client import lock_path, peer_credentials
+from voiceapp.server.client import lock_path, peer_credentials
 from voiceapp.lockfile import LockHeld, PidLock
 
 HELLO_TIMEOUT_S = 10.0
@@ -265,7 +265,7 @@ class EngineServer:
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0}
         self.http: Any = None
-        """The HTTP API serving this engine too (voiceapp.http_api.HttpApi), shown by status; None: none."""
+        """The HTTP API serving this engine too (voiceapp.http.api.HttpApi), shown by status; None: none."""
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None

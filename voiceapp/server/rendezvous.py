@@ -4,7 +4,7 @@ heavy is imported.
 
 `send_say` is what makes `say` through a warm server quick: the client connects, says hello and sends its request
 with blocking calls, then imports its audio stack and checks its input while the server already generates
-(`voiceapp.client.RemoteSynthesizer.adopt` takes the request over from there).
+(`voiceapp.server.client.RemoteSynthesizer.adopt` takes the request over from there).
 """
 from __future__ import annotations
 

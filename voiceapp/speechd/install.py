@@ -2,7 +2,7 @@
 user): the native output module's start script (`sd_voiceapp`, in speechd's user module folder, which runs
 `voicectl speechd module`) and its configuration, the edit of the user's speechd.conf that loads it (and, with
 --default, makes it the default), and the migration from the earlier sd_generic configuration; plus what a message's
-rate and pitch do to its voice (voiceapp.speechd_module speaks the messages).
+rate and pitch do to its voice (voiceapp.speechd.module speaks the messages).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TextIO
 
-from voiceapp.speechd_ssml import Segment, segments
+from voiceapp.speechd.ssml import Segment, segments
 
 SPEAK_COMMANDS = {"SPEAK": "text", "CHAR": "char", "KEY": "key", "SOUND_ICON": "icon"}
 """Commands that carry a message body, and what the body is."""
@@ -96,8 +96,7 @@ def config_text(args: list[str], voice_types: dict[str, str], default_voice: str
 
 def module_parser() -> argparse.ArgumentParser:
     """The options a configuration's Args line may hold (as `voicectl say` takes them)."""
-    from voiceapp.cmd_say import add_playback_args
-    from voiceapp.common import add_engine_args, add_socket_arg, add_voice_args
+    from voiceapp.common import add_engine_args, add_playback_args, add_socket_arg, add_voice_args
 
     p = argparse.ArgumentParser(prog="voiceapp module", add_help=False)
     add_playback_args(p)
@@ -127,9 +126,9 @@ class Settings:
 
 def choose_voice(settings: Settings, config: ModuleConfig, voices: dict) -> str:
     """Our voice for a message: a synthesis voice that is one of ours, else the voice type's (by name, whatever the
-    locale or the user's own voices), else the default; then moved by rate and pitch (voiceapp.speechd.pick_voice)."""
+    locale or the user's own voices), else the default; then moved by rate and pitch (speechd.install.pick_voice)."""
     from engine.voices import DEFAULT_VOICE, resolve_name
-    from voiceapp.speechd import pick_voice, speechd_number
+    from voiceapp.speechd.install import pick_voice, speechd_number
 
     name = None
     if settings.synthesis_voice not in ("", "NULL") and settings.synthesis_voice in voices:
@@ -361,7 +360,7 @@ class Speaker:
         return self._voices
 
     def voices(self) -> list[tuple[str, str]]:
-        from voiceapp.speechd import VOICE_LANGUAGES
+        from voiceapp.speechd.install import VOICE_LANGUAGES
 
         return [(name, language) for language in VOICE_LANGUAGES for name in sorted(self.bank())]
 
@@ -445,9 +444,9 @@ class Speaker:
 
     async def _connect(self):
         from engine.errors import VoiceError
-        from voiceapp.autostart import connect_or_start
+        from voiceapp.server.autostart import connect_or_start
         from voiceapp.common import engine_config
-        from voiceapp.server_socket import socket_path
+        from voiceapp.server.rendezvous import socket_path
 
         remote = await connect_or_start(socket_path(self.args.socket), engine_config(self.args, one_listener=True),
                                         lambda event: self.log(f"{getattr(event, 'message', event)}")
@@ -467,7 +466,7 @@ class Speaker:
             try:
                 import engine.backends.sounddevice_sink  # noqa: F401
                 import sounddevice  # noqa: F401
-                import voiceapp.autostart  # noqa: F401
+                import voiceapp.server.autostart  # noqa: F401
                 from engine.text import normalize
 
                 normalize("warm")

@@ -37,7 +37,7 @@ from engine.errors import InputError, VoiceError
 from engine.voices import resolve_name
 
 if TYPE_CHECKING:
-    from voiceapp.server import EngineServer
+    from voiceapp.server.engine_server import EngineServer
 
 ATTRIBUTION = Attribution(name="voiceapp (Spark-TTS)", url="https://github.com/SparkAudio/Spark-TTS")
 LANGUAGES = ["en", "zh"]
