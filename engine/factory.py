@@ -5,7 +5,7 @@ import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import Iterator, MutableMapping
 
 from engine.config import EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
@@ -78,9 +78,10 @@ def _schedule(config: EngineConfig, may_lag: bool, default: WindowSchedule = Win
     may lag has its decoder on cores of its own (`cpu_pools`)."""
     if config.schedule is None:
         config = replace(config, schedule=default)
-    if may_lag and config.schedule == default and cpu_pools(config, usable_cores()).llm_spins:
-        return config.schedule.finer()
-    return config.schedule
+    schedule = config.schedule or default
+    if may_lag and schedule == default and cpu_pools(config, usable_cores()).llm_spins:
+        return schedule.finer()
+    return schedule
 
 
 def windows_s(schedule: WindowSchedule, decoder) -> tuple[float, ...]:
@@ -111,7 +112,7 @@ is in the home folder already). Entries are keyed by GPU, software versions and 
 checkpoint and upgrade."""
 
 
-def keep_compile_caches(env: dict[str, str] | None = None) -> None:
+def keep_compile_caches(env: MutableMapping[str, str] | None = None) -> None:
     """Point the compile caches (COMPILE_CACHES) at the user's cache folder where the environment names none."""
     import os
 
@@ -148,22 +149,23 @@ def _warm_up(synth: Synthesizer, events: EventSink) -> None:
     import asyncio
     import threading
 
-    done: dict[str, object] = {}
+    seconds: list[float] = []
+    errors: list[Exception] = []
 
     def run() -> None:
         try:
-            done["s"] = asyncio.run(synth.warm_up())
+            seconds.append(asyncio.run(synth.warm_up()))
         except Exception as err:  # noqa: BLE001 - reported as a notice
-            done["error"] = err
+            errors.append(err)
 
     thread = threading.Thread(target=run, name="warm-up")
     with phase("warm_up", events):
         thread.start()
         thread.join()
-    if "error" in done:
-        events(Notice(f"warm-up request failed: {one_line(done['error'])}"))
+    if errors:
+        events(Notice(f"warm-up request failed: {one_line(errors[0])}"))
     else:
-        events(Notice(f"warmed up with one request in {done['s']:.2f} s"))
+        events(Notice(f"warmed up with one request in {seconds[0]:.2f} s"))
 
 
 def _freeze_heap() -> None:

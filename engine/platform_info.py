@@ -56,4 +56,4 @@ def _nvidia_driver() -> str:
     except (OSError, StopIteration):
         import torch
 
-        return f"API {torch._C._cuda_getDriverVersion()}"
+        return f"API {torch._C._cuda_getDriverVersion()}"  # type: ignore[attr-defined]  # private: not in torch's stubs

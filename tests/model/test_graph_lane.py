@@ -426,7 +426,9 @@ def test_lane_rows_by_front_end() -> None:
 
 
 def test_bucket_and_request_of() -> None:
-    assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
+    assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64
+    with pytest.raises(ValueError, match="65 exceeds"):
+        bucket(65, (32, 64))
     assert request_of("abc-3") == "abc" and request_of("a-b-12") == "a-b"
     assert request_of("warm") == "warm" and request_of("x-y") == "x-y"
     assert request_of(sentence_id("r0s8-3", 12)) == "r0s8-3"  # the bench's request ids end in digits too
