@@ -55,10 +55,10 @@ class Limit:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if ok and self.kind is int:
             ok = isinstance(value, int)
-        if ok:
+        if ok and isinstance(value, (int, float)):
             above = value > self.low if self.low_open else value >= self.low
             ok = math.isfinite(value) and above and value <= self.top
-        if not ok:
+        if not ok or not isinstance(value, (int, float)):
             what = "an integer" if self.kind is int else "a number"
             raise InputError(f"{name} {repr(value) if shown is None else shown}: must be {what} {self.span()}")
         return value
@@ -118,16 +118,20 @@ REQUEST: dict[str, Limit] = {
 """The numbers of a `say` request on the server's socket (engine.config.SamplingOptions and its seed)."""
 
 
-def option_type(dest: str, option: str):
+class OptionType:
+    """An option's argparse `type`: its row's parse (the row is `limit`)."""
+
+    def __init__(self, limit: Limit, dest: str, option: str) -> None:
+        self.limit, self.option = limit, option
+        self.__name__ = f"{limit.kind.__name__}_{dest}"  # argparse names the type in some of its messages
+
+    def __call__(self, text: str) -> int | float:
+        return self.limit.parse(text, self.option)
+
+
+def option_type(dest: str, option: str) -> OptionType:
     """The argparse type for the option `option` (dest `dest`): its row's parse."""
-    limit = OPTIONS[dest]
-
-    def parse(text: str) -> int | float:
-        return limit.parse(text, option)
-
-    parse.__name__ = f"{limit.kind.__name__}_{dest}"  # argparse names the type in some of its messages
-    parse.limit = limit  # type: ignore[attr-defined]
-    return parse
+    return OptionType(OPTIONS[dest], dest, option)
 
 
 def apply(parser: argparse.ArgumentParser) -> None:

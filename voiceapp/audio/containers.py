@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import IO, Iterable
 
 import numpy as np
 
@@ -133,26 +133,27 @@ class Mark:
     end: int
 
 
-def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, pcm: Iterable[bytes],
+def encode(file: IO[bytes], path: Path, container: Container, sample_rate: int, pcm: Iterable[bytes],
            marks: list[Mark], tags: Tags) -> None:
     """Write `pcm` (16-bit mono pieces at `sample_rate`) into `file` (a new, seekable file that will become
     `path`) as `container`, with `marks` and `tags`. Any FFmpeg failure becomes one OutputError line."""
     import av
 
-    file = _FirstErrorOnly(file)
+    guarded = _FirstErrorOnly(file)
     try:
-        out = av.open(file, "w", format=container.format, options=container.options)
+        out = av.open(guarded, "w", format=container.format, options=container.options)
     except av.FFmpegError as err:
         raise OutputError(f"cannot write {path}: {err}") from None
     try:
         stream = out.add_stream(container.codec, rate=_encoder_rate(container.codec, sample_rate),
                                 options=container.codec_options)
+        assert isinstance(stream, av.AudioStream)  # every container's codec is an audio codec
         stream.layout = "mono"
         stream.bit_rate = container.bit_rate
         _tag(out, stream, container, tags)
-        picture = None
-        if tags.cover is not None and container.picture_stream:
-            picture = out.add_mux_stream(tags.cover.codec, width=tags.cover.width, height=tags.cover.height)
+        cover, picture = tags.cover if container.picture_stream else None, None
+        if cover is not None:
+            picture = out.add_mux_stream(cover.codec, width=cover.width, height=cover.height)
             picture.disposition = av.stream.Disposition.attached_pic
         if marks and container.format == "opus":
             _comment_chapters(out, marks, sample_rate)
@@ -160,8 +161,8 @@ def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, p
             out.set_chapters([{"id": n, "start": m.start, "end": m.end, "time_base": Fraction(1, sample_rate),
                                "metadata": {"title": m.title}} for n, m in enumerate(marks, 1)])
         out.start_encoding()
-        if picture is not None:
-            packet = av.Packet(tags.cover.data)
+        if cover is not None and picture is not None:
+            packet = av.Packet(cover.data)
             packet.stream, packet.pts, packet.dts = picture, 0, 0
             out.mux(packet)
         pts = 0
@@ -177,12 +178,12 @@ def encode(file: BinaryIO, path: Path, container: Container, sample_rate: int, p
         out.close()  # writes the trailer: its failure is this file's too
     except av.FFmpegError as err:
         _close_quietly(out)
-        file.raise_error()  # the disk's own error, where FFmpeg's is only its echo
+        guarded.raise_error()  # the disk's own error, where FFmpeg's is only its echo
         raise OutputError(f"cannot encode {path}: {err}") from None
     except BaseException:
         _close_quietly(out)
         raise
-    file.raise_error()
+    guarded.raise_error()
 
 
 def _close_quietly(out) -> None:
@@ -204,7 +205,7 @@ class _FirstErrorOnly:
     failed, so nothing after the first failure needs to reach it; `raise_error` gives the caller the kept error,
     where FFmpeg reports only its own echo of it."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         self._file = file
         self._error: OSError | None = None
         self._pos = 0

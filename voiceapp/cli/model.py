@@ -90,31 +90,18 @@ def _download(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from engine.families import detect
-    from engine.model import load_model_info, resolve_model_dir
+    from engine.model import resolve_model_dir
 
     root = resolve_model_dir(args.model)
     print(f"model        {root}")
     fam = detect(root)  # a one-line ModelFormatError (exit 1) where it is no family's, or several
     print(f"family       {fam.name}: {fam.description}")
-    if not fam.cached_voices:  # a family of named voices: the reader's own summary
-        info = fam.read(root)
-        for line in info.summary():
-            print(line)
-        print(f"hash         {info.checkpoint_hash}")
-        print("valid        yes")
-        return 0
-    for rel, size in _layout(root):
-        print(f"  {rel:<40} {_human(size) if size is not None else 'missing'}")
-    info = load_model_info(root)  # raises a one-line ModelFormatError (exit 1) if invalid
-    ids = info.token_ids
-    cfg = info.llm_config
-    print(f"sample rate  {info.sample_rate} Hz")
-    print(f"LLM          {cfg.get('architectures', ['?'])[0]}, {cfg.get('num_hidden_layers')} layers, "
-          f"hidden {info.hidden_size}, vocab {info.vocab_size} (tokenizer {info.tokenizer_size}), {info.llm_dtype}")
-    print(f"tokens       global {ids.global_base}..{ids.global_base + 4095}, "
-          f"semantic {ids.semantic_base}..{ids.semantic_base + 8191}, im_end {ids.im_end}, "
-          f"endoftext {ids.endoftext}, end_semantic {ids.structural['end_semantic_token']}")
-    print(f"wav2vec2     {'present' if info.wav2vec2_dir else 'absent (cloning from a reference clip unavailable)'}")
+    if fam.cached_voices:  # Spark: its files first
+        for rel, size in _layout(root):
+            print(f"  {rel:<40} {_human(size) if size is not None else 'missing'}")
+    info = fam.read(root)  # raises a one-line ModelFormatError (exit 1) if invalid
+    for line in info.summary():
+        print(line)
     print(f"hash         {info.checkpoint_hash}")
     print("valid        yes")
     return 0
@@ -152,7 +139,7 @@ def _tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"

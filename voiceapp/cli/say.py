@@ -7,11 +7,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.events import Notice
 from engine.metrics import RequestMetrics
 from voiceapp.common import (add_engine_args, add_playback_args, add_server_args, add_voice_args, engine_config,
                              process_start_perf, require_speakable, require_voice, sampling_options)
+
+if TYPE_CHECKING:
+    from voiceapp.audio.lean_player import FloatWav, LeanPlayer
 
 
 def add_parser(sub) -> None:
@@ -119,6 +123,7 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
     from engine.errors import InputError
     from voiceapp.cli import lean_say
 
+    player: LeanPlayer | FloatWav
     try:
         check_input(args, text, speakable=False)
         if args.out:

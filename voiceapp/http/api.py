@@ -32,7 +32,7 @@ import resource
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
 from uuid import uuid4
 
 import h11
@@ -152,9 +152,11 @@ class HttpApi:
         uvicorn_log.addHandler(self._log_handler)
         uvicorn_log.propagate = False
         protocol = type("GuardedH11", (_GuardedH11,), {"api": self})
+        # uvicorn annotates both timeouts as int, and hands them to asyncio's timers, which take float seconds
         config = uvicorn.Config(self.app(), http=protocol, lifespan="off", log_config=None, log_level="warning",
-                                access_log=False, server_header=False, timeout_graceful_shutdown=CLOSE_GRACE_S,
-                                timeout_keep_alive=min(IDLE_TIMEOUT_S, self.limits.timeout_s),
+                                access_log=False, server_header=False,
+                                timeout_graceful_shutdown=CLOSE_GRACE_S,  # type: ignore[arg-type]
+                                timeout_keep_alive=min(IDLE_TIMEOUT_S, self.limits.timeout_s),  # type: ignore[arg-type]
                                 backlog=ACCEPT_BATCH)
         self._uvicorn = _Uvicorn(config)
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self.sock]))
@@ -167,7 +169,7 @@ class HttpApi:
 
     async def close(self) -> None:
         """Stop listening; responses still streaming are cut (their clients see the stream end early)."""
-        if self._task is None:
+        if self._task is None or self._uvicorn is None:
             self.sock.close()
             return
         self._uvicorn.should_exit = True
@@ -377,7 +379,7 @@ class _Pump:
     cancellation of the response itself (Starlette cancels a response whose client left, again and again until it
     ends)."""
 
-    def __init__(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder, rate: int, speed: float,
+    def __init__(self, chunks: AsyncGenerator[AudioChunk, None], encoder: StreamEncoder, rate: int, speed: float,
                  expected_s: float = 0.0) -> None:
         self.started = asyncio.get_running_loop().time()
         """When the response's audio was first asked of the engine (the loop's clock)."""
@@ -391,11 +393,11 @@ class _Pump:
         """Seconds of audio the response carries so far (after `speed`)."""
         self.task = asyncio.create_task(self._run(chunks, encoder))
 
-    async def _run(self, chunks: AsyncIterator[AudioChunk], encoder: StreamEncoder) -> None:
+    async def _run(self, chunks: AsyncGenerator[AudioChunk, None], encoder: StreamEncoder) -> None:
         end: BaseException | None = StreamStopped("the server was stopped during the request")
         sentence = -1
         try:
-            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     if not chunk.pause and chunk.sentence_index != sentence:
                         sentence = chunk.sentence_index
@@ -500,6 +502,7 @@ class _GuardedH11(H11Protocol):
     _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
              b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
+    # uvicorn's H11Protocol narrows asyncio's BaseTransport to Transport here; this takes what it takes
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
@@ -546,7 +549,8 @@ class _GuardedH11(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def eof_received(self) -> bool:
+    # asyncio.Protocol's eof_received may return true to keep the transport open; uvicorn annotates it as None
+    def eof_received(self) -> bool:  # type: ignore[override]
         """The client sent all it will (true: keep the connection open to answer it)."""
         if self.flow is None:
             return False
@@ -600,7 +604,7 @@ class _Uvicorn(uvicorn.Server):
     """uvicorn without its signal handlers: `voicectl serve` owns SIGTERM and SIGINT, and stops the API itself."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self):
         yield
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -106,7 +107,7 @@ class Tempo:
         self.rate, self.speed = rate, speed
         self._in = self._out = 0
         self._graph = av.filter.Graph()
-        node = self._graph.add_abuffer(sample_rate=rate, format="s16", layout="mono", time_base=f"1/{rate}")
+        node = self._graph.add_abuffer(sample_rate=rate, format="s16", layout="mono", time_base=Fraction(1, rate))
         self._source = node
         for factor in atempo_stages(speed):
             stage = self._graph.add("atempo", f"{factor:.6f}")
@@ -223,8 +224,9 @@ class _Muxer:
         if not sized:
             options["flush_packets"] = "1"  # every packet goes out as soon as it is muxed
         self._container = av.open(self._out, "w", format=spec.muxer, options=options)
-        self._stream = self._container.add_stream(spec.codec, rate=rate, layout="mono",
-                                                  options=dict(spec.codec_options))
+        stream = self._container.add_stream(spec.codec, rate=rate, layout="mono", options=dict(spec.codec_options))
+        assert isinstance(stream, av.AudioStream)  # every format's codec is an audio codec
+        self._stream = stream
         if spec.bit_rate:
             self._stream.codec_context.bit_rate = spec.bit_rate
         self._pts = 0

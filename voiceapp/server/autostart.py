@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from engine.errors import InputError, VoiceError
 from engine.events import EventSink, Notice, ignore_events
@@ -51,7 +51,7 @@ MAX_LOG_BYTES = 1 << 20
 """A log bigger than this when a server starts is moved aside (to LOG.1) first."""
 
 
-def idle_timeout(env: dict[str, str] | None = None) -> float:
+def idle_timeout(env: Mapping[str, str] | None = None) -> float:
     """$VOICEAPP_IDLE_TIMEOUT seconds, else DEFAULT_IDLE_TIMEOUT_S; a bad value is a one-line InputError."""
     env = os.environ if env is None else env
     text = env.get(IDLE_ENV, "").strip()

@@ -10,7 +10,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterable
 
 from engine import errors
 from engine.config import SynthesisRequest
@@ -191,7 +191,7 @@ class RemoteSynthesizer(UtteranceFolds):
         return None if conn is None else cls(conn, path, events)
 
     async def synthesize(self, req: SynthesisRequest,
-                         text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+                         text_stream: AsyncIterable[str] | None = None) -> AsyncGenerator[AudioChunk, None]:
         conn = self._conn or await Connection.open(self.path)
         self._conn = None  # a connection left mid-request is closed, never reused
         if conn is None:
@@ -226,7 +226,7 @@ class RemoteSynthesizer(UtteranceFolds):
                 await conn.close()  # the server aborts a request whose client went away
 
     async def _receive(self, conn: Connection, req: SynthesisRequest, t0: float,
-                       state: "_Received") -> AsyncIterator[AudioChunk]:
+                       state: "_Received") -> AsyncGenerator[AudioChunk, None]:
         while True:
             frame = await self._next_frame(conn, state)
             if isinstance(frame, AudioFrame):
@@ -300,8 +300,9 @@ class RemoteSynthesizer(UtteranceFolds):
 async def _raise_failure(sender: "asyncio.Task[None] | None") -> None:
     if sender is not None:
         await asyncio.wait([sender], timeout=1.0)
-        if sender.done() and not sender.cancelled() and sender.exception() is not None:
-            raise sender.exception()  # type: ignore[misc]
+        error = sender.exception() if sender.done() and not sender.cancelled() else None
+        if error is not None:
+            raise error
 
 
 class _Received:

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from uuid import uuid4
 
 from engine.config import SamplingOptions, SynthesisRequest
@@ -299,7 +299,8 @@ class EngineServer:
         now = time.monotonic()
         if now - self._accept_failure_logged >= ACCEPT_FAILURE_LOG_S:
             self._accept_failure_logged = now
-            self.log(f"cannot accept connections ({one_line(context.get('exception') or 'out of resources')}); "
+            error = context.get("exception")
+            self.log(f"cannot accept connections ({one_line(error) if error else 'out of resources'}); "
                      f"retrying as clients close theirs")
 
     async def close(self) -> None:
@@ -361,7 +362,7 @@ class EngineServer:
     # -- other front ends ---------------------------------------------------------------------------------
 
     async def stream(self, req: SynthesisRequest, client: str, counts: dict[str, int],
-                     text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+                     text_stream: AsyncIterable[str] | None = None) -> AsyncGenerator[AudioChunk, None]:
         """Another front end's request: its audio, listed by status while it runs, counted (in `counts` too) when
         it ends: served, failed (the engine's VoiceError, raised on) or cancelled (closed before its end). Text
         from `text_stream` follows the request's own, as it comes."""
@@ -386,7 +387,8 @@ class EngineServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._handlers.add(task)  # type: ignore[arg-type]
+        assert task is not None  # asyncio runs each connection's handler as a task
+        self._handlers.add(task)
         conn = _Conn(reader, writer)
         try:
             await self._converse(conn)
@@ -400,7 +402,7 @@ class EngineServer:
             self.log(f"internal error on a connection: {one_line(err)}")
             conn.send(error_message("internal", f"internal server error: {type(err).__name__}"))
         finally:
-            self._handlers.discard(task)  # type: ignore[arg-type]
+            self._handlers.discard(task)
             self._idle_since = time.monotonic()
             with contextlib.suppress(OSError):
                 await asyncio.wait_for(writer.drain(), 1.0)
@@ -465,6 +467,8 @@ class EngineServer:
     async def _produce(self, live: _Live, text_stream: AsyncIterator[str] | None) -> tuple[str, VoiceError | None]:
         """Stream the request's audio to its client: ("done" | "failed" | "gone", the error if failed)."""
         conn = live.conn
+        if conn is None:
+            raise ValueError("only a socket client's request is produced here")
         try:
             async with contextlib.aclosing(self.synth.synthesize(live.req, text_stream)) as chunks:
                 async for chunk in chunks:

@@ -16,7 +16,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from engine.config import MODEL_ENV, SynthesisRequest
 from engine.errors import VoiceError
@@ -33,7 +33,7 @@ LOG_PREFIX = "voicectl serve: "
 """Every line the server itself logs starts so (its stderr also carries what libraries print)."""
 
 
-def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> bool:
+def server_disabled(no_server_flag: bool, env: Mapping[str, str] | None = None) -> bool:
     """--no-server, or VOICEAPP_NO_SERVER set to anything but "" or "0"."""
     env = os.environ if env is None else env
     return no_server_flag or env.get(NO_SERVER_ENV, "") not in ("", "0")
@@ -41,7 +41,7 @@ def server_disabled(no_server_flag: bool, env: dict[str, str] | None = None) -> 
 
 # ---- where the socket is ----------------------------------------------------------------------------------
 
-def default_socket_path(env: dict[str, str] | None = None) -> Path:
+def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
     """$VOICEAPP_SOCKET, else $XDG_RUNTIME_DIR/voiceapp/engine.sock, else /tmp/voiceapp-$UID/engine.sock."""
     env = os.environ if env is None else env
     if env.get(SOCKET_ENV):
@@ -156,8 +156,8 @@ def server_mismatch(info: dict[str, Any], backend: str, model: str | None) -> st
     if backend != "auto" and backend != served_backend:
         return f"uses the {served_backend} backend, not {backend}"
     if backend == "fake":  # the fake engine reads no checkpoint: only a server of none can stand in for one asked for
-        wanted = model or os.environ.get(MODEL_ENV)
-        return f"serves no model, not {wanted}" if wanted and info.get("model") is None else None
+        named = model or os.environ.get(MODEL_ENV)
+        return f"serves no model, not {named}" if named and info.get("model") is None else None
     try:
         wanted = wanted_checkpoint(model, os.environ.get(MODEL_ENV) or None)
     except OSError as err:  # a file of it cannot be read: in-process says what is wrong with it

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import shlex
@@ -24,9 +25,12 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from voiceapp.speechd.ssml import Segment, segments
+
+if TYPE_CHECKING:
+    from engine.backends.sounddevice_sink import Player
 
 SPEAK_COMMANDS = {"SPEAK": "text", "CHAR": "char", "KEY": "key", "SOUND_ICON": "icon"}
 """Commands that carry a message body, and what the body is."""
@@ -343,7 +347,7 @@ class Speaker:
         self._pacer: tuple | None = None
         """(server pid, its engine.pacing.Pacer) of the server last spoken with: what it learnt of the engine.pacing.Pacer of the server last spoken with: what it learnt of the engine's speed carries over
         from message to message (a fresh one would hold every message back to measure it again)."""
-        self._task: asyncio.Future | None = None
+        self._task: concurrent.futures.Future[None] | None = None
         self._active = False
         """A message is being spoken: from its SPEAK until just before its closing event goes out (speechd may send
         the next SPEAK as soon as it reads that event, before the task has quite returned)."""
@@ -494,18 +498,20 @@ class _Progress:
         """(sentences before the mark, its name), in message order."""
         self.ends: list[int] = []
         """The player's position (queued_frames) at the end of each sentence written so far."""
-        self.player = None
+        self.player: Player | None = None
         self._watch: asyncio.Task | None = None
 
     def mark_after(self, names: tuple[str, ...], sentences: int) -> None:
         self.pending += [(sentences, name) for name in names]
 
-    def watch(self, player) -> None:
+    def watch(self, player: Player) -> None:
         self.player = player
         self._watch = asyncio.get_running_loop().create_task(self._poll())
 
     async def _poll(self) -> None:
         player = self.player
+        if player is None:
+            return
         ahead = int(player.latency_s * player.device_rate)  # what the device holds before it is heard
         while not self.finished:
             if not self.begun and player.last_onset_perf is not None and time.perf_counter() >= player.last_onset_perf:
@@ -522,9 +528,10 @@ class _Progress:
     def reached(self, heard: int | None) -> None:
         """Report the marks whose sentences before them have been heard up to frame `heard` (all with None)."""
         def due(sentences: int) -> bool:
-            return sentences == 0 or (len(self.ends) >= sentences and self.ends[sentences - 1] <= heard)
+            return (heard is None or sentences == 0
+                    or (len(self.ends) >= sentences and self.ends[sentences - 1] <= heard))
 
-        while self.pending and (heard is None or due(self.pending[0][0])):
+        while self.pending and due(self.pending[0][0]):
             _, name = self.pending.pop(0)
             self.begin()
             self.out.send(f"700-{name}", "700 INDEX MARK")

@@ -188,7 +188,8 @@ class WyomingApi:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)  # type: ignore[arg-type]
+        assert task is not None  # asyncio runs each connection's handler as a task
+        self._connections.add(task)
         conn = _Connection(self, reader, writer)
         try:
             await conn.run()
@@ -197,7 +198,7 @@ class WyomingApi:
         except Exception as err:  # noqa: BLE001 - a bug costs this connection, never the server
             self.log(f"Wyoming: internal error on a connection: {type(err).__name__}: {err}")
         finally:
-            self._connections.discard(task)  # type: ignore[arg-type]
+            self._connections.discard(task)
             await conn.finish()
 
 
