@@ -52,16 +52,16 @@ class Limit:
     def check(self, value: object, name: str, shown: str | None = None) -> int | float:
         """`value` if it is a number of this kind within range; else an InputError naming `name`, the value (as
         `shown`, where given) and the range."""
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and self.kind is int:
-            ok = isinstance(value, int)
-        if ok and isinstance(value, (int, float)):
-            above = value > self.low if self.low_open else value >= self.low
-            ok = math.isfinite(value) and above and value <= self.top
-        if not ok or not isinstance(value, (int, float)):
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if self.kind is int and not isinstance(number, int):
+            number = None
+        if number is None or not (math.isfinite(number) and self._above_low(number) and number <= self.top):
             what = "an integer" if self.kind is int else "a number"
             raise InputError(f"{name} {repr(value) if shown is None else shown}: must be {what} {self.span()}")
-        return value
+        return number
+
+    def _above_low(self, number: int | float) -> bool:
+        return number > self.low if self.low_open else number >= self.low
 
     def parse(self, text: str, option: str) -> int | float:
         """An option's text as a checked number (the argparse type); InputError, in one line, if it is not."""
