@@ -109,7 +109,7 @@ class DecodeBatcher:
                     raise RuntimeError(f"decoder returned {len(results)} results for {len(items)} windows")
             except Exception as err:  # noqa: BLE001 - handed to the callers
                 if len(batch) == 1:
-                    _settle(batch[0][1], error=err)
+                    _settle(batch[0][1], err)
                     continue
                 await self._one_by_one(loop, batch)
                 continue
@@ -118,7 +118,7 @@ class DecodeBatcher:
             self.stats.items += len(items)
             self.stats.max_batch = max(self.stats.max_batch, len(items))
             for (_, future), pcm in zip(batch, results):
-                _settle(future, result=pcm)
+                _settle(future, pcm)
 
     def _timed_decode(self, items: list[DecodeItem]) -> tuple[list[np.ndarray], float]:
         """The decoder's call and its seconds, timed on the executor's thread (so a wait for other work there, a
@@ -136,9 +136,9 @@ class DecodeBatcher:
             try:
                 (pcm,) = await loop.run_in_executor(self.executor, self.decoder.decode, [item])
             except Exception as err:  # noqa: BLE001
-                _settle(future, error=err)
+                _settle(future, err)
             else:
-                _settle(future, result=pcm)
+                _settle(future, pcm)
 
     def _take(self) -> list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]:
         """Up to `_most()` live windows (max_codes codes; with one_length, of the first one's length) from the
@@ -187,14 +187,14 @@ def _key(entry: _Entry) -> float:
     return entry[2]
 
 
-def _settle(future: asyncio.Future[np.ndarray], *, result: np.ndarray | None = None,
-            error: BaseException | None = None) -> None:
+def _settle(future: asyncio.Future[np.ndarray], outcome: np.ndarray | BaseException) -> None:
+    """Resolve `future` with a decode's audio or its error, unless it is done already (cancelled)."""
     if future.done():
         return
-    if error is not None:
-        future.set_exception(error)
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
     else:
-        future.set_result(result)  # type: ignore[arg-type]
+        future.set_result(outcome)
 
 
 # ---- batchable window shapes ----------------------------------------------------------------------------------

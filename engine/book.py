@@ -205,15 +205,15 @@ def _markdown_blocks(lines: list[str], name: str) -> tuple[list[_Block], list[st
     notices: list[str] = []
     while True:
         tokens = parser.parse("\n".join(lines))
-        fence = next((t for t in tokens if t.type == "fence" and t.map and not _closed(t, lines)), None)
-        if fence is None:
+        start = next((t.map[0] for t in tokens if t.type == "fence" and t.map and not _closed(t, lines)), None)
+        if start is None:
             break
-        start = fence.map[0]
         notices.append(f"{name}: the code block opened at line {start + 1} is never closed; the "
                        f"{len(lines) - start - 1} lines after it are read as text")
         lines = lines[:start] + [""] + lines[start + 1:]
     blocks: list[_Block] = []
-    level, row = 0, None
+    level = 0
+    row: list[str] | None = None  # the cells of the table row being read
     for token in tokens:
         if token.type == "heading_open":
             level = int(token.tag[1])
@@ -302,8 +302,8 @@ def _title_only(front: _Section) -> bool:
 
 def _title(draft: _Section, index: int, count: int, book_title: str) -> str:
     heading = next((b.text for b in draft.blocks if b.level and draft.split_level in (0, b.level)), None)
-    if draft.title or heading:
-        return draft.title or heading  # type: ignore[return-value]
+    if title := draft.title or heading:
+        return title
     if count == 1:
         return book_title
     return FRONT_MATTER if index == 0 else f"Section {index + 1}"
@@ -490,7 +490,10 @@ def _toc(archive: zipfile.ZipFile, items: dict, base: str) -> tuple[list[_TocEnt
             links = parser.entries()
         else:
             try:
-                links = list(_ncx_entries(ElementTree.fromstring(data).find("ncx:navMap", _NS), ()))
+                nav_map = ElementTree.fromstring(data).find("ncx:navMap", _NS)
+                if nav_map is None:
+                    continue
+                links = list(_ncx_entries(nav_map, ()))
             except (ElementTree.ParseError, TypeError):
                 continue
         folder = posixpath.dirname(href)

@@ -137,7 +137,7 @@ class StreamClock:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """Whether one more stream is admitted now, and if not why (when to ask again is the front end's to say: it
-    knows how long its live responses still run, voiceapp.speech_api retry_after_s)."""
+    knows how long its live responses still run, voiceapp.http.rules retry_after_s)."""
 
     admit: bool
     reason: str = ""

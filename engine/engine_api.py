@@ -1,13 +1,13 @@
 """Provides the Engine Protocol: what a server needs of an engine (stream a request's audio, its sample rate and
 voices, what identifies it, its status, close), so that servers never reach into a Synthesizer's generator or
-decoder. `engine.pipeline.Synthesizer` is the in-process engine; `voiceapp.ray_serve.RayEngine` forwards to engine
+decoder. `engine.pipeline.Synthesizer` is the in-process engine; `voiceapp.cluster.serve.RayEngine` forwards to engine
 replicas on a Ray cluster. Also `device_status`: one device's memory, for an engine's status. Pure (stdlib; torch
 only where the process has imported it already)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from engine.deadlines import Verdict
@@ -38,7 +38,7 @@ class Engine(Protocol):
     """The voices a request may name."""
 
     def synthesize(self, req: SynthesisRequest,
-                   text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+                   text_stream: AsyncIterable[str] | None = None) -> AsyncGenerator[AudioChunk, None]:
         """The request's audio, chunk by chunk in playback order; text from `text_stream` follows the request's
         own. Raises engine.errors.VoiceError subclasses; closing the iterator aborts the request."""
         ...

@@ -24,7 +24,7 @@ import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, get_type_hints
+from typing import IO, Any, Callable, Iterator, get_type_hints
 from uuid import uuid4
 
 import numpy as np
@@ -480,7 +480,7 @@ def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None 
         yield pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain)
 
 
-Encoder = Callable[[Track, BinaryIO, Iterator[bytes], list[int], int], None]
+Encoder = Callable[[Track, IO[bytes], Iterator[bytes], list[int], int], None]
 """encode(track, file, pcm, sentence starts, length): writes the track's audio into `file` (a new temp file)."""
 
 

@@ -5,7 +5,7 @@ import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, MutableMapping
 
 from engine.config import EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
@@ -96,9 +96,10 @@ def _schedule(config: EngineConfig, may_lag: bool, default: WindowSchedule = Win
     may lag has its decoder on cores of its own (`cpu_pools`)."""
     if config.schedule is None:
         config = replace(config, schedule=default)
-    if may_lag and config.schedule == default and cpu_pools(config, usable_cores()).llm_spins:
-        return config.schedule.finer()
-    return config.schedule
+    schedule = config.schedule or default
+    if may_lag and schedule == default and cpu_pools(config, usable_cores()).llm_spins:
+        return schedule.finer()
+    return schedule
 
 
 def windows_s(schedule: WindowSchedule, decoder) -> tuple[float, ...]:
@@ -129,7 +130,7 @@ is in the home folder already). Entries are keyed by GPU, software versions and 
 checkpoint and upgrade."""
 
 
-def keep_compile_caches(env: dict[str, str] | None = None) -> None:
+def keep_compile_caches(env: MutableMapping[str, str] | None = None) -> None:
     """Point the compile caches (COMPILE_CACHES) at the user's cache folder where the environment names none."""
     import os
 
@@ -171,22 +172,23 @@ def _warm_up(synth: Synthesizer, events: EventSink) -> None:
     import asyncio
     import threading
 
-    done: dict[str, object] = {}
+    seconds: list[float] = []
+    errors: list[Exception] = []
 
     def run() -> None:
         try:
-            done["s"] = asyncio.run(synth.warm_up())
+            seconds.append(asyncio.run(synth.warm_up()))
         except Exception as err:  # noqa: BLE001 - reported as a notice
-            done["error"] = err
+            errors.append(err)
 
     thread = threading.Thread(target=run, name="warm-up")
     with phase("warm_up", events):
         thread.start()
         thread.join()
-    if "error" in done:
-        events(Notice(f"warm-up request failed: {one_line(done['error'])}"))
+    if errors:
+        events(Notice(f"warm-up request failed: {one_line(errors[0])}"))
     else:
-        events(Notice(f"warmed up with one request in {done['s']:.2f} s"))
+        events(Notice(f"warmed up with one request in {seconds[0]:.2f} s"))
 
 
 def _freeze_heap() -> None:
@@ -388,13 +390,13 @@ def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
     from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
     
-    device = torch.device(device)
-    if not _lane_runs_on(device, events, "; the torch generator renders one step per sentence"):
+    gpu = torch.device(device)
+    if not _lane_runs_on(gpu, events, "; the torch generator renders one step per sentence"):
         return []
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
-    memory = torch.cuda.get_device_properties(device).total_memory
-    lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device,
+    memory = torch.cuda.get_device_properties(gpu).total_memory
+    lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=gpu,
                        rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most),
                        max_len=positions, fixed_shapes=True)
              for positions, most in FIXED_LANES]

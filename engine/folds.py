@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing, suppress
 from time import perf_counter
-from typing import TYPE_CHECKING, AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterable, AsyncIterator
 
 import numpy as np
 
-from engine.events import Notice
+from engine.events import EventSink, Notice
 from engine.pacing import Pacer, RequestPace
 
 if TYPE_CHECKING:
@@ -24,10 +24,17 @@ class UtteranceFolds:
 
     pacer: Pacer
     """How much of each sentence `speak` holds back from the sink (engine.pacing)."""
+    events: EventSink
+    """Where what happens is reported (engine.events)."""
+
+    def synthesize(self, req: SynthesisRequest,
+                   text_stream: AsyncIterable[str] | None = None) -> AsyncGenerator[AudioChunk, None]:
+        """The utterance's chunks, as they come: the subclass's stream, which the folds below consume."""
+        raise NotImplementedError
 
     async def render(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None = None) -> np.ndarray:
         """The whole utterance as one float32 array."""
-        async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
+        async with aclosing(self.synthesize(req, text_stream)) as chunks:
             parts = [chunk.samples async for chunk in chunks]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
@@ -39,10 +46,10 @@ class UtteranceFolds:
         pace = self.pacer.request()
         held: list[np.ndarray] = []
         try:
-            async with aclosing(self.synthesize(req, text_stream)) as chunks:  # type: ignore[attr-defined]
+            async with aclosing(self.synthesize(req, text_stream)) as chunks:
                 ahead = _Ahead(chunks)
                 try:
-                    while (chunk := await ahead.next(pace.release_at())) is not _END:
+                    while not isinstance(chunk := await ahead.next(pace.release_at()), _End):
                         if chunk is None:  # the held sentence's moment came before its next chunk
                             pace.release()
                             await self._release(held, sink, pace)
@@ -65,7 +72,7 @@ class UtteranceFolds:
         """Write the held chunks, telling the pacer how long the sink kept us waiting."""
         message = self.pacer.notice()
         if message is not None:
-            self.events(Notice(message))  # type: ignore[attr-defined]
+            self.events(Notice(message))
         for samples in held:
             t = perf_counter()
             await sink.write(samples)
@@ -73,7 +80,11 @@ class UtteranceFolds:
         held.clear()
 
 
-_END = object()
+class _End:
+    """The type of _END, the mark of a stream's end."""
+
+
+_END = _End()
 """`_Ahead.next`'s answer once the stream has ended."""
 
 
@@ -85,7 +96,7 @@ class _Ahead:
         self._chunks = chunks
         self._pending: asyncio.Task | None = None
 
-    async def next(self, deadline: float | None) -> AudioChunk | object | None:
+    async def next(self, deadline: float | None) -> AudioChunk | _End | None:
         """The next chunk, _END after the last, or None if `deadline` (perf_counter's clock) came first."""
         if deadline is None and self._pending is None:
             return await self._read()
@@ -98,7 +109,7 @@ class _Ahead:
         pending, self._pending = self._pending, None
         return await pending
 
-    async def _read(self) -> AudioChunk | object:
+    async def _read(self) -> AudioChunk | _End:
         return await anext(self._chunks, _END)
 
     async def cancel(self) -> None:

@@ -44,9 +44,12 @@ prompts share one launch (PREFILL_BATCHES), so a crowd of 32 gets its rows in on
 rounds of bursts."""
 
 
-def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
-    """The smallest size >= n (None when n exceeds them all)."""
-    return next((s for s in sizes if s >= n), None)
+def bucket(n: int, sizes: tuple[int, ...]) -> int:
+    """The smallest size >= n (a ValueError when n exceeds them all: admission keeps every job within them)."""
+    size = next((s for s in sizes if s >= n), None)
+    if size is None:
+        raise ValueError(f"{n} exceeds every launch shape ({max(sizes)} at most)")
+    return size
 
 
 @dataclass(frozen=True, slots=True)

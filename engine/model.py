@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 import yaml
 
@@ -83,6 +83,18 @@ class ModelInfo:
     """`BiCodec/model.safetensors`."""
     checkpoint_hash: str
     """`checkpoint_hash(root)`: keys on-disk caches (e.g. computed voice globals)."""
+
+    def summary(self) -> list[str]:
+        """`voicectl model info`'s lines."""
+        ids, cfg = self.token_ids, self.llm_config
+        return [f"sample rate  {self.sample_rate} Hz",
+                f"LLM          {cfg.get('architectures', ['?'])[0]}, {cfg.get('num_hidden_layers')} layers, "
+                f"hidden {self.hidden_size}, vocab {self.vocab_size} (tokenizer {self.tokenizer_size}), "
+                f"{self.llm_dtype}",
+                f"tokens       global {ids.global_base}..{ids.global_base + 4095}, "
+                f"semantic {ids.semantic_base}..{ids.semantic_base + 8191}, im_end {ids.im_end}, "
+                f"endoftext {ids.endoftext}, end_semantic {ids.structural['end_semantic_token']}",
+                f"wav2vec2     {'present' if self.wav2vec2_dir else 'absent (cloning from a reference clip unavailable)'}"]
 
 
 # ---------------------------------------------------------------------------------------------------- discovery
@@ -163,9 +175,7 @@ def load_model_info(model_dir: str | os.PathLike[str]) -> ModelInfo:
 
     config_path = root / "config.yaml"
     config = _read_yaml(config_path, "the Spark-TTS top-level config")
-    sample_rate = config.get("sample_rate")
-    if not _positive_int(sample_rate):
-        raise ModelFormatError(f"{config_path}: expected a positive integer `sample_rate`, found {sample_rate!r}")
+    sample_rate = _positive_int_field(config, "sample_rate", config_path)
 
     llm_dir = root / "LLM"
     llm_config_path = llm_dir / "config.json"
@@ -173,10 +183,8 @@ def load_model_info(model_dir: str | os.PathLike[str]) -> ModelInfo:
     if LLM_ARCHITECTURE not in (llm_config.get("architectures") or []):
         raise ModelFormatError(f"{llm_config_path}: expected architectures [{LLM_ARCHITECTURE}], "
                                f"found {llm_config.get('architectures')!r}")
-    vocab_size, hidden_size = llm_config.get("vocab_size"), llm_config.get("hidden_size")
-    for key, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size)):
-        if not _positive_int(value):
-            raise ModelFormatError(f"{llm_config_path}: expected a positive integer `{key}`, found {value!r}")
+    vocab_size = _positive_int_field(llm_config, "vocab_size", llm_config_path)
+    hidden_size = _positive_int_field(llm_config, "hidden_size", llm_config_path)
 
     llm_weights, embed_file, embed = read_llm_weights(llm_dir)
     if embed["shape"] != [vocab_size, hidden_size]:
@@ -208,8 +216,16 @@ def load_model_info(model_dir: str | os.PathLike[str]) -> ModelInfo:
     )
 
 
-def _positive_int(value: object) -> bool:
+def _positive_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _positive_int_field(mapping: Mapping[str, Any], key: str, path: Path) -> int:
+    """`mapping[key]`, a positive integer, else the ModelFormatError that names `path`."""
+    value = mapping.get(key)
+    if not _positive_int(value):
+        raise ModelFormatError(f"{path}: expected a positive integer `{key}`, found {value!r}")
+    return value
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from collections import deque
 from contextlib import aclosing, contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncGenerator, AsyncIterable, Callable, Iterator, Literal
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class _TokenFeed:
             raise item
         return item
 
-    def get_nowait(self) -> list[int] | None | bool:
+    def get_nowait(self) -> list[int] | None | Literal[False]:
         """Next delta if one is queued, else False."""
         if self.queue.empty():
             return False
@@ -114,14 +114,14 @@ class _AheadRender:
     once the current sentence has played out, after its last token. The pieces wait in
     memory (10 s of audio is 640 kB)."""
 
-    def __init__(self, pieces: AsyncIterator[tuple[np.ndarray, bool]], stats: _SentenceStats) -> None:
+    def __init__(self, pieces: AsyncGenerator[tuple[np.ndarray, bool], None], stats: _SentenceStats) -> None:
         self.stats = stats
         self.queue: asyncio.Queue[tuple[np.ndarray, bool, float] | BaseException | None] = asyncio.Queue()
         self.task = asyncio.create_task(self._run(pieces))
 
-    async def _run(self, pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> None:
+    async def _run(self, pieces: AsyncGenerator[tuple[np.ndarray, bool], None]) -> None:
         try:
-            async with aclosing(pieces) as it:  # type: ignore[type-var]
+            async with aclosing(pieces) as it:
                 async for samples, final in it:
                     self.queue.put_nowait((samples, final, time.perf_counter()))
             self.queue.put_nowait(None)
@@ -130,7 +130,7 @@ class _AheadRender:
         except BaseException as err:  # raised in the consumer's context when it reaches this sentence
             self.queue.put_nowait(err)
 
-    async def parts(self) -> AsyncIterator[tuple[np.ndarray, bool, float | None]]:
+    async def parts(self) -> AsyncGenerator[tuple[np.ndarray, bool, float | None], None]:
         """(samples, final, when they were made) of each window, as they come."""
         try:
             while True:
@@ -152,9 +152,10 @@ class _AheadRender:
             pass
 
 
-async def _made_now(pieces: AsyncIterator[tuple[np.ndarray, bool]]) -> AsyncIterator[tuple[np.ndarray, bool, None]]:
+async def _made_now(pieces: AsyncGenerator[tuple[np.ndarray, bool], None],
+                    ) -> AsyncGenerator[tuple[np.ndarray, bool, float | None], None]:
     """A sentence's windows rendered in its turn: made as they are handed on (AudioChunk.made_at None)."""
-    async with aclosing(pieces) as it:  # type: ignore[type-var]
+    async with aclosing(pieces) as it:
         async for samples, final in it:
             yield samples, final, None
 
@@ -273,7 +274,7 @@ class Synthesizer(UtteranceFolds):
     # ---- the primitive ------------------------------------------------------------------------------
 
     async def synthesize(self, req: SynthesisRequest,
-                         text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+                         text_stream: AsyncIterable[str] | None = None) -> AsyncGenerator[AudioChunk, None]:
         """Stream audio for `req.text` (or, if given, for text arriving on `text_stream`, sentence by sentence)."""
         progress = _Progress(t0=time.perf_counter())
         self.events(RequestStarted(req.request_id))
@@ -309,7 +310,7 @@ class Synthesizer(UtteranceFolds):
                                         cancelled=cancelled))
 
     async def _chunks(self, req: SynthesisRequest, text_stream: AsyncIterable[str] | None, voice: Voice,
-                      globals_: tuple[int, ...], progress: _Progress) -> AsyncIterator[AudioChunk]:
+                      globals_: tuple[int, ...], progress: _Progress) -> AsyncGenerator[AudioChunk, None]:
         sentences = _SentenceSource(req.text, text_stream, self.join.max_sentence_chars, self.grammar.normalize)
         feeds: list[tuple[int, _TokenFeed, _AheadRender | None]] = []
         index = 0
@@ -381,7 +382,7 @@ class Synthesizer(UtteranceFolds):
     async def _render(self, req: SynthesisRequest, index: int, feed: _TokenFeed, stats: _SentenceStats,
                       globals_: tuple[int, ...], progress: _Progress,
                       start_next: Callable[[], None] | None,
-                      ahead: bool = False) -> AsyncIterator[tuple[np.ndarray, bool]]:
+                      ahead: bool = False) -> AsyncGenerator[tuple[np.ndarray, bool], None]:
         """One sentence's audio, (samples, final) per decoded window. `start_next` starts the next sentence's
         generation: once this one's is done, or (eager_lookahead, for batching backends) already at its first
         audio, so that a stream keeps one request in the generator until it has sound, and the next one is
@@ -431,7 +432,7 @@ class Synthesizer(UtteranceFolds):
             delta = feed.get_nowait()
             if delta is False:
                 break
-            done = self._consume(delta, parser, codes, progress, request_id)  # type: ignore[arg-type]
+            done = self._consume(delta, parser, codes, progress, request_id)
         return done
 
     def _consume(self, delta: list[int] | None, parser: CodeParser, codes: list[Any], progress: _Progress,

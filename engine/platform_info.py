@@ -56,11 +56,11 @@ def _nvidia_driver() -> str:
     except (OSError, StopIteration):
         import torch
 
-        return f"API {torch._C._cuda_getDriverVersion()}"
+        return f"API {torch._C._cuda_getDriverVersion()}"  # type: ignore[attr-defined]  # private: not in torch's stubs
 
 
 def export_identity(synth: Any) -> dict[str, Any]:
     """What an export's bytes depend on besides its plan: the engine's description (backend, checkpoint), sample
-    rate, platform and pause between sentences (voiceapp.cmd_export.engine_checked; a Ray worker sends its own)."""
+    rate, platform and pause between sentences (voiceapp.cli.export.engine_checked; a Ray worker sends its own)."""
     return {"describe": synth.describe(), "sample_rate": synth.sample_rate, "platform": describe_platform(synth),
             "pause_s": synth.join.pause_s}

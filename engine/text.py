@@ -88,7 +88,9 @@ def _cardinal(n: int) -> str:
 def _ordinal(n: int) -> str:
     """22 -> "twenty-second"."""
     words = _cardinal(n)
-    head, last = re.match(r"(.*?)([a-z]+)$", words).groups()
+    split = re.match(r"(.*?)([a-z]+)$", words)
+    assert split is not None, words  # a cardinal ends in a word
+    head, last = split.groups()
     if last in _ORDINAL_WORDS:
         return head + _ORDINAL_WORDS[last]
     return head + (last[:-1] + "ieth" if last.endswith("y") else last + "th")
@@ -806,7 +808,9 @@ _MAYBE_END = frozenset({
 
 def _word_before(buf: str, start: int, p: int) -> str:
     """The whitespace-delimited word ending at `p`, without opening quotes/brackets; never looks before `start`."""
-    return _LAST_WORD.search(buf, max(start, p - _LOOKBEHIND), p).group().lstrip(_OPENERS)
+    word = _LAST_WORD.search(buf, max(start, p - _LOOKBEHIND), p)
+    assert word is not None  # \S*\Z matches the empty string too
+    return word.group().lstrip(_OPENERS)
 
 
 def _clause_cut(window: str, max_chars: int) -> int:
@@ -885,7 +889,9 @@ class SentenceSplitter:
     def _drain(self, final: bool) -> list[str]:
         buf, start, scan, out = self._buf, 0, self._scan, []
         while True:
-            start = _LEADING_SPACE.match(buf, start).end()
+            space = _LEADING_SPACE.match(buf, start)
+            assert space is not None  # \s* matches the empty string too
+            start = space.end()
             if start >= len(buf):
                 break
             limit = start + self.max_chars
@@ -926,7 +932,9 @@ class SentenceSplitter:
             if buf[p] in "\r\n":
                 end, after = self._newline_end(buf, p, final), p + 1
             else:
-                after = _TERMINAL_RUN.match(buf, p, p + _LOOKAHEAD).end()  # capped: "!!!…" cannot grow the buffer
+                run = _TERMINAL_RUN.match(buf, p, p + _LOOKAHEAD)  # capped: "!!!…" cannot grow the buffer
+                assert run is not None  # buf[p] is a terminal
+                after = run.end()
                 end = self._terminal_end(buf, start, p, after, final)
             if end != _NOT_END:
                 return end, p

@@ -24,7 +24,7 @@ async def main(model: str, out: str, n: int) -> None:
     from engine.events import StartupPhase
     from engine.export_plan import ExportPlan, ExportSettings, Parts, render_parts
     from engine.factory import EngineConfig, build_synthesizer, lane_rows
-    from voiceapp.cmd_export import GPU_SPARE_JOBS, export_config
+    from voiceapp.cli.export import GPU_SPARE_JOBS, export_config
     from lab.startup_bench import book_text
 
     phases: dict[str, float] = {}

@@ -14,7 +14,7 @@ import time
 
 async def main(model: str, wait_s: float) -> None:
     from engine.config import SynthesisRequest
-    from voiceapp.client import RemoteSynthesizer, server_status
+    from voiceapp.server.client import RemoteSynthesizer, server_status
 
     work = tempfile.mkdtemp(prefix="vs-")
     sock = os.path.join(work, "engine.sock")

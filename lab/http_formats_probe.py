@@ -1,4 +1,4 @@
-"""CPU probe: what the speech API's encoders (voiceapp.speech_formats) hand clients, measured without a server.
+"""CPU probe: what the speech API's encoders (voiceapp.http.formats) hand clients, measured without a server.
 
   python lab/http_formats_probe.py [--rate R] > out.json
 
@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from voiceapp.speech_formats import StreamEncoder, supported_formats  # noqa: E402
+from voiceapp.http.formats import StreamEncoder, supported_formats  # noqa: E402
 
 SPEEDS = (0.25, 0.5, 0.8, 1.25, 1.5, 2.0, 3.0, 4.0)
 

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from lab import lab_cli
 from voiceapp.cmd_bench import checkpoint_for, command_line, log, write_json
-from voiceapp.cmd_say import BUFFER_S
+from voiceapp.common import BUFFER_S
 
 PROG = "python -m lab.read_bench"
 DEVICE_TIMEOUT_S = 900.0
@@ -122,7 +122,8 @@ def parse_run(weights: str, returncode: int, stdout: str, stderr: str, process_s
         return ReadRun(weights, process_s=process_s, error=errors[-1] if errors else f"exit status {returncode}")
     said = json.loads(lines[-1])
     first_sound, played = _seconds(said["onset_ms"]), _seconds(said.get("played_ms"))
-    quiet = played - first_sound - said["audio_s"] if sound and None not in (first_sound, played) else None
+    quiet = (played - first_sound - said["audio_s"] if sound and first_sound is not None and played is not None
+             else None)
     return ReadRun(weights, rtf=said["rtf"], audio_s=said["audio_s"], ttfa_s=_seconds(said["ttfa_ms"]),
                    first_sound_s=first_sound if sound else None, underruns=said["underruns"] if sound else None,
                    quiet_s=quiet, process_s=process_s, notices=tuple(said["notices"]))

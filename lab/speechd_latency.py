@@ -70,7 +70,7 @@ class Hooks:
 
     def __init__(self) -> None:
         from engine.backends.sounddevice_sink import Player
-        from voiceapp.client import RemoteSynthesizer
+        from voiceapp.server.client import RemoteSynthesizer
 
         self.first_audio: float | None = None
         self.queued: float | None = None
@@ -102,7 +102,7 @@ def ms(t: float | None, t0: float) -> float | None:
 
 async def engine_first_audio_ms(socket: Path, text: str) -> float:
     from engine.config import SamplingOptions, SynthesisRequest
-    from voiceapp.client import RemoteSynthesizer
+    from voiceapp.server.client import RemoteSynthesizer
 
     remote = await RemoteSynthesizer.connect(socket)
     assert remote is not None, "no warm server"
@@ -197,7 +197,7 @@ def main() -> None:
         engine_args += ["--latency", args.latency]
     speechd = cap = None
     try:
-        from voiceapp.speechd_module import ModuleConfig, ModuleProtocol, Output, Speaker
+        from voiceapp.speechd.module import ModuleConfig, ModuleProtocol, Output, Speaker
 
         out = io.StringIO()
         output = Output(out)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from engine.errors import VoiceError, one_line
-from voiceapp.client import serve_pids
+from voiceapp.server.client import serve_pids
 from lab.startup_bench import SAY_TEXT, CaseOutcome, book_text, child_env, tuning_done
 
 POLL_S = 0.01
@@ -298,7 +298,7 @@ async def tuned_status(path: Path) -> bool:
 
 async def quiet_status(path: Path) -> dict | None:
     """The status of the server at `path`, or None (none listening, or one that cannot serve us)."""
-    from voiceapp.client import server_status
+    from voiceapp.server.client import server_status
 
     with contextlib.suppress(VoiceError):
         return await server_status(path)
@@ -308,7 +308,7 @@ async def quiet_status(path: Path) -> dict | None:
 async def answered_with_audio(path: Path) -> bool:
     """Whether the server at `path` accepts a request and sends audio for it (the request is then dropped)."""
     from engine.config import SynthesisRequest
-    from voiceapp.client import RemoteSynthesizer
+    from voiceapp.server.client import RemoteSynthesizer
 
     remote = await RemoteSynthesizer.connect(path)
     if remote is None:
@@ -400,7 +400,7 @@ def export_run(bench: Bench, book: Path, out: Path, *extra: str, kill_at: int | 
     SIGKILL its process group once that many sentences are finished. CaseFailed when it fails, or ends before it
     could be killed."""
     from engine.export_plan import Parts
-    from voiceapp.cmd_export import Layout
+    from voiceapp.cli.export import Layout
 
     args = [str(book), "-o", str(out), "--no-progress", "--json", *extra]
     run, stdout, log = ExportRun(name, list(extra)), bench.path(name, ".json"), bench.path(name, ".log")

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from voiceapp.client import serve_pids  # noqa: F401 - the tests find servers with it
+from voiceapp.server.client import serve_pids  # noqa: F401 - the tests find servers with it
 
 
 def voicectl(*args: str, stdin: bytes | str | None = None, env: dict[str, str] | None = None, text: bool = False,

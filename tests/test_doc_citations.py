@@ -38,13 +38,13 @@ DOC_ALLOWANCE = {
     "engine/families/orpheus/checkpoint.py": 1,
     "engine/families/orpheus/grammar.py": 1,
     "engine/windowing.py": 1,
-    "voiceapp/cli.py": 1,
+    "voiceapp/cli/__init__.py": 1,
     "voiceapp/cmd_bench.py": 1,
-    "voiceapp/cmd_export.py": 1,
-    "voiceapp/cmd_serve.py": 1,
-    "voiceapp/cmd_voice.py": 1,
+    "voiceapp/cli/export.py": 1,
+    "voiceapp/cli/serve.py": 1,
+    "voiceapp/cli/voice.py": 1,
     "voiceapp/common.py": 1,
-    "voiceapp/speech_formats.py": 1,
+    "voiceapp/http/formats.py": 1,
 }
 """Lines citing a topic doc, per file: lower an entry when a citation goes (the test says so); never raise one."""
 

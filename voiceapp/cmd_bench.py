@@ -244,9 +244,12 @@ def _load_in_process(args: argparse.Namespace, plans) -> tuple[str, str, list]:
         synth = build_synthesizer(EngineConfig(backend="fake"))
         if args.fake_streams is not None:
             from engine.fakes import fixed_throughput
+            from engine.tokens import TokenIds
 
+            ids = synth.grammar.token_ids
+            assert isinstance(ids, TokenIds)  # the fake engine writes Spark's tokens
             tokens_per_s = synth.sample_rate / synth.decoder.samples_per_code * synth.grammar.tokens_per_code
-            synth.swap_generator(fixed_throughput(synth.grammar.token_ids, tokens_per_s, args.fake_streams))
+            synth.swap_generator(fixed_throughput(ids, tokens_per_s, args.fake_streams))
         what = f", {args.fake_streams} streams' throughput" if args.fake_streams is not None else ""
         return f"fake engine (CPU{what})", "in-process", asyncio.run(go(synth, synth.voices.default))
     from engine import bench

@@ -57,6 +57,24 @@ def add_server_args(p: argparse.ArgumentParser, front_end: str) -> None:
     add_socket_arg(p)
 
 
+BUFFER_S = (0.5, 600.0)
+"""--buffer's range in seconds: below it the pre-roll would not fit; above it the ring is hundreds of MB (the row
+"buffer" of voiceapp.limits.OPTIONS checks it)."""
+BUFFER_DEFAULT_S = 30.0
+"""The player's ring unless --buffer says otherwise: an engine faster than the speakers makes up to this much ahead
+instead of waiting on them, so --json's wall time is the engine's for anything shorter, and a fast stretch banks
+audio for a slow one. A few MB of memory."""
+
+
+def add_playback_args(p: argparse.ArgumentParser) -> None:
+    """--device, --latency and --buffer: the speaker's options, for `say` and the speechd module."""
+    p.add_argument("--device", help="output device name or index (see `voicectl devices`)")
+    p.add_argument("--latency", type=float, default=0.1, help="output stream latency in seconds (default 0.1)")
+    p.add_argument("--buffer", type=float, default=BUFFER_DEFAULT_S, metavar="SECONDS",
+                   help=f"audio the player may hold ahead of what it plays (default {BUFFER_DEFAULT_S:g}): the "
+                        f"engine makes speech ahead while it can instead of waiting on the speakers")
+
+
 def add_voice_args(p: argparse.ArgumentParser, default_seed: int | None) -> None:
     p.add_argument("--voice", default="default", help="voice preset (see `voicectl voices`)")
     p.add_argument("--seed", type=int, default=default_seed,

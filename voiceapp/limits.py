@@ -52,16 +52,16 @@ class Limit:
     def check(self, value: object, name: str, shown: str | None = None) -> int | float:
         """`value` if it is a number of this kind within range; else an InputError naming `name`, the value (as
         `shown`, where given) and the range."""
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and self.kind is int:
-            ok = isinstance(value, int)
-        if ok:
-            above = value > self.low if self.low_open else value >= self.low
-            ok = math.isfinite(value) and above and value <= self.top
-        if not ok:
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if self.kind is int and not isinstance(number, int):
+            number = None
+        if number is None or not (math.isfinite(number) and self._above_low(number) and number <= self.top):
             what = "an integer" if self.kind is int else "a number"
             raise InputError(f"{name} {repr(value) if shown is None else shown}: must be {what} {self.span()}")
-        return value
+        return number
+
+    def _above_low(self, number: int | float) -> bool:
+        return number > self.low if self.low_open else number >= self.low
 
     def parse(self, text: str, option: str) -> int | float:
         """An option's text as a checked number (the argparse type); InputError, in one line, if it is not."""
@@ -84,7 +84,7 @@ OPTIONS: dict[str, Limit] = {
     "seed": SEED,
     "max_tokens": MAX_TOKENS,
     "latency": Limit(float, 0, 2.0, low_open=True, unit="seconds"),  # PortAudio's output latency
-    "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.cmd_say.BUFFER_S
+    "buffer": Limit(float, 0.5, 600.0, unit="seconds"),  # voiceapp.common.BUFFER_S
     "jobs": Limit(int, 1, 256),
     "normalize_loudness": Limit(float, -50.0, -6.0, unit="dBFS"),  # an RMS level (engine.book loudness)
     "max_mb": Limit(int, 1, 4096, unit="MB"),
@@ -125,16 +125,20 @@ REQUEST: dict[str, Limit] = {
 """The numbers of a `say` request on the server's socket (engine.config.SamplingOptions and its seed)."""
 
 
-def option_type(dest: str, option: str):
+class OptionType:
+    """An option's argparse `type`: its row's parse (the row is `limit`)."""
+
+    def __init__(self, limit: Limit, dest: str, option: str) -> None:
+        self.limit, self.option = limit, option
+        self.__name__ = f"{limit.kind.__name__}_{dest}"  # argparse names the type in some of its messages
+
+    def __call__(self, text: str) -> int | float:
+        return self.limit.parse(text, self.option)
+
+
+def option_type(dest: str, option: str) -> OptionType:
     """The argparse type for the option `option` (dest `dest`): its row's parse."""
-    limit = OPTIONS[dest]
-
-    def parse(text: str) -> int | float:
-        return limit.parse(text, option)
-
-    parse.__name__ = f"{limit.kind.__name__}_{dest}"  # argparse names the type in some of its messages
-    parse.limit = limit  # type: ignore[attr-defined]
-    return parse
+    return OptionType(OPTIONS[dest], dest, option)
 
 
 def apply(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import urllib.parse
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Coroutine, Sequence
 
 from engine.bench.load import PREROLL_S, Arrival, RateResult, StreamLog, summarize_rate
 from engine.errors import InputError
@@ -22,7 +22,7 @@ PCM_RATE = 24000
 CONNECT_TIMEOUT_S = 10.0
 """How long a request's connection and response head may take before it counts as failed."""
 
-Target = Callable[[Arrival, StreamLog], Awaitable[None]]
+Target = Callable[[Arrival, StreamLog], Coroutine[Any, Any, None]]
 """Sends one request and fills in its log (chunks, end, refused, error); raises nothing."""
 
 
@@ -30,7 +30,8 @@ async def drive(target: Target, arrivals: Sequence[Arrival], clock: Callable[[],
                 ) -> list[StreamLog]:
     """Send every arrival at its time (open loop), then wait for all of them to end."""
     t0 = clock()
-    tasks, logs = [], []
+    tasks: list[asyncio.Task[None]] = []
+    logs: list[StreamLog] = []
     for arrival in arrivals:
         wait = t0 + arrival.t - clock()
         if wait > 0:

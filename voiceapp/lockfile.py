@@ -11,6 +11,9 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
+from typing import TypeVar
+
+_Lock = TypeVar("_Lock", bound="PidLock")
 
 
 class LockHeld(Exception):
@@ -28,7 +31,7 @@ class PidLock:
         self.fd, self.path = fd, path
 
     @classmethod
-    def acquire(cls, path: Path) -> "PidLock":
+    def acquire(cls: type[_Lock], path: Path) -> _Lock:
         """Take the lock at once and write our pid into the file, or raise LockHeld."""
         while True:
             # never through a symbolic link: one planted in a shared directory would have us truncate its target

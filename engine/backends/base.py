@@ -118,9 +118,11 @@ class MonitoredSink(AudioSink, Protocol):
     buffer is and how often it ran dry (what the TUI shows). Sinks that cannot tell report nothing buffered, no
     underruns and no onset."""
 
-    device_rate: int
-    """Frames per second of the buffer counted by `fill_frames` (the device's rate, which may differ from
-    `sample_rate`)."""
+    @property
+    def device_rate(self) -> int:
+        """Frames per second of the buffer counted by `fill_frames` (the device's rate, which may differ from
+        `sample_rate`)."""
+        ...
 
     def mark_utterance_start(self) -> object:
         """Begin a new utterance at the current write position (its onset then shows in `last_onset_perf`)."""

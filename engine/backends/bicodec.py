@@ -288,13 +288,12 @@ class BiCodecDecoder:
         if kept is not None:
             audio = self.model.decode_kept(codes.to(self.device), globs.to(self.device), *kept)
             return audio.float().cpu().numpy()
-        if self._graphs is not None:
-            audio = self._graphs.run(codes, globs)
-            if audio is None:
-                audio = self.model.decode(codes.to(self.device, non_blocking=True),
-                                          globs.to(self.device, non_blocking=True))
+        if self._graphs is not None and self._stream is not None:  # graphs are captured on the decoder's stream
+            graphed = self._graphs.run(codes, globs)
+            audio = graphed if graphed is not None else self.model.decode(
+                codes.to(self.device, non_blocking=True), globs.to(self.device, non_blocking=True))
             host = audio.float().to("cpu", non_blocking=True)
-            self._stream.synchronize()  # type: ignore[union-attr]
+            self._stream.synchronize()
             return host.numpy()
         return self.model.decode(codes.to(self.device), globs.to(self.device)).float().cpu().numpy()
 

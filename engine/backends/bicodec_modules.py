@@ -10,7 +10,7 @@ Tensor layouts in comments: B batch, T semantic frames (50 Hz), C channels, N sa
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -139,6 +139,13 @@ class TripleResample(nn.Module):
         return 3.0 * x.transpose(1, 2)
 
 
+def pairs(stages: nn.ModuleList) -> Iterator[tuple[nn.Module, nn.Module]]:
+    """The two modules of each stage: a ModuleList of two each, as the checkpoint's keys (`.0`, `.1`) are laid out."""
+    for stage in stages:
+        first, second = cast(nn.ModuleList, stage)
+        yield first, second
+
+
 def _resample_stages(dim: int, intermediate_dim: int, ratios: Sequence[int]) -> nn.ModuleList:
     if any(r != 1 for r in ratios):
         raise ValueError(f"only sample_ratios of 1 are supported (BiCodec release), got {list(ratios)}")
@@ -164,7 +171,7 @@ class FeatureDecoder(nn.Module):
 
     def forward(self, x: Tensor, cond: Tensor | None = None) -> Tensor:
         x = self.linear_pre(x.transpose(1, 2))  # (B,T,D)
-        for resample, backbone in self.downsample:
+        for resample, backbone in pairs(self.downsample):
             x = backbone(resample(x))
         x = self.linear(self.vocos_backbone(x.transpose(1, 2), cond)).transpose(1, 2)
         return torch.tanh(x) if self.use_tanh_at_final else x
@@ -184,7 +191,7 @@ class FeatureEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.encoder(x)  # (B,T,D)
-        for resample, backbone in self.downsample:
+        for resample, backbone in pairs(self.downsample):
             x = backbone(resample(x))
         return self.project(x).transpose(1, 2)
 
@@ -302,6 +309,8 @@ def reach(module: nn.Module, frames: int = 0) -> int:
     if isinstance(module, nn.Conv1d):
         if module.stride[0] != 1:
             raise ValueError("strided convolutions are not cropped")
+        if isinstance(module.padding, str):
+            raise ValueError("convolutions padded by name are not cropped")
         span, pad = module.dilation[0] * (module.kernel_size[0] - 1), module.padding[0]
         return frames + max(pad, span - pad)
     for child in reversed(list(module.children())):
@@ -494,7 +503,7 @@ class PerceiverResampler(nn.Module):
     def forward(self, context: Tensor) -> Tensor:
         context = self.proj_context(context)
         x = self.latents.expand(context.shape[0], -1, -1)
-        for attn, ff in self.layers:
+        for attn, ff in pairs(self.layers):
             x = x + attn(x, context)
             x = x + ff(x)
         return self.norm(x)

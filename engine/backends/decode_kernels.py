@@ -82,6 +82,14 @@ def _kernels() -> ModuleType | None:
     return _decode_triton
 
 
+def _loaded() -> ModuleType:
+    """The kernels' module, where `available` said yes."""
+    kernels = _kernels()
+    if kernels is None:
+        raise RuntimeError("the Triton decode kernels are not available (decode_kernels.available() is False)")
+    return kernels
+
+
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
     """Triton is importable and there is a device it can run on (CUDA, or the CPU interpreter)."""
@@ -224,7 +232,7 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     if add_parts and not preloading:
         raise ValueError("only a preloading projection sums an add of partials (a looped one's tiles of them would "
                          "not fit in shared memory)")
-    tiling = preload if preloading else _for_width(tiling, w.element_size())
+    tiling = preload if preload is not None and preloading else _for_width(tiling, w.element_size())
     k_split, splits = _split(k, split_k, tiling.block_k)
     grid = (-(-n // tiling.block_n), -(-m // MAX_ROWS), splits)
     if splits > 1:
@@ -237,7 +245,7 @@ def _launch(x: torch.Tensor, add: torch.Tensor | None, w: torch.Tensor, *, norm:
     part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else x
     out = part if splits > 1 and not reduce else torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
     total = torch.empty_like(x) if add is not None else x
-    _kernels().matmul_kernel[grid](
+    _loaded().matmul_kernel[grid](
         x, add.contiguous() if add is not None else x, total, w, out, part,
         counts if splits > 1 and reduce else x,
         norm if norm is not None else x, bias if bias is not None else x, m, n, k, k_split, w.stride(0), w.stride(1),
@@ -338,7 +346,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
     _need_cache_layout(k_cache, v_cache, head_dim)
     _need_unit_stride(qkv, cos, sin, positions)
     q = torch.empty((m, heads * head_dim), device=qkv.device, dtype=qkv.dtype)
-    _kernels().rope_store_kernel[(m, heads + 2 * kv_heads)](
+    _loaded().rope_store_kernel[(m, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, qkv.stride(0), k_cache.stride(0), k_cache.stride(1),
         HEADS=heads, KV=kv_heads, D=head_dim, PDL=pdl, num_warps=1, **_pdl_launch(pdl))
     return q
@@ -393,11 +401,11 @@ def _attend(q: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Te
             raise ValueError(f"split attention needs int32 counts for {m * kv_heads} (row, kv head) pairs")
         splits = -(-k_cache.shape[-2] // chunk)
         part = torch.empty((m, kv_heads, splits, block_g, head_dim + 2), device=q.device, dtype=torch.float32)
-        _kernels().attend_split_kernel[(m, kv_heads, splits)](
+        _loaded().attend_split_kernel[(m, kv_heads, splits)](
             q, k_cache, v_cache, positions, out, *tables, part, counts, *strides, CHUNK=chunk, SPLITS=splits,
             PRELOAD=preload, **common)
     else:
-        _kernels().attend_kernel[(m, kv_heads)](q, k_cache, v_cache, positions, out, *tables, *strides,
+        _loaded().attend_kernel[(m, kv_heads)](q, k_cache, v_cache, positions, out, *tables, *strides,
                                                 BLOCK_S=block, **common)
     return out
 
@@ -461,7 +469,7 @@ def sample(logits: torch.Tensor, state: StepState, candidates: int, counts: torc
         raise ValueError(f"sample needs int32 counts for {rows + 1} counters")
     noise = state.noise
     keys = torch.empty((rows, SAMPLE_CHUNKS, candidates), device=logits.device, dtype=torch.int64)
-    _kernels().sample_kernel[(SAMPLE_CHUNKS, rows)](
+    _loaded().sample_kernel[(SAMPLE_CHUNKS, rows)](
         logits, state.temperature, state.top_k, state.top_p, noise, state.allowed, state.tokens, state.steps,
         state.positions, state.ring, state.launch, keys, counts, width, noise.stride(0), noise.stride(1),
         state.max_len, state.ring.shape[0], state.ring.stride(0), CHUNKS=SAMPLE_CHUNKS,

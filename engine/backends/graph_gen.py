@@ -18,7 +18,7 @@ import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import torch
 
@@ -227,7 +227,7 @@ class GraphLane:
         self.scheduler.deadlines = board
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str,
-                     group: str | None = None) -> AsyncIterator[list[int]]:
+                     group: str | None = None) -> AsyncGenerator[list[int], None]:
         """Yield token deltas (stop id included when reached); up to `rows` jobs run at once, the rest wait in
         arrival order."""
         if not self.supports(prompt, opts):

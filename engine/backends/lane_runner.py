@@ -140,8 +140,8 @@ class LaneRunner:
         self.idle_ms = 0.0
         """GPU time the lane's stream sat empty between two reads of one run of the worker: the host was late
         with the next launch (Python, the GIL), not the GPU slow with the last."""
-        self._began = None
-        self._last_end = None
+        self._began: torch.cuda.Event | None = None
+        self._last_end: torch.cuda.Event | None = None
 
     def _choose_steps(self, fused: bool | None, compile_layers: bool, compile_prefill: bool | None) -> None:
         """Fused kernels or tensor code for the decode steps, and what Inductor compiles."""
@@ -159,7 +159,7 @@ class LaneRunner:
 
     def _buffers(self, width: int) -> None:
         dev, rows = self.device, self.rows
-        long = dict(device=dev, dtype=torch.long)
+        long: dict[str, Any] = dict(device=dev, dtype=torch.long)
         most = self.shapes.prefill_batches[-1]
         longest = self.shapes.prefills[-1]
         self.prompts = torch.zeros(most, longest, **long)
@@ -276,7 +276,8 @@ class LaneRunner:
 
     def _prefill_step(self, batch: int, size: int) -> None:
         """Prompts [0, batch) into their rows (`admit_rows`): each row's cache, first token, position and step."""
-        staging = tuple(staged[:, :batch, :, :size] for staged in self.staging)
+        k_staged, v_staged = self.staging
+        staging = (k_staged[:, :batch, :, :size], v_staged[:, :batch, :, :size])
         hidden = self.model.prefill_rows(self.prompts[:batch, :size], staging)
         rows, lengths = self.admit_rows[:batch], self.lengths[:batch]
         last = torch.arange(batch, device=self.device) * size + lengths - 1
@@ -292,7 +293,11 @@ class LaneRunner:
 
     def head_for(self, plan: decode_kernels.FusedPlan) -> torch.Tensor:
         """The head [H, A] as the fused kernels of `plan` read it."""
-        return self.head.t() if plan.k_major else self.head_t
+        if plan.k_major:
+            return self.head.t()
+        if self.head_t is None:
+            raise ValueError("this lane runs no fused steps: it keeps no transposed head")
+        return self.head_t
 
     def _fuses(self, rows: int) -> bool:
         return self.fused and rows <= self.fuse_rows
@@ -328,6 +333,8 @@ class LaneRunner:
         """One graph per (prompts, bucket) prefill and per (rows, span) decode (a fused decode: one per rows, the
         same graph for every span), sharing one memory pool (they never run at once)."""
         t0 = time.perf_counter()
+        if self.cuda_stream is None:
+            raise RuntimeError("CUDA graphs are captured on a GPU only")
         pool = torch.cuda.graph_pool_handle()
         shapes = [("prefill", batch, size) for batch in self.shapes.prefill_batches for size in self.shapes.prefills]
         shapes += [("decode", rows, span) for rows in self.shapes.row_buckets for span in self.shapes.spans]

@@ -3,7 +3,7 @@
 PortAudio's abort, close and restart of a stream talk to the audio server. With the server killed a moment ago, or
 frozen (SIGSTOP), they can block for good. Python runs signal handlers only on the main thread, between bytecodes, so
 such a call on the main thread also blocks Ctrl-C. The rule for the players (engine.backends.sounddevice_sink's
-Player, voiceapp.lean_player's LeanPlayer): no PortAudio call that can block runs where a signal must be handled.
+Player, voiceapp.audio.lean_player's LeanPlayer): no PortAudio call that can block runs where a signal must be handled.
 They hand such calls to `bounded`; the main thread waits on a lock, which a signal interrupts, and gives up after
 WAIT_S, leaving the thread behind.
 

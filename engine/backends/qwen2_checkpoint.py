@@ -104,7 +104,7 @@ class Qwen2Weights:
         return cls(config, tensor, tied=config.tie_word_embeddings or "lm_head.weight" not in where)
 
     @classmethod
-    def from_module(cls, model: torch.nn.Module) -> "Qwen2Weights":
+    def from_module(cls, model: Any) -> "Qwen2Weights":  # duck-typed: any module of that layout
         """A loaded transformers Qwen2ForCausalLM (or a model of its layout)."""
         params = dict(model.named_parameters(remove_duplicate=False))
         tied = model.get_output_embeddings().weight is model.model.embed_tokens.weight
@@ -122,8 +122,14 @@ ARCHITECTURES = ("qwen2", "llama")
 
 def rope_kind(cfg: Any) -> str:
     """The rotary scaling a config asks for: "default", "llama3", or another name (not implemented)."""
+    rope = _rope(cfg)
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+def _rope(cfg: Any) -> dict[str, Any]:
+    """A config's rotary settings (`rope_scaling`, or `rope_parameters` in newer transformers); {} for none."""
     rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
-    return rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    return rope if isinstance(rope, dict) else {}
 
 
 def rope_inv_freq(cfg: Any, head_dim: int) -> torch.Tensor:
@@ -137,7 +143,7 @@ def rope_inv_freq(cfg: Any, head_dim: int) -> torch.Tensor:
         return inv_freq
     if kind != "llama3":
         raise ValueError(f"rotary scaling {kind!r} is not implemented (plain and llama3 are)")
-    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None)
+    rope = _rope(cfg)
     factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
     original = float(rope["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv_freq

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 import numpy as np
 import torch
@@ -218,7 +218,13 @@ class GraphBuilder:
 
         self.nodes.append(helper.make_node(kind, inputs, outputs, domain=domain or None, **attrs))
 
-    def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs) -> str | list[str]:
+    @overload
+    def op(self, kind: str, *inputs: str, outputs: Literal[1] = 1, domain: str = "", **attrs: Any) -> str: ...
+
+    @overload
+    def op(self, kind: str, *inputs: str, outputs: Literal[2, 3], domain: str = "", **attrs: Any) -> list[str]: ...
+
+    def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> str | list[str]:
         names = [f"{self.fresh(kind)}_{i}" for i in range(outputs)]
         self.node(kind, list(inputs), names, domain, **attrs)
         return names[0] if outputs == 1 else names
@@ -278,6 +284,7 @@ def build_model(weights: Qwen2Weights, quantize: str = "int8", block: int = BLOC
     for i in range(layers):
         residual, delta = decoder_layer(g, weights, i, residual, delta, cos, sin)
         progress(i + 1, layers)
+    assert delta is not None  # a model has layers
     g.node("SkipSimplifiedLayerNormalization", [residual, delta, g.const("model.norm", weights.tensor(
         "model.norm.weight"))], ["hidden"], domain="com.microsoft", epsilon=cfg.rms_norm_eps)
     return _model(helper.make_graph(g.nodes, "qwen2_step", inputs, outputs, g.initializers))
@@ -371,7 +378,7 @@ class OrtQwen2:
             self.session = _session(str(path), self.threads, spin)
         except Exception as err:  # noqa: BLE001 - a truncated or foreign file: one user-facing line
             raise ModelFormatError(f"cannot load the int8 LLM {path}: {str(err).splitlines()[0]}") from err
-        self._bindings: dict[tuple[int, int, int], Any] = {}
+        self._bindings: dict[tuple[int, int, int, int], Any] = {}
 
     def head_rows(self, ids: torch.Tensor) -> "OrtHead | torch.Tensor":
         """The LM head restricted to vocabulary ids [A], in int8: a step's logits read 8195 x 896 bytes instead of

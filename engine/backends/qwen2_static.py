@@ -102,6 +102,8 @@ class StaticQwen2:
             self.layers.append(self._weights(weights.tensor, f"model.layers.{i}.", self.device, dtype))
             if release:
                 weights.release(i)
+        self.k_cache: torch.Tensor | None
+        self.v_cache: torch.Tensor | None
         self.k_cache, self.v_cache = self.new_cache(max_len) if own_cache else (None, None)
         self.counts = torch.zeros(COUNTS, device=self.device, dtype=torch.int32)
         """Counters of the fused kernels whose last program merges the others' work (split attention, reduced
@@ -165,7 +167,11 @@ class StaticQwen2:
         positions < `span` (a key at position p is seen by a query at q >= p only). Positions past the real
         sequence may hold stale keys: they are masked until overwritten, so padded prefills and over-long spans
         are safe."""
-        k_cache, v_cache = cache if cache is not None else (self.k_cache, self.v_cache)
+        if cache is None:
+            if self.k_cache is None or self.v_cache is None:
+                raise ValueError("this model keeps no cache of its own (own_cache=False): pass `cache`")
+            cache = (self.k_cache, self.v_cache)
+        k_cache, v_cache = cache
         x = self.embed.index_select(0, ids)
         cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
         keys = torch.arange(span, device=ids.device)
@@ -334,6 +340,7 @@ class StaticQwen2:
                                    tiling=TILINGS["gate_up"], preload=plan.preload_tiling("gate_up"), **launch)
             pending = self._fused_projection(act, w.down_t, plan.down_split, "down", plan,
                                              late=late_down and index < len(self.layers) - 1)
+        assert pending is not None  # a model has layers
         return x, pending
 
     def _fused_weights(self, plan: FusedPlan) -> list[LayerWeights]:

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, cast
 
 import torch
 from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
@@ -227,7 +227,8 @@ class TorchTokenGenerator:
         the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
         self.quantize, self._quantized_dir, self.events = quantize, quantized_dir, events
         self._llm_threads, self._llm_spins = llm_threads, llm_spins
-        self._source = (model_or_dir, dtype, static)
+        self._source: tuple[Any, torch.dtype | None, bool | None] | None = (model_or_dir, dtype, static)
+        """What to load (the constructor's arguments), until loaded."""
         self._loaded = False
         self._rows = rows
         self._shared: _SharedRows | None = None
@@ -250,7 +251,7 @@ class TorchTokenGenerator:
 
     def _load_once(self) -> None:
         """Load the model (once) as the constructor's arguments asked."""
-        if self._loaded:
+        if self._loaded or self._source is None:
             return
         model_or_dir, dtype, static = self._source
         owned = isinstance(model_or_dir, (str, Path))
@@ -363,7 +364,8 @@ class TorchTokenGenerator:
             ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
             positions = torch.arange(n, device=self.device)
             try:
-                hidden = self.static.forward(ids, positions, n, cache.fit(n, self.static))[-1]
+                kv = cache.fit(n, self._row_model) if isinstance(cache, _RowCache) else cache.fit(n, self.static)
+                hidden = self.static.forward(ids, positions, n, kv)[-1]
             except BaseException:
                 if isinstance(cache, _RowCache):
                     cache.release()
@@ -372,8 +374,8 @@ class TorchTokenGenerator:
         from transformers import DynamicCache
 
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # [1, S]
-        cache = DynamicCache(config=self.model.config)
-        return self._forward(input_ids, None, cache, head), cache
+        dynamic = DynamicCache(config=self.model.config)
+        return self._forward(input_ids, None, dynamic, head), dynamic
 
     @torch.inference_mode()
     def decode_one_token(self, last_id: int, cache: Any, pos: int,
@@ -388,17 +390,30 @@ class TorchTokenGenerator:
         position_ids = torch.tensor([[pos]], dtype=torch.long, device=self.device)  # [1, 1]
         return self._forward(input_ids, position_ids, cache, head)
 
+    @property
+    def _row_model(self) -> OrtQwen2:
+        """The model of the shared rows: they exist with int8 or int4 weights only (qwen2_ort.OrtQwen2)."""
+        return cast("OrtQwen2", self.static)
+
+    @property
+    def _static_model(self) -> StaticQwen2 | OrtQwen2:
+        """The model of the static forward (or int8 steps), where the generator runs one."""
+        if self.static is None:
+            raise RuntimeError("this generator runs the transformers forward: it has no static model")
+        return self.static
+
     def _new_cache(self, length: int) -> _StaticCache | _RowCache:
-        slot = self._shared.take() if self._shared is not None else None
-        if slot is None:
-            return _StaticCache(*self.static.new_cache(length))  # type: ignore[union-attr]
-        self._shared.fit(length, self.static)  # type: ignore[union-attr, arg-type]
-        return _RowCache(self._shared, slot)  # type: ignore[arg-type]
+        shared = self._shared
+        slot = shared.take() if shared is not None else None
+        if shared is None or slot is None:
+            return _StaticCache(*self._static_model.new_cache(length))
+        shared.fit(length, self._row_model)
+        return _RowCache(shared, slot)
 
     def _logits(self, hidden: torch.Tensor, head: Any) -> torch.Tensor:
         if callable(head):  # OrtQwen2's int8 rows
             return head(hidden)
-        weight = self.static.output if head is None else head  # type: ignore[union-attr]
+        weight = self._static_model.output if head is None else head
         return (weight @ hidden).float()
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache: Any,
@@ -452,7 +467,7 @@ class TorchTokenGenerator:
             keys, values = caches[run[0]].rows.fit(max(spans), self.static)
             ids = torch.tensor([steps[i][1] for i in run], dtype=torch.long)
             rows = slice(first, first + len(run))
-            hidden = self.static.forward_rows(ids, spans, (keys[:, rows], values[:, rows]))  # type: ignore[union-attr]
+            hidden = self._row_model.forward_rows(ids, spans, (keys[:, rows], values[:, rows]))
             for i, req, logits in zip(run, reqs, self._row_logits(hidden, reqs)):
                 req.pos += 1
                 tokens[i] = self._next(req, logits)

@@ -64,8 +64,8 @@ class _PerRequestProcessor(LogitsProcessor):
             return logits
         if self._groups is None:
             by_setting: dict[Any, list[int]] = {}
-            for index, setting in self.rows.items():
-                by_setting.setdefault(setting, []).append(index)
+            for row, setting in self.rows.items():
+                by_setting.setdefault(setting, []).append(row)
             self._groups = [(sorted(idx), setting) for setting, idx in by_setting.items()]
             self._index = {}
         rows = logits.shape[0]

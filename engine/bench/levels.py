@@ -106,7 +106,7 @@ async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text:
             if decodes is not None and r.request_id in decodes.times}
     level = summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
                       items / calls if calls else 0.0, mine, right=schedule.right_context(0))
-    if lane0 is not None and lane.busy_ms > lane0[0]:
+    if lane is not None and lane0 is not None and lane.busy_ms > lane0[0]:
         level.lane_busy_ms, level.lane_idle_ms = lane.busy_ms - lane0[0], lane.idle_ms - lane0[1]
     return level
 

@@ -173,7 +173,7 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
                    preroll_s: float = PREROLL_S) -> RateResult:
     """One rate's numbers from its streams' timelines."""
     heard = []
-    failed, errors = 0, []
+    failed, errors = 0, list[str]()
     for log in logs:
         h = None if log.refused or log.error else listen(log, sample_rate, preroll_s)
         if h is not None:

@@ -111,6 +111,8 @@ def paced_sentence(pace: RequestPace, chunks: Sequence[tuple[float, float, bool,
             pace.release()
         if not pace.arrived(seconds, end, at, planned, None if made is None else made[i]) and start is None:
             start = at
+    if start is None:  # the chunk that ends a sentence always lets it go
+        raise ValueError("a sentence's chunks must end with the one that ends it")
     slack, played = math.inf, 0.0
     for at, seconds, _, _ in chunks:
         slack, played = min(slack, start + played - at), played + seconds

@@ -31,7 +31,7 @@ def reference_pipeline(model_dir: Path, tokens: int, globals_: Sequence[int], te
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    sparktts_module = importlib.import_module("spark_tts_lib.SparkTTS")  # the module (the package rebinds the name)
+    sparktts_module: Any = importlib.import_module("spark_tts_lib.SparkTTS")  # the module (the package rebinds the name)
     from spark_tts_lib.models.audio_tokenizer import BiCodecTokenizer
     from spark_tts_lib.models.bicodec import BiCodec
 

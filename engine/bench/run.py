@@ -124,10 +124,10 @@ async def run_pipeline_bench(opts: BenchOptions, log: Callable[[str], None] = pr
             for name, (variant, levels) in opts.variants.items():
                 result.setdefault("variants", {})[name] = await _measure_variant(
                     synth, gen, variant, levels, opts, text=text, voice=voice, log=log, name=name, decodes=decodes)
-            lane = getattr(inner, "lane", None)
-            if lane is not None:
-                result["lane"] = {"streams": inner.lane_streams, "served": lane.served,
-                                  "capture_s": round(lane.capture_s, 1)}
+            router = lane_router(gen)
+            if router is not None:
+                result["lane"] = {"streams": router.lane_streams, "served": router.lane.served,
+                                  "capture_s": round(router.lane.capture_s, 1)}
             result["batcher"] = {"calls": synth.batcher.stats.calls, "items": synth.batcher.stats.items,
                                  "max_batch": synth.batcher.stats.max_batch,
                                  "mean_batch": round(synth.batcher.stats.mean_batch, 2)}
@@ -149,7 +149,7 @@ async def _measure_variant(synth: Any, gen: FixedLengthGenerator, variant: Varia
     if router is not None:
         router.enabled = variant.lane
         if variant.burst is not None:
-            router.lane.bursts = tuple((most, n if most is None else variant.burst) for most, n in bursts_were)
+            router.lane.bursts = tuple((most, n if most is None else variant.burst) for most, n in router.lane.bursts)
     if variant.switch_s is not None:
         sys.setswitchinterval(variant.switch_s)
     try:

@@ -10,7 +10,7 @@ the servers, the front ends and export see only these Protocols.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Protocol, Sequence, runtime_checkable
 
 from engine.config import SamplingOptions
 from engine.prompt import Prompt
@@ -54,7 +54,7 @@ class CodeParser(Protocol):
     ignored: int
     """Ids that carried no audio (structural, misplaced or unknown)."""
 
-    def feed(self, token_ids: Iterable[int]) -> list[Hashable]:
+    def feed(self, token_ids: Iterable[int]) -> Sequence[Hashable]:
         """Consume a delta of generated ids; return the complete codec frames it finished, in order. A frame is
         whatever the family's decoder takes per step (Spark: one semantic code; Orpheus: a 7-code SNAC frame)."""
         ...
@@ -69,11 +69,20 @@ class CodeParser(Protocol):
 class Grammar(Protocol):
     """One checkpoint's prompt format and token grammar, bound to its tokenizer. Pure; what the Synthesizer runs."""
 
-    family: str
-    """The family's name ("spark", "orpheus")."""
-    token_ids: TokenTable
-    tokens_per_code: int
-    """LLM tokens per codec frame (Spark 1, Orpheus 7): a sentence's token budget becomes audio through it."""
+    # read-only properties: a family's grammar is a frozen dataclass
+    @property
+    def family(self) -> str:
+        """The family's name ("spark", "orpheus")."""
+        ...
+
+    @property
+    def token_ids(self) -> TokenTable:
+        ...
+
+    @property
+    def tokens_per_code(self) -> int:
+        """LLM tokens per codec frame (Spark 1, Orpheus 7): a sentence's token budget becomes audio through it."""
+        ...
 
     def prompt(self, text: str, voice: Voice, conditioning: tuple[int, ...]) -> Prompt:
         """The LLM prompt for one normalized sentence in `voice`, with `allowed_ids` set to what may follow it."""
@@ -119,6 +128,10 @@ class Checkpoint(Protocol):
     token_ids: TokenTable
     checkpoint_hash: str
     """Keys on-disk caches (voice conditioning, the int8 LLM, export manifests)."""
+
+    def summary(self) -> list[str]:
+        """`voicectl model info`'s lines about it."""
+        ...
 
 
 @runtime_checkable

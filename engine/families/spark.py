@@ -70,11 +70,11 @@ class SparkGrammar:
         prefix += [s["end_acoustic_token"], s["start_global_token"]]
         allowed = tuple(range(ids.global_base, ids.global_base + GLOBAL_CODEBOOK))
         picked = await sample(Prompt(tuple(prefix), allowed), GLOBAL_COUNT, voice.seed + 7, f"globals-{voice.name}")
-        codes = tuple(ids.global_index(t) for t in picked)
-        if len(codes) != GLOBAL_COUNT or None in codes:
-            raise GenerationError(f"voice {voice.name!r}: the model produced {len(codes)} global tokens, "
+        codes = tuple(code for t in picked if (code := ids.global_index(t)) is not None)
+        if len(picked) != GLOBAL_COUNT or len(codes) != len(picked):
+            raise GenerationError(f"voice {voice.name!r}: the model produced {len(picked)} global tokens, "
                                   f"expected {GLOBAL_COUNT}")
-        return codes  # type: ignore[return-value]
+        return codes
 
 
 class SparkFamily:

@@ -209,7 +209,7 @@ def build_tokenizer():
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tk.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()  # a decoder takes no options (tokenizers ignored the ones given here)
     specs = added_token_specs()
     # add in id order; consecutive runs of the same kind in one call (each call appends at the next free id)
     i = 0

@@ -205,7 +205,7 @@ OPEN_AFTER_FREEZE = """
 import sys, time
 from engine.backends.sounddevice_sink import Player, import_sounddevice
 from engine.errors import AudioDeviceError
-from voiceapp.lean_player import LeanPlayer
+from voiceapp.audio.lean_player import LeanPlayer
 import_sounddevice()  # PortAudio started while the server answered
 print("ready", flush=True)
 sys.stdin.readline()  # the server is frozen now

@@ -1,4 +1,4 @@
-"""`voicectl say` through a warm server on the lean road (voiceapp.lean_say): real PortAudio playback into the
+"""`voicectl say` through a warm server on the lean road (voiceapp.cli.lean_say): real PortAudio playback into the
 PulseAudio null sink, captured back.
 
 The speakers must get exactly what `--out` writes for the same text, voice and seed; until the first audio is
@@ -27,12 +27,12 @@ from tests.server.conftest import start_serve
 TEXT = "The lean road plays this. A second sentence checks the join!"
 VOICE = ["--voice", "leo", "--seed", "5", "--max-tokens", "60"]
 HEAVY = ("numpy", "asyncio", "torch", "soundfile", "soxr", "engine.pipeline", "engine.factory", "engine.types",
-         "engine.ringbuffer", "voiceapp.client", "voiceapp.autostart", "engine.backends.sounddevice_sink")
+         "engine.ringbuffer", "voiceapp.server.client", "voiceapp.server.autostart", "engine.backends.sounddevice_sink")
 """What must not be imported before the first audio is queued."""
 
 PROBE = """
 import json, os, sys
-from voiceapp import lean_player
+from voiceapp.audio import lean_player
 seen = {}
 def noting(write):
     def first_write(self, data):
@@ -87,7 +87,7 @@ def test_lean_say_plays_what_out_writes_and_imports_nothing_heavy_first(pulse_se
     assert stats["server_pid"] == server_pid and stats["underruns"] == 0 and stats["sentences"] == 2
     assert 0 < stats["phases"]["queued"] < 1000 * 30 and stats["onset_ms"] >= stats["ttfa_ms"] > 0
     modules = json.loads(probe_out.read_text())["modules"]
-    assert "voiceapp.lean_say" in modules and "sounddevice" in modules
+    assert "voiceapp.cli.lean_say" in modules and "sounddevice" in modules
     assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY], "imported before the first audio"
     assert_played_equals_file(cap(), wav)
 

@@ -60,10 +60,10 @@ class Lines(io.TextIOBase):
 
 
 class InProcessModule:
-    """The module's protocol and Speaker (voiceapp.speechd_module) on the fake engine, its server at `socket`."""
+    """The module's protocol and Speaker (voiceapp.speechd.module) on the fake engine, its server at `socket`."""
 
     def __init__(self, socket: Path) -> None:
-        from voiceapp.speechd_module import ModuleConfig, ModuleProtocol, Output, Speaker
+        from voiceapp.speechd.module import ModuleConfig, ModuleProtocol, Output, Speaker
 
         self.socket = socket
         self.out = Lines()
@@ -95,9 +95,9 @@ class InProcessModule:
     def reference(self, text: str) -> np.ndarray:
         """What the server makes of `text` as the module asks for it (its voice, seed and options)."""
         from engine.config import SynthesisRequest
-        from voiceapp.client import RemoteSynthesizer
+        from voiceapp.server.client import RemoteSynthesizer
         from voiceapp.common import sampling_options
-        from voiceapp.speechd_module import Settings, choose_voice
+        from voiceapp.speechd.module import Settings, choose_voice
 
         async def render() -> np.ndarray:
             remote = await RemoteSynthesizer.connect(self.socket)
@@ -131,7 +131,7 @@ def module(pulse_server, tmp_path, monkeypatch):
 def engine_first_audio_ms(socket: Path, text: str) -> float:
     """The warm server's own first audio: a request sent to its first audio frame read."""
     from engine.config import SamplingOptions, SynthesisRequest
-    from voiceapp.client import RemoteSynthesizer
+    from voiceapp.server.client import RemoteSynthesizer
 
     async def first() -> float:
         remote = await RemoteSynthesizer.connect(socket)
@@ -272,7 +272,7 @@ def test_a_frozen_sound_server_ends_each_message_with_one_line_and_stop_is_heard
     """The sound server frozen before the module starts: INIT answers at once; a STOP during the first message's wait
     on PortAudio ends it at once (703 STOP); a message left alone ends within PortAudio's bounds with one line in the
     module's log saying the audio output does not answer; the module answers and quits cleanly afterwards."""
-    from voiceapp.speechd_module import config_text
+    from voiceapp.speechd.module import config_text
 
     server = private_pulse({"frozen": RATE})
     socket, log = tmp_path / "engine.sock", tmp_path / "module.log"
@@ -317,7 +317,7 @@ def test_a_sound_server_frozen_between_messages_ends_the_next_with_one_line(priv
     """A message plays; the sound server freezes; the next message's stream start does not come back: a STOP is
     heard within the start's bound, a message left alone ends (703 STOP) within PortAudio's bounds with one log line
     (the stopped one may have said it too), and the module answers and quits cleanly."""
-    from voiceapp.speechd_module import config_text
+    from voiceapp.speechd.module import config_text
 
     server = private_pulse({"freezes": RATE})
     socket, log = tmp_path / "engine.sock", tmp_path / "module.log"

@@ -33,16 +33,16 @@ def test_a_command_imports_its_own_module_only():
     import sys
 
     probe = ("import sys; from voiceapp import cli; cli.build_parser('say').parse_args(['say', 'Hi.']); "
-             "print(sorted(m for m in sys.modules if m.startswith('voiceapp.cmd_')))")
+             "print(sorted(m for m in sys.modules if m.startswith(('voiceapp.cli.', 'voiceapp.cmd_'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "['voiceapp.cmd_say']", out.stderr
+    assert out.stdout.strip() == "['voiceapp.cli.say']", out.stderr
     assert "bench" in cli.build_parser()._subparsers._group_actions[0].choices  # the full parser for help
 
 
 def test_doctor_notes_a_missing_triton_without_failing(monkeypatch):
     import importlib.util
 
-    from voiceapp import cmd_doctor
+    from voiceapp.cli import doctor as cmd_doctor
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
@@ -58,7 +58,7 @@ def test_doctor_gives_a_cpu_machine_cpu_advice(monkeypatch, name):
     installing them."""
     import importlib.util
 
-    from voiceapp import cmd_doctor
+    from voiceapp.cli import doctor as cmd_doctor
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))

@@ -96,7 +96,7 @@ def test_the_reported_numbers_are_one_line_at_once(args, tmp_path):
                                          ("temperature", float("inf")), ("top_p", 0), ("top_p", 1.5),
                                          ("max_tokens", 10 ** 12), ("max_tokens", "40"), ("max_tokens", True)])
 def test_a_socket_request_with_a_bad_number_is_refused_up_front(field, value):
-    from voiceapp.server import parse_say
+    from voiceapp.server.engine_server import parse_say
 
     with pytest.raises(InputError, match=field):
         parse_say({"type": "say", "text": "Hi.", "options": {field: value}})

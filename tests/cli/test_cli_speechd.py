@@ -11,8 +11,8 @@ import pytest
 
 from engine.voices import Voice, VoiceBank
 from tests import cli_helpers
-from voiceapp import speechd
-from voiceapp.speechd_module import read_config
+from voiceapp.speechd import install as speechd
+from voiceapp.speechd.module import read_config
 
 USER_CONF = """# my settings
 LogLevel 3

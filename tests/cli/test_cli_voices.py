@@ -141,7 +141,7 @@ def test_a_long_reference_is_read_only_as_far_as_it_is_used(tmp_path):
     only the frames it uses are read, as float32. Measured on a 3-minute file: what reading it allocates."""
     import tracemalloc
 
-    from voiceapp.cmd_voice import REFERENCE_READ_S, read_reference
+    from voiceapp.cli.voice import REFERENCE_READ_S, read_reference
 
     rate = 22050
     t = np.arange(rate * 180) / rate
@@ -164,7 +164,7 @@ def test_reference_messages_say_what_is_wrong(tmp_path):
     import pytest
 
     from engine.errors import InputError
-    from voiceapp.cmd_voice import read_reference
+    from voiceapp.cli.voice import read_reference
 
     rate = 16000
     voice = 0.3 * np.sin(2 * np.pi * 180 * np.arange(rate * 2) / rate)

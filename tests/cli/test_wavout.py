@@ -6,7 +6,7 @@ import pytest
 import soundfile as sf
 
 from engine.types import AudioChunk
-from voiceapp.wavout import write_wav
+from voiceapp.audio.wavout import write_wav
 
 
 async def chunks(n=3, fail_after=None):

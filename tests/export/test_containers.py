@@ -218,7 +218,7 @@ def test_a_full_disk_while_encoding_is_the_disks_error_and_prints_nothing(capfd,
     """In-process (no tmpfs, no root): a write failing at the start, half way, or in the file's last 64 bytes
     (the trailer) reaches the caller as the disk's OSError, not FFmpeg's echo of it, and PyAV prints no dropped
     exception: MP3 and Opus seek back when closed, which failed again inside FFmpeg and printed a traceback."""
-    from voiceapp.containers import CONTAINERS, Mark, Tags, encode
+    from voiceapp.audio.containers import CONTAINERS, Mark, Tags, encode
 
     rate = 16000
     pcm = (np.sin(np.arange(rate * 4) / 7) * 8000).astype("<i2").tobytes()
@@ -238,7 +238,7 @@ def test_a_full_disk_while_encoding_is_the_disks_error_and_prints_nothing(capfd,
 @pytest.mark.parametrize("suffix", [".m4b", ".mp3", ".opus"])
 def test_two_encodings_of_the_same_audio_have_the_same_bytes(suffix):
     """Resume and a clean run must agree byte for byte: Ogg's stream serial number was random in every file."""
-    from voiceapp.containers import CONTAINERS, Mark, Tags, encode
+    from voiceapp.audio.containers import CONTAINERS, Mark, Tags, encode
 
     pcm = (np.sin(np.arange(16000) / 5) * 6000).astype("<i2").tobytes()
     files = [io.BytesIO(), io.BytesIO()]

@@ -79,7 +79,7 @@ def test_disk_full_before_any_sentence_leaves_nothing(clean, tmp_path, capsys, m
 
 
 def test_progress_reports_eta_and_speed_from_this_runs_pace(capsys):
-    from voiceapp import cmd_export
+    from voiceapp.cli import export as cmd_export
 
     now = [100.0]
     chars = [10] * 20 + [40] * 10 + [10] * 60  # 1,200 characters; the first 20 sentences were resumed
@@ -114,7 +114,7 @@ def simulate(chars: list[int], jobs: int, chars_per_s: float, resumed: int):
     `chars_per_s`: yields (share of the text done, the Progress's ETA, the true time left) after each sentence."""
     import heapq
 
-    from voiceapp import cmd_export
+    from voiceapp.cli import export as cmd_export
 
     now = [0.0]
     progress = cmd_export.Progress(chars, set(range(resumed)), 16000, None, clock=lambda: now[0])

@@ -17,7 +17,7 @@ from engine.export_plan import (MANIFEST_VERSION, ChapterGain, ExportPlan, Expor
                                 render_parts, to_pcm16)
 from engine.factory import EngineConfig, build_synthesizer
 from engine.pipeline import JoinConfig
-from voiceapp.cmd_export import export_config
+from voiceapp.cli.export import export_config
 
 TEXT = "Chapter 1\n\n" + " ".join(f"Line {i} is here." for i in range(6)) + "\n\nChapter 2\n\nLast words. The end."
 

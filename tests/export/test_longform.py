@@ -29,7 +29,7 @@ from engine.fakes import ScriptedGenerator, ToneDecoder
 from engine.pipeline import JoinConfig, sentence_seed
 from engine.text import normalize, sentence_token_cap
 from engine.voices import VoiceBank
-from voiceapp.cmd_export import export_config
+from voiceapp.cli.export import export_config
 from tests.cli_helpers import voicectl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from engine.families import FAMILIES, detect, family
 
 
 def test_the_cli_offers_every_family():
-    from voiceapp.cmd_model import FAMILY_NAMES
+    from voiceapp.cli.model import FAMILY_NAMES
 
     assert FAMILY_NAMES == tuple(FAMILIES)
 

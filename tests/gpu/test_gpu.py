@@ -500,7 +500,7 @@ async def test_deterministic_engine_renders_a_sentence_alike_in_any_company(gpu_
     from engine.factory import EngineConfig, build_synthesizer, lane_rows
     from engine.platform_info import describe_platform
     from engine.pipeline import sentence_seed
-    from voiceapp.cmd_export import export_config
+    from voiceapp.cli.export import export_config
 
     synth = build_synthesizer(export_config(EngineConfig(model=str(gpu_model), cache_dir=str(tmp_path / "cache"))))
     texts = [f"Sentence number {i} goes {'on and on ' * (i % 4)}to the harbour." for i in range(12)]

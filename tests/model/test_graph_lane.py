@@ -413,7 +413,7 @@ def test_lane_rows_by_front_end() -> None:
     import argparse
 
     from engine.factory import EngineConfig
-    from voiceapp.cmd_serve import add_parser, serve_config
+    from voiceapp.cli.serve import add_parser, serve_config
     from voiceapp.common import engine_config
 
     parser = argparse.ArgumentParser()
@@ -426,7 +426,9 @@ def test_lane_rows_by_front_end() -> None:
 
 
 def test_bucket_and_request_of() -> None:
-    assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64 and bucket(65, (32, 64)) is None
+    assert bucket(1, (32, 64)) == 32 and bucket(33, (32, 64)) == 64
+    with pytest.raises(ValueError, match="65 exceeds"):
+        bucket(65, (32, 64))
     assert request_of("abc-3") == "abc" and request_of("a-b-12") == "a-b"
     assert request_of("warm") == "warm" and request_of("x-y") == "x-y"
     assert request_of(sentence_id("r0s8-3", 12)) == "r0s8-3"  # the bench's request ids end in digits too
@@ -563,7 +565,7 @@ async def test_router_in_front_of_a_slower_generator_never_hands_over(lane) -> N
 
 def test_status_reports_the_lane(lane) -> None:
     from engine.engine_api import describe_engine, lane_status
-    from voiceapp.cmd_status import describe
+    from voiceapp.cli.status import describe
 
     router = LaneRouter(ScriptedGenerator(IDS), lane)
     router.lane_streams, router.handoffs = 3, 1

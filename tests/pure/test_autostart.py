@@ -8,9 +8,9 @@ import pytest
 
 from engine.errors import InputError
 from engine.events import Notice
-from voiceapp.autostart import ServerLog, idle_text, idle_timeout, serve_command, server_disabled
+from voiceapp.server.autostart import ServerLog, idle_text, idle_timeout, serve_command, server_disabled
 from voiceapp.cli import build_parser
-from voiceapp.cmd_serve import first_config
+from voiceapp.cli.serve import first_config
 from voiceapp.common import engine_config
 
 

@@ -54,8 +54,8 @@ def test_the_synthesizer_is_an_engine_and_reports_its_devices() -> None:
 
 
 def test_a_server_serves_any_engine_through_the_seam(tmp_path) -> None:
-    from voiceapp.cmd_status import describe
-    from voiceapp.server import EngineServer, LiveRequests
+    from voiceapp.cli.status import describe
+    from voiceapp.server.engine_server import EngineServer, LiveRequests
 
     engine = Echo()
     assert isinstance(engine, Engine)

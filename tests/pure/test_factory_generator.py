@@ -91,12 +91,12 @@ def test_say_the_tui_and_their_servers_declare_one_listener_export_and_serve_do_
     assert engine_config(args, one_listener=True).one_listener and not engine_config(args).one_listener
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "voiceapp"
-    assert "engine_config(args, one_listener=True)" in (root / "cmd_say.py").read_text()
-    assert "engine_config(args, one_listener=True)" in (root / "cmd_tui.py").read_text()
-    assert "one_listener" not in (root / "cmd_export.py").read_text()
+    root = Path(__file__).resolve().parents[2] / "voiceapp" / "cli"
+    assert "engine_config(args, one_listener=True)" in (root / "say.py").read_text()
+    assert "engine_config(args, one_listener=True)" in (root / "tui.py").read_text()
+    assert "one_listener" not in (root / "export.py").read_text()
     from voiceapp.cli import build_parser
-    from voiceapp.cmd_serve import first_config, serve_config, tunes
+    from voiceapp.cli.serve import first_config, serve_config, tunes
 
     # every server on backend auto answers first with the engine one listener gets; one started by hand then
     # tunes itself for a crowd in the background; on another backend it builds the crowd's engine before answering

@@ -1,5 +1,5 @@
-"""The speech-dispatcher module's side of speechd's module protocol, fed scripted stdin (voiceapp.speechd_module
-`run_module` and `ModuleProtocol`), and what it makes of a message's SSML (voiceapp.speechd_ssml). The real daemon
+"""The speech-dispatcher module's side of speechd's module protocol, fed scripted stdin (voiceapp.speechd.module
+`run_module` and `ModuleProtocol`), and what it makes of a message's SSML (voiceapp.speechd.ssml). The real daemon
 and real playback: tests/audio/test_speechd.py."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from engine.voices import Voice, VoiceBank
-from voiceapp.speechd_module import (ModuleConfig, ModuleProtocol, Output, Settings, choose_voice, config_text,
+from voiceapp.speechd.module import (ModuleConfig, ModuleProtocol, Output, Settings, choose_voice, config_text,
                                      read_config, run_module, sentence_count)
-from voiceapp.speechd_ssml import Segment, segments
+from voiceapp.speechd.ssml import Segment, segments
 
 
 class RecordingSpeaker:

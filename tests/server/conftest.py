@@ -10,7 +10,7 @@ import pytest
 
 from engine.factory import EngineConfig, build_synthesizer
 from tests.cli_helpers import kill_servers
-from voiceapp.server import EngineServer, LiveRequests
+from voiceapp.server.engine_server import EngineServer, LiveRequests
 
 
 class ThreadServer:

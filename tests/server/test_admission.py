@@ -19,9 +19,9 @@ from engine.deadlines import Verdict
 from engine.events import Notice
 from engine.fakes import fixed_throughput
 from tests.server.conftest import ThreadServer, wait_for
-from voiceapp.client import RemoteSynthesizer
-from voiceapp.cmd_status import describe
-from voiceapp.http_api import HttpApi
+from voiceapp.server.client import RemoteSynthesizer
+from voiceapp.cli.status import describe
+from voiceapp.http.api import HttpApi
 from voiceapp.load_bench import HttpTarget, drive
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))

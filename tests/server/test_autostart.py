@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli_helpers import one_line_error, serve_pids, voicectl
 from tests.server.conftest import same_audio, start_serve, wait_for
-from voiceapp.client import Connection
+from voiceapp.server.client import Connection
 
 FAKE = ["--backend", "fake", "--seed", "3", "--voice", "leo", "--json"]
 

@@ -16,8 +16,8 @@ class Full(Echo):
 
 
 def test_a_full_engine_is_a_429_with_retry_after(tmp_path):
-    from voiceapp.http_api import HttpApi, bind_listener
-    from voiceapp.server import EngineServer, LiveRequests
+    from voiceapp.http.api import HttpApi, bind_listener
+    from voiceapp.server.engine_server import EngineServer, LiveRequests
 
     async def main():
         server = EngineServer(Full(), tmp_path / "s.sock", LiveRequests(lambda line: None))

@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from tests.server.test_http_serve import Served
-from voiceapp.speech_formats import supported_formats
+from voiceapp.http.formats import supported_formats
 
 openai = pytest.importorskip("openai")
 av = pytest.importorskip("av")

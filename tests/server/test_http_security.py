@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.server.test_http_serve import Served
 from tests.server.conftest import wait_for
-from voiceapp.client import server_status
+from voiceapp.server.client import server_status
 
 FD_LIMIT = 128
 TIMEOUT_S = 1.0

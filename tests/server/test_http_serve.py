@@ -20,9 +20,9 @@ import soundfile
 
 from tests.cli_helpers import kill_servers, one_line_error, voicectl
 from tests.server.conftest import start_serve, wait_for
-from voiceapp.client import server_status
-from voiceapp.speech_api import RETRY_AFTER_MAX_S
-from voiceapp.speech_formats import supported_formats
+from voiceapp.server.client import server_status
+from voiceapp.http.rules import RETRY_AFTER_MAX_S
+from voiceapp.http.formats import supported_formats
 
 openai = pytest.importorskip("openai")
 av = pytest.importorskip("av")

@@ -53,7 +53,7 @@ class RayServed:
     def status(self) -> dict:
         import asyncio
 
-        from voiceapp.client import server_status
+        from voiceapp.server.client import server_status
 
         return asyncio.run(server_status(Path(self.env["VOICEAPP_SOCKET"])))
 
@@ -163,7 +163,7 @@ class socket_nobody_listens_on:
 
 def test_replicas_are_one_per_gpu_or_autoscaled_between_the_bounds():
     from engine.errors import InputError
-    from voiceapp.ray_serve import Scaling, check_scaling
+    from voiceapp.cluster.serve import Scaling, check_scaling
 
     assert Scaling(gpus=2).options()["num_replicas"] == 2
     assert Scaling(gpus=2).options()["ray_actor_options"] == {"num_gpus": 1}
@@ -178,7 +178,7 @@ def test_replicas_are_one_per_gpu_or_autoscaled_between_the_bounds():
 
 
 def test_the_router_ranks_replicas_by_the_share_of_their_capacity_in_use():
-    from voiceapp.ray_replica import load_share
+    from voiceapp.cluster.replica import load_share
 
     assert load_share({"live": 3, "capacity": 4}, None, 32) == 0.75
     assert load_share({"live": 3, "capacity": 4}, 1, 32) == 0.25  # the router's own count is fresher

@@ -13,7 +13,7 @@ import pytest
 from engine.config import SynthesisRequest
 from tests.cli_helpers import one_line_error, voicectl
 from tests.server.conftest import same_audio
-from voiceapp.server_socket import send_say
+from voiceapp.server.rendezvous import send_say
 
 FAKE = ["--backend", "fake", "--seed", "3", "--voice", "leo"]
 HEAVY = ("numpy", "asyncio", "engine.text", "engine.factory", "engine.pipeline", "soundfile", "sounddevice")
@@ -21,7 +21,7 @@ HEAVY = ("numpy", "asyncio", "engine.text", "engine.factory", "engine.pipeline",
 
 SPY = textwrap.dedent("""
     import json, sys
-    import voiceapp.server_socket as rendezvous
+    import voiceapp.server.rendezvous as rendezvous
     send = rendezvous.send_say
     def spy(*args, **kwargs):
         sent = send(*args, **kwargs)

@@ -13,7 +13,7 @@ import pytest
 from engine.protocol import PROTOCOL_VERSION, encode_message, project_version
 from tests.cli_helpers import one_line_error, serve_pids, voicectl
 from tests.server.conftest import same_audio, start_serve, wait_for
-from voiceapp.client import Connection, RemoteSynthesizer, ServerGone, server_status
+from voiceapp.server.client import Connection, RemoteSynthesizer, ServerGone, server_status
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(60))
 

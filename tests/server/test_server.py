@@ -15,8 +15,8 @@ from engine.events import FirstAudio, RequestFinished, RequestStarted, SentenceF
 from engine.factory import EngineConfig, build_synthesizer
 from engine.protocol import HEADER, PROTOCOL_VERSION, encode_audio, encode_message, read_frame
 from tests.server.conftest import ThreadServer, wait_for
-from voiceapp.client import Connection, RemoteSynthesizer, server_status
-from voiceapp.server import SocketLock, prepare_socket_dir
+from voiceapp.server.client import Connection, RemoteSynthesizer, server_status
+from voiceapp.server.engine_server import SocketLock, prepare_socket_dir
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))
 
@@ -192,7 +192,7 @@ async def test_malformed_frames_end_their_connections_and_leak_nothing(fake_serv
 
 
 async def test_an_unexpected_reader_failure_ends_the_connection_and_is_logged_once(fake_server, monkeypatch):
-    import voiceapp.server as server_module
+    import voiceapp.server.engine_server as server_module
 
     async def broken(reader):
         raise RuntimeError("boom")
@@ -241,7 +241,7 @@ async def test_a_fast_text_stream_is_held_back_not_buffered_without_bound(fake_s
     """A client that streams text far faster than it is spoken: the server stops reading (the client's writes
     block) instead of holding everything; the request still ends when that client leaves."""
     from engine.protocol import MAX_TEXT_PIECE
-    from voiceapp.server import MAX_PENDING_TEXT
+    from voiceapp.server.engine_server import MAX_PENDING_TEXT
 
     reader, writer = await asyncio.open_unix_connection(str(fake_server.path))
     writer.write(encode_message({"type": "hello", "v": PROTOCOL_VERSION}))
@@ -377,9 +377,9 @@ def test_a_non_socket_file_in_the_way_is_not_deleted(sock_path):
 
 async def test_a_peer_of_another_uid_is_refused_before_hello(fake_server, monkeypatch):
     """The SO_PEERCRED check, with the kernel's answer faked (the test below does it for real, as root)."""
-    import voiceapp.server
+    import voiceapp.server.engine_server
 
-    monkeypatch.setattr(voiceapp.server, "peer_credentials", lambda sock: (4242, os.getuid() + 1))
+    monkeypatch.setattr(voiceapp.server.engine_server, "peer_credentials", lambda sock: (4242, os.getuid() + 1))
     frames = await raw_exchange(fake_server.path, b"", hello=False)  # refused before we could say anything
     assert [(f["type"], f["code"]) for f in frames] == [("error", "peer-uid")]
     assert fake_server.status()["refused"] == 1

@@ -10,7 +10,7 @@ from engine.pacing import Pacer
 from engine.engine_api import describe_engine
 from engine.protocol import project_version
 from tests.cli_helpers import one_line_error, voicectl
-from voiceapp.server_socket import server_mismatch, wanted_checkpoint
+from voiceapp.server.rendezvous import server_mismatch, wanted_checkpoint
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from engine.config import SamplingOptions, SynthesisRequest
 from engine.factory import EngineConfig, build_synthesizer
 from tests.cli_helpers import voicectl
 from tests.server.conftest import ThreadServer, same_audio, start_serve
-from voiceapp.client import RemoteSynthesizer
-from voiceapp.wavout import write_wav
+from voiceapp.server.client import RemoteSynthesizer
+from voiceapp.audio.wavout import write_wav
 
 
 def tiny_config(model, cache):

@@ -1,5 +1,5 @@
-"""The HTTP API's pure parts: what a speech request means (voiceapp.speech_api) and how its audio is written
-(voiceapp.speech_formats), without a server."""
+"""The HTTP API's pure parts: what a speech request means (voiceapp.http.rules) and how its audio is written
+(voiceapp.http.formats), without a server."""
 import io
 import json
 import struct
@@ -9,10 +9,10 @@ import pytest
 import soundfile
 
 from engine.errors import InputError
-from voiceapp.speech_api import (OPENAI_VOICES, RETRY_AFTER_MAX_S, SPEECH_CHARS_PER_S, ApiError, HttpLimits,
+from voiceapp.http.rules import (OPENAI_VOICES, RETRY_AFTER_MAX_S, SPEECH_CHARS_PER_S, ApiError, HttpLimits,
                                  authorized, expected_audio_s, http_settings, is_loopback, parse_listen, parse_speech,
                                  resolve_voice, retry_after_s, voices_body)
-from voiceapp.speech_formats import (FORMATS, WAV_UNKNOWN_SIZE, StreamEncoder, atempo_stages, pcm16,
+from voiceapp.http.formats import (FORMATS, WAV_UNKNOWN_SIZE, StreamEncoder, atempo_stages, pcm16,
                                      supported_formats)
 
 VOICES = ("ava", "emma", "leo", "max", "mia", "sam")
@@ -246,7 +246,7 @@ def test_sized_bodies_carry_their_length_and_decode_to_it(fmt):
         return
     decoded, rate = av_decoded(data)
     want = len(x) * rate // 16000
-    slack = {"aac": 1024 + 1024}.get(fmt, 0)  # ADTS cannot say the encoder's priming; see speech_formats
+    slack = {"aac": 1024 + 1024}.get(fmt, 0)  # ADTS cannot say the encoder's priming; see voiceapp.http.formats
     assert want <= len(decoded) <= want + slack, (len(decoded), want)
     if fmt != "aac":  # libsndfile has no AAC
         info = soundfile.info(io.BytesIO(data))

@@ -13,7 +13,7 @@ from engine.fakes import ScriptedGenerator
 from engine.tuning import Tuning, TuningStep
 from tests.cli_helpers import voicectl
 from tests.server.conftest import ThreadServer, start_serve
-from voiceapp.client import RemoteSynthesizer
+from voiceapp.server.client import RemoteSynthesizer
 
 TEXT = " ".join(f"Sentence number {i} is here." for i in range(6))
 

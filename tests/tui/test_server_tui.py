@@ -11,7 +11,7 @@ import pytest
 from tui_helpers import SIZE, ready, say, wait_until
 
 from engine.factory import EngineConfig, build_synthesizer
-from voiceapp.server import EngineServer, LiveRequests
+from voiceapp.server.engine_server import EngineServer, LiveRequests
 from voiceapp.tui.bridge import TuiOptions
 from voiceapp.tui.history import Status
 
@@ -100,7 +100,7 @@ async def test_tui_starts_a_background_server_when_none_runs(make_app, sink, aut
 ])
 def test_tui_flags_choose_whether_a_server_is_used_and_started(monkeypatch, argv, env, server, start):
     from voiceapp.cli import build_parser
-    from voiceapp.cmd_tui import tui_options
+    from voiceapp.cli.tui import tui_options
 
     monkeypatch.setenv("VOICEAPP_NO_SERVER", "0")
     for key, value in env.items():

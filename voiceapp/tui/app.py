@@ -157,4 +157,4 @@ class VoiceApp(App[int]):
             panel.show_playback(message.fill_frames, message.capacity_frames, message.frame_rate, message.underruns)
 
     def on_problem(self, message: Problem) -> None:
-        self.notify(message.message, severity=message.severity)  # type: ignore[arg-type]
+        self.notify(message.message, severity=message.severity)

@@ -50,7 +50,7 @@ class TuiOptions:
     server_socket: Path | None = None
     """Use a running `voicectl serve` at this socket when it can stand in for `engine`; None = in-process."""
     start_server: bool = False
-    """Start a background server at `server_socket` when none runs there (voiceapp.autostart)."""
+    """Start a background server at `server_socket` when none runs there (voiceapp.server.autostart)."""
 
 
 class Bridge(Widget):
@@ -111,7 +111,7 @@ class Bridge(Widget):
     async def _start_engine(self) -> None:
         """A warm server when one runs (or starts) and fits (no model load here), else the in-process engine."""
         if self.options.server_socket is not None:
-            from voiceapp.autostart import connect_or_start
+            from voiceapp.server.autostart import connect_or_start
 
             try:
                 remote = await connect_or_start(self.options.server_socket, self.options.engine,

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from textual.message import Message
+from textual.notifications import SeverityLevel
 
 from engine.events import Event
 from voiceapp.tui.history import Utterance
@@ -76,7 +77,7 @@ class Problem(Message):
     """Something to show as a notification (an error, or a notice from the engine)."""
 
     message: str
-    severity: str = "error"
+    severity: SeverityLevel = "error"
     """"information", "warning" or "error"."""
 
 

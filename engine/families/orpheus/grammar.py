@@ -113,7 +113,9 @@ def prompt_text(text: str, normalize: Callable[[str], str] | None = None) -> str
     letters-only placeholder word that normalization leaves alone, and swapped back afterwards.
     """
     if normalize is None:
-        from engine.text import normalize
+        from engine.text import normalize as speech_normalize
+
+        normalize = speech_normalize
     text = keep_tags(text)
     parts = _TAG.split(text)
     tags = _TAG.findall(text)

@@ -139,7 +139,7 @@ class SnacNet(nn.Module):
 
     def latent(self, levels: Sequence[torch.Tensor]) -> torch.Tensor:
         """Code rows (B, n), (B, 2n), (B, 4n) -> their levels' latents summed, (B, latent_dim, 4n)."""
-        return sum(q(c) for q, c in zip(self.quantizer.quantizers, levels))  # type: ignore[return-value]
+        return sum(q(c) for q, c in zip(self.quantizer.quantizers, levels))
 
     def forward(self, levels: Sequence[torch.Tensor], starts: torch.Tensor, seed: int | None) -> torch.Tensor:
         """Code rows (B, n), (B, 2n), (B, 4n) + each row's first frame in the sentence -> (B, n·2048) audio.
@@ -349,6 +349,8 @@ class SnacDecoder:
     def _capture(self, batch: int, length: int, mode: str) -> None:
         if (batch, length) in self.graphs:
             return
+        if self.stream is None:
+            raise RuntimeError("CUDA graphs are captured on a GPU only")
         sizes = [length * k for k in (1, 2, 4)]  # frames' codes at levels 0, 1, 2
         levels = [torch.zeros((batch, n), dtype=torch.long, device=self.device) for n in sizes]
         starts = torch.zeros(batch, dtype=torch.long, device=self.device)

@@ -132,7 +132,7 @@ def llm_shapes(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     """LlamaForCausalLM tensor names and shapes (tied embeddings: no lm_head), in layer order."""
     h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-    shapes = [("model.embed_tokens.weight", (config["vocab_size"], h))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (config["vocab_size"], h))]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         shapes += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (q, h)),
@@ -215,7 +215,7 @@ def build_tokenizer():
         processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
                                       special_tokens=[(bos, g.BEGIN_OF_TEXT)]),
     ])
-    tk.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tk.decoder = decoders.ByteLevel()  # a decoder takes no options (tokenizers ignored the ones given here)
     specs = added_tokens()
     tk.add_special_tokens([AddedToken(t, normalized=False, special=True) for _, t, s in specs if s])
     tk.add_tokens([AddedToken(t, normalized=True, special=False) for _, t, s in specs if not s])

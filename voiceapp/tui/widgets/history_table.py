@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from textual.binding import Binding
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from voiceapp.tui import fmt
@@ -48,8 +49,8 @@ class HistoryTable(DataTable):
     def selected_number(self) -> int | None:
         if not self.row_count:
             return None
-        row_key, _ = self.coordinate_to_cell_key((self.cursor_row, 0))
-        return int(row_key.value)
+        row_key, _ = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0))
+        return int(row_key.value) if row_key.value is not None else None
 
     def action_replay(self) -> None:
         number = self.selected_number

@@ -32,7 +32,7 @@ class TextEntry(Input):
         if not text:
             return
         start, end = sorted(self.selection)
-        room = self.max_length - (len(self.value) - (end - start))
+        room = (self.max_length or MAX_TEXT_CHARS) - (len(self.value) - (end - start))
         if len(text) > room:
             text = text[:max(room, 0)]
             self.notify(f"pasted text cut to {MAX_TEXT_CHARS:,} characters", severity="warning")

@@ -1,0 +1,99 @@
+"""Provides `voicectl`: argparse subcommands, each in its own module of this package (`voiceapp.cli.<name>`);
+errors rendered here. `python -m voiceapp.cli` runs it too (the server autostart and the speechd module script
+written by `voicectl speechd install` start it so)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("model", "say", "export", "export_many", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
+            "speechd")
+"""The subcommands, in `voicectl --help`'s order; each module defines add_parser(subparsers) and run(args) -> int."""
+
+ELSEWHERE = {"bench": "voiceapp.cmd_bench"}
+"""Subcommand modules outside this package (the rest are `voiceapp.cli.<name>`)."""
+
+
+def command_module(name: str) -> str:
+    """The module that implements subcommand `name`."""
+    return ELSEWHERE.get(name, f"{__name__}.{name}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, or `only` that one: each command module imports what its options need, and a `say`
+    through a warm server should not pay for the benchmark's or the exporter's imports."""
+    parser = argparse.ArgumentParser(prog="voicectl", description="Real-time voice player for LLM-based TTS models "
+                                                                  "(Spark-TTS, Orpheus).")
+    parser.add_argument("--version", action="version", version=f"voicectl {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS if only is None else (only.replace("-", "_"),):
+        try:
+            module = importlib.import_module(command_module(name))
+        except ModuleNotFoundError as err:
+            if err.name != command_module(name):
+                raise
+            continue
+        module.add_parser(sub)
+    from voiceapp import limits
+
+    limits.apply(parser)  # every numeric option checked by the one table (range, finiteness)
+    return parser
+
+
+def _version() -> str:
+    """The installed project's version (a checkout that was never installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("voiceapp")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+"""numpy's OpenBLAS starts a thread per core as numpy is imported, which a client pays at every start-up, and
+voicectl multiplies no matrices with numpy. Only on x86-64, whose torch wheels bring MKL: elsewhere torch's own
+matrix products may run on OpenBLAS. A user's own setting wins (docs/startup.md)."""
+
+
+NO_TELEMETRY = {"ORT_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+"""Usage reports the libraries we load would send by default: ONNX Runtime's official Linux builds (to their
+vendor; engine.backends.qwen2_ort also calls the runtime's own switch), vLLM's usage statistics and the Hub client's
+download telemetry. Off in voicectl and everything it starts; a user's own setting wins."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+    import platform
+
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for name, value in BLAS_THREADS.items():
+            os.environ.setdefault(name, value)
+    for name, value in NO_TELEMETRY.items():  # inherited by every process voicectl starts
+        os.environ.setdefault(name, value)
+    from engine.errors import VoiceError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
+    if argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and os.environ.get("VOICEAPP_NO_SERVER", "") in (
+            "", "0"):
+        from voiceapp.cli.say import preload_portaudio
+
+        preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
+    parser = build_parser(argv[0] if argv[0].replace("-", "_") in COMMANDS else None)
+    try:
+        args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return int(args.run(args) or 0)
+    except VoiceError as err:
+        print(f"voicectl: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("voicectl: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1

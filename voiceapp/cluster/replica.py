@@ -1,0 +1,155 @@
+"""Provides what runs inside a Ray cluster for `voicectl serve --ray` (voiceapp.cluster.serve): `EngineReplica`, the Ray
+Serve deployment's class (one engine on the GPU Ray gives its process, or on CPUs), and `CapacityRouter`, the
+deployment's request router (the replica with the most room for another stream, by the streams and capacity each
+replica reports). Imports Ray, so it is imported only once Ray is known to be installed.
+
+A request's stream from a replica is a header ({"replica": its info}), then {"chunk": AudioChunk} items, or one
+{"error": class name, "message"} item: an engine error crosses as data and becomes the same engine.errors class on
+the other side, never a Ray traceback."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import random
+import time
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from ray import serve
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+from engine.config import EngineConfig, SynthesisRequest
+from engine.errors import VoiceError, one_line
+from engine.events import Event, Notice
+
+LOG = logging.getLogger("voiceapp.replica")
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """What every replica builds (`voicectl serve --ray`'s engine flags), sent to each replica."""
+
+    first: EngineConfig
+    """The engine a replica answers with (cmd_serve.first_config)."""
+    crowd: EngineConfig
+    """The engine it tunes itself into in the background where `tune` (cmd_serve.serve_config)."""
+    tune: bool
+    """Build the crowd's parts after the first request (cmd_serve.tunes)."""
+    streams: int
+    """Most streams a replica takes at once (Serve's max_ongoing_requests); its own capacity may be less."""
+
+
+class EngineReplica:
+    """One engine (engine.pipeline.Synthesizer) served as a Ray Serve replica."""
+
+    def __init__(self, plan: ReplicaPlan) -> None:
+        from engine.factory import build_synthesizer
+
+        t0 = time.monotonic()
+        self.plan = plan
+        self.synth = build_synthesizer(plan.first, events=self._event)
+        self.build_s = time.monotonic() - t0
+        """Seconds its engine took to load (its share of a cold start)."""
+        self.ready_at = time.time()
+        """When it could take its first request (wall clock: compared with the ingress's)."""
+        self.live = 0
+        self.served = 0
+        self.tuning_task: asyncio.Task | None = None
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id if context is not None else f"pid{os.getpid()}"
+
+    def _event(self, event: Event) -> None:
+        """The engine's notices go to the replica's log (Ray keeps it); request events stay here."""
+        if isinstance(event, Notice):
+            LOG.warning("%s", event.message)
+
+    def capacity(self) -> int:
+        """Streams this replica keeps in real time: its graph lane's rows where it has one (they grow when the
+        tuned lane is swapped in), else the CPU LLM's rows; never more than the deployment's ceiling, never less
+        than one. The fake engine takes the ceiling."""
+        from engine.cpu_pools import CPU_LLM_ROWS
+        from engine.factory import lane_rows
+
+        if self.synth.model_info is None:
+            return self.plan.streams
+        rows = lane_rows(self.synth.generator)
+        own = rows if rows else CPU_LLM_ROWS if all(d == "cpu" for d in self.synth.devices) else self.plan.streams
+        return max(1, min(own, self.plan.streams))
+
+    def info(self) -> dict[str, Any]:
+        """What the ingress learns from every stream's header (and at start-up)."""
+        return {"replica": self.name, "pid": os.getpid(), "node": os.uname().nodename, "live": self.live,
+                "capacity": self.capacity(), "served": self.served, "build_s": self.build_s,
+                "ready_at": self.ready_at, "sample_rate": self.synth.sample_rate,
+                "voices": self.synth.voices.all(), "describe": self.synth.describe(), **self.synth.status()}
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """What CapacityRouter ranks replicas by (Serve polls it every request_routing_stats_period_s)."""
+        return {"live": self.live, "capacity": self.capacity()}
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[dict[str, Any]]:
+        """The request's stream (the module's docstring says its items)."""
+        yield {"replica": {k: v for k, v in self.info().items() if k != "voices"}}
+        if self.live >= self.capacity():
+            yield {"error": "EngineBusy", "message": f"replica {self.name} carries {self.live} streams, its "
+                                                     f"capacity"}
+            return
+        self._tune_once()
+        self.live += 1
+        try:
+            async with aclosing(self.synth.synthesize(req)) as chunks:
+                async for chunk in chunks:
+                    yield {"chunk": dataclasses.replace(chunk, made_at=None)}  # another process's clock
+            self.served += 1
+        except VoiceError as err:
+            yield {"error": type(err).__name__, "message": str(err)}
+        finally:
+            self.live -= 1
+
+    def _tune_once(self) -> None:
+        """Start the background tuning (engine.tuning) with the first request, on the replica's event loop."""
+        if not self.plan.tune or self.tuning_task is not None:
+            return
+        from engine.tuning import crowd_tuning
+
+        tuning = crowd_tuning(self.synth, self.plan.crowd, self._event)
+        self.tuning_task = asyncio.get_running_loop().create_task(tuning.run())
+
+    async def check_health(self) -> None:
+        """Serve's health check: a failed background step is a notice, not ill health; the engine answers."""
+        if self.tuning_task is not None and self.tuning_task.done() and not self.tuning_task.cancelled():
+            err = self.tuning_task.exception()
+            if err is not None:
+                LOG.warning("tuning failed: %s", one_line(err))
+
+
+class CapacityRouter(FIFOMixin, RequestRouter):
+    """Ranks replicas by the share of their capacity in use (fewest first; ties at random): the streams each
+    reported (`record_routing_stats`) or, fresher, the router's own count of what it sent, over the capacity it
+    reported (Serve's max_ongoing_requests before its first report). Serve then sends the request to the first
+    replica of the ranking that is not full."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        pass
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> Sequence[list[RunningReplica]]:
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # no tight loop while every replica is full
+        return [[replica] for replica in sorted(candidate_replicas, key=self._load)]
+
+    def _load(self, replica: RunningReplica) -> tuple[float, float]:
+        stats = replica.routing_stats or {}
+        sent = self.replica_queue_len_cache.get(replica.replica_id)
+        return load_share(stats, sent, replica.max_ongoing_requests), random.random()
+
+
+def load_share(stats: dict[str, Any], sent: int | None, ceiling: int) -> float:
+    """The share of a replica's capacity in use: its live streams (what the router sent, where it knows, else what
+    the replica reported) over its capacity (as reported, else `ceiling`)."""
+    capacity = max(1, int(stats.get("capacity") or ceiling))
+    live = sent if sent is not None else int(stats.get("live", 0))
+    return live / capacity

@@ -1,0 +1,291 @@
+"""Provides `voicectl serve --ray`: the engine as replicas on a Ray cluster (Ray Serve), one per GPU, served by this
+process's front ends (the Unix socket, the HTTP API, Wyoming) through `RayEngine`, an engine.engine_api.Engine.
+
+This process is the ingress: it keeps voiceapp's own servers and forwards each request to one replica for its life,
+as one streaming call (`handle.options(stream=True)`); the replica is chosen by voiceapp.cluster.replica.CapacityRouter
+(the share of its capacity in use, as each replica reports it). Closing a request cancels its call, which aborts
+it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
+starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0 allowed), a request that arrives while
+no replica runs waits for one: the wait is logged and shown by status (`cold_starts`).
+
+Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and in voiceapp.cluster.replica.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterable, AsyncIterator, Callable
+
+from engine import errors
+from engine.config import SynthesisRequest
+from engine.deadlines import Verdict
+from engine.errors import EngineBusy, GenerationError, InputError, VoiceError, one_line
+from engine.types import AudioChunk
+from engine.voices import Voice
+
+RAY_EXTRA = "pip install 'voiceapp[ray]'"
+APP_NAME = "voiceapp"
+DEPLOYMENT_NAME = "voiceapp-engine"
+REPLICA_STREAMS = 32
+"""Default most streams one replica takes at once (Serve's max_ongoing_requests); a replica reports its own
+capacity below that (its graph lane's rows), which the router ranks by."""
+STATS_PERIOD_S = 1.0
+"""How often Serve asks each replica for its live streams and capacity (the router's data between its own
+counts)."""
+HEALTH_PERIOD_S = 2.0
+"""Serve's health checks: a replica whose process died is noticed within about this and replaced."""
+COLD_START_S = 0.5
+"""A request that waited longer than this for a replica that became ready after it was asked is a cold start."""
+COLD_STARTS_KEPT = 16
+"""Cold starts status lists (the latest)."""
+CONSTRUCTOR_TRIES = 2
+"""Times Serve tries to build a replica's engine before the deployment fails (Serve's default is 20)."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long `connect` tries to reach a head's port before saying it cannot (ray.init itself retries for minutes)."""
+
+
+def import_ray():
+    """Ray, or one line naming the extra to install."""
+    try:
+        import ray
+        from ray import serve  # noqa: F401 - the extra installs both
+    except ImportError:
+        raise InputError(f"--ray needs Ray, which is not installed here: {RAY_EXTRA}") from None
+    return ray
+
+
+def connect(address: str | None, log: Callable[[str], None], **init: Any) -> None:
+    """Join the Ray cluster at `address` (HOST:PORT of a head, ray://HOST:PORT, or "auto": the one `ray start`
+    started on this machine), or start a local one of this process's own (None); nothing where this process already
+    joined one. An address nothing answers at is one line."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    if address not in (None, "auto"):
+        check_reachable(address)
+    try:
+        # Ray's own INFO and WARNING lines would mix with voicectl's on stderr: its errors still show
+        # "local": a new cluster of this process, never one a stale record of an earlier `ray start` points at
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, **init)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise errors.VoiceError(f"cannot join the Ray cluster at {address}: {one_line(err)}") from None
+    where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+    resources = ray.cluster_resources()
+    log(f"joined {where}: {int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs")
+
+
+def check_reachable(address: str) -> None:
+    """One line unless something listens at `address`'s host and port (ray.init would retry for minutes)."""
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"--ray {address}: give the head's HOST:PORT (e.g. 10.0.0.5:6379), ray://HOST:10001 "
+                         f"or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise errors.VoiceError(f"cannot reach the Ray head at {address}: {err.strerror or err}") from None
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How many replicas, on what: `--replicas`, `--min-replicas`, `--max-replicas` against the cluster's GPUs."""
+
+    gpus: int
+    """GPUs in the cluster: one replica each (0: CPU replicas)."""
+    replicas: int | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    streams: int = REPLICA_STREAMS
+    cpus: float = 1.0
+    """CPUs each CPU replica holds (Ray's num_cpus)."""
+    idle_s: float = 60.0
+    """Autoscaling: how long replicas must have had less to do before one is removed (the last, with a minimum of
+    0, included)."""
+
+    def options(self) -> dict[str, Any]:
+        """The deployment's options for serve.deployment: replicas (fixed, or autoscaled between the bounds) and
+        what each holds (a GPU, or `cpus`)."""
+        actor = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus}
+        opts: dict[str, Any] = {"ray_actor_options": actor, "max_ongoing_requests": self.streams,
+                                "health_check_period_s": HEALTH_PERIOD_S,
+                                # an engine that cannot load (a bad checkpoint, no memory) fails again: say so soon
+                                "max_constructor_retry_count": CONSTRUCTOR_TRIES}
+        if self.min_replicas is None and self.max_replicas is None:
+            return {**opts, "num_replicas": self.replicas or self.gpus or 1}
+        low = self.min_replicas if self.min_replicas is not None else 0
+        high = self.max_replicas if self.max_replicas is not None else max(self.gpus, low, 1)
+        return {**opts, "autoscaling_config": {
+            "min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
+            # a replica takes more streams once this many run on each: half its ceiling, so the next replica
+            # loads (tens of seconds) while the others still have room
+            "target_ongoing_requests": max(1, self.streams // 2), "upscale_delay_s": 1.0,
+            "downscale_delay_s": self.idle_s}}
+
+    def describe(self) -> str:
+        what = f"{'one GPU' if self.gpus else f'{self.cpus:g} CPUs'} each"
+        if self.min_replicas is None and self.max_replicas is None:
+            return f"{self.options()['num_replicas']} replicas, {what}"
+        scale = self.options()["autoscaling_config"]
+        return f"{scale['min_replicas']} to {scale['max_replicas']} replicas, {what}"
+
+
+def check_scaling(scaling: Scaling) -> None:
+    """The replica counts make sense (one line otherwise)."""
+    for name in ("replicas", "min_replicas", "max_replicas"):
+        value = getattr(scaling, name)
+        if value is not None and value < (0 if name == "min_replicas" else 1):
+            raise InputError(f"--{name.replace('_', '-')} {value}: must be at least "
+                             f"{0 if name == 'min_replicas' else 1}")
+    if (scaling.min_replicas is not None and scaling.max_replicas is not None
+            and scaling.min_replicas > scaling.max_replicas):
+        raise InputError(f"--min-replicas {scaling.min_replicas} is more than --max-replicas {scaling.max_replicas}")
+    if scaling.replicas is not None and (scaling.min_replicas is not None or scaling.max_replicas is not None):
+        raise InputError("--replicas is a fixed count; leave it out with --min-replicas/--max-replicas")
+    if scaling.streams < 1:
+        raise InputError(f"--replica-streams {scaling.streams}: must be at least 1")
+
+
+def deploy(plan, scaling: Scaling, log: Callable[[str], None]):
+    """Run the engine deployment (replacing one this cluster runs already) and wait until its first replicas
+    answer. Returns its handle."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from voiceapp.cluster.replica import CapacityRouter, EngineReplica
+
+    check_scaling(scaling)
+    if not scaling.gpus:
+        log("the Ray cluster has no GPUs: the engine replicas run on CPUs")
+    serve.start(proxy_location="Disabled")  # this process is the ingress: no Serve HTTP proxy
+    router = RequestRouterConfig(request_router_class=CapacityRouter, request_routing_stats_period_s=STATS_PERIOD_S)
+    deployment = serve.deployment(name=DEPLOYMENT_NAME, request_router_config=router,
+                                  **scaling.options())(EngineReplica)
+    log(f"starting {scaling.describe()} on Ray Serve")
+    try:
+        return serve.run(deployment.bind(plan), name=APP_NAME, route_prefix=None)
+    except Exception as err:  # noqa: BLE001 - Serve's own errors: a replica that could not build its engine
+        raise errors.VoiceError(f"the engine replicas did not start: {one_line(err)} (their log: Ray's "
+                                f"session folder, logs/serve)") from None
+
+
+class ReplicaVoices:
+    """The voices the replicas have (engine.engine_api.Voices), as the first replica listed them."""
+
+    def __init__(self, voices: dict[str, Voice]) -> None:
+        self._voices = dict(voices)
+
+    def all(self) -> dict[str, Voice]:
+        return dict(self._voices)
+
+
+class RayEngine:
+    """engine.engine_api.Engine over the replicas of a Ray Serve deployment (the module's docstring)."""
+
+    def __init__(self, handle: Any, info: dict[str, Any], log: Callable[[str], None]) -> None:
+        self.handle, self.log = handle, log
+        self.sample_rate: int = info["sample_rate"]
+        self.voices = ReplicaVoices(info["voices"])
+        self._describe = dict(info["describe"])
+        self.replicas: dict[str, dict[str, Any]] = {}
+        """What each replica said in its latest header, by name."""
+        self.cold_starts: list[dict[str, Any]] = []
+        """The latest waits for a replica that started for the request: {"wait_s", "replica", "build_s"}."""
+        self.lost = 0
+        """Streams cut short by a replica that died."""
+        self.carrying: dict[str, int] = {}
+        """Streams this ingress has under way on each replica, by name."""
+        self._note(info)
+
+    @classmethod
+    async def start(cls, handle: Any, log: Callable[[str], None]) -> "RayEngine":
+        """The engine over `handle`'s deployment, described by one of its replicas."""
+        return cls(handle, await handle.info.remote(), log)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._describe, "ray": True}
+
+    def admit(self) -> Verdict:
+        """Always: each replica admits or refuses its own streams (a full one raises EngineBusy, a 429)."""
+        return Verdict(True)
+
+    def capacity(self) -> float | None:
+        """The streams the replicas last said they carry, summed (None before any said)."""
+        said = [r["capacity"] for r in self.replicas.values() if r.get("capacity") is not None]
+        return sum(said) if said else None
+
+    def status(self) -> dict[str, Any]:
+        return {"devices": [], "replicas": [{**{k: v for k, v in r.items() if k not in ("voices", "describe")},
+                                             "live": self.carrying.get(name, 0)}
+                                            for name, r in self.replicas.items()],
+                "cold_starts": list(self.cold_starts), "lost_streams": self.lost}
+
+    async def synthesize(self, req: SynthesisRequest,
+                         text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
+        """The request's audio from one replica. Streamed text is gathered first (a replica takes the whole text:
+        its first sound waits for the text's end)."""
+        if text_stream is not None:
+            req = replace(req, text=req.text + "".join([piece async for piece in text_stream]))
+        import ray
+        from ray.serve.exceptions import BackPressureError
+
+        asked, t0 = time.time(), time.monotonic()
+        stream = self.handle.options(stream=True).synthesize.remote(req)
+        finished, replica = False, None
+        try:
+            async for item in stream:
+                if "replica" in item:
+                    replica = item["replica"]["replica"]
+                    self.carrying[replica] = self.carrying.get(replica, 0) + 1
+                    self._note(item["replica"], asked, time.monotonic() - t0)
+                elif "error" in item:
+                    raise engine_error(item["error"], item["message"])
+                else:
+                    yield item["chunk"]
+            finished = True
+        except BackPressureError:  # every replica full and the handle's queue too
+            raise EngineBusy("every engine replica carries as many streams as it takes; try again shortly") from None
+        except ray.exceptions.RayError as err:  # the replica's process died, or the cluster went away
+            self.lost += 1
+            raise GenerationError(f"the engine replica serving this request stopped ({type(err).__name__}); "
+                                  f"the audio so far is all there is (Ray Serve replaces a lost replica; a lost "
+                                  f"Ray head needs this server restarted)") from None
+        finally:
+            if not finished:
+                stream.cancel()
+            if replica is not None:
+                self.carrying[replica] -= 1
+
+    def _note(self, info: dict[str, Any], asked: float | None = None, wait_s: float = 0.0) -> None:
+        """Keep a replica's header; log a cold start (a replica that became ready after the request was asked)."""
+        self.replicas[info["replica"]] = info
+        if asked is not None and info["ready_at"] > asked and wait_s > COLD_START_S:
+            start = {"wait_s": round(wait_s, 3), "replica": info["replica"], "build_s": round(info["build_s"], 3)}
+            self.cold_starts = (self.cold_starts + [start])[-COLD_STARTS_KEPT:]
+            self.log(f"cold start: a request waited {wait_s:.1f} s for replica {info['replica']} to start "
+                     f"(its engine loaded in {info['build_s']:.1f} s)")
+
+    async def close(self) -> None:
+        """The deployment stays on the cluster until `shutdown`; requests under way end with their streams."""
+
+
+def engine_error(name: str, message: str) -> VoiceError:
+    """The engine.errors class a replica named (VoiceError where it names none of them)."""
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, VoiceError):
+        return cls(message)
+    return VoiceError(message)
+
+
+def shutdown() -> None:
+    """Remove the deployment (its replicas end) and leave the cluster."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(APP_NAME)
+    finally:
+        ray.shutdown()

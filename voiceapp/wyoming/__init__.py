@@ -1,0 +1,1 @@
+"""Provides Home Assistant's Wyoming protocol front end (`voicectl serve --wyoming`)."""
