@@ -7,7 +7,9 @@ directory, so the parts take as much disk as the finished WAV, no more; a JSON m
 what decides the audio (input, model, backend, voice, seed, sampling, join and window settings).
 `--resume` checks the manifest, keeps every valid part and renders only the rest; assembly then writes the parts
 in order with the streaming path's inter-sentence pause, so a resumed export is byte-identical to an uninterrupted
-one. Assembly is a second pass, which is also where the optional loudness gains are measured (one per chapter).
+one. A WAV is assembled once rendering ends (`assemble`, a copy at disk speed); M4B, MP3 and Opus, whose encoding
+costs as much as a fast render, are encoded beside the rendering, part by part in book order
+(`FollowingAssembly`). The optional loudness gains are measured there, one per chapter.
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ import math
 import os
 import shutil
 import struct
+import threading
 import time
 import wave
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, get_type_hints
+from typing import IO, Any, Callable, Iterator, Protocol, get_type_hints
 from uuid import uuid4
 
 import numpy as np
@@ -444,6 +447,22 @@ def chapter_lufs_gains(parts: Parts, chapters: list[range], target_lufs: float, 
     return gains
 
 
+@dataclass(frozen=True, slots=True)
+class LoudnessTarget:
+    """--normalize-loudness or --loudness: what each chapter is scaled to (a value, so that it can be handed to
+    the assembly process)."""
+
+    level: float
+    lufs: bool
+    """BS.1770 integrated loudness (chapter_lufs_gains); else RMS in dBFS (chapter_gains)."""
+
+    def gain(self, parts: Parts, chapter: range, pause: int, sample_rate: int) -> ChapterGain:
+        """The chapter's gain, from its finished parts."""
+        if self.lufs:
+            return chapter_lufs_gains(parts, [chapter], self.level, pause, sample_rate)[0]
+        return chapter_gains(parts, [chapter], self.level)[0]
+
+
 def ceiling_notice(gains: list[ChapterGain], titles: list[str], target_dbfs: float,
                    ceiling_dbfs: float = PEAK_CEILING_DBFS, most: int = 3, option: str = "--normalize-loudness",
                    unit: str = "dBFS RMS") -> str | None:
@@ -469,10 +488,14 @@ def sentence_starts(parts: Parts, track: Track, pause: int) -> tuple[list[int], 
     return starts, at
 
 
-def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None = None) -> Iterator[bytes]:
+def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None = None,
+              before: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The track's audio as 16-bit PCM pieces, one sentence or pause at a time: `pause` zeros between sentences,
-    each sentence scaled by its gain in `gains` (one per sentence of the book) where given."""
+    each sentence scaled by its gain in `gains` (one per sentence of the book) where given. `before(i)`, where
+    given, is called before sentence i is read (FollowingAssembly waits there for its part)."""
     for i in track.sentences:
+        if before is not None:
+            before(i)
         if i != track.sentences.start and pause:
             yield bytes(2 * pause)
         pcm = _part(parts, i)
@@ -480,32 +503,196 @@ def track_pcm(parts: Parts, track: Track, pause: int, gains: list[float] | None 
         yield pcm.tobytes() if gain == 1.0 else apply_gain(pcm, gain)
 
 
-Encoder = Callable[[Track, IO[bytes], Iterator[bytes], list[int], int], None]
-"""encode(track, file, pcm, sentence starts, length): writes the track's audio into `file` (a new temp file)."""
-
-
 def assemble(parts: Parts, tracks: list[Track], sample_rate: int, pause: int,
-             gains: list[float] | None = None, encoder: Encoder | None = None) -> tuple[list[list[int]], int]:
-    """Write each track's sentences in order, `pause` zeros between them (temp file, then rename): as 16-bit WAV,
-    or through `encoder` where given; `gains`, if given, holds one gain per sentence (its chapter's:
-    chapter_gains). Returns each track's sentence start offsets in samples (for chapter marks) and the samples
-    written in all."""
+             gains: list[float] | None = None) -> tuple[list[list[int]], int]:
+    """Write each track's sentences in order as 16-bit WAV, `pause` zeros between them (temp file, then rename),
+    once every part is finished; `gains`, if given, holds one gain per sentence (its chapter's: chapter_gains).
+    Returns each track's sentence start offsets in samples (for chapter marks) and the samples written in all."""
     offsets, total = [], 0
     for track in tracks:
         starts, length = sentence_starts(parts, track, pause)
         with writing(track.path, ".partial") as f:
-            if encoder is not None:
-                encoder(track, f, track_pcm(parts, track, pause, gains), starts, length)
-            else:
-                with wave.open(f, "wb") as w:
-                    w.setnchannels(1)
-                    w.setsampwidth(2)
-                    w.setframerate(sample_rate)
-                    for piece in track_pcm(parts, track, pause, gains):
-                        w.writeframes(piece)
+            with wave.open(f, "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(sample_rate)
+                for piece in track_pcm(parts, track, pause, gains):
+                    w.writeframes(piece)
         offsets.append(starts)
         total += length
     return offsets, total
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """What assembly wrote, for the CUE sheet, the loudness notice and the export's summary."""
+
+    offsets: list[list[int]]
+    """Each track's sentence starts, in samples from its start."""
+    total: int
+    """Samples written in all."""
+    gains: list[ChapterGain]
+    """Each chapter's loudness gain ([] without a loudness target)."""
+    encode_s: float
+    """Time spent reading parts, encoding and writing the files, not waiting for parts."""
+    after_last_part_s: float
+    """From the last part finished to the last file complete."""
+
+
+class TrackWriter(Protocol):
+    """How FollowingAssembly turns a track into its file: through a codec (voiceapp.audio.containers for M4B, MP3 and
+    Opus). Each file argument is a new temp file that becomes the track's file when the call returns."""
+
+    def write(self, track: Track, file: IO[bytes], pcm: Iterator[bytes], starts: list[int], length: int) -> None:
+        """Every part of `track` is finished: its audio `pcm` straight into `file`, chapter marks from `starts`
+        (each sentence's first sample) and `length`."""
+
+    def encode(self, track: Track, pcm: Iterator[bytes], scratch: IO[bytes]) -> None:
+        """Parts of `track` are still rendering: encode `pcm` (it waits for each part) into `scratch`."""
+
+    def finish(self, track: Track, scratch: IO[bytes], file: IO[bytes], starts: list[int], length: int) -> None:
+        """Every part is finished now: write `file` from what `encode` left in `scratch`, with the marks."""
+
+
+class _Stopped(Exception):
+    """FollowingAssembly.stop(): the thread leaves what it was writing."""
+
+
+class FollowingAssembly:
+    """Assembly beside rendering: a thread writes the tracks in book order through a TrackWriter, reading part k
+    as soon as it is finished (`finished(k)` is the renderer's signal; it waits for part k, never skips ahead), so
+    the file is complete shortly after the last part instead of an encode of the whole book later.
+
+    Rendering never waits for it: the hand-off is the part file the renderer writes anyway and an index in a set;
+    the thread reads the parts back one sentence at a time, so memory stays flat however far behind it falls.
+    A track whose parts are all finished when the thread reaches it (a resumed export, later chapter files) is
+    written in one pass; one still rendering is encoded into a scratch file in the parts folder and copied into
+    its file once its last part, and with it every chapter mark, is known. A killed run's scratch file is
+    rewritten from the parts. With loudness gains the thread waits for a chapter's last part before its first:
+    a chapter's gain is measured on all of it."""
+
+    SCRATCH = "track{:04d}.{}.encoding"
+    """A track's encoded packets while it renders, in the parts folder (not a *.part: Parts never counts it),
+    named by track and process: a killed run's encoder, still leaving, never touches the next run's."""
+
+    def __init__(self, parts: Parts, tracks: list[Track], pause: int, writer: TrackWriter, finished: set[int],
+                 chapters: list[range], loudness: LoudnessTarget | None = None, sample_rate: int = 0,
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_end: Callable[["FollowingAssembly"], None] | None = None) -> None:
+        self.parts, self.tracks, self.pause, self.writer, self.clock = parts, tracks, pause, writer, clock
+        self._ready = set(finished)
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._loudness, self._sample_rate, self._on_end = loudness, sample_rate, on_end
+        self._chapters = {r.start: r for r in chapters}
+        self._gains = [1.0] * (chapters[-1].stop if chapters else 0) if loudness else None
+        self.gains: list[ChapterGain] = []
+        """Each chapter's gain in book order, once measured (with a loudness target)."""
+        self.error: BaseException | None = None
+        self.result: Assembled | None = None
+        self.last_part_at = clock()
+        self._waited = 0.0
+        self._thread = threading.Thread(target=self._run, name="export-assembly", daemon=True)
+
+    def start(self) -> None:
+        self.last_part_at = self.clock()
+        self._thread.start()
+
+    def finished(self, index: int) -> None:
+        """Part `index` is on disk (called by the renderer)."""
+        with self._wake:
+            self._ready.add(index)
+            self.last_part_at = self.clock()
+            self._wake.notify()
+
+    def check(self) -> None:
+        """Raise the thread's failure (a full disk, a corrupt part, FFmpeg's error), if it failed."""
+        if self.error is not None:
+            raise self.error
+
+    def wait(self) -> None:
+        """Until the thread has ended."""
+        self._thread.join()
+
+    def join(self) -> Assembled:
+        """Wait for the last track's file; what was written, or the thread's failure raised."""
+        self._thread.join()
+        self.check()
+        if self.result is None:
+            raise InputError("the export's assembly was stopped")  # stop() came first: the caller is leaving
+        return self.result
+
+    def stop(self) -> None:
+        """Leave off (rendering failed or was interrupted): the file being written is removed, as is the
+        scratch; the parts stay."""
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        start = self.clock()
+        try:
+            offsets, total = [], 0
+            for n, track in enumerate(self.tracks):
+                starts, length = self._track(n, track)
+                offsets.append(starts)
+                total += length
+            end = self.clock()
+            with self._wake:
+                after = max(0.0, end - max(self.last_part_at, start))
+            self.result = Assembled(offsets, total, self.gains, end - start - self._waited, after)
+        except _Stopped:
+            return
+        except BaseException as err:  # handed to the renderer's thread: check() and join() raise it there
+            self.error = err
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def _track(self, n: int, track: Track) -> tuple[list[int], int]:
+        pcm = track_pcm(self.parts, track, self.pause, self._gains, self._before)
+        with self._wake:
+            whole = self._ready.issuperset(track.sentences)
+        if whole:
+            starts, length = sentence_starts(self.parts, track, self.pause)
+            with writing(track.path, ".partial") as f:
+                self.writer.write(track, f, pcm, starts, length)
+            return starts, length
+        path = self.parts.dir / self.SCRATCH.format(n, os.getpid())
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            with open(fd, "w+b") as scratch:
+                self.writer.encode(track, pcm, scratch)
+                starts, length = sentence_starts(self.parts, track, self.pause)
+                with writing(track.path, ".partial") as f:
+                    self.writer.finish(track, scratch, f, starts, length)
+        finally:
+            path.unlink(missing_ok=True)
+        return starts, length
+
+    def _before(self, index: int) -> None:
+        """Wait for part `index`; at a chapter's first sentence with gains, for the whole chapter, and measure
+        its gain."""
+        chapter = self._chapters.get(index) if self._loudness is not None else None
+        self._wait(chapter or range(index, index + 1))
+        if chapter is not None and self._loudness is not None and self._gains is not None:
+            gain = self._loudness.gain(self.parts, chapter, self.pause, self._sample_rate)
+            self.gains.append(gain)
+            self._gains[chapter.start:chapter.stop] = [gain.gain] * len(chapter)
+
+    def _wait(self, sentences: range) -> None:
+        with self._wake:
+            if self._stopped:
+                raise _Stopped
+            if self._ready.issuperset(sentences):
+                return
+            t0 = self.clock()
+            while not (self._stopped or self._ready.issuperset(sentences)):
+                self._wake.wait()
+            self._waited += self.clock() - t0
+            if self._stopped:
+                raise _Stopped
 
 
 def _part(parts: Parts, index: int) -> np.ndarray:

@@ -28,7 +28,6 @@ from decode_kernels_probe import kernels, plan_steps, sweep  # noqa: E402 - lab/
 from lane_profile import graph_step_ms  # noqa: E402
 
 from engine.backends import decode_kernels as dk  # noqa: E402
-from engine.backends.decode_kernels import FusedPlan  # noqa: E402
 
 
 def save(out: dict, path: str) -> None:

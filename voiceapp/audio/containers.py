@@ -2,9 +2,12 @@
 title, author, language and cover, encoded by FFmpeg through PyAV.
 
 The audio comes as an iterator of 16-bit PCM pieces (one finished sentence or one pause at a time), so memory stays
-flat however long the book. The chapter marks are known before the first sample, from the parts' headers: MP3 keeps
-them in the ID3 tag at the file's start. The file is written beside its target and renamed over it when complete
-(engine.atomic.writing), as the WAV is.
+flat however long the book. Audio whose parts are all finished is written in one pass (`encode`): its chapter marks
+are known before the first sample, from the parts' headers, and MP3 and Opus keep them at the file's start. Audio
+still being rendered is encoded as it comes (`encode_packets`, the costly half) into a scratch file of packets,
+which `mux` copies into the file once the last part, and with it every mark, is known; the two paths give the
+same bytes. The file is written beside its target and renamed over it when complete (engine.atomic.writing), as
+the WAV is.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Iterable, Iterator
 
 import numpy as np
 
@@ -136,7 +139,50 @@ class Mark:
 def encode(file: IO[bytes], path: Path, container: Container, sample_rate: int, pcm: Iterable[bytes],
            marks: list[Mark], tags: Tags) -> None:
     """Write `pcm` (16-bit mono pieces at `sample_rate`) into `file` (a new, seekable file that will become
-    `path`) as `container`, with `marks` and `tags`. Any FFmpeg failure becomes one OutputError line."""
+    `path`) as `container`, with `marks` and `tags`, in one pass: for audio whose chapter marks are known before
+    its first sample (every part finished). Any FFmpeg failure becomes one OutputError line."""
+
+    def packets(stream) -> Iterator:
+        for frame in _frames(pcm, sample_rate):
+            yield from stream.encode(frame)
+        yield from stream.encode(None)
+
+    _write(file, path, container, sample_rate, packets, marks, tags)
+
+
+def encode_packets(scratch: IO[bytes], path: Path, container: Container, sample_rate: int,
+                   pcm: Iterable[bytes]) -> None:
+    """The first half of `encode` for audio still being rendered (its chapter marks, which MP3 and Opus keep at
+    the file's start, are known only at its end): encode `pcm` as `container`'s encoder, configured as `encode`
+    configures it, and store the packets in `scratch` (PacketFile). `mux` then writes the file from them; the
+    two give `encode`'s bytes. Any FFmpeg failure becomes one OutputError line."""
+    import av
+
+    sink = av.open(_Discard(), "w", format=container.format, options=container.options)
+    try:
+        stream = _audio_stream(sink, container, sample_rate)
+        sink.start_encoding()  # opens the encoder exactly as `encode`'s container does
+        store = PacketFile(scratch)
+        for frame in _frames(pcm, sample_rate):
+            store.write_all(stream.encode(frame))
+        store.write_all(stream.encode(None))
+        store.flush()
+    except av.FFmpegError as err:
+        raise OutputError(f"cannot encode {path}: {err}") from None
+    finally:
+        _close_quietly(sink)
+
+
+def mux(file: IO[bytes], path: Path, container: Container, sample_rate: int, scratch: IO[bytes],
+        marks: list[Mark], tags: Tags) -> None:
+    """The second half: write the packets `encode_packets` stored in `scratch` into `file` (as `encode` does:
+    a new, seekable file that will become `path`) with `marks` and `tags`. A copy, no encoding."""
+    _write(file, path, container, sample_rate, lambda stream: PacketFile(scratch).read_all(), marks, tags)
+
+
+def _write(file: IO[bytes], path: Path, container: Container, sample_rate: int, packets, marks: list[Mark],
+           tags: Tags) -> None:
+    """Open `container` on `file` with its tags, cover and chapters, then mux `packets(audio stream)`."""
     import av
 
     guarded = _FirstErrorOnly(file)
@@ -145,11 +191,7 @@ def encode(file: IO[bytes], path: Path, container: Container, sample_rate: int, 
     except av.FFmpegError as err:
         raise OutputError(f"cannot write {path}: {err}") from None
     try:
-        stream = out.add_stream(container.codec, rate=_encoder_rate(container.codec, sample_rate),
-                                options=container.codec_options)
-        assert isinstance(stream, av.AudioStream)  # every container's codec is an audio codec
-        stream.layout = "mono"
-        stream.bit_rate = container.bit_rate
+        stream = _audio_stream(out, container, sample_rate)
         _tag(out, stream, container, tags)
         cover, picture = tags.cover if container.picture_stream else None, None
         if cover is not None:
@@ -165,16 +207,9 @@ def encode(file: IO[bytes], path: Path, container: Container, sample_rate: int, 
             packet = av.Packet(cover.data)
             packet.stream, packet.pts, packet.dts = picture, 0, 0
             out.mux(packet)
-        pts = 0
-        for piece in pcm:
-            samples = np.frombuffer(piece, "<i2")
-            if not len(samples):
-                continue
-            frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
-            frame.sample_rate, frame.pts, frame.time_base = sample_rate, pts, Fraction(1, sample_rate)
-            pts += len(samples)
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode(None))
+        for packet in packets(stream):
+            packet.stream = stream
+            out.mux(packet)
         out.close()  # writes the trailer: its failure is this file's too
     except av.FFmpegError as err:
         _close_quietly(out)
@@ -184,6 +219,114 @@ def encode(file: IO[bytes], path: Path, container: Container, sample_rate: int, 
         _close_quietly(out)
         raise
     guarded.raise_error()
+
+
+def _audio_stream(out, container: Container, sample_rate: int):
+    """`container`'s audio stream on `out`: mono, its encoder, rate and bit rate. The encoder's packets and the
+    stream's codec parameters (priming, extradata) follow from this alone, so `encode_packets` and `mux`, each
+    calling it on a container of their own, agree with `encode`."""
+    stream = out.add_stream(container.codec, rate=_encoder_rate(container.codec, sample_rate),
+                            options=container.codec_options)
+    stream.layout = "mono"
+    stream.bit_rate = container.bit_rate
+    return stream
+
+
+def _frames(pcm: Iterable[bytes], sample_rate: int) -> Iterator:
+    """16-bit mono pieces as PyAV frames, timed from 0 (empty pieces skipped; the encoder makes its own frame
+    sizes)."""
+    import av
+
+    pts = 0
+    for piece in pcm:
+        samples = np.frombuffer(piece, "<i2")
+        if not len(samples):
+            continue
+        frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = sample_rate, pts, Fraction(1, sample_rate)
+        pts += len(samples)
+        yield frame
+
+
+class PacketFile:
+    """Encoded packets stored in a file, one record each: what `mux` needs to write them again as the encoder gave
+    them (timestamps, key frame flag, and side data: the encoder's priming and padding that MP3's LAME header and
+    Ogg's last granule are written from). Memory stays flat: records are written and read one at a time."""
+
+    RECORD = struct.Struct("<qqqiiBB")
+    """pts, dts, duration, time base numerator and denominator, key frame, side data count; then the size."""
+    SIZE = struct.Struct("<I")
+    SIDE = struct.Struct("<BI")
+    """A side data entry: its FFmpeg type and size, then its bytes."""
+    NONE = -(1 << 63)
+    """AV_NOPTS_VALUE: a timestamp the encoder left unset."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+
+    def write_all(self, packets: Iterable) -> None:
+        from av.packet import packet_sidedata_type_from_literal
+
+        for packet in packets:
+            side = list(packet.iter_sidedata())
+            tb = packet.time_base
+            self.file.write(self.RECORD.pack(self._ts(packet.pts), self._ts(packet.dts), packet.duration or 0,
+                                             tb.numerator, tb.denominator, packet.is_keyframe, len(side)))
+            self.file.write(self.SIZE.pack(packet.size))
+            self.file.write(bytes(packet))
+            for data in side:
+                self.file.write(self.SIDE.pack(packet_sidedata_type_from_literal(data.data_type), data.data_size))
+                self.file.write(bytes(data))
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def read_all(self) -> Iterator:
+        """The stored packets, in order."""
+        import av
+        from av.packet import PacketSideData
+
+        self.file.seek(0)
+        while head := self.file.read(self.RECORD.size):
+            pts, dts, duration, num, den, key, sides = self.RECORD.unpack(head)
+            (size,) = self.SIZE.unpack(self.file.read(self.SIZE.size))
+            packet = av.Packet(self.file.read(size))
+            packet.time_base = Fraction(num, den)
+            packet.pts = None if pts == self.NONE else pts
+            packet.dts = None if dts == self.NONE else dts
+            packet.duration, packet.is_keyframe = duration, bool(key)
+            for _ in range(sides):
+                kind, length = self.SIDE.unpack(self.file.read(self.SIDE.size))
+                data = PacketSideData(kind, length)  # type: ignore[call-arg]  # PyAV's stub omits the (type, size) constructor
+                memoryview(data)[:] = self.file.read(length)
+                packet.set_sidedata(data, move=True)
+            yield packet
+
+    def _ts(self, value: int | None) -> int:
+        return self.NONE if value is None else value
+
+
+class _Discard:
+    """A seekable file that keeps nothing: where `encode_packets`'s container (never given a packet) writes its
+    header (MP4 wants a seekable file)."""
+
+    def __init__(self) -> None:
+        self._pos = self._end = 0
+
+    def write(self, data) -> int:
+        self._pos += len(data)
+        self._end = max(self._end, self._pos)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else self._pos + offset if whence == 1 else self._end + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
 
 
 def _close_quietly(out) -> None:

@@ -4,8 +4,9 @@ an audiobook file, resumably.
 Sentences render concurrently (--jobs), each with its own seed derived from --seed and its index, into finished
 parts beside the output (engine.export_plan); an interrupted export continues with --resume and gives the same
 bytes as an uninterrupted one. Outputs: one M4B, MP3 or Opus file with chapter marks, title, author and cover
-(voiceapp.audio.containers), one WAV (+ a CUE sheet of chapters when there are several), or a file per chapter (-o DIR/,
-WAV, or --split-chapters). A finished export leaves its manifest as its record: run again, it says it is complete. Without --resume an earlier unfinished export is never discarded
+(voiceapp.audio.containers), encoded while the sentences render (engine.assembly_process), one WAV (+ a CUE sheet of
+chapters when there are several) written once they are rendered, or one file per chapter (-o DIR/, WAV, or
+--split-chapters). A finished export leaves its manifest as its record: run again, it says it is complete. Without --resume an earlier unfinished export is never discarded
 silently: --restart discards it. One export per output at a time: a second one refuses at once (a lock file beside
 the output names the running one's pid).
 """
@@ -159,7 +160,9 @@ def report(plan, layout: Layout, stats: dict) -> None:
     resumed = f"; {stats['resumed']} were already done" if stats["resumed"] else ""
     print(f"wrote {what}: {stats['audio_s']:.1f} s of audio in {stats['wall_s']:.1f} s ({stats['xrt']:.1f}x real "
           f"time; {stats['e2e_s']:.1f} s since launch, {stats['e2e_xrt']:.1f}x; {len(plan.sentences)} sentences in "
-          f"{len(plan.book.chapters)} chapters{resumed})", file=sys.stderr)
+          f"{len(plan.book.chapters)} chapters{resumed}; {'encoded' if layout.suffix != '.wav' else 'written'} in "
+          f"{stats['encode_s']:.1f} s, complete {stats['after_last_part_s']:.1f} s after the last sentence)",
+          file=sys.stderr)
 
 
 # ---- where things go --------------------------------------------------------------------------------------
@@ -576,8 +579,8 @@ def engine_checked(plan, identity: dict, manifest, earlier: dict | None):
 async def render_and_assemble(plan, renderer, manifest, layout: Layout, args, tags,
                               show_progress: str | None) -> dict:
     """Render what is left of `plan` with `renderer` (LocalRenderer, or voiceapp.cluster.export.RayRenderer) and
-    assemble the output files."""
-    from engine.export_plan import assemble, cue_fits, cue_sheet, pause_samples
+    assemble the output files: M4B, MP3 and Opus encoded while the sentences render, WAV once they are."""
+    from engine.export_plan import pause_samples
 
     parts, tracks = manifest.parts, layout.tracks(plan)
     outputs = [str(t.path) for t in tracks]
@@ -587,37 +590,39 @@ async def render_and_assemble(plan, renderer, manifest, layout: Layout, args, ta
     progress = Progress([len(s.text) for s in plan.sentences], done, sample_rate, show_progress)
     if renderer.started is not None:  # a cluster renders from before its first sentence came back
         progress.t0 = renderer.started
+    pause = pause_samples(renderer.pause_s, sample_rate)
+    following = container_encoder(plan, layout, tags, args, parts, pause, done, sample_rate)
     try:
-        parts.dir.mkdir(exist_ok=True)
-        manifest.save(plan, done, outputs)
-
-        def on_done(index: int, samples: int) -> None:
-            done.add(index)
-            progress.update(index, samples)
-            manifest.save(plan, done, outputs, force=False)
-
         try:
-            todo = [i for i in range(len(plan.sentences)) if i not in done]
-            jobs = await renderer.render(parts, todo, args.jobs, on_done)
+            parts.dir.mkdir(exist_ok=True)
+            manifest.save(plan, done, outputs)
+            if following is not None:
+                following.start()
+
+            def on_done(index: int, samples: int) -> None:
+                done.add(index)
+                progress.update(index, samples)
+                manifest.save(plan, done, outputs, force=False)
+                if following is not None:
+                    following.finished(index)
+                    following.check()  # the encoder failed (a full disk): stop rendering what it cannot write
+
+            try:
+                todo = [i for i in range(len(plan.sentences)) if i not in done]
+                jobs = await renderer.render(parts, todo, args.jobs, on_done)
+            finally:
+                progress.close()
+                _save_quietly(manifest, plan, done, outputs)
+            assembled = await asyncio.to_thread(following.join) if following is not None else \
+                assemble_wav(plan, parts, tracks, pause, args, sample_rate)  # awaited: Ctrl-C interrupts
+            ceiling = loudness_notice(plan, args, assembled.gains)
+            if ceiling:
+                _print_notices(ceiling)
+            written = [t.path for t in tracks] + write_cue(plan, layout, tags, assembled.offsets, sample_rate)
+            manifest.finish(plan, written, assembly_settings(args, layout, tags))
         finally:
-            progress.close()
-            _save_quietly(manifest, plan, done, outputs)
-        pause = pause_samples(renderer.pause_s, sample_rate)
-        gains = loudness_gains(plan, parts, args, pause, sample_rate)
-        encoder = None if layout.suffix == ".wav" else container_encoder(plan, layout, tags, sample_rate)
-        offsets, total = assemble(parts, tracks, sample_rate, pause, gains, encoder)
-        written = [t.path for t in tracks]
-        if layout.has_cue(plan):
-            marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
-            if cue_fits(marks, sample_rate):
-                write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, sample_rate))
-                written.append(layout.cue)
-            else:
-                layout.cue.unlink(missing_ok=True)  # an earlier export's sheet would mark another book
-                _print_notices(f"no {layout.cue.name}: the last chapter starts after 99:59, which a CUE sheet's "
-                               f"minutes cannot mark in many players; export to .m4b, .mp3 or .opus for chapters "
-                               f"in the file, or pass --split-chapters")
-        manifest.finish(plan, written, assembly_settings(args, layout, tags))
+            if following is not None:
+                following.stop()  # before the parts may be removed below
     except OSError as err:
         raise output_error(err, manifest, done, layout.out) from None
     except BaseException:
@@ -627,49 +632,115 @@ async def render_and_assemble(plan, renderer, manifest, layout: Layout, args, ta
     end = time.perf_counter()
     wall, e2e = end - progress.t0, end - process_start_perf()
     rendered = progress.samples / sample_rate  # resumed sentences cost no time: they do not count for speed
-    return {"audio_s": total / sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
-            "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs}
+    return {"audio_s": assembled.total / sample_rate, "wall_s": wall, "xrt": rendered / wall if wall else 0.0,
+            "e2e_s": e2e, "e2e_xrt": rendered / e2e if e2e else 0.0, "resumed": resumed, "jobs": jobs,
+            "encode_s": assembled.encode_s, "after_last_part_s": assembled.after_last_part_s}
 
 
-def container_encoder(plan, layout: Layout, tags, sample_rate: int):
-    """assemble's encoder for M4B, MP3 and Opus: one file with a chapter mark per chapter, or (split) one file per
-    chapter tagged with its title, the book's as album, and its number."""
-    from voiceapp.audio.containers import CONTAINERS, Mark, encode
+def container_encoder(plan, layout: Layout, tags, args: argparse.Namespace, parts, pause: int, done: set[int],
+                      sample_rate: int):
+    """M4B, MP3 and Opus: the encoder that follows the rendering (an AssemblyProcess, not started yet), told
+    which parts are already finished; None for WAV, written once every part is."""
+    from engine.assembly_process import AssemblyProcess
 
-    container = CONTAINERS[layout.suffix]
-    numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}
+    if layout.suffix == ".wav":
+        return None
+    return AssemblyProcess(parts=parts, tracks=layout.tracks(plan), pause=pause,
+                           writer=ContainerWriter(plan, layout, tags, sample_rate), finished=set(done),
+                           chapters=plan.chapter_ranges(), loudness=loudness_target(args), sample_rate=sample_rate)
 
-    def encoder(track, file, pcm, starts, length) -> None:
-        if layout.split:
-            mine = dataclasses.replace(tags, title=plan.chapter_title(track.sentences), album=tags.title,
-                                       track=numbers[track.path])
-            return encode(file, track.path, container, sample_rate, pcm, [], mine)
+
+def assemble_wav(plan, parts, tracks, pause: int, args: argparse.Namespace, sample_rate: int):
+    """The WAV(s), once every part is finished, with the chapters' loudness gains measured first."""
+    from engine.export_plan import Assembled, assemble
+
+    start = time.perf_counter()
+    target = loudness_target(args)
+    gains = [target.gain(parts, r, pause, sample_rate) for r in plan.chapter_ranges()] if target else []
+    per_sentence = [g.gain for g, r in zip(gains, plan.chapter_ranges()) for _ in r] if gains else None
+    offsets, total = assemble(parts, tracks, sample_rate, pause, per_sentence)
+    return Assembled(offsets, total, gains, time.perf_counter() - start, time.perf_counter() - start)
+
+
+def write_cue(plan, layout: Layout, tags, offsets: list[list[int]], sample_rate: int) -> list[Path]:
+    """One WAV of several chapters: its CUE sheet, while the sheet's minutes can mark them (else a notice and
+    none). The files written."""
+    from engine.export_plan import cue_fits, cue_sheet
+
+    if not layout.has_cue(plan):
+        return []
+    marks = [(plan.chapter_title(r), offsets[0][r.start]) for r in plan.chapter_ranges()]
+    if not cue_fits(marks, sample_rate):
+        layout.cue.unlink(missing_ok=True)  # an earlier export's sheet would mark another book
+        _print_notices(f"no {layout.cue.name}: the last chapter starts after 99:59, which a CUE sheet's minutes "
+                       f"cannot mark in many players; export to .m4b, .mp3 or .opus for chapters in the file, or "
+                       f"pass --split-chapters")
+        return []
+    write_text_atomic(layout.cue, cue_sheet(tags.title, layout.out.name, marks, sample_rate))
+    return [layout.cue]
+
+
+class ContainerWriter:
+    """FollowingAssembly's writer for M4B, MP3 and Opus (voiceapp.audio.containers): one file with a chapter mark per
+    chapter, or (split) one file per chapter tagged with its title, the book's as album, and its number."""
+
+    def __init__(self, plan, layout: Layout, tags, sample_rate: int) -> None:
+        from voiceapp.audio.containers import CONTAINERS
+
+        self.plan, self.layout, self.tags, self.sample_rate = plan, layout, tags, sample_rate
+        self.container = CONTAINERS[layout.suffix]
+        self.numbers = {t.path: n for n, t in enumerate(layout.tracks(plan), 1)}
+
+    def write(self, track, file, pcm, starts: list[int], length: int) -> None:
+        from voiceapp.audio.containers import encode
+
+        marks, tags = self._marks_and_tags(track, starts, length)
+        encode(file, track.path, self.container, self.sample_rate, pcm, marks, tags)
+
+    def encode(self, track, pcm, scratch) -> None:
+        from voiceapp.audio.containers import encode_packets
+
+        encode_packets(scratch, track.path, self.container, self.sample_rate, pcm)
+
+    def finish(self, track, scratch, file, starts: list[int], length: int) -> None:
+        from voiceapp.audio.containers import mux
+
+        marks, tags = self._marks_and_tags(track, starts, length)
+        mux(file, track.path, self.container, self.sample_rate, scratch, marks, tags)
+
+    def _marks_and_tags(self, track, starts: list[int], length: int):
+        from voiceapp.audio.containers import Mark
+
+        plan = self.plan
+        if self.layout.split:
+            return [], dataclasses.replace(self.tags, title=plan.chapter_title(track.sentences),
+                                           album=self.tags.title, track=self.numbers[track.path])
         ranges = plan.chapter_ranges()
         bounds = [starts[r.start - track.sentences.start] for r in ranges] + [length]
-        marks = [Mark(plan.chapter_title(r), a, b) for r, a, b in zip(ranges, bounds, bounds[1:])]
-        encode(file, track.path, container, sample_rate, pcm, marks, tags)
-
-    return encoder
+        return [Mark(plan.chapter_title(r), a, b) for r, a, b in zip(ranges, bounds, bounds[1:])], self.tags
 
 
-def loudness_gains(plan, parts, args: argparse.Namespace, pause: int, sample_rate: int) -> list[float] | None:
-    """--normalize-loudness (RMS) or --loudness (LUFS): one gain per sentence, its chapter's; a notice names
-    chapters the peak ceiling holds back. None without either."""
-    from engine.export_plan import ceiling_notice, chapter_gains, chapter_lufs_gains
+def loudness_target(args: argparse.Namespace):
+    """--loudness (LUFS) or --normalize-loudness (RMS dBFS) as a LoudnessTarget; None without either."""
+    from engine.export_plan import LoudnessTarget
 
-    ranges = plan.chapter_ranges()
-    titles = [plan.chapter_title(r) for r in ranges]
     if args.loudness is not None:
-        gains = chapter_lufs_gains(parts, ranges, args.loudness, pause, sample_rate)
-        notice = ceiling_notice(gains, titles, args.loudness, option="--loudness", unit="LUFS")
-    elif args.normalize_loudness is not None:
-        gains = chapter_gains(parts, ranges, args.normalize_loudness)
-        notice = ceiling_notice(gains, titles, args.normalize_loudness)
-    else:
+        return LoudnessTarget(args.loudness, lufs=True)
+    if args.normalize_loudness is not None:
+        return LoudnessTarget(args.normalize_loudness, lufs=False)
+    return None
+
+
+def loudness_notice(plan, args: argparse.Namespace, gains: list) -> str | None:
+    """The line naming chapters the peak ceiling holds below the target (ceiling_notice), or None."""
+    from engine.export_plan import ceiling_notice
+
+    if not gains:
         return None
-    if notice:
-        _print_notices(notice)
-    return [g.gain for g, r in zip(gains, ranges) for _ in r]
+    titles = [plan.chapter_title(r) for r in plan.chapter_ranges()]
+    if args.loudness is not None:
+        return ceiling_notice(gains, titles, args.loudness, option="--loudness", unit="LUFS")
+    return ceiling_notice(gains, titles, args.normalize_loudness)
 
 
 def interrupted(layout: Layout, total: int):
