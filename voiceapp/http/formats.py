@@ -2,7 +2,7 @@
 chunks in, bytes out as soon as the codec gives them.
 
   wav   16-bit PCM. Sized: exact RIFF and data sizes. Streamed: sizes 0x7FFFF000 (`WAV_UNKNOWN_SIZE`), the value
-        SoX itself writes for a length it does not know (see docs/integrations.md for what each reader makes of it)
+        SoX itself writes for a length it does not know (see docs/http.md for what each reader makes of it)
   pcm   raw 16-bit little-endian samples, no header
   flac  16-bit FLAC. Sized: STREAMINFO carries the total sample count and the MD5. Streamed: the count is 0, FLAC's
         "unknown"
