@@ -102,43 +102,87 @@ def digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def data_path(path: Path) -> Path:
+    """Where the tensors of a converted model too large for one file live (`INLINE_BYTES`), beside it."""
+    return path.with_name(path.name + ".data")
+
+
+INLINE_BYTES = 1 << 30
+"""Largest weight payload a converted model holds in its own file; a larger one (a 3B LLM's int8 layers) keeps its
+tensors in `data_path`: protobuf cannot serialize a message of 2 GB or more."""
+
+
 def intact(path: Path) -> bool:
-    """Whether the converted model at `path` is the one that was written: its digest file is there and matches
-    every byte (a truncated or altered file fails, or loads and computes other numbers without a word). The file is
-    read once per version of it (engine.model.cached_file_digest), not at every start."""
+    """Whether the converted model at `path` (and its data file, where it has one) is the one that was written: its
+    digest file is there and matches every byte (a truncated or altered file fails, or loads and computes other
+    numbers without a word). A file is read once per version of it (engine.model.cached_file_digest), not at every
+    start."""
     from engine.model import cached_file_digest
 
     try:
-        return digest_path(path).read_text(encoding="ascii").strip() == cached_file_digest(path)
+        lines = digest_path(path).read_text(encoding="ascii").split()
+        if not lines or lines[0] != cached_file_digest(path):
+            return False
+        return len(lines) == 1 or lines[1] == cached_file_digest(data_path(path))
     except (OSError, UnicodeDecodeError):
         return False
 
 
 def convert(llm_dir: Path, path: Path, progress: Progress = lambda done, total: None,
             quantize: str = "int8") -> Path:
-    """Write the `quantize` model of `llm_dir` to `path`, and its digest beside it; the file appears complete or
-    not at all, and other format versions of it beside it are removed."""
-    import hashlib
+    """Write the `quantize` model of `llm_dir` to `path` (and its tensors to `data_path` where they pass
+    INLINE_BYTES), with its digest beside it; the files appear complete or not at all, and other format versions of
+    it beside it are removed."""
+    import shutil
 
     from engine.atomic import replacing
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    staging = path.parent / f".{path.name}.{os.getpid()}"
+    staging.mkdir(exist_ok=True)
     try:
         model = build_model(Qwen2Weights.from_checkpoint(llm_dir), quantize=quantize, progress=progress)
-        data = model.SerializeToString()
-        with open(tmp, "wb") as f:
-            f.write(data)
-        tmp.replace(path)
+        digests = _write_model(model, staging / path.name)
+        data_path(path).unlink(missing_ok=True)  # a larger earlier model's tensors, or a torn one
+        if len(digests) > 1:
+            (staging / data_path(path).name).replace(data_path(path))
+        (staging / path.name).replace(path)
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
     with replacing(digest_path(path), suffix=f".{os.getpid()}.tmp") as digest:
-        digest.write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
+        digest.write_text("\n".join(digests) + "\n", encoding="ascii")
     for old in path.parent.glob(f"llm-{quantize}-v*.onnx"):
         if old != path:
             old.unlink(missing_ok=True)
             digest_path(old).unlink(missing_ok=True)
+            data_path(old).unlink(missing_ok=True)
     return path
+
+
+def _write_model(model, path: Path) -> list[str]:
+    """Write `model` to `path`, its tensors to `data_path(path)` when they pass INLINE_BYTES (ONNX's external data,
+    which ONNX Runtime reads beside the model); the SHA-256 of each file written."""
+    import hashlib
+
+    payload = sum(len(t.raw_data) for t in model.graph.initializer)
+    if payload > INLINE_BYTES:
+        from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+        # small tensors (shapes, split sizes) stay in the model: ONNX Runtime's shape inference reads them there
+        convert_model_to_external_data(model, all_tensors_to_one_file=True, location=data_path(path).name,
+                                       size_threshold=1024)
+        write_external_data_tensors(model, str(path.parent))
+    data = model.SerializeToString()
+    with open(path, "wb") as f:
+        f.write(data)
+    digests = [hashlib.sha256(data).hexdigest()]
+    if payload > INLINE_BYTES:
+        sha = hashlib.sha256()
+        with open(data_path(path), "rb") as f:
+            while block := f.read(1 << 24):
+                sha.update(block)
+        digests.append(sha.hexdigest())
+    return digests
 
 
 def load(path: Path, llm_dir: Path, threads: int | None = None, int8_head: bool = True,

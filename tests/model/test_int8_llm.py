@@ -330,6 +330,38 @@ async def test_a_damaged_int8_file_is_noticed_and_converted_again(llm_dir, tmp_p
     assert sum("does not match" in n for n in notices) == 1, notices
 
 
+async def test_a_model_past_protobufs_limit_keeps_its_tensors_beside_it(llm_dir, tmp_path, monkeypatch) -> None:
+    """A converted model whose weights pass INLINE_BYTES (a 3B LLM's int8 layers pass protobuf's 2 GB) is written
+    with its tensors in a data file beside it: it gives the same tokens as one file, its digest covers both files,
+    and a byte flipped in the data file is noticed and converted again."""
+    async def tokens(folder: Path, notices: list[str]) -> list[int]:
+        gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                                  quantized_dir=folder, events=lambda e: notices.append(e.message))
+        try:
+            return await read(gen, "r", 20)
+        finally:
+            await gen.close()
+
+    inline = await tokens(tmp_path / "inline", [])
+    assert not qwen2_ort.data_path(qwen2_ort.cached_path(tmp_path / "inline")).exists()
+    monkeypatch.setattr(qwen2_ort, "INLINE_BYTES", 0)
+    notices: list[str] = []
+    assert await tokens(tmp_path / "split", notices) == inline
+    path = qwen2_ort.cached_path(tmp_path / "split")
+    data = qwen2_ort.data_path(path)
+    assert data.stat().st_size > path.stat().st_size and qwen2_ort.intact(path)
+    assert len(qwen2_ort.digest_path(path).read_text().split()) == 2
+    assert [p.name for p in sorted((tmp_path / "split").iterdir())] == sorted(
+        [path.name, data.name, qwen2_ort.digest_path(path).name])
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 0x40
+    data.write_bytes(bytes(flipped))
+    assert not qwen2_ort.intact(path)
+    notices.clear()
+    assert await tokens(tmp_path / "split", notices) == inline and qwen2_ort.intact(path)
+    assert sum("does not match" in n for n in notices) == 1, notices
+
+
 def test_onnx_runtime_telemetry_is_off_wherever_it_is_loaded() -> None:
     """ONNX Runtime's official Linux builds send usage events by default (model names, hashes); the engine turns
     them off wherever it loads the runtime: the environment variable it reads (for this process and its children)
