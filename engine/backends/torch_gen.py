@@ -194,11 +194,13 @@ class TorchTokenGenerator:
     """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
 
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
+                 dtype: torch.dtype | None = None, threads: int | None = None,
                  lazy: bool = False, quantize: str = "none", quantized_dir: Path | None = None,
                  events: EventSink = ignore_events, llm_threads: int | None = None,
                  llm_spins: bool = False, rows: int = 1) -> None:
-        """`lazy`: load the model on the first request, not now (a fallback most processes never use).
+        """`model_or_dir`: a checkpoint folder (on the CPU, read straight into the static forward; elsewhere
+        transformers' model) or a transformers model (stepped through its own forward, as given).
+        `lazy`: load the model on the first request, not now (a fallback most processes never use).
         `quantize` "int8" (or "int4"): a checkpoint on the CPU steps through ONNX Runtime with quantised weights
         (engine.backends.qwen2_ort), converted once into `quantized_dir` (one folder per checkpoint); `events` hears
         the conversion's progress and which forward was picked; `llm_threads` sizes ONNX Runtime's pool (None:
@@ -215,15 +217,14 @@ class TorchTokenGenerator:
         self.token_ids = token_ids
         self._stop_ids = token_ids.stop_ids
         self.model: Any = None
-        """The transformers model, where steps run through its forward (None when `static` took the weights)."""
+        """The transformers model, where steps run through its forward (None where `static` holds the weights)."""
         self.static: StaticQwen2 | OrtQwen2 | None = None
         """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches, faster
-        than transformers' forward. A checkpoint is read straight into it (transformers is never imported); a given
-        model's layers are released as they are converted (one copy of the model in memory). With `quantize` int8,
-        the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
+        than transformers' forward, for a checkpoint on the CPU: read straight into it (transformers is never
+        imported). With `quantize` int8, the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
         self.quantize, self._quantized_dir, self.events = quantize, quantized_dir, events
         self._llm_threads, self._llm_spins = llm_threads, llm_spins
-        self._source: tuple[Any, torch.dtype | None, bool | None] | None = (model_or_dir, dtype, static)
+        self._source: tuple[Any, torch.dtype | None] | None = (model_or_dir, dtype)
         """What to load (the constructor's arguments), until loaded."""
         self._loaded = False
         self._rows = rows
@@ -244,22 +245,19 @@ class TorchTokenGenerator:
         """Load the model (once) as the constructor's arguments asked."""
         if self._loaded or self._source is None:
             return
-        model_or_dir, dtype, static = self._source
+        model_or_dir, dtype = self._source
         owned = isinstance(model_or_dir, (str, Path))
-        if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
-            static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
+        # a checkpoint we load ourselves, on the CPU, in an architecture the static forward runs
+        static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
         int8 = self._quantized_from_checkpoint(model_or_dir) if self.quantize != "none" else None
         if int8 is not None:
             self.static, self.dtype = int8, torch.float32
-        elif static and owned:
+        elif static:
             self.dtype = dtype or pick_dtype(self.device)
             self.static = _static_from_checkpoint(Path(model_or_dir), self.device, self.dtype)
         else:
             self.model = self._load(model_or_dir, dtype)
             self.dtype = self.model.dtype
-        if static and not owned:
-            max_len = getattr(self.model.config, "max_position_embeddings", 32768)
-            self.static = StaticQwen2(self.model, max_len, self.device, self.dtype, own_cache=False)
         self._vocab_size = (self.static.vocab_size if self.static is not None
                             else self.model.get_output_embeddings().weight.shape[0])
         if self.static is not None:  # the restricted head every Spark request asks for, built before the first one
