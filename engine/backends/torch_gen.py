@@ -144,7 +144,7 @@ def _grown(keys: torch.Tensor, values: torch.Tensor, length: int, axis: int,
     return grown
 
 
-_Step = tuple[int, "asyncio.Future[int | None]"]
+_Step = tuple[int, asyncio.Future[int | None]]
 """What a row step needs of its request: its last token, and where its next token goes."""
 
 
@@ -162,7 +162,7 @@ class _SharedRows:
     def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of every row, holding at least `length` positions."""
         def new(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return model.new_rows(len(self.taken), positions)
+            return model.new_rows(len(self.steps.table), positions)
 
         if self.keys is None or self.values is None:
             self.keys, self.values = new(length)

@@ -33,13 +33,14 @@ def seated(steps: RowSteps, *reqs: Req) -> list[int | None]:
 
 
 def test_a_newcomer_takes_the_lowest_free_row_and_only_its_holder_frees_it() -> None:
-    table: RowTable[str] = RowTable(3)
-    assert [table.seat(h) for h in "abcd"] == [0, 1, 2, None]
+    table: RowTable[Req] = RowTable(3)
+    a, b, c, d, e = (Req(name) for name in "abcde")
+    assert [table.seat(h) for h in (a, b, c, d)] == [0, 1, 2, None]
     assert table.full and table.busy == 3
-    assert table.free(1, "b") and table.seat("e") == 1
-    assert not table.free(1, "b"), "a stale holder freed the row given to another"
-    assert table.holders() == ["a", "e", "c"]
-    assert not table.free(-1, "a") and not table.free(3, "a")
+    assert table.free(1, b) and table.seat(e) == 1
+    assert not table.free(1, b), "a stale holder freed the row given to another"
+    assert table.holders() == [a, e, c]
+    assert not table.free(-1, a) and not table.free(3, a)
     table.clear()
     assert list(table) == [None, None, None] and table.busy == 0 and not table.full
 
