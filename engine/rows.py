@@ -22,14 +22,18 @@ class RowTable(Generic[T]):
 
     def __init__(self, rows: int) -> None:
         self._held: list[T | None] = [None] * rows
+        self._busy = 0
+        """Rows held, kept as they change: the lane asks for it at every admission, cheaper than a count."""
         self._lock = threading.Lock()
 
     def seat(self, holder: T) -> int | None:
         """The lowest free row, now `holder`'s; None when every row is held."""
         with self._lock:
-            row = next((i for i, held in enumerate(self._held) if held is None), None)
-            if row is not None:
-                self._held[row] = holder
+            if self._busy == len(self._held):
+                return None
+            row = self._held.index(None)
+            self._held[row] = holder
+            self._busy += 1
             return row
 
     def free(self, row: int, holder: T) -> bool:
@@ -37,6 +41,7 @@ class RowTable(Generic[T]):
         with self._lock:
             if 0 <= row < len(self._held) and self._held[row] is holder:
                 self._held[row] = None
+                self._busy -= 1
                 return True
             return False
 
@@ -44,6 +49,7 @@ class RowTable(Generic[T]):
         """Every row free (after a failure that lost every cache)."""
         with self._lock:
             self._held = [None] * len(self._held)
+            self._busy = 0
 
     def holders(self) -> list[T | None]:
         """Who holds each row (None: free), as of now."""
@@ -58,11 +64,11 @@ class RowTable(Generic[T]):
 
     @property
     def busy(self) -> int:
-        return sum(held is not None for held in self.holders())
+        return self._busy
 
     @property
     def full(self) -> bool:
-        return None not in self.holders()
+        return self._busy == len(self._held)
 
 
 @dataclass(slots=True)
