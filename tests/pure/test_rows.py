@@ -38,7 +38,7 @@ def test_a_newcomer_takes_the_lowest_free_row_and_only_its_holder_frees_it() -> 
     assert [table.seat(h) for h in (a, b, c, d)] == [0, 1, 2, None]
     assert table.full and table.busy == 3
     assert table.free(1, b) and table.seat(e) == 1
-    assert not table.free(1, b), "a stale holder freed the row given to another"
+    assert not table.free(1, b) and table.busy == 3, "a stale holder freed the row given to another"
     assert table.holders() == [a, e, c]
     assert not table.free(-1, a) and not table.free(3, a)
     table.clear()
