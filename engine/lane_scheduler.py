@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 from engine.config import SamplingOptions
 from engine.deadlines import DeadlineBoard
+from engine.rows import RowTable
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 """Prompt lengths are padded up to one of these (one graph each); longer prompts go to vLLM. A sentence prompt
@@ -166,8 +167,9 @@ class LaneScheduler:
         self.jobs: deque[LaneJob] = deque()
         """Jobs waiting, running or draining, oldest first (the router reads their groups)."""
         self.waiting: deque[LaneJob] = deque()
-        self.row_jobs: list[LaneJob | None] = [None] * shapes.rows
-        """The job each row steps (None: free; a freed row keeps computing, nobody reads it)."""
+        self.rows: RowTable[LaneJob] = RowTable(shapes.rows)
+        """The job each row steps (a freed row keeps computing, nobody reads it): the row bookkeeping the CPU rows
+        share (engine.rows)."""
         self.unread: list[Launch] = []
         """Launches not read back yet, oldest first."""
         self.bursts = CROWD_BURSTS
@@ -207,8 +209,13 @@ class LaneScheduler:
         return len(self.jobs)
 
     @property
+    def row_jobs(self) -> list[LaneJob | None]:
+        """The job each row steps (None: free), as of now."""
+        return self.rows.holders()
+
+    @property
     def busy_rows(self) -> int:
-        return sum(job is not None for job in self.row_jobs)
+        return self.rows.busy
 
     def groups(self) -> set[str]:
         return {job.group for job in list(self.jobs)}
@@ -224,7 +231,7 @@ class LaneScheduler:
             return self._prefills(self._admit_by_deadline(self.deadlines))
         admitted: list[LaneJob] = []
         new = 0
-        while self.waiting and None in self.row_jobs:
+        while self.waiting and not self.rows.full:
             index = self._first_without_row()
             if index is not None and new < ADMIT_NEW:
                 new += 1
@@ -233,7 +240,7 @@ class LaneScheduler:
             else:
                 break
             job = self.waiting[index]
-            if not self._steps_with(job.allowed) and any(self.row_jobs):
+            if not self._steps_with(job.allowed) and self.rows.busy:
                 break
             del self.waiting[index]
             self._seat(job)
@@ -250,12 +257,12 @@ class LaneScheduler:
         admitted: list[LaneJob] = []
         new = later = 0
         for job in (waiting[i] for i in order):
-            if None not in self.row_jobs:
+            if self.rows.full:
                 break
             fresh = job.group not in running
             if (fresh and new >= ADMIT_NEW) or (not fresh and later >= ADMIT):
                 continue
-            if not self._steps_with(job.allowed) and any(self.row_jobs):
+            if not self._steps_with(job.allowed) and self.rows.busy:
                 break
             self._seat(job)
             admitted.append(job)
@@ -275,9 +282,10 @@ class LaneScheduler:
         return allowed is self.allowed or allowed == self.allowed
 
     def _seat(self, job: LaneJob) -> None:
-        self.allowed = job.allowed
-        job.row = self.row_jobs.index(None)
-        self.row_jobs[job.row] = job
+        row = self.rows.seat(job)
+        if row is None:
+            raise RuntimeError("a job was seated with every row held")
+        self.allowed, job.row = job.allowed, row
 
     def _prefills(self, jobs: list[LaneJob]) -> list[Prefill]:
         """Admitted jobs as prefill launches of the captured batch sizes, similar lengths together (each prompt is
@@ -321,8 +329,8 @@ class LaneScheduler:
         self.unread.append(jobs)
         for job in jobs:
             job.launched += 1
-            if not job.wants_steps() and self.row_jobs[job.row] is job:
-                self.row_jobs[job.row] = None
+            if not job.wants_steps():
+                self.rows.free(job.row, job)
 
     # ---- read-backs --------------------------------------------------------------------------------------------
 
@@ -369,7 +377,7 @@ class LaneScheduler:
         """Every job gets the error (the router hands their streams over); the rows start empty again."""
         jobs = [job for job in list(self.jobs) if not job.ended]
         self.waiting.clear()
-        self.row_jobs = [None] * self.shapes.rows
+        self.rows.clear()
         self.unread.clear()
         for job in jobs:
             job.deliver("error", err)
@@ -379,8 +387,7 @@ class LaneScheduler:
         """Take the job off the lane, then hand over its `last` tokens (marked finished) and the end: whoever
         sees them sees the lane without it."""
         job.ended = True
-        if 0 <= job.row < len(self.row_jobs) and self.row_jobs[job.row] is job:
-            self.row_jobs[job.row] = None
+        self.rows.free(job.row, job)
         with contextlib.suppress(ValueError):
             self.jobs.remove(job)
         if last is not None:

@@ -70,7 +70,7 @@ def lane_admit(board: DeadlineBoard | None, waiting: int, rows: int = 128) -> fl
                     f"s{k}") for k in range(waiting)]
 
     def admit() -> None:
-        sched.row_jobs = [None] * rows
+        sched.rows.clear()
         sched.waiting.clear()
         sched.waiting.extend(jobs)
         sched.admit()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 
 import torch
@@ -67,12 +68,15 @@ async def main() -> None:
     t0 = time.perf_counter()
     model = build_model(args.tiny)
     ids = TokenIds()
-    static = not args.transformers_forward and (args.device or "cpu") == "cpu"
-    gen = TorchTokenGenerator(model, ids, device=args.device, dtype=DTYPES.get(args.dtype), threads=args.threads,
-                              static=static)
+    with tempfile.TemporaryDirectory() as folder:
+        # a checkpoint folder steps through the static forward on the CPU; a model object, through its own forward
+        source = model if args.transformers_forward else folder
+        if not args.transformers_forward:
+            model.save_pretrained(folder)
+        gen = TorchTokenGenerator(source, ids, device=args.device, dtype=DTYPES.get(args.dtype), threads=args.threads)
     prompt = build_prompt(ids, args.prompt_tokens)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {'tiny' if args.tiny else 'full'} {n_params / 1e6:.0f}M params, {gen.device} {gen.model.dtype}, "
+    print(f"model: {'tiny' if args.tiny else 'full'} {n_params / 1e6:.0f}M params, {gen.device} {gen.dtype}, "
           f"{'static' if gen.static is not None else 'transformers'} forward, "
           f"{torch.get_num_threads()} threads, built in {time.perf_counter() - t0:.1f}s")
     try:

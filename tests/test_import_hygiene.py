@@ -7,7 +7,7 @@ import pytest
 PURE = ["engine.text", "engine.prompt", "engine.tokens", "engine.windowing", "engine.windowed_decode",
         "engine.crossfade", "engine.ringbuffer", "engine.player_gate", "engine.events", "engine.errors",
         "engine.config", "engine.voices", "engine.model", "engine.seams", "engine.lane_scheduler", "engine.deadlines",
-        "engine.metrics",
+        "engine.metrics", "engine.rows",
         "engine.atomic", "engine.bench", "engine.pacing", "engine.families", "engine.families.base",
         "engine.families.spark", "engine.families.orpheus", "engine.families.orpheus.grammar",
         "engine.families.orpheus.checkpoint", "engine.cpu_pools", "engine.platform_info"]

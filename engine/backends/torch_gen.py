@@ -24,6 +24,7 @@ from engine.config import QUANTIZE, SamplingOptions
 from engine.errors import GenerationError, ModelFormatError, ModelNotFound
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
+from engine.rows import Asked, RowSteps, consecutive
 from engine.tokens import TokenIds
 
 if TYPE_CHECKING:
@@ -143,34 +144,25 @@ def _grown(keys: torch.Tensor, values: torch.Tensor, length: int, axis: int,
     return grown
 
 
+_Step = tuple[int, asyncio.Future[int | None]]
+"""What a row step needs of its request: its last token, and where its next token goes."""
+
+
 class _SharedRows:
     """The caches of up to `rows` requests side by side ([layers, rows, kv, C, D] each, OrtQwen2.new_rows), one slot
     per request: requests in consecutive slots step as one forward (OrtQwen2.forward_rows). When a request outgrows
-    the positions, they double for every row."""
+    the positions, they double for every row. Who holds which slot and who steps in the next forward is `steps`'
+    decision (engine.rows, shared with the graph lane's scheduler); the generator runs what it decides."""
 
     def __init__(self, rows: int) -> None:
-        self.taken = [False] * rows
+        self.steps: RowSteps[_Request, _Step] = RowSteps(rows)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
-        self._lock = threading.Lock()
-        """Slots are taken on the worker thread (a prefill) and given back on the event loop (a stream's end)."""
-
-    def take(self) -> int | None:
-        """The lowest free slot, now taken; None when every one is."""
-        with self._lock:
-            slot = next((i for i, taken in enumerate(self.taken) if not taken), None)
-            if slot is not None:
-                self.taken[slot] = True
-            return slot
-
-    def give(self, slot: int) -> None:
-        with self._lock:
-            self.taken[slot] = False
 
     def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of every row, holding at least `length` positions."""
         def new(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return model.new_rows(len(self.taken), positions)
+            return model.new_rows(len(self.steps.table), positions)
 
         if self.keys is None or self.values is None:
             self.keys, self.values = new(length)
@@ -184,25 +176,31 @@ class _RowCache:
     """One request's cache as a slot of the shared rows."""
 
     rows: _SharedRows
-    slot: int
+    slot: int = -1
 
     def fit(self, length: int, model: OrtQwen2) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.rows.fit(length, model)
         return keys[:, self.slot], values[:, self.slot]
 
-    def release(self) -> None:
-        self.rows.give(self.slot)
+    def release(self, req: _Request | None = None) -> None:
+        """Its slot is free, and (`req` given) no row step waits for that request."""
+        if req is None:
+            self.rows.steps.table.free(self.slot, self)
+        else:
+            self.rows.steps.leave(req, self.slot, self)
 
 
 class TorchTokenGenerator:
     """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
 
     def __init__(self, model_or_dir: Any, token_ids: TokenIds, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, threads: int | None = None, static: bool | None = None,
+                 dtype: torch.dtype | None = None, threads: int | None = None,
                  lazy: bool = False, quantize: str = "none", quantized_dir: Path | None = None,
                  events: EventSink = ignore_events, llm_threads: int | None = None,
                  llm_spins: bool = False, rows: int = 1) -> None:
-        """`lazy`: load the model on the first request, not now (a fallback most processes never use).
+        """`model_or_dir`: a checkpoint folder (on the CPU, read straight into the static forward; elsewhere
+        transformers' model) or a transformers model (stepped through its own forward, as given).
+        `lazy`: load the model on the first request, not now (a fallback most processes never use).
         `quantize` "int8" (or "int4"): a checkpoint on the CPU steps through ONNX Runtime with quantised weights
         (engine.backends.qwen2_ort), converted once into `quantized_dir` (one folder per checkpoint); `events` hears
         the conversion's progress and which forward was picked; `llm_threads` sizes ONNX Runtime's pool (None:
@@ -219,15 +217,14 @@ class TorchTokenGenerator:
         self.token_ids = token_ids
         self._stop_ids = token_ids.stop_ids
         self.model: Any = None
-        """The transformers model, where steps run through its forward (None when `static` took the weights)."""
+        """The transformers model, where steps run through its forward (None where `static` holds the weights)."""
         self.static: StaticQwen2 | OrtQwen2 | None = None
         """The model as engine.backends.qwen2_static runs it: fused projections over per-request caches, faster
-        than transformers' forward. A checkpoint is read straight into it (transformers is never imported); a given
-        model's layers are released as they are converted (one copy of the model in memory). With `quantize` int8,
-        the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
+        than transformers' forward, for a checkpoint on the CPU: read straight into it (transformers is never
+        imported). With `quantize` int8, the same steps through qwen2_ort.OrtQwen2 (docs/cpu.md)."""
         self.quantize, self._quantized_dir, self.events = quantize, quantized_dir, events
         self._llm_threads, self._llm_spins = llm_threads, llm_spins
-        self._source: tuple[Any, torch.dtype | None, bool | None] | None = (model_or_dir, dtype, static)
+        self._source: tuple[Any, torch.dtype | None] | None = (model_or_dir, dtype)
         """What to load (the constructor's arguments), until loaded."""
         self._loaded = False
         self._rows = rows
@@ -239,11 +236,6 @@ class TorchTokenGenerator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-gen")
         self._requests: dict[str, list[_Request]] = {}
         """Live streams by request id (a list: a reused id must not make a stream unabortable)."""
-        self._stepping: set[_Request] = set()
-        """Requests in the shared rows past their prompt: a row step waits (ROWS_GRACE_S at most) for all of them."""
-        self._waiting: list[tuple[_Request, int, asyncio.Future]] = []
-        """Row steps asked for and not yet running: (request, its last token, its next token's future)."""
-        self._rows_busy = False
         self._grace: asyncio.TimerHandle | None = None
         self._dropping = threading.RLock()
         """A request's cache is set on the worker and dropped on the event loop: one at a time, or a slot could be
@@ -253,22 +245,19 @@ class TorchTokenGenerator:
         """Load the model (once) as the constructor's arguments asked."""
         if self._loaded or self._source is None:
             return
-        model_or_dir, dtype, static = self._source
+        model_or_dir, dtype = self._source
         owned = isinstance(model_or_dir, (str, Path))
-        if static is None:  # a checkpoint we load ourselves, on the CPU, in Spark's architecture
-            static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
+        # a checkpoint we load ourselves, on the CPU, in an architecture the static forward runs
+        static = owned and self.device.type == "cpu" and static_supported(read_config(Path(model_or_dir)))
         int8 = self._quantized_from_checkpoint(model_or_dir) if self.quantize != "none" else None
         if int8 is not None:
             self.static, self.dtype = int8, torch.float32
-        elif static and owned:
+        elif static:
             self.dtype = dtype or pick_dtype(self.device)
             self.static = _static_from_checkpoint(Path(model_or_dir), self.device, self.dtype)
         else:
             self.model = self._load(model_or_dir, dtype)
             self.dtype = self.model.dtype
-        if static and not owned:
-            max_len = getattr(self.model.config, "max_position_embeddings", 32768)
-            self.static = StaticQwen2(self.model, max_len, self.device, self.dtype, own_cache=False)
         self._vocab_size = (self.static.vocab_size if self.static is not None
                             else self.model.get_output_embeddings().weight.shape[0])
         if self.static is not None:  # the restricted head every Spark request asks for, built before the first one
@@ -403,12 +392,16 @@ class TorchTokenGenerator:
         return self.static
 
     def _new_cache(self, length: int) -> _StaticCache | _RowCache:
+        """A slot of the shared rows while one is free, else a cache of its own (the request steps alone)."""
         shared = self._shared
-        slot = shared.take() if shared is not None else None
-        if shared is None or slot is None:
-            return _StaticCache(*self._static_model.new_cache(length))
-        shared.fit(length, self._row_model)
-        return _RowCache(shared, slot)
+        if shared is not None:
+            cache = _RowCache(shared)
+            slot = shared.steps.seat(cache)
+            if slot is not None:
+                cache.slot = slot
+                shared.fit(length, self._row_model)
+                return cache
+        return _StaticCache(*self._static_model.new_cache(length))
 
     def _logits(self, hidden: torch.Tensor, head: Any) -> torch.Tensor:
         if callable(head):  # OrtQwen2's int8 rows
@@ -456,9 +449,8 @@ class TorchTokenGenerator:
         rows as one forward, one alone as `_step`."""
         tokens: list[int | None] = [None] * len(steps)
         caches = [req.cache for req, _ in steps]  # a stream's end may drop one meanwhile (on the event loop)
-        live = sorted((i for i, cache in enumerate(caches) if isinstance(cache, _RowCache) and not steps[i][0].aborted),
-                      key=lambda i: caches[i].slot)
-        for run in _consecutive(live, lambda i: caches[i].slot):
+        live = [i for i, cache in enumerate(caches) if isinstance(cache, _RowCache) and not steps[i][0].aborted]
+        for run in consecutive(live, lambda i: cast(_RowCache, caches[i]).slot):
             if len(run) == 1:
                 tokens[run[0]] = self._step(*steps[run[0]])
                 continue
@@ -524,7 +516,7 @@ class TorchTokenGenerator:
         try:
             token = await self._run(loop, self._first_step, req, prompt.ids)
             if isinstance(req.cache, _RowCache):
-                self._stepping.add(req)
+                req.cache.rows.steps.join(req)
             for generated in range(1, opts.max_tokens + 1):
                 if req.aborted or token is None:
                     return
@@ -534,7 +526,6 @@ class TorchTokenGenerator:
                 token = await self._decode(loop, req, token)
         finally:
             self._drop(req)
-            self._stepping.discard(req)
             self._forget(request_id, req)
             self._launch_rows(loop)  # the others' steps no longer wait for this one
 
@@ -553,39 +544,42 @@ class TorchTokenGenerator:
     async def _decode(self, loop: asyncio.AbstractEventLoop, req: _Request, token: int) -> int | None:
         """The request's next token after `token`: in the shared rows, stepped with the other requests'
         (`_launch_rows`); else alone."""
-        if not isinstance(req.cache, _RowCache):
+        cache = req.cache
+        if not isinstance(cache, _RowCache):
             return await self._run(loop, self._step, req, token)
-        waiter = loop.create_future()
-        self._waiting.append((req, token, waiter))
+        waiter: asyncio.Future[int | None] = loop.create_future()
+        cache.rows.steps.ask(req, (token, waiter))
         self._launch_rows(loop)
         return await waiter
 
     def _launch_rows(self, loop: asyncio.AbstractEventLoop, grace_over: bool = False) -> None:
-        """Run the waiting row steps as one job on the worker, once every request stepping in the shared rows asks
-        for its step (or ROWS_GRACE_S after the first asked), and none runs now: each request's next step waits for
-        the others', so that they keep stepping together instead of one after another."""
+        """Run the row steps the shared rows' scheduler picks (engine.rows.RowSteps: once every request stepping in
+        them asked, or ROWS_GRACE_S after the first asked) as one job on the worker; start the grace timer where
+        they wait for it."""
         if grace_over:
             self._grace = None
-        if self._rows_busy or not self._waiting:
+        if self._shared is None:
             return
-        asked = {id(req) for req, _, _ in self._waiting}
-        if not grace_over and any(not req.aborted and id(req) not in asked for req in self._stepping):
-            if self._grace is None:
+        steps = self._shared.steps
+        batch = steps.next_forward(grace_over)
+        if batch is None:
+            if steps.waits() and self._grace is None:
                 self._grace = loop.call_later(ROWS_GRACE_S, self._launch_rows, loop, True)
             return
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
-        batch, self._waiting, self._rows_busy = self._waiting, [], True
-        job = loop.run_in_executor(self._executor, self._step_rows, [(req, token) for req, token, _ in batch])
+        job = loop.run_in_executor(self._executor, self._step_rows,
+                                   [(asked.request, asked.payload[0]) for asked in batch])
         job.add_done_callback(lambda done: self._rows_done(loop, batch, done))
 
-    def _rows_done(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int, asyncio.Future]],
+    def _rows_done(self, loop: asyncio.AbstractEventLoop, batch: list[Asked[_Request, _Step]],
                    job: asyncio.Future) -> None:
         """Hand each waiting stream its token (or the step's error), then run the steps asked for meanwhile."""
-        self._rows_busy = False
+        if self._shared is not None:
+            self._shared.steps.done()
         error = job.exception() if not job.cancelled() else asyncio.CancelledError()
-        for i, (_, _, waiter) in enumerate(batch):
+        for i, waiter in enumerate(asked.payload[1] for asked in batch):
             if waiter.done():  # its stream was cancelled while it waited
                 continue
             if error is not None:
@@ -599,7 +593,7 @@ class TorchTokenGenerator:
         with self._dropping:
             cache, req.aborted, req.cache = req.cache, True, None
         if isinstance(cache, _RowCache):
-            cache.release()
+            cache.release(req)
 
     def _forget(self, request_id: str, req: _Request) -> None:
         live = self._requests.get(request_id, [])
@@ -619,17 +613,6 @@ class TorchTokenGenerator:
             for req in live:
                 self._drop(req)
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
-
-
-def _consecutive(items: list[int], slot: Callable[[int], int]) -> list[list[int]]:
-    """`items` (sorted by `slot`) cut into runs whose slots follow one another."""
-    runs: list[list[int]] = []
-    for item in items:
-        if runs and slot(item) == slot(runs[-1][-1]) + 1:
-            runs[-1].append(item)
-        else:
-            runs.append([item])
-    return runs
 
 
 async def measure_throughput(gen: Any, prompt: Prompt, n_tokens: int, seed: int = 0) -> float:

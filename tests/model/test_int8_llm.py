@@ -221,6 +221,11 @@ async def read(gen: TorchTokenGenerator, request_id: str, tokens: int, seed: int
     return [t async for delta in gen.stream(SEMANTIC_PROMPT, opts, request_id) for t in delta]
 
 
+def taken(gen: TorchTokenGenerator) -> list[bool]:
+    """Which slots of the generator's shared rows a request holds."""
+    return [holder is not None for holder in gen._shared.steps.table.holders()]
+
+
 @pytest.fixture
 async def rows_gen(llm_dir, tmp_path, monkeypatch):
     """An int8 generator with two shared rows, counting the rows of each step that ran them together."""
@@ -247,7 +252,7 @@ async def test_live_requests_step_together_and_give_their_rows_back(rows_gen) ->
     assert (len(a), len(b), len(c)) == (300, 60, 40)
     assert all(IDS.semantic_base <= t < IDS.semantic_base + SEMANTIC_CODEBOOK for t in a + b + c)
     assert rows_gen.row_steps.count(2) >= 50 and set(rows_gen.row_steps) == {2}
-    assert rows_gen._shared.taken == [False, False] and rows_gen._shared.keys.shape[3] > 300
+    assert taken(rows_gen) == [False, False] and rows_gen._shared.keys.shape[3] > 300
 
 
 async def test_a_row_whose_reader_stops_neither_stalls_the_others_nor_keeps_its_slot(rows_gen) -> None:
@@ -258,16 +263,16 @@ async def test_a_row_whose_reader_stops_neither_stalls_the_others_nor_keeps_its_
     t = time.perf_counter()
     assert len(await read(rows_gen, "busy", 40)) == 40
     assert time.perf_counter() - t < 40 * (0.2 + ROWS_GRACE_S)
-    assert rows_gen.row_steps == [] and rows_gen._shared.taken == [True, False]
+    assert rows_gen.row_steps == [] and taken(rows_gen) == [True, False]
     await quiet.aclose()
-    assert rows_gen._shared.taken == [False, False]
+    assert taken(rows_gen) == [False, False]
 
     async def abort_soon() -> None:
         await asyncio.sleep(0.05)
         await rows_gen.abort("gone")
 
     gone, _ = await asyncio.gather(read(rows_gen, "gone", 10_000), abort_soon())
-    assert 0 < len(gone) < 10_000 and rows_gen._shared.taken == [False, False]
+    assert 0 < len(gone) < 10_000 and taken(rows_gen) == [False, False]
 
 
 async def test_a_generator_of_one_row_steps_each_request_alone(llm_dir, tmp_path) -> None:
@@ -294,7 +299,7 @@ async def test_a_failing_row_step_fails_every_stream_in_it_and_frees_the_rows(ro
     monkeypatch.setattr(rows_gen.static, "forward_rows", fail)
     results = await asyncio.gather(read(rows_gen, "a", 50), read(rows_gen, "b", 50, seed=2), return_exceptions=True)
     assert all(isinstance(r, GenerationError) and "out of memory" in str(r) for r in results), results
-    assert rows_gen._shared.taken == [False, False]
+    assert taken(rows_gen) == [False, False]
     monkeypatch.undo()
     assert len(await read(rows_gen, "c", 20)) == 20
 

@@ -313,10 +313,12 @@ async def test_restricted_head_samples_like_a_masked_full_vocabulary(gen: TorchT
 
 # ---- the static forward (engine.backends.qwen2_static), the default for checkpoints loaded on the CPU -------
 
-async def test_static_forward_gives_the_transformers_loop_tokens(model: Qwen2ForCausalLM) -> None:
+async def test_static_forward_gives_the_transformers_loop_tokens(tmp_path, model: Qwen2ForCausalLM) -> None:
     """Greedy over 300 tokens (the request's cache grows past its first 8 + 256 positions) and seeded sampling,
-    alone and interleaved: the same tokens as the transformers forward."""
-    hf, static = TorchTokenGenerator(model, IDS, device="cpu"), TorchTokenGenerator(model, IDS, static=True)
+    alone and interleaved: the checkpoint through the static forward gives the same tokens as the transformers
+    forward of the model it was saved from."""
+    model.save_pretrained(tmp_path)
+    hf, static = TorchTokenGenerator(model, IDS, device="cpu"), TorchTokenGenerator(str(tmp_path), IDS, device="cpu")
     prompt = Prompt(PROMPT.ids, SEMANTIC_ONLY)
     try:
         assert hf.static is None and static.static is not None
