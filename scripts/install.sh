@@ -75,9 +75,12 @@ say "into $venv, with voicectl linked in $bin_dir"
 step python3 -m venv "$venv"
 step "$py" -m pip install -q --upgrade pip
 if ! step "$py" -m pip install -q "${torch_index[@]}" "$torch_req"; then
-  echo "install: pip could not install $torch_req (above); where its package sources have no such build, set" \
-       "VOICEAPP_TORCH_INDEX to PyTorch's CPU wheel index (its Get Started page names it) and run again" >&2
-  exit 1
+  # pip's sources may hold only the default build (PyPI has no +cpu one): that one runs on a CPU too, only larger
+  [ "$torch_req" = "torch==$TORCH_VERSION+cpu" ] || { echo "install: pip could not install $torch_req (above)" >&2; exit 1; }
+  say "no CPU build of PyTorch in pip's package sources: the default build instead (larger: it brings CUDA" \
+      "libraries; VOICEAPP_TORCH_INDEX set to PyTorch's CPU wheel index gives the smaller one)"
+  step "$py" -m pip install -q "torch==$TORCH_VERSION" \
+    || { echo "install: pip could not install torch==$TORCH_VERSION either (above)" >&2; exit 1; }
 fi
 step "$py" -m pip install -q -e "$root"
 step mkdir -p "$bin_dir"

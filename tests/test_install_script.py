@@ -73,3 +73,34 @@ def test_venv_and_bin_folders_can_be_chosen_and_unknown_options_fail(tmp_path: P
     assert commands[0][-1] == str(tmp_path / "v") and commands[-1][-1] == str(tmp_path / "b" / "voicectl")
     out = subprocess.run(["bash", str(SCRIPT), "--dry-rn"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip() == "install: unknown option --dry-rn (see --help)"
+
+
+def test_where_pip_has_no_cpu_build_it_installs_the_default_one_and_says_so(tmp_path: Path) -> None:
+    """PyPI has no `torch==X+cpu`: on a CPU machine the install falls back to the default build (it runs on a CPU,
+    only larger) with a line saying how to get the small one, instead of stopping. A real run of the script, with a
+    stand-in python3 whose venv's pip refuses every +cpu requirement and logs what it is asked."""
+    tools, log = tmp_path / "tools", tmp_path / "pip.log"
+    tools.mkdir()
+    stub_python = (f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                   'case "$*" in *+cpu*) echo "ERROR: No matching distribution" >&2; exit 1;; esac\nexit 0\n')
+    (tools / "python3").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -m ] && [ "$2" = venv ]; then\n'
+        '  mkdir -p "$3/bin"\n'
+        f"  cat > \"$3/bin/python\" <<'PY'\n{stub_python}PY\n"
+        "  printf '#!/bin/sh\\nexit 0\\n' > \"$3/bin/voicectl\"\n"
+        '  chmod +x "$3/bin/python" "$3/bin/voicectl"\n'
+        "fi\nexit 0\n")
+    (tools / "python3").chmod(0o755)
+    env = {"HOME": str(tmp_path / "home"), "PATH": f"{tools}:/usr/local/bin:/usr/bin:/bin"}
+    out = subprocess.run(["bash", str(SCRIPT), "--no-model", "--no-say"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    asked = [line.split()[-1] for line in log.read_text().splitlines() if line.startswith("-m pip install")]
+    cpu_build = platform.system() == "Linux" and platform.machine() == "x86_64"
+    if cpu_build:
+        assert asked == ["pip", "torch==2.13.0+cpu", "torch==2.13.0", str(ROOT)], asked
+        assert "no CPU build of PyTorch in pip's package sources" in out.stdout
+    else:
+        assert asked == ["pip", "torch==2.13.0", str(ROOT)], asked
+    assert (tmp_path / "home" / ".local" / "bin" / "voicectl").is_symlink()
