@@ -13,7 +13,6 @@ bicodec: Spark's BiCodec (synthetic full) ms per window at batch 16-128, fp32 an
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -24,14 +23,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_kernels_probe import kernels, plan_steps, sweep  # noqa: E402 - lab/ beside this script
+from decode_kernels_probe import kernels, plan_steps, save, sweep  # noqa: E402 - lab/ beside this script
 from lane_profile import graph_step_ms  # noqa: E402
 
 from engine.backends import decode_kernels as dk  # noqa: E402
-
-
-def save(out: dict, path: str) -> None:
-    Path(path).write_text(json.dumps(out, indent=1))
 
 
 def llama_3b():
@@ -103,12 +98,10 @@ def tiling_sweep(out: dict, path: str) -> None:
 
 
 def snac(out: dict, path: str, root: Path) -> None:
-    from engine.backends.base import DecodeItem
-    from engine.families.orpheus import SCHEDULE
     from engine.families.orpheus.snac import SnacDecoder
     from engine.families.orpheus.synthetic import write_snac
     from engine.seams import seam_error_db
-    from engine.windowed_decode import WindowedDecode
+    from orpheus_snac_gpu import one_shot, window_ms, windowed
     from orpheus_snac_measure import random_frames as frames
 
     snac_dir = root / "snac"
@@ -120,12 +113,7 @@ def snac(out: dict, path: str, root: Path) -> None:
         worst_seam, worst_snr = -999.0, 999.0
         for seed in range(3):
             codes = frames(120, seed)
-            one = ref.decode([DecodeItem(tuple(codes), ())])[0]
-            windows = WindowedDecode(SCHEDULE, (), dec.samples_per_code)
-            parts = []
-            while (window := windows.next_window(len(codes), True)) is not None:
-                parts.append(windows.join(window, dec.decode([windows.item(window, codes)])[0]))
-            joined = np.concatenate(parts)
+            one, joined = one_shot(ref, codes), windowed(dec, codes)
             n = min(len(one), len(joined))
             worst_seam = max(worst_seam, seam_error_db(joined[:n], one[:n]))
             err = joined[:n].astype(np.float64) - one[:n]
@@ -135,17 +123,8 @@ def snac(out: dict, path: str, root: Path) -> None:
         t0 = time.perf_counter()
         dec.warmup(lengths, batches)
         row["capture_s"] = round(time.perf_counter() - t0, 1)
-        row["window_ms"] = {}
-        for length in lengths:
-            for batch in batches:
-                items = [DecodeItem(frames(length, 10 + i), (), 3, length - 2, 100) for i in range(batch)]
-                dec.decode(items)
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(5):
-                    dec.decode(items)
-                torch.cuda.synchronize()
-                row["window_ms"][f"{length}x{batch}"] = round((time.perf_counter() - t) / 5 * 1e3, 2)
+        row["window_ms"] = {f"{length}x{batch}": round(window_ms(dec, length, batch), 2)
+                            for length in lengths for batch in batches}
         rows[name] = row
         print("snac", name, row, flush=True)
         out["snac"] = rows

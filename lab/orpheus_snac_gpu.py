@@ -23,14 +23,22 @@ from engine.windowed_decode import WindowedDecode
 from orpheus_snac_measure import package_error, random_frames as frames  # lab/, beside this script
 
 
-def seam_db(decoder: SnacDecoder, codes) -> float:
-    """The pipeline's windows over `codes` (all of them there, as when the LLM is ahead) against one-shot."""
-    one = decoder.decode([DecodeItem(tuple(codes), ())])[0]
+def windowed(decoder: SnacDecoder, codes) -> np.ndarray:
+    """The pipeline's windows over `codes` (all of them there, as when the LLM is ahead), joined."""
     windows = WindowedDecode(SCHEDULE, (), decoder.samples_per_code)
     parts = []
     while (window := windows.next_window(len(codes), True)) is not None:
         parts.append(windows.join(window, decoder.decode([windows.item(window, codes)])[0]))
-    joined = np.concatenate(parts)
+    return np.concatenate(parts)
+
+
+def one_shot(decoder: SnacDecoder, codes) -> np.ndarray:
+    return decoder.decode([DecodeItem(tuple(codes), ())])[0]
+
+
+def seam_db(decoder: SnacDecoder, codes) -> float:
+    """The pipeline's windows over `codes` against a one-shot decode."""
+    one, joined = one_shot(decoder, codes), windowed(decoder, codes)
     n = min(len(one), len(joined))
     return seam_error_db(joined[:n], one[:n])
 

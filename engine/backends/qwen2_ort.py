@@ -164,8 +164,8 @@ def _write_model(model, path: Path) -> list[str]:
     which ONNX Runtime reads beside the model); the SHA-256 of each file written."""
     import hashlib
 
-    payload = sum(len(t.raw_data) for t in model.graph.initializer)
-    if payload > INLINE_BYTES:
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > INLINE_BYTES
+    if external:
         from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
         # small tensors (shapes, split sizes) stay in the model: ONNX Runtime's shape inference reads them there
@@ -176,7 +176,7 @@ def _write_model(model, path: Path) -> list[str]:
     with open(path, "wb") as f:
         f.write(data)
     digests = [hashlib.sha256(data).hexdigest()]
-    if payload > INLINE_BYTES:
+    if external:
         sha = hashlib.sha256()
         with open(data_path(path), "rb") as f:
             while block := f.read(1 << 24):

@@ -63,13 +63,19 @@ def add_parser(sub) -> None:
                    help="scale each chapter to this integrated loudness (ITU-R BS.1770): --loudness -18 or "
                         "--loudness=-18LUFS (argparse takes a bare -18LUFS for an option); "
                         f"peaks stay <= {PEAK_CEILING_DBFS:g} dBFS, as with --normalize-loudness")
+    add_shared_args(p, "print a JSON summary on stdout when done")
+    p.set_defaults(run=run)
+
+
+def add_shared_args(p: argparse.ArgumentParser, json_help: str) -> None:
+    """The options `voicectl export-many` takes as `voicectl export` does: input size, progress, --json, Ray, the
+    voice and the engine."""
     p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout when done")
+    p.add_argument("--json", action="store_true", help=json_help)
     add_ray_args(p)
     add_voice_args(p, default_seed=0)
     add_engine_args(p)
-    p.set_defaults(run=run)
 
 
 def add_ray_args(p: argparse.ArgumentParser) -> None:

@@ -11,15 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from voiceapp.common import add_engine_args, add_voice_args
-
 BOOK_SUFFIXES = (".txt", ".md", ".epub")
 """What a folder's books are."""
 FORMATS = ("m4b", "mp3", "opus", "wav")
 
 
 def add_parser(sub) -> None:
-    from voiceapp.cli.export import add_ray_args
+    from voiceapp.cli.export import add_shared_args
 
     p = sub.add_parser("export-many", help="render every book of a folder (or a list of books) to audiobook files "
                                            "in OUTDIR; resumable")
@@ -31,12 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--jobs", type=int, help="sentences rendered at once (as `voicectl export`)")
     p.add_argument("--resume", action="store_true", help="continue interrupted exports; finished books are skipped")
     p.add_argument("--restart", action="store_true", help="discard interrupted exports and start over")
-    p.add_argument("--max-mb", type=int, default=4, help="largest text input accepted, in MB (default 4)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
-    p.add_argument("--json", action="store_true", help="print a JSON summary (one object per book) on stdout")
-    add_ray_args(p)
-    add_voice_args(p, default_seed=0)
-    add_engine_args(p)
+    add_shared_args(p, "print a JSON summary (one object per book) on stdout")
     p.set_defaults(run=run)
 
 
