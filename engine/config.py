@@ -132,13 +132,13 @@ class EngineConfig:
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
     another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
     fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
-    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 10% of its memory (`rows_for`; up to
-    128 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up."""
+    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 20% of its memory (`rows_for`; up to
+    512 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
-    stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; vLLM
-    takes the streams beyond the lane's rows (a lane of fewer than 32 rows also hands its streams to vLLM once
-    vLLM is busy). A `deterministic` engine has a lane of its own kind (see there)."""
+    stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; a lane
+    of 32 rows or more keeps every stream (the rest wait for a row), a smaller one hands its streams to vLLM once
+    vLLM is busy. A `deterministic` engine has a lane of its own kind (see there)."""
     deterministic: bool = False
     """Same bytes for a sentence whatever else runs beside it and in whichever process (export, --resume). On a GPU:
     a graph lane of fixed shapes (GraphLane `fixed_shapes`: plain tensor code, nothing compiled or autotuned, so

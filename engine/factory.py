@@ -556,8 +556,9 @@ def _vllm_installed() -> bool:
 
 
 def lane_router(primary, lane, events: EventSink = ignore_events):
-    """The lane in front of `primary`: a crowd's lane takes what it can and `primary` the overflow; a small lane
-    hands its streams to vLLM once vLLM is busy; a torch primary (slower than the lane) never takes a stream."""
+    """The lane in front of `primary`: a crowd's lane keeps every stream (those beyond its rows wait for one); a
+    small lane hands its streams to vLLM once vLLM is busy; a torch primary (slower than the lane) never takes a
+    stream."""
     from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
     from engine.backends.torch_gen import TorchTokenGenerator
 
@@ -565,8 +566,10 @@ def lane_router(primary, lane, events: EventSink = ignore_events):
         # the torch generator steps eagerly (several times the lane's time a token): the lane takes every
         # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
         return LaneRouter(primary, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
-    if lane.rows >= CROWD_ROWS:  # the lane serves a crowd itself; vLLM takes what does not fit
-        return LaneRouter(primary, lane, others_limit=None, handoff_at=None, events=events)
+    if lane.rows >= CROWD_ROWS:
+        # the lane serves the crowd itself: a stream sent to vLLM would run in another process, and two processes
+        # on one GPU take turns, stalling the lane and the decoder of every stream (graph_gen.CROWD_MEMORY_SHARE)
+        return LaneRouter(primary, lane, others_limit=None, handoff_at=None, overflow=False, events=events)
     return LaneRouter(primary, lane, events=events)
 
 

@@ -24,7 +24,7 @@ is ~40 ids plus its text tokens."""
 SPAN_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 """Attention spans (one decode graph each): a step attends over the smallest span holding its position, so short
 sentences do not pay for the longest one."""
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Batch sizes with a decode graph each: a step runs the smallest holding the highest busy row."""
 PREFILL_BATCHES = (1, 2, 4, 8)
 """Prompts one prefill graph runs side by side (an admitted group is split into these: 7 = 4 + 2 + 1). One prefill

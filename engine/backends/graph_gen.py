@@ -39,7 +39,12 @@ ROWS = 8
 """Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). A step over 8 rows
 takes about as long as over 1: the weights are read once whatever the rows."""
 ROW_MEMORY_SHARE = 0.10
-"""Share of the GPU's memory the rows' KV cache may take (50 MB a row for Spark's LLM at 4,096 positions)."""
+"""Share of the GPU's memory a fixed-shape lane's KV cache may take (engine.factory's deterministic lanes)."""
+CROWD_MEMORY_SHARE = 0.20
+"""Share of the GPU's memory the KV cache of a lane sized for a crowd may take (`rows_for`; 50 MB a row for Spark's
+LLM at 4,096 positions, so 512 rows on a 141 GB card and 256 on an 80 GB one). The crowd's streams must fit the lane:
+one that overflows to vLLM runs in vLLM's process, and two processes on one GPU take turns (time slices) instead of
+overlapping, which stalls this process's decoder and lane for every stream."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
@@ -74,10 +79,10 @@ def fixed_rows_for(gpu_bytes: int, row_bytes: int, most: int) -> int:
 
 
 def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None) -> int:
-    """The largest row bucket (at most `most`) whose KV cache fits ROW_MEMORY_SHARE of a GPU of `gpu_bytes`
+    """The largest row bucket (at most `most`) whose KV cache fits CROWD_MEMORY_SHARE of a GPU of `gpu_bytes`
     (at least 1)."""
     fits = [rows for rows in ROW_BUCKETS
-            if rows * row_bytes <= ROW_MEMORY_SHARE * gpu_bytes and (most is None or rows <= most)]
+            if rows * row_bytes <= CROWD_MEMORY_SHARE * gpu_bytes and (most is None or rows <= most)]
     return fits[-1] if fits else 1
 
 
@@ -273,11 +278,11 @@ class GraphLane:
 class LaneRouter:
     """TokenGenerator: the graph lane first; another generator (vLLM, or the torch generator) for the rest.
 
-    - A lane that holds a crowd (`others_limit=None, handoff_at=None`, the factory's choice when the GPU fits
-      CROWD_ROWS rows): every request the lane supports while it serves fewer requests than rows (a request's
-      later sentences wait there for a row); vLLM takes the overflow, and nothing moves. The lane steps its
-      streams in this process, where the decoder's CUDA stream overlaps with it; vLLM runs in a process of its
-      own, and two processes on one GPU take turns rather than overlap.
+    - A lane that holds a crowd (`others_limit=None, handoff_at=None, overflow=False`, the factory's choice when
+      the GPU fits CROWD_ROWS rows): every request the lane supports, those beyond its rows waiting for one, and
+      nothing moves. The lane steps its streams in this process, where the decoder's CUDA stream overlaps with it;
+      vLLM runs in a process of its own, and two processes on one GPU take turns rather than overlap, so a stream
+      sent there would stall every other (`overflow=True` sends the overflow there all the same).
     - A small lane (the defaults): the lane while vLLM is idle; once vLLM runs HANDOFF_AT streams, the lane's
       streams move to vLLM (prompt plus the tokens so far, the rest of the budget) and join its batch.
 

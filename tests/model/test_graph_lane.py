@@ -392,10 +392,10 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
     spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
     assert row_bytes(spark) == 50331648  # 2 x 24 layers x 2 kv heads x 4096 positions x 64 x 2 bytes: 48 MiB
     gib = 1 << 30
-    assert rows_for(141 * gib, row_bytes(spark)) == 128 and rows_for(80 * gib, row_bytes(spark)) == 128
-    assert rows_for(24 * gib, row_bytes(spark)) == 32 and rows_for(8 * gib, row_bytes(spark)) == 16
+    assert rows_for(141 * gib, row_bytes(spark)) == 512 and rows_for(80 * gib, row_bytes(spark)) == 256
+    assert rows_for(24 * gib, row_bytes(spark)) == 64 and rows_for(8 * gib, row_bytes(spark)) == 32
     assert rows_for(gib // 4, row_bytes(spark)) == 1
-    assert rows_for(141 * gib, row_bytes(spark), most=8) == 8 and rows_for(8 * gib, row_bytes(spark), most=64) == 16
+    assert rows_for(141 * gib, row_bytes(spark), most=8) == 8 and rows_for(8 * gib, row_bytes(spark), most=16) == 16
     assert rows_for(141 * gib, row_bytes(spark), most=6) == 4  # a row bucket: graphs exist for it
 
 

@@ -82,6 +82,19 @@ def test_otherwise_vllm_starts_behind_the_lane(gpu, config) -> None:
     assert isinstance(gen, LaneRouter) and isinstance(gen.primary, FakeVllm) and gen.lane is lane
 
 
+def test_a_crowd_lane_keeps_its_overflow_rather_than_time_slice_the_gpu_with_vllm(gpu) -> None:
+    from engine.backends.graph_gen import CROWD_ROWS
+
+    small, crowd = SimpleNamespace(rows=2), SimpleNamespace(rows=CROWD_ROWS)
+    gpu.lanes = [small]
+    gen, _ = _generator(EngineConfig())
+    assert gen.overflow and gen.handoff_at is not None  # a small lane hands a crowd to vLLM
+    gpu.lanes = [crowd]
+    gen, _ = _generator(EngineConfig())
+    assert isinstance(gen.primary, FakeVllm) and not gen.overflow and gen.others_limit is None
+    assert gen.handoff_at is None
+
+
 def test_say_the_tui_and_their_servers_declare_one_listener_export_and_serve_do_not() -> None:
     import argparse
 
