@@ -343,6 +343,10 @@ def _build_generator(info, config: EngineConfig, events: EventSink):
             if not _vllm_installed():
                 raise ImportError("vllm is not installed")
             lane = _build_lane(info, events, device, rows=config.lane_rows) if want_lane and not tried else None
+            if backend == "auto" and lane is not None and holds_a_crowd(lane):
+                events(Notice(f"the graph lane holds a crowd ({lane.rows} rows): vLLM is not started "
+                              f"(--backend vllm starts it)"))
+                return _torch_generator(info, config, events, lane)
             with phase("vllm", events):
                 gen = VllmTokenGenerator(info, events=events)
             return gen if lane is None else lane_router(gen, lane, events)
@@ -555,18 +559,26 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def holds_a_crowd(lane) -> bool:
+    """A lane of CROWD_ROWS rows or more keeps every stream (lane_router): vLLM behind it would take none, and its
+    engine process would only share the GPU in time slices with this one."""
+    from engine.backends.graph_gen import CROWD_ROWS
+
+    return lane is not None and lane.rows >= CROWD_ROWS
+
+
 def lane_router(primary, lane, events: EventSink = ignore_events):
     """The lane in front of `primary`: a crowd's lane keeps every stream (those beyond its rows wait for one); a
     small lane hands its streams to vLLM once vLLM is busy; a torch primary (slower than the lane) never takes a
     stream."""
-    from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
+    from engine.backends.graph_gen import LaneRouter
     from engine.backends.torch_gen import TorchTokenGenerator
 
     if isinstance(primary, TorchTokenGenerator):
         # the torch generator steps eagerly (several times the lane's time a token): the lane takes every
         # stream it can (those beyond its rows wait for one), and a stream never moves to the slower generator
         return LaneRouter(primary, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
-    if lane.rows >= CROWD_ROWS:
+    if holds_a_crowd(lane):
         # the lane serves the crowd itself: a stream sent to vLLM would run in another process, and two processes
         # on one GPU take turns, stalling the lane and the decoder of every stream (graph_gen.CROWD_MEMORY_SHARE)
         return LaneRouter(primary, lane, others_limit=None, handoff_at=None, overflow=False, events=events)

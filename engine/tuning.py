@@ -147,9 +147,9 @@ class Tuning:
 
 def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
-    decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it, each swapped
-    in when ready. Nothing on an engine without a GPU lane."""
-    from engine.factory import _build_lane, _current_gpu, _lane_in_front, _vllm_installed, gpu_device
+    decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it where that lane
+    is too small to hold a crowd, each swapped in when ready. Nothing on an engine without a GPU lane."""
+    from engine.factory import _build_lane, _current_gpu, _lane_in_front, _vllm_installed, gpu_device, holds_a_crowd
 
     info = synth.model_info
     gate = Yielding(synth.deadlines.pressing)
@@ -162,8 +162,16 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     if config.backend == "auto" and _vllm_installed() and _current_gpu(gpu_device(config)):
         from engine.backends.vllm_gen import VllmTokenGenerator
 
-        steps.append(TuningStep("vllm", lambda: VllmTokenGenerator(info, events=events),
-                                lambda gen: _swap(synth, events, primary=gen)))
+        vllm = TuningStep("vllm", lambda: None, lambda gen: _swap(synth, events, primary=gen))
+
+        def build_vllm() -> Any:
+            if holds_a_crowd(synth.generator.lane):
+                vllm.detail = "the graph lane holds the crowd"
+                return None
+            return VllmTokenGenerator(info, events=events)
+
+        vllm.build = build_vllm
+        steps.append(vllm)
     return Tuning(steps, events, gate)
 
 

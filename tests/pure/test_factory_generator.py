@@ -1,6 +1,6 @@
 """Which token generator the composition root builds on a GPU (devices faked: pure wiring): a front end with one
-listener gets the graph lane in front of the torch generator and never starts vLLM; a crowd's front end, or one
-whose lane could not be built, gets vLLM as before."""
+listener gets the graph lane in front of the torch generator and never starts vLLM; a crowd's front end gets vLLM
+behind a lane too small for its crowd, or where the lane could not be built."""
 from __future__ import annotations
 
 import importlib.util
@@ -90,7 +90,11 @@ def test_a_crowd_lane_keeps_its_overflow_rather_than_time_slice_the_gpu_with_vll
     gen, _ = _generator(EngineConfig())
     assert gen.overflow and gen.handoff_at is not None  # a small lane hands a crowd to vLLM
     gpu.lanes = [crowd]
-    gen, _ = _generator(EngineConfig())
+    gen, notices = _generator(EngineConfig())  # backend auto: no vLLM behind a lane that holds the crowd
+    assert isinstance(gen.primary, FakeTorchGen) and not gen.overflow and gen.handoff_at is None
+    assert any("vLLM is not started" in n for n in notices)
+    gpu.lanes = [crowd]
+    gen, _ = _generator(EngineConfig(backend="vllm"))  # asked for: started, and the crowd still stays on the lane
     assert isinstance(gen.primary, FakeVllm) and not gen.overflow and gen.others_limit is None
     assert gen.handoff_at is None
 

@@ -184,3 +184,28 @@ async def test_steps_and_the_captures_inside_them_yield_to_live_streams() -> Non
     assert log[:3] == ["capture", "waited", "capture"] and "capture while pressing" not in log
     assert log.count("capture") == len(DECODE_BATCHES) * len(lengths_for(WindowSchedule()))
     assert gate.pauses == 2 and tuning.status()["yielded_s"] >= 0.1
+
+
+def test_background_tuning_starts_no_vllm_behind_a_lane_that_holds_the_crowd(monkeypatch) -> None:
+    """vLLM's engine would run in a process of its own and time-slice the GPU with the lane and the decoder; behind a
+    lane of a crowd's size it would take no stream, so the step is skipped (and still runs behind a small lane)."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from engine import factory
+    from engine.backends.graph_gen import CROWD_ROWS, LaneRouter
+    from engine.config import EngineConfig
+    from engine.tuning import crowd_tuning
+
+    module = ModuleType("engine.backends.vllm_gen")
+    module.VllmTokenGenerator = lambda info, events=None: "VLLM"
+    monkeypatch.setitem(sys.modules, "engine.backends.vllm_gen", module)
+    monkeypatch.setattr(factory, "_vllm_installed", lambda: True)
+    monkeypatch.setattr(factory, "_current_gpu", lambda device: True)
+    monkeypatch.setattr(factory, "gpu_device", lambda config: "cuda:0")
+    for rows, built in ((2, "VLLM"), (CROWD_ROWS, None)):
+        synth = SimpleNamespace(model_info=SimpleNamespace(), deadlines=SimpleNamespace(pressing=lambda: 0),
+                                generator=LaneRouter(object(), SimpleNamespace(rows=rows)))
+        step = crowd_tuning(synth, EngineConfig(backend="auto")).steps[-1]
+        assert step.name == "vllm" and step.build() == built
+        assert ("holds the crowd" in step.detail) == (built is None)

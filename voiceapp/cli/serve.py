@@ -82,7 +82,7 @@ def add_parser(sub) -> None:
 def serve_config(args: argparse.Namespace):
     """The engine a server tunes itself into (or builds before it answers, with a backend other than auto): it
     carries many streams, so every decoder graph gets timed cuDNN algorithms when built up front, and the graph lane
-    as many rows as the GPU holds (a crowd stays on the lane, vLLM takes the rest)."""
+    as many rows as the GPU holds (a crowd stays on the lane; vLLM starts only behind a lane too small for one)."""
     return replace(engine_config(args), decoder_autotune="all", lane_rows=None)
 
 
