@@ -10,6 +10,12 @@ audio, a stream is due a fixed budget after its request arrived. The decoder bat
 lane's admission (engine.lane_scheduler) and vLLM's submission priority (engine.backends.vllm_gen) all ask the same
 board and the same policy: one scheduler, not one per stage.
 
+That due time is strict (the listener counted as playing from the first audio), which suits an order. Admission
+judges a stream by the listener as our player plays it instead: from when it holds its pre-roll (the first window
+carries less), and at the speed the engine made it (audio over engine time up to its latest chunk: a window under
+way counts once it is whole). Counted strictly, every new stream was late from its first window until it got a
+pre-roll ahead, however fast the engine, and an engine far below its capacity refused requests (issue 42).
+
 No starvation: queued work counts as due at most `max_wait_s` after it was queued, so work for a stream far
 ahead of its listener waits a bounded time behind pressing work, not for ever.
 
