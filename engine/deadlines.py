@@ -10,6 +10,12 @@ audio, a stream is due a fixed budget after its request arrived. The decoder bat
 lane's admission (engine.lane_scheduler) and vLLM's submission priority (engine.backends.vllm_gen) all ask the same
 board and the same policy: one scheduler, not one per stage.
 
+That due time is strict (the listener counted as playing from the first audio), which suits an order. Admission
+judges a stream by the listener as our player plays it instead: from when it holds its pre-roll (the first window
+carries less), and at the speed the engine made it (audio over engine time up to its latest chunk: a window under
+way counts once it is whole). Counted strictly, every new stream was late from its first window until it got a
+pre-roll ahead, however fast the engine, and an engine far below its capacity refused requests (issue 42).
+
 No starvation: queued work counts as due at most `max_wait_s` after it was queued, so work for a stream far
 ahead of its listener waits a bounded time behind pressing work, not for ever.
 
@@ -40,9 +46,11 @@ stream this close to its listener is served before any new stream's first senten
 audio under load use the same bound)."""
 MAX_WAIT_S = 2.0
 """Queued work counts as due at most this long after it was queued (the starvation bound)."""
-AT_RISK_S = 0.0
-"""A live stream whose slack (due time less now) falls below this is at risk of an underrun: no new stream is
-admitted while one is (`DeadlineBoard.admit`). 0: the listener's pre-roll (MARGIN_S) is already eaten into."""
+AT_RISK_S = 0.05
+"""Audio its listener holds below which a playing stream shown made fast enough (REALTIME_SPEED) is at risk of an
+underrun: no new stream is admitted while one is (`DeadlineBoard.admit`). Well below MARGIN_S: windows come whole,
+so a stream made at twice real time holds under its pre-roll before each window of the default schedule
+(engine.windowing: growth 2) and is not late; one not shown fast enough is at risk below MARGIN_S."""
 REALTIME_SPEED = REALTIME_MARGIN
 """A stream is made fast enough only at this many seconds of audio per second of the engine's time (the pacer's
 margin: below it a loaded machine's jitter empties a listener's pre-roll): admission refuses a stream that would
@@ -95,6 +103,12 @@ class StreamClock:
     """Seconds of audio handed on (pauses between sentences included: the listener plays them too)."""
     first_s: float = 0.0
     """Seconds of its first chunk (not part of its measured speed: it came before the clock started)."""
+    playing_at: float | None = None
+    """When its listener started playing: once it held its pre-roll (the policy's `margin_s`), as our player does
+    (engine.bench.playback simulate_player). None while it still fills it (the first window carries less)."""
+    made_in_s: float = 0.0
+    """Engine time from its first audio to its latest chunk (its consumer's waits left out): what the audio after
+    the first chunk took to make."""
     held: bool = False
     """Audio is ready and waits for its consumer to take it (a client that reads slowly or not at all): the
     engine is not what keeps this stream's listener waiting, so it is neither pressing nor at risk."""
@@ -102,11 +116,15 @@ class StreamClock:
     held_s: float = 0.0
     """Time since its first audio that its consumer kept it waiting (not the engine's time, as in engine.pacing)."""
 
-    def heard(self, seconds: float, now: float) -> None:
-        """`seconds` of audio went to the listener at `now`."""
+    def heard(self, seconds: float, now: float, preroll_s: float = MARGIN_S) -> None:
+        """`seconds` of audio went to the listener at `now`; its listener starts once it holds `preroll_s`."""
         if self.first_audio_at is None:
             self.first_audio_at, self.first_s = now, seconds
+        else:
+            self.made_in_s = now - self.first_audio_at - self._held_until(now)
         self.audio_s += seconds
+        if self.playing_at is None and self.audio_s >= preroll_s:
+            self.playing_at = now
 
     def hold(self, held: bool, now: float) -> None:
         """Its audio waits for its consumer (True) or the consumer asked for more (False)."""
@@ -116,22 +134,56 @@ class StreamClock:
             self.held_s += now - max(self.held_since, self.first_audio_at)
         self.held = held
 
+    def _held_until(self, now: float) -> float:
+        """Time since its first audio that its consumer kept it waiting, up to `now` (a wait under way counted)."""
+        if not self.held or self.first_audio_at is None:
+            return self.held_s
+        return self.held_s + now - max(self.held_since, self.first_audio_at)
+
     def due_at(self, policy: DeadlinePolicy) -> float:
-        """When its next audio must be out for a real-time listener not to run dry."""
+        """When its next audio must be out for a real-time listener not to run dry, counted strictly (as if it
+        played from the first audio): the ordering key of every stage's queue."""
         if self.first_audio_at is None:
             return self.arrived_at + policy.first_audio_s
         return self.first_audio_at + self.audio_s - policy.margin_s
 
-    def speed(self, now: float, policy: DeadlinePolicy) -> float | None:
-        """Seconds of audio made per second of the engine's time since its first audio (its consumer's waits left
-        out); None until `speed_evidence_s` of engine time."""
+    def at_risk(self, now: float, policy: DeadlinePolicy) -> bool:
+        """Whether the engine is letting its listener down. Before its first audio: when that is late by more than
+        `pressing_s` past its budget (a little late is the engine's own latency, a lot is a line of streams).
+        After it, while its listener still fills its pre-roll (the first window carries less): when the rest of
+        the pre-roll is overdue, not there within `margin_s / realtime_speed` of engine time (the window that
+        completes it carries about a pre-roll: it is late only for an engine slower than `realtime_speed`). Once
+        it plays, a stream shown made fast enough (`pace` at least `realtime_speed`) is at risk only when its
+        listener holds less than `at_risk_s` (windows come whole, so such a stream dips below its pre-roll before
+        each one by design); any other when its listener holds less than its pre-roll (`margin_s`). A stream
+        held by its consumer never is."""
+        if self.held:
+            return False
         if self.first_audio_at is None:
+            return now - self.arrived_at > policy.first_audio_s + policy.pressing_s
+        if self.playing_at is None:
+            waited = now - self.first_audio_at - self._held_until(now)
+            return waited > policy.margin_s / policy.realtime_speed
+        left = self.playing_at + self.audio_s - now
+        pace = self.pace()
+        fast = pace is not None and pace >= policy.realtime_speed
+        return left < (policy.at_risk_s if fast else policy.margin_s)
+
+    def pace(self) -> float | None:
+        """Seconds of audio after the first chunk per second of engine time, up to its latest chunk; None before
+        a second chunk."""
+        if self.first_audio_at is None or self.made_in_s <= 0:
             return None
-        took = now - self.first_audio_at - self.held_s - (now - max(self.held_since, self.first_audio_at)
-                                                         if self.held else 0.0)
-        if took < policy.speed_evidence_s:
+        return (self.audio_s - self.first_s) / self.made_in_s
+
+    def speed(self, now: float, policy: DeadlinePolicy) -> float | None:
+        """Seconds of audio made per second of the engine's time, from its first audio to its latest chunk (its
+        consumer's waits left out): what the engine made, not the time since, in which a window is under way and
+        counts only once it is whole; None until `speed_evidence_s` of such time. A stream that stalls after
+        that keeps its speed and shows up as at risk instead (`at_risk`)."""
+        if self.made_in_s < policy.speed_evidence_s:
             return None
-        return (self.audio_s - self.first_s) / took
+        return self.pace()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +213,7 @@ class DeadlineBoard:
     def heard(self, request_id: str, seconds: float) -> None:
         stream = self._clocks.get(request_id)
         if stream is not None:
-            stream.heard(seconds, self.clock())
+            stream.heard(seconds, self.clock(), self.policy.margin_s)
 
     def hold(self, request_id: str, held: bool) -> None:
         """Whether the stream's next audio is ready and waits for its consumer (StreamClock.held)."""
@@ -192,15 +244,9 @@ class DeadlineBoard:
                    for s in list(self._clocks.values()))
 
     def at_risk(self, now: float | None = None) -> int:
-        """Streams past their first audio whose slack is below `at_risk_s`, plus streams whose first audio is
-        late by more than `pressing_s` (a line of them: the engine is not keeping up with what it has; a first
-        audio a little late is the engine's own latency, not a crowd). Streams held by their consumer do not
-        count."""
+        """Live streams whose listener the engine is letting down (StreamClock.at_risk)."""
         now = self.clock() if now is None else now
-        policy = self.policy
-        return sum(not s.held and s.due_at(policy) - now < (policy.at_risk_s if s.first_audio_at is not None
-                                                             else -policy.pressing_s)
-                   for s in list(self._clocks.values()))
+        return sum(s.at_risk(now, self.policy) for s in list(self._clocks.values()))
 
     def admit(self, now: float | None = None) -> Verdict:
         """Whether a new stream may start now without pushing a live one into an underrun: below the declared

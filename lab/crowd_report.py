@@ -5,7 +5,7 @@
          at 1 client while the server tuned itself), OUT/tuning_status.json (`voicectl status --json` after it),
          OUT/bench.json (`voicectl bench --levels ... --json`) and OUT/env.txt (the machine)
   writes OUT/load.json: device, rates (per rate: rate, first_ms_p50, first_ms_p95, first_ms_max, underran_share,
-         refused, served, peak_concurrency), tuning_first_ms_p95_1, tuning_first_ms_p50_1, tuning_still_running;
+         refused, served, peak_concurrency, refusal_reasons), tuning_first_ms_p95_1, tuning_first_ms_p50_1, tuning_still_running;
          OUT/latest_streams.json: device, max_realtime_streams, ttfa_ms_p50_1 and each level's figures
 A file that is missing leaves its keys null (the harness ran out of time there), never a guess.
 """
@@ -19,7 +19,7 @@ from typing import Any
 LEVEL_KEYS = ("streams", "ttfa_ms_p50", "ttfa_ms_p95", "underruns", "streams_with_underruns", "steady_rtf_p50",
               "decode_batch_mean", "llm_tok_s_per_stream_p50")
 RATE_KEYS = ("rate", "first_ms_p50", "first_ms_p95", "first_ms_max", "underran_share", "refused", "served",
-             "streams", "peak_concurrency")
+             "streams", "peak_concurrency", "refusal_reasons")
 
 
 def read(path: Path) -> Any:

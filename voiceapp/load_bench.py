@@ -53,6 +53,8 @@ async def run_rates(target: Target, sample_rate: int, plans: Sequence[tuple[floa
         log(f"  {rate:g} req/s: {result.streams} sent, {result.served} served, {result.refused} refused, first audio "
             f"p50 {result.first_ms_p50:.0f} ms p95 {result.first_ms_p95:.0f} ms, underran "
             f"{result.underran_share:.0%}, peak {result.peak_concurrency} in flight")
+        for reason, count in result.refusal_reasons.items():
+            log(f"    refused {count}: {reason}")
         results.append(result)
     return results
 
@@ -102,6 +104,7 @@ class HttpTarget:
             if status == 429:
                 log.refused = True
                 log.retry_after_s = retry_after(headers.get("retry-after"))
+                log.refusal = error_message(await asyncio.wait_for(reader.read(4096), CONNECT_TIMEOUT_S))
             elif status != 200:
                 body = await reader.read(4096)
                 log.error = f"HTTP {status}: {error_message(body)}"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -101,6 +103,8 @@ class StreamLog:
     """Turned away because the server was full (HTTP 429)."""
     retry_after_s: float | None = None
     """The refusal's Retry-After, in seconds, where it carried one."""
+    refusal: str = ""
+    """Why it was turned away, as the refusal said (the 429 body's message; empty where it said nothing)."""
     error: str = ""
     """What went wrong otherwise (a failed request; empty when it was served)."""
 
@@ -165,8 +169,23 @@ class RateResult:
     """The most requests in flight at once (sent and not yet ended), refused ones left out."""
     retry_after_s: list[float] = field(default_factory=list)
     """The distinct Retry-After values the refusals carried, in seconds, sorted."""
+    refusal_reasons: dict[str, int] = field(default_factory=dict)
+    """Refusals by the reason they gave (`refusal_kind`: its numbers written N), most frequent first."""
     errors: list[str] = field(default_factory=list)
     """The distinct errors of the failed requests (at most a few)."""
+
+
+def refusal_kind(reason: str) -> str:
+    """A refusal's reason with its numbers written N and its retry advice left out, so that refusals for the same
+    cause count together ("3 of 5 live streams are close to running dry" and "1 of 2 ..." alike)."""
+    kind = reason.split("; try again")[0].strip()
+    return re.sub(r"\d+(\.\d+)?", "N", kind) or "(no reason given)"
+
+
+def refusal_counts(logs: Sequence[StreamLog]) -> dict[str, int]:
+    """The refused streams counted by `refusal_kind`, most frequent first."""
+    counts = Counter(refusal_kind(g.refusal) for g in logs if g.refused)
+    return dict(counts.most_common())
 
 
 def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sample_rate: int,
@@ -194,7 +213,7 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
         underruns=sum(h.underruns for h in heard), underrun_s=sum(h.underrun_s for h in heard),
         peak_concurrency=peak_concurrency(spans),
         retry_after_s=sorted({g.retry_after_s for g in logs if g.refused and g.retry_after_s is not None}),
-        errors=errors)
+        refusal_reasons=refusal_counts(logs), errors=errors)
 
 
 def rate_json(result: RateResult) -> dict[str, Any]:

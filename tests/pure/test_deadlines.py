@@ -190,6 +190,59 @@ def test_a_stream_not_measured_yet_does_not_decide():
     assert board.shared_speed() is None and board.capacity() is None and board.admit().admit
 
 
+def test_a_new_stream_on_its_first_short_window_is_not_at_risk_while_its_pre_roll_comes_in_time():
+    """Issue 42: the first window carries 80 ms, less than the 200 ms pre-roll; its listener plays only once it
+    holds that, so the stream is not late until the rest of it is overdue (margin / realtime_speed)."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("new")
+    clock.t = 0.03
+    board.heard("new", 0.08)
+    clock.t = 0.1
+    assert board.at_risk() == 0 and board.admit().admit
+    clock.t = 0.03 + POLICY.margin_s / POLICY.realtime_speed + 0.01  # the next window is overdue
+    assert board.at_risk() == 1 and not board.admit().admit
+    board.heard("new", 0.24)  # it came: the listener plays from now, holding 0.32 s
+    assert board._clocks["new"].playing_at == clock.t and board.admit().admit
+
+
+def test_a_stream_made_fast_enough_is_not_at_risk_between_windows_until_it_runs_low():
+    """Windows come whole: at 2x real time the listener holds less than its pre-roll before each one, by design.
+    A stream shown that fast counts at risk only below at_risk_s; one not shown fast, below its pre-roll."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("fast")
+    board.heard("fast", 0.08)
+    clock.t = 0.12
+    board.heard("fast", 0.24)  # 2x: the listener starts, holding 0.32 s
+    clock.t = 0.12 + 0.32 - 0.1  # 0.1 s left: under the pre-roll, the next window (0.48 s at 2x) still 0.14 s away
+    assert board._clocks["fast"].pace() == pytest.approx(2.0)
+    assert board.at_risk() == 0 and board.admit().admit
+    clock.t = 0.12 + 0.32 - POLICY.at_risk_s / 2  # about to run dry: at risk however fast it was
+    assert board.at_risk() == 1
+    board.open("slow")
+    board.heard("slow", 0.08)
+    clock.t += 0.12
+    board.heard("slow", 0.12)  # 1x: not shown fast enough, so judged against its pre-roll
+    clock.t += 0.05
+    assert board._clocks["slow"].at_risk(clock.t, POLICY)
+
+
+def test_a_streams_speed_is_what_it_made_not_the_time_its_next_window_is_under_way():
+    """Three times real time, windows whole: just before its fifth window arrives, audio over time-till-now says
+    under 2x (and one more stream "would slow it" below real time); audio over the time it took says 3x."""
+    clock = Clock(0.0)
+    board = DeadlineBoard(POLICY, clock)
+    board.open("a")
+    board.heard("a", 0.08)
+    for window_s in (0.24, 0.48, 0.96):
+        clock.t += window_s / 3
+        board.heard("a", window_s)
+    clock.t += 0.96 / 3 - 0.01  # the fifth window (0.96 s) nearly made
+    assert board._clocks["a"].speed(clock.t, POLICY) == pytest.approx(3.0)
+    assert board.shared_speed() == pytest.approx(1.5) and board.admit().admit
+
+
 # ---- the decoder batcher orders by deadline ----------------------------------------------------------------------
 
 class SlowDecoder(ToneDecoder):

@@ -1,5 +1,5 @@
 """The load benchmark's pure core (engine.bench.load): the arrival schedule, the listener on scripted timelines
-whose underruns are known, peak concurrency and a rate's numbers."""
+whose underruns are known, peak concurrency and a rate's numbers (refusals counted by reason)."""
 import math
 import statistics
 
@@ -97,3 +97,16 @@ def test_a_rate_with_nothing_served_has_no_figures_but_a_table_row():
     assert r.served == 0 and math.isnan(r.first_ms_p50) and math.isnan(r.underran_share)
     assert rate_json(r)["first_ms_p50"] is None and rate_json(r)["underran_share"] is None
     assert "| 1 | 1 | 0 | 1 |" in format_table([r])
+
+
+def test_refusals_are_counted_by_their_reason_numbers_aside():
+    refused = [StreamLog(0.0, end=0.1, refused=True, refusal=why) for why in (
+        "this server is at capacity (1 of 2 live streams are close to running dry); try again in 1 s",
+        "this server is at capacity (3 of 5 live streams are close to running dry); try again in 4 s",
+        "this server is at capacity (4 live streams would slow to 1.02x real time with one more); try again in 1 s",
+        "")]
+    r = summarize_rate(1.0, 1.0, refused, RATE)
+    assert r.refusal_reasons == {"this server is at capacity (N of N live streams are close to running dry)": 2,
+                                 "this server is at capacity (N live streams would slow to Nx real time with one "
+                                 "more)": 1, "(no reason given)": 1}
+    assert rate_json(r)["refusal_reasons"] == r.refusal_reasons

@@ -2,7 +2,8 @@
 EngineServer on the fake engine: past capacity HTTP answers 429 with Retry-After, and a socket request waits in
 line with a notice its client shows ("queued, N ahead"), then starts when a live stream ends. Also the open-loop
 load benchmark over HTTP against the fake engine of known capacity: admission keeps the admitted streams in real
-time where, without it, most of them ran dry (tests/pipeline/test_load_capacity.py)."""
+time where, without it, most of them ran dry (tests/pipeline/test_load_capacity.py), and far below the capacity it
+refuses no one."""
 from __future__ import annotations
 
 import asyncio
@@ -123,3 +124,30 @@ def test_the_http_load_bench_on_the_fake_engine_of_known_capacity_refuses_rather
     assert admitted.refused > 0 and admitted.failed == 0 and admitted.served >= capacity, admitted
     assert admitted.underrun_s < flooded.underrun_s / 3, (admitted, flooded)
     assert admitted.peak_concurrency < flooded.peak_concurrency
+
+
+@pytest.mark.slow
+def test_open_loop_load_far_below_capacity_over_http_gets_no_429(fake_server):
+    """Issue 42: requests arriving at random, a fraction of what the engine carries, over real HTTP: every one is
+    served. Admission used to count each new stream at risk until it was a pre-roll ahead of a listener playing from
+    its first (80 ms) window, and to measure a stream's speed over a window still under way, so it refused some
+    even here. Its clocks end with the responses."""
+    capacity = 16
+    synth = fake_server.synth
+    tokens_per_s = synth.sample_rate / synth.decoder.samples_per_code * synth.grammar.tokens_per_code
+    synth.swap_generator(fixed_throughput(synth.grammar.token_ids, tokens_per_s, capacity))
+    api = with_http(fake_server)
+    try:
+        target = HttpTarget(api.url.removesuffix("/v1"))
+        one = asyncio.run(drive(target, [Arrival(0.0, "My sister bought a new blue bicycle yesterday.")]))[0]
+        audio_s, busy_s = sum(n for _, n in one.chunks) / 24000, one.end - one.start
+        # a third of a stream in flight on average (this CPU's own speed, whatever the fake's throughput) and at
+        # most a quarter of the streams the fake's tokens carry
+        rate = min(0.33 / busy_s, 0.25 * capacity / audio_s)
+        result = summarize_rate(rate, 15.0, asyncio.run(drive(target, schedule(rate, 15.0, seed=3))), 24000)
+        assert wait_for(lambda: synth.deadlines.live == 0)
+    finally:
+        fake_server.call(api.close())
+    assert result.streams >= 10, result
+    assert result.refused == 0, result.refusal_reasons
+    assert result.failed == 0 and result.served == result.streams, result
