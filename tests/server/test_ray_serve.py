@@ -30,14 +30,16 @@ SEED, VOICE = 5, "mia"
 
 
 class RayServed:
-    """`voicectl serve --ray --replicas 2 --backend fake --http 127.0.0.1:0`, its stderr read as it comes."""
+    """`voicectl serve ENGINE --ray --replicas N --http 127.0.0.1:0` (the fake engine, two replicas of half a CPU
+    by default), its stderr read as it comes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *engine: str, replicas: int = 2, cpus: float = 0.5) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="vr-"))
         self.env = {**os.environ, "VOICEAPP_SOCKET": str(self.dir / "engine.sock"),
                     "XDG_CACHE_HOME": str(self.dir / "cache"), "XDG_DATA_HOME": str(self.dir / "data")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", "--backend", "fake", "--ray",
-                                      "--replicas", "2", "--replica-cpus", "0.5", "--http", "127.0.0.1:0"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *(engine or ("--backend", "fake")),
+                                      "--ray", "--replicas", str(replicas), "--replica-cpus", str(cpus),
+                                      "--http", "127.0.0.1:0"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env, text=True)
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -104,6 +106,8 @@ def test_http_through_ray_gives_the_samples_the_plain_engine_gives(served, tmp_p
     assert len(said) > 16000 and np.array_equal(got, int16(said))
     status = served.status()
     assert status["ray"] is True and status["backend"] == "fake" and len(status["replicas"]) >= 1
+    said_once = [line for line in served.log if "has no GPUs" in line]
+    assert said_once == ["voicectl serve: the Ray cluster has no GPUs: the engine replicas run on CPUs\n"]
 
 
 def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(served):
