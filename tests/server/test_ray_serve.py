@@ -1,6 +1,7 @@
 """`voicectl serve --ray` as a process, on a local Ray cluster with two CPU replicas of the fake engine: HTTP answers
 the samples the plain engine gives, concurrent requests spread over both replicas, a replica killed mid-stream cuts
-only its own stream (and Serve replaces it); no Ray, or a head nobody answers at, is one line."""
+only its own stream (and Serve replaces it), a head that goes away stops the ingress with one line; no Ray, or a
+head nobody answers at, is one line."""
 from __future__ import annotations
 
 import http.client
@@ -133,6 +134,37 @@ def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(se
         return bool(set(replicas(served)) - before)
 
     assert wait_for(replaced, timeout=60, step=0.5), served.status()["replicas"]
+
+
+def test_a_head_that_goes_away_stops_the_ingress_with_one_line(served):
+    """The cluster's head (its GCS and raylet, which the ingress started for its local cluster) killed: the ingress
+    says so, stops within its grace (well before Ray would end it abruptly, at 60 s) with one line and exit 1, its
+    socket removed. The module's cluster ends here: the tests below need none."""
+    from voiceapp.cluster.serve import HEAD_CHECK_S, HEAD_LOST_AFTER_S
+
+    head = [pid for pid, name in children(served.proc.pid) if name in ("gcs_server", "raylet")]
+    assert len(head) == 2, children(served.proc.pid)
+    for pid in head:
+        os.kill(pid, signal.SIGKILL)
+    assert served.proc.wait(HEAD_LOST_AFTER_S + 3 * HEAD_CHECK_S + 10) == 1
+    said = [line for line in served.log if line.startswith("voicectl: ")]
+    assert len(said) == 1 and "the Ray head at" in said[0] and "has not answered" in said[0], served.log
+    assert any("stopping in" in line for line in served.log) and not any("Traceback" in line for line in served.log)
+    assert not Path(served.env["VOICEAPP_SOCKET"]).exists()
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, name) of each process whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(rest[1]) == pid:
+            found.append((int(stat.parent.name), name))
+    return found
 
 
 def test_ray_options_without_ray_or_an_unreachable_head_are_one_line(tmp_path):

@@ -14,6 +14,7 @@ Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -47,6 +48,13 @@ CONSTRUCTOR_TRIES = 2
 """Times Serve tries to build a replica's engine before the deployment fails (Serve's default is 20)."""
 CONNECT_TIMEOUT_S = 5.0
 """How long `connect` tries to reach a head's port before saying it cannot (ray.init itself retries for minutes)."""
+HEAD_CHECK_S = 2.0
+"""How often the ingress checks that the cluster's head (its GCS port) still answers."""
+HEAD_LOST_AFTER_S = 10.0
+"""How long the head may not answer before the ingress stops with one line. Ray itself ends a process whose head
+has not answered for 60 s, abruptly (its socket left behind, its clients cut without a word); stopping well before
+closes the socket and ends each request with its line. A head back within it (Ray's GCS fault tolerance) is
+waited for; the replicas' own processes go on serving meanwhile."""
 
 
 def import_ray():
@@ -91,6 +99,35 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as err:
         raise errors.VoiceError(f"cannot reach the Ray head at {address}: {err.strerror or err}") from None
+
+
+class HeadLost(errors.VoiceError):
+    """The Ray cluster's head stopped answering: the ingress stops (`voicectl serve` exits with this line)."""
+
+
+async def watch_head(log: Callable[[str], None]) -> None:
+    """Return never while the cluster's head answers; raise HeadLost once it has not for HEAD_LOST_AFTER_S (a
+    line in the log when it first does not, and when it is back)."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    loop = asyncio.get_running_loop()
+    silent_since: float | None = None
+    while True:
+        await asyncio.sleep(HEAD_CHECK_S)
+        try:
+            await loop.run_in_executor(None, check_reachable, address)
+        except errors.VoiceError as err:
+            if silent_since is None:
+                silent_since = time.monotonic()
+                log(f"{err}; stopping in {HEAD_LOST_AFTER_S:g} s unless it answers again")
+            elif time.monotonic() - silent_since >= HEAD_LOST_AFTER_S:
+                raise HeadLost(f"the Ray head at {address} has not answered for {HEAD_LOST_AFTER_S:g} s: stopped "
+                               f"(start voicectl serve --ray again once the cluster is back)") from None
+            continue
+        if silent_since is not None:
+            log(f"the Ray head at {address} answers again")
+            silent_since = None
 
 
 @dataclass(frozen=True)
@@ -286,7 +323,8 @@ class RayEngine:
 
         if self.relay is not None:
             # before `shutdown`: while the relay lived, serve.delete waited for good (Ray 2.60, a local cluster)
-            ray.kill(self.relay)
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a cluster already gone took it with it
+                ray.kill(self.relay)
             self.relay = None
 
 
