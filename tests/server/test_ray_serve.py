@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli_helpers import one_line_error, voicectl
+from tests.cli_helpers import descendants, one_line_error, voicectl
 from tests.server.conftest import wait_for
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
@@ -142,8 +142,9 @@ def test_a_head_that_goes_away_stops_the_ingress_with_one_line(served):
     socket removed. The module's cluster ends here: the tests below need none."""
     from voiceapp.cluster.serve import HEAD_CHECK_S, HEAD_LOST_AFTER_S
 
-    head = [pid for pid, name in children(served.proc.pid) if name in ("gcs_server", "raylet")]
-    assert len(head) == 2, children(served.proc.pid)
+    below = descendants(served.proc.pid)
+    head = [pid for pid, command in below if command.split(" ")[0].endswith(("/gcs_server", "/raylet"))]
+    assert len(head) == 2, below
     for pid in head:
         os.kill(pid, signal.SIGKILL)
     assert served.proc.wait(HEAD_LOST_AFTER_S + 3 * HEAD_CHECK_S + 10) == 1
@@ -151,20 +152,6 @@ def test_a_head_that_goes_away_stops_the_ingress_with_one_line(served):
     assert len(said) == 1 and "the Ray head at" in said[0] and "has not answered" in said[0], served.log
     assert any("stopping in" in line for line in served.log) and not any("Traceback" in line for line in served.log)
     assert not Path(served.env["VOICEAPP_SOCKET"]).exists()
-
-
-def children(pid: int) -> list[tuple[int, str]]:
-    """(pid, name) of each process whose parent is `pid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-        if int(rest[1]) == pid:
-            found.append((int(stat.parent.name), name))
-    return found
 
 
 def test_ray_options_without_ray_or_an_unreachable_head_are_one_line(tmp_path):
