@@ -150,3 +150,40 @@ def test_the_relay_makes_a_fast_writer_wait_and_a_drop_frees_both_sides():
 
     [(taken, keys)] = relay_run(reader_then_drop)
     assert taken == ("", GONE) and keys == 0
+
+
+class LocalActor:
+    """A TextRelay called as its Ray actor handle is (`handle.method.remote(...)`), in this process."""
+
+    def __init__(self, relay) -> None:
+        self.relay = relay
+
+    def __getattr__(self, name: str):
+        method = getattr(self.relay, name)
+        return type("Method", (), {"remote": staticmethod(method)})
+
+
+def test_a_text_stream_that_fails_ends_the_replicas_text_and_the_pump_raises_its_error():
+    from engine.errors import InputError
+    from voiceapp.cluster.relay import TextFeed, TextRelay, pump, relayed_text
+
+    async def failing():
+        yield "One. "
+        raise ValueError("stdin broke")
+
+    async def run():
+        feed = TextFeed(LocalActor(TextRelay()), "k")
+        taken: list[str] = []
+
+        async def replica():
+            with pytest.raises(InputError, match="ended before its end"):
+                async for piece in relayed_text(feed):
+                    taken.append(piece)
+
+        with pytest.raises(ValueError, match="stdin broke"):  # the pump fails before the replica's first take,
+            await asyncio.gather(pump(feed, failing()), replica())  # which must not wait for good
+        await asyncio.sleep(0.05)  # the replica's side ends too
+        return taken, feed.relay.relay.keys()
+
+    taken, keys = asyncio.run(asyncio.wait_for(run(), 5))
+    assert taken in ([], ["One. "]) and keys == 0  # what was put before the failure may go with the drop

@@ -20,6 +20,10 @@ from engine.errors import GenerationError, InputError
 PENDING_CHARS = 1 << 16
 """Characters a request's relay holds before `put` waits for the replica to take them: a client that pipes a book
 into `say -` is paced by its replica's speech, as the plain server paces it, and the relay's memory stays small."""
+DROPPED_KEPT = 4096
+"""Dropped keys the relay remembers: a put or take that comes after its key's drop (the two sides' calls race:
+a text stream that fails at once is dropped before the replica's first take) returns at once rather than wait
+for good."""
 OPEN, END, GONE = "open", "end", "gone"
 """What `take` says of a request's text besides its pieces: more may come; that was all; dropped (the request
 ended at the other side, or its text stream failed)."""
@@ -57,11 +61,21 @@ class TextRelay:
     def __init__(self, limit: int = PENDING_CHARS) -> None:
         self.limit = limit
         self._pending: dict[str, _Pending] = {}
+        self._dropped: dict[str, None] = {}
+        """The latest DROPPED_KEPT dropped keys, oldest first."""
+
+    def _of(self, key: str) -> _Pending:
+        """`key`'s pending text: new where none is, and GONE (held nowhere) where the key was dropped."""
+        if key in self._dropped:
+            gone = _Pending()
+            gone.state = GONE
+            return gone
+        return self._pending.setdefault(key, _Pending())
 
     async def put(self, key: str, piece: str | None) -> bool:
         """Add a piece (None: the end of the text), waiting while `limit` characters wait; False when the key
         was dropped (the replica let go of the request)."""
-        pending = self._pending.setdefault(key, _Pending())
+        pending = self._of(key)
         while pending.chars >= self.limit and pending.state == OPEN:
             await pending.changed()
         if pending.state != OPEN:
@@ -76,7 +90,7 @@ class TextRelay:
 
     async def take(self, key: str) -> tuple[str, str]:
         """All the text waiting under `key`, once there is some or the state is no longer OPEN: (text, state)."""
-        pending = self._pending.setdefault(key, _Pending())
+        pending = self._of(key)
         while not pending.pieces and pending.state == OPEN:
             await pending.changed()
         text, state = "".join(pending.pieces), pending.state
@@ -87,7 +101,10 @@ class TextRelay:
         return text, state
 
     def drop(self, key: str) -> None:
-        """Forget `key`: a put or take waiting on it returns (GONE)."""
+        """Forget `key`: a put or take waiting on it, or coming later, returns (GONE)."""
+        self._dropped[key] = None
+        if len(self._dropped) > DROPPED_KEPT:
+            del self._dropped[next(iter(self._dropped))]
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending.state = GONE
