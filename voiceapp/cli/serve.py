@@ -241,16 +241,19 @@ async def serve(args: argparse.Namespace, http=None) -> None:
 
 
 def ray_watch(args: argparse.Namespace):
-    """With --ray, what ends the server when the cluster's head goes away (voiceapp.cluster.serve.watch_head);
-    else None."""
+    """With --ray, what ends the server when the cluster's head goes away (voiceapp.cluster.serve.watch_head, to
+    call); else None."""
     if args.ray is None:
         return None
+    from functools import partial
+
     from voiceapp.cluster.serve import watch_head
 
-    return watch_head(log)
+    return partial(watch_head, log, args.ray or None)
 
 
 def ray_head_lost(err: BaseException) -> bool:
+    """Whether `err` is the cluster's head gone (voiceapp.cluster.serve.HeadLost)."""
     from voiceapp.cluster.serve import HeadLost
 
     return isinstance(err, HeadLost)
@@ -300,8 +303,8 @@ def ray_scaling(args: argparse.Namespace):
 
 async def listen(server, wyoming=None, watch=None) -> None:
     """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client. `wyoming`: the Wyoming front
-    end (voiceapp.wyoming.api.WyomingApi), started with the rest. `watch`: a coroutine that raises once the server
-    must stop (--ray: the cluster's head went away); its error is raised here."""
+    end (voiceapp.wyoming.api.WyomingApi), started with the rest. `watch`: a coroutine function whose coroutine
+    raises once the server must stop (--ray: the cluster's head went away); its error is raised here."""
     from voiceapp.server.autostart import idle_text
 
     stop = asyncio.Event()
@@ -319,7 +322,7 @@ async def listen(server, wyoming=None, watch=None) -> None:
     http += f" and Wyoming {wyoming.uri}" if wyoming is not None else ""
     log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}{http}")
     stopped, idle = asyncio.create_task(stop.wait()), asyncio.create_task(server.wait_idle())
-    watched = asyncio.create_task(watch if watch is not None else asyncio.Event().wait())
+    watched = asyncio.create_task(watch() if watch is not None else asyncio.Event().wait())
     await asyncio.wait({stopped, idle, watched}, return_when=asyncio.FIRST_COMPLETED)
     for task in (stopped, idle, watched):
         task.cancel()

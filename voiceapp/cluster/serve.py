@@ -105,12 +105,14 @@ class HeadLost(errors.VoiceError):
     """The Ray cluster's head stopped answering: the ingress stops (`voicectl serve` exits with this line)."""
 
 
-async def watch_head(log: Callable[[str], None]) -> None:
+async def watch_head(log: Callable[[str], None], joined: str | None = None) -> None:
     """Return never while the cluster's head answers; raise HeadLost once it has not for HEAD_LOST_AFTER_S (a
-    line in the log when it first does not, and when it is back)."""
-    import ray
-
-    address = ray.get_runtime_context().gcs_address
+    line in the log when it first does not, and when it is back). The head's GCS port is probed, or, where this
+    process cannot tell it (a Ray Client connection), `joined`: the address it joined at."""
+    address = head_address() or joined
+    if address is None or address == "auto":
+        await asyncio.Event().wait()  # nothing to probe: Ray's own end of the process stays the only one
+        return
     loop = asyncio.get_running_loop()
     silent_since: float | None = None
     while True:
@@ -128,6 +130,16 @@ async def watch_head(log: Callable[[str], None]) -> None:
         if silent_since is not None:
             log(f"the Ray head at {address} answers again")
             silent_since = None
+
+
+def head_address() -> str | None:
+    """HOST:PORT of the joined cluster's GCS, or None where this process cannot tell."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address or None
+    except Exception:  # noqa: BLE001 - a Ray Client connection has no GCS address of its own
+        return None
 
 
 @dataclass(frozen=True)
