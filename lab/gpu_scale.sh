@@ -12,32 +12,35 @@
 # - first byte: lab/http_latency.py at 1 client, p50, Ray's server minus the plain one.
 # - cold start: `serve --ray --min-replicas 0`, idle until it has no replica, then one request: the wait it logs.
 # Env: BACKEND (default torch: the crowd's lane sized to the GPU, built before answering, no vLLM needed),
-# LOAD_RATES (default 8,16,32,48,64,96), LOAD_SECONDS (default 20), BOOK_MINUTES (default 60).
+# LOAD_RATES (default 8,16,32,48,64,96), LOAD_SECONDS (default 20), BOOK_MINUTES (default 60), MODEL (default: the
+# synthetic full checkpoint, written once under $TMPDIR), PORT (the servers' HTTP port, default 8000).
+# A dry run on a machine without GPUs runs every step (CPU replicas and workers; nvidia-smi absent, device null):
+#   MODEL=DIR_OF_A_TINY_CHECKPOINT LOAD_RATES=1 LOAD_SECONDS=3 BOOK_MINUTES=1 PORT=18731 OUT=DIR bash lab/gpu_scale.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 BACKEND=${BACKEND:-torch}; RATES=${LOAD_RATES:-8,16,32,48,64,96}; SECONDS_PER_RATE=${LOAD_SECONDS:-20}
-MODEL=${TMPDIR:-/tmp}/voiceapp-gpu-model
+MODEL=${MODEL:-${TMPDIR:-/tmp}/voiceapp-gpu-model}; PORT=${PORT:-8000}; URL=http://127.0.0.1:$PORT
 WORK=${TMPDIR:-/tmp}/voiceapp-scale; mkdir -p "$WORK"
 python3 -c "import ray; print('ray', ray.__version__)" || { echo "ray is not importable: set PYTHONPATH"; exit 5; }
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 ENGINE=(--model "$MODEL" --backend "$BACKEND")
 
-serve_up() {  # NAME ARGS...: a server on 127.0.0.1:8000 with its own socket; waits until it answers
+serve_up() {  # NAME ARGS...: a server on 127.0.0.1:$PORT with its own socket; waits until it answers
   local name=$1; shift
-  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:8000 "$@" \
+  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:$PORT "$@" \
       2>"$OUT/serve-$name.log" &
   SERVER=$!
-  for _ in $(seq 1800); do curl -s -o /dev/null http://127.0.0.1:8000/health && return 0; sleep 0.2; done
+  for _ in $(seq 1800); do curl -s -o /dev/null $URL/health && return 0; sleep 0.2; done
   echo "server $name did not answer"; tail -5 "$OUT/serve-$name.log"; return 1
 }
 serve_down() { kill "$SERVER"; wait "$SERVER"; sleep 2; }
 measure() {  # NAME: first byte at 1 client, then the load test
   local name=$1
-  python3 lab/http_latency.py http://127.0.0.1:8000/v1 --clients 1 --rounds 16 > "$OUT/first-byte-$name.json"
+  python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 16 > "$OUT/first-byte-$name.json"
   VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli bench --load "$RATES" --load-seconds "$SECONDS_PER_RATE" \
-      --http http://127.0.0.1:8000 --json "$OUT/load-$name.json" > "$OUT/load-$name.txt" 2>&1
+      --http $URL --json "$OUT/load-$name.json" > "$OUT/load-$name.txt" 2>&1
   tail -12 "$OUT/load-$name.txt"
 }
 
@@ -55,7 +58,7 @@ d = serve.status().applications['voiceapp'].deployments['voiceapp-engine']
 sys.exit(0 if sum(d.replica_states.values()) == 0 else 1)" 2>/dev/null && break
     sleep 2
   done
-  python3 lab/http_latency.py http://127.0.0.1:8000/v1 --clients 1 --rounds 1 > "$OUT/cold.json"
+  python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 1 > "$OUT/cold.json"
   VOICEAPP_SOCKET=$WORK/zero.sock python3 -m voiceapp.cli status --json > "$OUT/status-zero.json"
   grep "cold start" "$OUT/serve-zero.log"
   serve_down
@@ -105,7 +108,10 @@ def xrt(name):
 direct, ray = first_byte("direct"), first_byte("ray")
 zero = read("status-zero.json") or {}
 cold = zero.get("cold_starts") or []
-gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().splitlines()
+try:
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().splitlines()
+except FileNotFoundError:  # a dry run on a machine without GPUs
+    gpus = []
 result = {"device": gpus[0].split(":", 1)[1].split("(")[0].strip() if gpus else None, "gpus": len(gpus),
           "streams_1gpu": streams("direct"), "streams_2gpu": streams("ray"),
           "export_xrt_1gpu": xrt("1gpu"), "export_xrt_2gpu": xrt("2gpu"),

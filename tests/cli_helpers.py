@@ -80,3 +80,24 @@ def kill_servers(socket: str | Path, timeout: float = 10.0) -> list[int]:
     while serve_pids(socket) and time.monotonic() < end:
         time.sleep(0.02)
     return pids
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below `pid` (children, theirs, ...): the Ray processes a command
+    started, to kill one of them and no one else's."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        parents.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            try:
+                found.append((child, (Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())))
+            except OSError:
+                continue
+            todo.append(child)
+    return found

@@ -1,5 +1,6 @@
 """`voicectl export --ray` on a local Ray cluster, two CPU workers of the tiny checkpoint's real engine: the book is
-byte for byte the one-process export, and an export killed mid-book resumes with --ray to the same bytes."""
+byte for byte the one-process export, also with a worker killed mid-book, and an export killed mid-book resumes
+with --ray to the same bytes; without Ray, --ray is one line."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.cli_helpers import one_line_error, voicectl
+from tests.cli_helpers import descendants, one_line_error, voicectl
 from tests.export.test_cli_export_book import ok, start_export
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
@@ -30,10 +31,17 @@ def clean(tiny_model, tmp_path_factory):
 
 def test_an_export_on_ray_is_byte_identical_and_resumes(clean, tmp_path):
     src, engine, want_wav, want_cue = clean
-    out = tmp_path / "out.wav"
-    err = ok(voicectl("export", str(src), "-o", str(out), *engine, "--ray", "--ray-workers", "2", "--jobs", "2",
-                      "--no-progress"))
-    assert "the Ray cluster has no GPUs: 2 CPU workers render the sentences" in err
+    out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
+    # a worker killed mid-book: Ray Data starts another and renders the batch again; the book is the same
+    proc = start_export(["export", str(src), "-o", str(out), *engine, "--ray", "--ray-workers", "2", "--jobs", "1",
+                         "--no-progress"], parts, at_least=1)
+    workers = [pid for pid, command in descendants(proc.pid) if "SentenceRenderer" in command]
+    finished = len(list(parts.glob("*.part")))
+    assert len(workers) == 2 and finished < 10, (workers, finished)  # 10 sentences: the kill is mid-book
+    os.kill(workers[0], signal.SIGKILL)
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 0, err
+    assert err.count("the Ray cluster has no GPUs: 2 CPU workers render the sentences") == 1
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
 
     resumed, parts = tmp_path / "resumed.wav", tmp_path / "resumed.wav.parts"
@@ -55,6 +63,13 @@ def test_ray_workers_without_ray_is_one_line(tmp_path):
     src.write_text("One sentence.")
     proc = voicectl("export", str(src), "-o", str(tmp_path / "o.wav"), "--backend", "fake", "--ray-workers", "2")
     assert proc.returncode == 2 and "--ray-workers is an option of --ray" in one_line_error(proc)
+    blocker = tmp_path / "noray"  # Ray not installed: `import ray` fails
+    blocker.mkdir()
+    (blocker / "ray.py").write_text("raise ImportError('no ray here')\n")
+    proc = voicectl("export", str(src), "-o", str(tmp_path / "o.wav"), "--backend", "fake", "--ray",
+                    env={"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2 and "pip install 'voiceapp[ray]'" in one_line_error(proc)
+    assert not (tmp_path / "o.wav").exists()
 
 
 def test_export_many_on_ray_gives_each_book_its_own_bytes(tmp_path):

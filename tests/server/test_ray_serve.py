@@ -1,6 +1,7 @@
 """`voicectl serve --ray` as a process, on a local Ray cluster with two CPU replicas of the fake engine: HTTP answers
 the samples the plain engine gives, concurrent requests spread over both replicas, a replica killed mid-stream cuts
-only its own stream (and Serve replaces it); no Ray, or a head nobody answers at, is one line."""
+only its own stream (and Serve replaces it), a head that goes away stops the ingress with one line; no Ray, or a
+head nobody answers at, is one line."""
 from __future__ import annotations
 
 import http.client
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli_helpers import one_line_error, voicectl
+from tests.cli_helpers import descendants, one_line_error, voicectl
 from tests.server.conftest import wait_for
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
@@ -30,14 +31,16 @@ SEED, VOICE = 5, "mia"
 
 
 class RayServed:
-    """`voicectl serve --ray --replicas 2 --backend fake --http 127.0.0.1:0`, its stderr read as it comes."""
+    """`voicectl serve ENGINE --ray --replicas N --http 127.0.0.1:0` (the fake engine, two replicas of half a CPU
+    by default), its stderr read as it comes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *engine: str, replicas: int = 2, cpus: float = 0.5) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="vr-"))
         self.env = {**os.environ, "VOICEAPP_SOCKET": str(self.dir / "engine.sock"),
                     "XDG_CACHE_HOME": str(self.dir / "cache"), "XDG_DATA_HOME": str(self.dir / "data")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", "--backend", "fake", "--ray",
-                                      "--replicas", "2", "--replica-cpus", "0.5", "--http", "127.0.0.1:0"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *(engine or ("--backend", "fake")),
+                                      "--ray", "--replicas", str(replicas), "--replica-cpus", str(cpus),
+                                      "--http", "127.0.0.1:0"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env, text=True)
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -104,6 +107,8 @@ def test_http_through_ray_gives_the_samples_the_plain_engine_gives(served, tmp_p
     assert len(said) > 16000 and np.array_equal(got, int16(said))
     status = served.status()
     assert status["ray"] is True and status["backend"] == "fake" and len(status["replicas"]) >= 1
+    said_once = [line for line in served.log if "has no GPUs" in line]
+    assert said_once == ["voicectl serve: the Ray cluster has no GPUs: the engine replicas run on CPUs\n"]
 
 
 def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(served):
@@ -129,6 +134,24 @@ def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(se
         return bool(set(replicas(served)) - before)
 
     assert wait_for(replaced, timeout=60, step=0.5), served.status()["replicas"]
+
+
+def test_a_head_that_goes_away_stops_the_ingress_with_one_line(served):
+    """The cluster's head (its GCS and raylet, which the ingress started for its local cluster) killed: the ingress
+    says so, stops within its grace (well before Ray would end it abruptly, at 60 s) with one line and exit 1, its
+    socket removed. The module's cluster ends here: the tests below need none."""
+    from voiceapp.cluster.serve import HEAD_CHECK_S, HEAD_LOST_AFTER_S
+
+    below = descendants(served.proc.pid)
+    head = [pid for pid, command in below if command.split(" ")[0].endswith(("/gcs_server", "/raylet"))]
+    assert len(head) == 2, below
+    for pid in head:
+        os.kill(pid, signal.SIGKILL)
+    assert served.proc.wait(HEAD_LOST_AFTER_S + 3 * HEAD_CHECK_S + 10) == 1
+    said = [line for line in served.log if line.startswith("voicectl: ")]
+    assert len(said) == 1 and "the Ray head at" in said[0] and "has not answered" in said[0], served.log
+    assert any("stopping in" in line for line in served.log) and not any("Traceback" in line for line in served.log)
+    assert not Path(served.env["VOICEAPP_SOCKET"]).exists()
 
 
 def test_ray_options_without_ray_or_an_unreachable_head_are_one_line(tmp_path):

@@ -9,9 +9,13 @@ import os
 import signal
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING, NoReturn
 
 from voiceapp.common import add_engine_args, engine_config
 from voiceapp.server.rendezvous import LOG_PREFIX
+
+if TYPE_CHECKING:
+    from engine.errors import VoiceError
 
 RAY_ONLY = ("replicas", "min_replicas", "max_replicas", "replica_streams", "replica_cpus", "scale_down_after")
 """Options that only --ray takes."""
@@ -99,7 +103,7 @@ def tunes(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import InputError
+    from engine.errors import InputError, VoiceError
     from voiceapp.server.autostart import unblock_stop_signals
 
     unblock_stop_signals()  # a parent's blocked or ignored SIGTERM would make `voicectl stop` wait in vain
@@ -116,8 +120,22 @@ def run(args: argparse.Namespace) -> int:
     elif any(getattr(args, name) is not None for name in RAY_ONLY):
         raise InputError(f"--{next(n for n in RAY_ONLY if getattr(args, n) is not None).replace('_', '-')} "
                          f"is an option of --ray")
-    asyncio.run(serve(args, http_settings(args)))
+    try:
+        asyncio.run(serve(args, http_settings(args)))
+    except VoiceError as err:
+        if args.ray is not None and ray_head_lost(err):
+            exit_now(err)
+        raise
     return 0
+
+
+def exit_now(err: VoiceError) -> NoReturn:
+    """The command's line, then the end of the process at once: Ray's shutdown, ours and the one it runs at the
+    interpreter's exit, waits for the lost head for tens of seconds. The socket is closed and every client was
+    told by then."""
+    print(f"voicectl: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(err.exit_code)
 
 
 def http_settings(args: argparse.Namespace):
@@ -196,6 +214,7 @@ async def serve(args: argparse.Namespace, http=None) -> None:
 
         wyoming = WyomingApi(server, wyoming_listener, log=log)
     background = None
+    head_lost = False
     try:
         if not (args.no_warm_up or first.one_listener or args.ray is not None):  # one listener's: in the factory
             log("warming up")
@@ -203,7 +222,10 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         if tuning is not None and tuning.steps:
             log("answering now; tuning in the background: " + ", ".join(step.name for step in tuning.steps))
             background = asyncio.create_task(tuning.run())
-        await listen(server, wyoming)
+        await listen(server, wyoming, watch=ray_watch(args))
+    except BaseException as err:
+        head_lost = args.ray is not None and ray_head_lost(err)
+        raise
     finally:
         if background is not None:
             background.cancel()
@@ -212,10 +234,29 @@ async def serve(args: argparse.Namespace, http=None) -> None:
         if server.http is not None:
             await server.http.close()
         await server.close()
-        if args.ray is not None:
+        if args.ray is not None and not head_lost:  # a lost head: run() leaves the cluster as it is
             from voiceapp.cluster import serve as ray_serve
 
             ray_serve.shutdown()
+
+
+def ray_watch(args: argparse.Namespace):
+    """With --ray, what ends the server when the cluster's head goes away (voiceapp.cluster.serve.watch_head, to
+    call); else None."""
+    if args.ray is None:
+        return None
+    from functools import partial
+
+    from voiceapp.cluster.serve import watch_head
+
+    return partial(watch_head, log, args.ray or None)
+
+
+def ray_head_lost(err: BaseException) -> bool:
+    """Whether `err` is the cluster's head gone (voiceapp.cluster.serve.HeadLost)."""
+    from voiceapp.cluster.serve import HeadLost
+
+    return isinstance(err, HeadLost)
 
 
 async def ray_engine(args: argparse.Namespace, first, crowd):
@@ -260,9 +301,10 @@ def ray_scaling(args: argparse.Namespace):
     return scaling
 
 
-async def listen(server, wyoming=None) -> None:
+async def listen(server, wyoming=None, watch=None) -> None:
     """Serve until SIGTERM or SIGINT, or until the idle timeout passes with no client. `wyoming`: the Wyoming front
-    end (voiceapp.wyoming.api.WyomingApi), started with the rest."""
+    end (voiceapp.wyoming.api.WyomingApi), started with the rest. `watch`: a coroutine function whose coroutine
+    raises once the server must stop (--ray: the cluster's head went away); its error is raised here."""
     from voiceapp.server.autostart import idle_text
 
     stop = asyncio.Event()
@@ -280,9 +322,13 @@ async def listen(server, wyoming=None) -> None:
     http += f" and Wyoming {wyoming.uri}" if wyoming is not None else ""
     log(f"pid {hello['pid']}, {model}, backend {hello['backend']}, listening on {server.path}{http}")
     stopped, idle = asyncio.create_task(stop.wait()), asyncio.create_task(server.wait_idle())
-    await asyncio.wait({stopped, idle}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    idle.cancel()
+    watched = asyncio.create_task(watch() if watch is not None else asyncio.Event().wait())
+    await asyncio.wait({stopped, idle, watched}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopped, idle, watched):
+        task.cancel()
+    error = watched.exception() if watched.done() and not watched.cancelled() else None
+    if error is not None:
+        raise error  # the caller closes the server; the error is the command's line
     log(f"no client for {idle_text(server.idle_timeout_s)}: stopping" if not stop.is_set() else "stopping")
 
 

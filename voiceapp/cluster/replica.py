@@ -24,6 +24,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 from engine.config import EngineConfig, SynthesisRequest
 from engine.errors import VoiceError, one_line
 from engine.events import Event, Notice
+from voiceapp.cluster.relay import TextFeed, relayed_text
 
 LOG = logging.getLogger("voiceapp.replica")
 
@@ -90,8 +91,9 @@ class EngineReplica:
         """What CapacityRouter ranks replicas by (Serve polls it every request_routing_stats_period_s)."""
         return {"live": self.live, "capacity": self.capacity()}
 
-    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[dict[str, Any]]:
-        """The request's stream (the module's docstring says its items)."""
+    async def synthesize(self, req: SynthesisRequest, feed: TextFeed | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The request's stream (the module's docstring says its items); `feed`: where its streamed text comes
+        from, as it arrives (voiceapp.cluster.relay)."""
         yield {"replica": {k: v for k, v in self.info().items() if k != "voices"}}
         if self.live >= self.capacity():
             yield {"error": "EngineBusy", "message": f"replica {self.name} carries {self.live} streams, its "
@@ -100,7 +102,8 @@ class EngineReplica:
         self._tune_once()
         self.live += 1
         try:
-            async with aclosing(self.synth.synthesize(req)) as chunks:
+            text = None if feed is None else relayed_text(feed)
+            async with aclosing(self.synth.synthesize(req, text)) as chunks:
                 async for chunk in chunks:
                     yield {"chunk": dataclasses.replace(chunk, made_at=None)}  # another process's clock
             self.served += 1

@@ -3,7 +3,8 @@ process's front ends (the Unix socket, the HTTP API, Wyoming) through `RayEngine
 
 This process is the ingress: it keeps voiceapp's own servers and forwards each request to one replica for its life,
 as one streaming call (`handle.options(stream=True)`); the replica is chosen by voiceapp.cluster.replica.CapacityRouter
-(the share of its capacity in use, as each replica reports it). Closing a request cancels its call, which aborts
+(the share of its capacity in use, as each replica reports it). Streamed text (`say -`) reaches the replica as it
+arrives, through the ingress's text relay (voiceapp.cluster.relay). Closing a request cancels its call, which aborts
 it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
 starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0 allowed), a request that arrives while
 no replica runs waits for one: the wait is logged and shown by status (`cold_starts`).
@@ -12,10 +13,13 @@ Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 import time
-from dataclasses import dataclass, replace
+import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 from engine import errors
@@ -44,6 +48,13 @@ CONSTRUCTOR_TRIES = 2
 """Times Serve tries to build a replica's engine before the deployment fails (Serve's default is 20)."""
 CONNECT_TIMEOUT_S = 5.0
 """How long `connect` tries to reach a head's port before saying it cannot (ray.init itself retries for minutes)."""
+HEAD_CHECK_S = 2.0
+"""How often the ingress checks that the cluster's head (its GCS port) still answers."""
+HEAD_LOST_AFTER_S = 10.0
+"""How long the head may not answer before the ingress stops with one line. Ray itself ends a process whose head
+has not answered for 60 s, abruptly (its socket left behind, its clients cut without a word); stopping well before
+closes the socket and ends each request with its line. A head back within it (Ray's GCS fault tolerance) is
+waited for; the replicas' own processes go on serving meanwhile."""
 
 
 def import_ray():
@@ -88,6 +99,47 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as err:
         raise errors.VoiceError(f"cannot reach the Ray head at {address}: {err.strerror or err}") from None
+
+
+class HeadLost(errors.VoiceError):
+    """The Ray cluster's head stopped answering: the ingress stops (`voicectl serve` exits with this line)."""
+
+
+async def watch_head(log: Callable[[str], None], joined: str | None = None) -> None:
+    """Return never while the cluster's head answers; raise HeadLost once it has not for HEAD_LOST_AFTER_S (a
+    line in the log when it first does not, and when it is back). The head's GCS port is probed, or, where this
+    process cannot tell it (a Ray Client connection), `joined`: the address it joined at."""
+    address = head_address() or joined
+    if address is None or address == "auto":
+        await asyncio.Event().wait()  # nothing to probe: Ray's own end of the process stays the only one
+        return
+    loop = asyncio.get_running_loop()
+    silent_since: float | None = None
+    while True:
+        await asyncio.sleep(HEAD_CHECK_S)
+        try:
+            await loop.run_in_executor(None, check_reachable, address)
+        except errors.VoiceError as err:
+            if silent_since is None:
+                silent_since = time.monotonic()
+                log(f"{err}; stopping in {HEAD_LOST_AFTER_S:g} s unless it answers again")
+            elif time.monotonic() - silent_since >= HEAD_LOST_AFTER_S:
+                raise HeadLost(f"the Ray head at {address} has not answered for {HEAD_LOST_AFTER_S:g} s: stopped "
+                               f"(start voicectl serve --ray again once the cluster is back)") from None
+            continue
+        if silent_since is not None:
+            log(f"the Ray head at {address} answers again")
+            silent_since = None
+
+
+def head_address() -> str | None:
+    """HOST:PORT of the joined cluster's GCS, or None where this process cannot tell."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address or None
+    except Exception:  # noqa: BLE001 - a Ray Client connection has no GCS address of its own
+        return None
 
 
 @dataclass(frozen=True)
@@ -185,8 +237,10 @@ class ReplicaVoices:
 class RayEngine:
     """engine.engine_api.Engine over the replicas of a Ray Serve deployment (the module's docstring)."""
 
-    def __init__(self, handle: Any, info: dict[str, Any], log: Callable[[str], None]) -> None:
+    def __init__(self, handle: Any, info: dict[str, Any], log: Callable[[str], None], relay: Any = None) -> None:
         self.handle, self.log = handle, log
+        self.relay = relay
+        """The text relay streamed requests' text goes through (voiceapp.cluster.relay.TextRelay's actor)."""
         self.sample_rate: int = info["sample_rate"]
         self.voices = ReplicaVoices(info["voices"])
         self._describe = dict(info["describe"])
@@ -202,8 +256,8 @@ class RayEngine:
 
     @classmethod
     async def start(cls, handle: Any, log: Callable[[str], None]) -> "RayEngine":
-        """The engine over `handle`'s deployment, described by one of its replicas."""
-        return cls(handle, await handle.info.remote(), log)
+        """The engine over `handle`'s deployment, described by one of its replicas, with its text relay."""
+        return cls(handle, await handle.info.remote(), log, start_relay())
 
     def describe(self) -> dict[str, Any]:
         return {**self._describe, "ray": True}
@@ -225,15 +279,19 @@ class RayEngine:
 
     async def synthesize(self, req: SynthesisRequest,
                          text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
-        """The request's audio from one replica. Streamed text is gathered first (a replica takes the whole text:
-        its first sound waits for the text's end)."""
-        if text_stream is not None:
-            req = replace(req, text=req.text + "".join([piece async for piece in text_stream]))
+        """The request's audio from one replica. Streamed text follows the request's own through the relay as it
+        arrives (voiceapp.cluster.relay), so the replica speaks each sentence once it is complete."""
         import ray
         from ray.serve.exceptions import BackPressureError
 
+        from voiceapp.cluster.relay import TextFeed, pump
+
+        feed, feeding = None, None
+        if text_stream is not None:  # its pieces go to the relay while the replica speaks
+            feed = TextFeed(self.relay, uuid.uuid4().hex)
+            feeding = asyncio.create_task(pump(feed, text_stream))
         asked, t0 = time.time(), time.monotonic()
-        stream = self.handle.options(stream=True).synthesize.remote(req)
+        stream = self.handle.options(stream=True).synthesize.remote(req, feed)
         finished, replica = False, None
         try:
             async for item in stream:
@@ -242,7 +300,7 @@ class RayEngine:
                     self.carrying[replica] = self.carrying.get(replica, 0) + 1
                     self._note(item["replica"], asked, time.monotonic() - t0)
                 elif "error" in item:
-                    raise engine_error(item["error"], item["message"])
+                    raise feeding_error(feeding) or engine_error(item["error"], item["message"])
                 else:
                     yield item["chunk"]
             finished = True
@@ -258,6 +316,8 @@ class RayEngine:
                 stream.cancel()
             if replica is not None:
                 self.carrying[replica] -= 1
+            if feed is not None and feeding is not None:
+                stop_feeding(feed, feeding)
 
     def _note(self, info: dict[str, Any], asked: float | None = None, wait_s: float = 0.0) -> None:
         """Keep a replica's header; log a cold start (a replica that became ready after the request was asked)."""
@@ -269,7 +329,41 @@ class RayEngine:
                      f"(its engine loaded in {info['build_s']:.1f} s)")
 
     async def close(self) -> None:
-        """The deployment stays on the cluster until `shutdown`; requests under way end with their streams."""
+        """End the text relay; the deployment stays on the cluster until `shutdown` (requests under way end with
+        their streams)."""
+        import ray
+
+        if self.relay is not None:
+            # before `shutdown`: while the relay lived, serve.delete waited for good (Ray 2.60, a local cluster)
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a cluster already gone took it with it
+                ray.kill(self.relay)
+            self.relay = None
+
+
+def start_relay() -> Any:
+    """The ingress's text relay: a Ray actor of this process (it ends with it), holding no CPU (it only passes
+    text on)."""
+    import ray
+
+    from voiceapp.cluster.relay import TextRelay
+
+    return ray.remote(TextRelay).options(num_cpus=0).remote()
+
+
+def feeding_error(feeding: "asyncio.Task[None] | None") -> BaseException | None:
+    """Why the streamed text stopped, where its pump failed (the error the request ends with), else None."""
+    if feeding is None or not feeding.done() or feeding.cancelled():
+        return None
+    return feeding.exception()
+
+
+def stop_feeding(feed: Any, feeding: "asyncio.Task[None]") -> None:
+    """The request is over: stop its pump and drop its text from the relay (a replica still taking it returns)."""
+    if not feeding.done():
+        feeding.cancel()
+    else:
+        feeding_error(feeding)  # seen: a failure reported as the request's own is not logged again by asyncio
+    feed.relay.drop.remote(feed.key)
 
 
 def engine_error(name: str, message: str) -> VoiceError:
