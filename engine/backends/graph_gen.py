@@ -156,7 +156,7 @@ class GraphLane:
                 and len(prompt.ids) + opts.max_tokens <= self.max_len
                 and allowed is not None and 0 < len(allowed) <= self.runner.head_width
                 and (opts.temperature == 0 or 0 < opts.top_k <= CANDIDATES)
-                and (opts.repetition_penalty == 1.0 or self.runner.penalized)  # never silently unpenalized
+                and (opts.repetition_penalty == 1.0 or self.runner.penalised)  # never silently unpenalised
                 # an id outside the vocabulary would fault inside a graph replay, and a device-side fault ends
                 # every CUDA call of this process (the decoder's too): such a request goes elsewhere
                 and self._in_vocab(prompt.ids) and self._allowed_in_vocab(allowed))

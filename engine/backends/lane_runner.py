@@ -90,7 +90,7 @@ def top_candidates(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True, slots=True)
 class RowPenalties:
-    """A penalized lane's repetition-penalty state: which ids of the head each row has seen, and its penalty."""
+    """A penalised lane's repetition-penalty state: which ids of the head each row has seen, and its penalty."""
 
     seen: torch.Tensor
     """[rows, head width] bool: the head's ids the row's prompt holds or it drew (set at its prefill, so a reused
@@ -142,9 +142,9 @@ class LaneRunner:
                  between: Callable[[], None] | None = None, repetition_penalty: bool = False) -> None:
         """The arguments are GraphLane's (which documents them), less the scheduler's."""
         self.between = between
-        self.penalized = repetition_penalty
-        """The steps apply each row's repetition penalty (its ops are in the captured graphs)."""
         """Called before each graph capture: a lane built in the background waits there for live streams."""
+        self.penalised = repetition_penalty
+        """The steps apply each row's repetition penalty (its ops are in the captured graphs)."""
         self.device = torch.device(device)
         self.shapes = shapes
         self.rows, self.max_len = shapes.rows, shapes.max_len
@@ -225,7 +225,7 @@ class LaneRunner:
                        if self.fused and not self.plan.k_major else None)
         """The head transposed, for fused kernels reading W [K, N] row-major."""
         self.head_bias = torch.zeros(width, device=dev)
-        self.penalties = RowPenalties.new(rows, width, dev) if self.penalized else None
+        self.penalties = RowPenalties.new(rows, width, dev) if self.penalised else None
         self.step_state = decode_kernels.StepState(self.temperature, self.top_k, self.top_p, self.noise, self.allowed,
                                                    self.tokens, self.steps, self.positions, self.ring, self.launch,
                                                    self.max_len)
@@ -275,7 +275,7 @@ class LaneRunner:
         self._launch("decode", rows, span)
 
     def _sampling(self, row: int, opts: SamplingOptions, prompt: torch.Tensor) -> None:
-        """A request's temperature, top-k, top-p and noise into its row; on a penalized lane its penalty, and its
+        """A request's temperature, top-k, top-p and noise into its row; on a penalised lane its penalty, and its
         prompt's ids as the row's `seen` (what the row's last job drew is forgotten)."""
         greedy = opts.temperature == 0
         self.temperature[row] = 1.0 if greedy else opts.temperature
@@ -352,8 +352,8 @@ class LaneRunner:
             x = self.model.forward_fused(self.tokens[:rows], self.positions[:rows],
                                          (self.k_rows[:, :rows], self.v_rows[:, :rows]), self.plan)
             logits = self.model.logits_fused(x, self.head_for(self.plan), self.head_bias, self.plan)
-            # the draw, tokens, steps, positions and ring row in one kernel (a penalized lane draws below)
-            if (self.plan.one_sample and not self.penalized
+            # the draw, tokens, steps, positions and ring row in one kernel (a penalised lane draws below)
+            if (self.plan.one_sample and not self.penalised
                     and decode_kernels.can_sample(logits.shape[1], CANDIDATES)):
                 decode_kernels.sample(logits, self.step_state, CANDIDATES, self.model.counts, pdl=self.plan.pdl,
                                       topk=self.plan.sample_topk)

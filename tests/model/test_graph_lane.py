@@ -794,6 +794,27 @@ async def test_fused_lane_streams_equal_the_plain_lane(wide_model) -> None:
 
 
 @needs_triton
+async def test_a_penalised_fused_lane_streams_equal_the_penalised_plain_lane(wide_model) -> None:
+    """The fused step's logits, penalised, drawn by the tensor code's sampler (not the fused sampling kernel,
+    which knows no penalty): the plain lane's tokens."""
+    allowed = SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES]
+    prompts = [Prompt(PROMPT.ids + allowed[:40:3], allowed), Prompt(PROMPT.ids[:3] + (1879,) * 7 + PROMPT.ids[-2:],
+                                                                    allowed)]
+    opts = [SamplingOptions(temperature=0.0, max_tokens=12, repetition_penalty=1.3),
+            SamplingOptions(seed=5, max_tokens=12, repetition_penalty=1.3)]
+
+    async def run(fused: bool) -> list:
+        lane = GraphLane(wide_model, IDS, allowed, device="cpu", dtype=torch.float32, max_len=128, rows=2,
+                         fused=fused, repetition_penalty=True)
+        assert lane.fused is fused and (not fused or lane.runner.plan.one_sample)
+        got = await asyncio.gather(*(collect(lane, p, o, f"r{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
+        await lane.close()
+        return got
+
+    assert await run(True) == await run(False)
+
+
+@needs_triton
 def test_a_lane_whose_every_step_is_fused_leaves_its_prefills_uncompiled(wide_model, monkeypatch) -> None:
     """compile_layers compiles the prefills only where some decode steps run the tensor code (Inductor would
     otherwise compile once per prefill shape, for prefills that replay from CUDA graphs anyway)."""

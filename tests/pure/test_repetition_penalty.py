@@ -115,9 +115,9 @@ def test_orpheus_samples_with_upstreams_penalty_and_spark_with_none() -> None:
 
 
 def test_only_a_family_with_a_penalty_gets_a_penalised_lane() -> None:
-    from engine.factory import penalized
+    from engine.factory import penalised
 
-    assert penalized(SimpleNamespace(family="orpheus")) and not penalized(SimpleNamespace(family="spark"))
+    assert penalised(SimpleNamespace(family="orpheus")) and not penalised(SimpleNamespace(family="spark"))
 
 
 def test_the_vllm_generator_hands_vllm_the_penalty(monkeypatch) -> None:
