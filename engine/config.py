@@ -1,6 +1,7 @@
 """Provides typed, validated configuration: per-request knobs separate from model and device config."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from uuid import uuid4
 
@@ -35,12 +36,17 @@ class SamplingOptions:
     """Hard cap on generated tokens (3000 semantic tokens = 60 s of audio)."""
     seed: int | None = None
     """Seed for this request's sampler; same seed, prompt and model give the same tokens."""
+    repetition_penalty: float = 1.0
+    """vLLM's repetition penalty (1.0: none): the logit of every id already in the prompt or drawn is divided by it
+    where positive, multiplied by it where not, before temperature (engine.backends.torch_gen.repetition_penalty)."""
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
         _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(0 < self.repetition_penalty < math.inf,
+               f"repetition_penalty must be a number > 0 (1.0: none), got {self.repetition_penalty}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -402,7 +402,7 @@ def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
     memory = torch.cuda.get_device_properties(gpu).total_memory
     lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=gpu,
                        rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most),
-                       max_len=positions, fixed_shapes=True)
+                       max_len=positions, fixed_shapes=True, repetition_penalty=penalised(info))
              for positions, most in FIXED_LANES]
     events(Notice(f"graph lanes of fixed shapes ready in {time.perf_counter() - t0:.1f} s ("
                   f"{', '.join(f'{lane.rows} rows x {lane.max_len} positions' for lane in lanes)}; CUDA graphs "
@@ -513,7 +513,17 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
     # few rows they take
     return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
                      compile_layers=compiled, fused=None if compiled else False,
-                     capture_mode="thread_local" if background else "global", between=between)
+                     capture_mode="thread_local" if background else "global", between=between,
+                     repetition_penalty=penalised(info))
+
+
+def penalised(info) -> bool:
+    """Whether the checkpoint's family samples with a repetition penalty by default (Orpheus): its graph lanes
+    capture the penalty's ops, a lane for any other family (Spark) stays as it was and leaves a request that asks
+    for one to the generator behind it."""
+    from engine.families import family
+
+    return family(info.family).default_sampling.repetition_penalty != 1.0
 
 
 def _current_gpu(device: str) -> bool:

@@ -83,6 +83,8 @@ class ModelInfo:
     """`BiCodec/model.safetensors`."""
     checkpoint_hash: str
     """`checkpoint_hash(root)`: keys on-disk caches (e.g. computed voice globals)."""
+    family: str = "spark"
+    """Its model family (engine.families.base.Checkpoint)."""
 
     def summary(self) -> list[str]:
         """`voicectl model info`'s lines."""

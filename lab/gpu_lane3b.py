@@ -1,6 +1,6 @@
 """Device probe: where Orpheus 3B's graph-lane step goes, SNAC in bf16, and both decoders at crowd batch sizes.
 
-    python lab/gpu_lane3b.py OUT.json [--parts lane,sweep,snac,bicodec]
+    python lab/gpu_lane3b.py OUT.json [--parts lane,sweep,snac,bicodec,penalty]
 
 lane: a random Llama-3.2-3B (Orpheus's full shapes, in memory: no checkpoint) in the graph lane; model-only step
       time per FusedPlan variant at 1-16 rows (decode_kernels_probe.plan_steps), the tensor code's captured step
@@ -9,10 +9,14 @@ sweep: each projection at the 3B shapes per `matmul` tiling against cuBLAS (deco
 snac: our SNAC (synthetic full weights) fp32 vs bf16: windows of the family's schedule against the fp32 one-shot
       decode (dB), and ms per window at batch 1-128 from captured graphs.
 bicodec: Spark's BiCodec (synthetic full) ms per window at batch 16-128, fp32 and bf16, graphs.
+penalty: what Orpheus's repetition penalty costs the lane: the 3B tensor-code step per row bucket captured without
+      and with the penalty's ops (GraphLane `repetition_penalty`), and a seeded stream on each (at penalty 1.0 the
+      penalised lane must draw the plain lane's tokens, at 1.3 others). Not in the default parts.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
 import time
@@ -83,6 +87,42 @@ def lane(out: dict, path: str) -> None:
     print("plain lane", out["plain_lane_step_ms"], flush=True)
     save(out, path)
     del plain, model
+    torch.cuda.empty_cache()
+
+
+def penalty(out: dict, path: str) -> None:
+    from engine.backends.graph_gen import GraphLane
+    from engine.config import SamplingOptions
+    from engine.families.orpheus.grammar import OrpheusIds
+    from engine.prompt import Prompt
+
+    model = llama_3b()
+    ids = OrpheusIds()
+    prompt = Prompt(tuple(range(128000, 128040)), ids.audio_ids)
+    opts = SamplingOptions(temperature=0.6, top_k=50, top_p=0.8, max_tokens=200, seed=3)
+
+    async def tokens(lane: GraphLane, penalty: float) -> list[int]:
+        stream = lane.stream(prompt, replace(opts, repetition_penalty=penalty), "p")
+        return [t async for delta in stream for t in delta]
+
+    steps, drawn = {}, {}
+    for name, penalised in (("plain", False), ("penalised", True)):
+        t0 = time.perf_counter()
+        lane = GraphLane(model, ids, ids.audio_ids, rows=32, max_len=1024, fused=False, repetition_penalty=penalised)
+        out[f"penalty_{name}_start_s"] = round(time.perf_counter() - t0, 1)
+        steps[name] = {n: round(graph_step_ms(lane.runner, n, 256, 50), 3) for n in lane.shapes.row_buckets}
+        drawn[name] = {p: asyncio.run(tokens(lane, p)) for p in ((1.0, 1.3) if penalised else (1.0,))}
+        print("penalty", name, steps[name], flush=True)
+        asyncio.run(lane.close())
+        del lane
+        torch.cuda.empty_cache()
+    out["penalty_step_ms"] = steps
+    out["penalty_extra_pct"] = {n: round(100 * (steps["penalised"][n] / steps["plain"][n] - 1), 1)
+                                for n in steps["plain"]}
+    out["penalty_same_tokens_at_1"] = drawn["penalised"][1.0] == drawn["plain"][1.0]
+    out["penalty_other_tokens_at_1_3"] = drawn["penalised"][1.3] != drawn["plain"][1.0]
+    save(out, path)
+    del model
     torch.cuda.empty_cache()
 
 
@@ -163,6 +203,8 @@ def main() -> None:
                     snac(out, args.out, Path(tmp))
                 elif part == "bicodec":
                     bicodec(out, args.out, Path(tmp))
+                elif part == "penalty":
+                    penalty(out, args.out)
             except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
                 out[f"{part}_error"] = f"{type(err).__name__}: {err}"[:600]
                 print(part, "failed:", out[f"{part}_error"], flush=True)

@@ -111,7 +111,7 @@ class GraphLane:
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
                  plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
                  capture_mode: str = "global", fixed_shapes: bool = False,
-                 between: Callable[[], None] | None = None) -> None:
+                 between: Callable[[], None] | None = None, repetition_penalty: bool = False) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
@@ -120,7 +120,9 @@ class GraphLane:
         `capture_mode`: torch.cuda.graph's capture_error_mode (thread_local for a lane built while other threads
         use the GPU). `fixed_shapes`: every decode step runs all `rows` over a span of `max_len`, and every prefill
         holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES).
-        `between`: called before each graph capture (LaneRunner)."""
+        `between`: called before each graph capture (LaneRunner). `repetition_penalty`: the steps apply each
+        request's repetition penalty (a lane for a family whose sampling has one: the extra ops are captured only
+        then); a lane without takes no request that asks for one (`supports`)."""
         if fixed_shapes and (fused or compile_layers):
             raise ValueError("fixed shapes run the plain tensor code: no fused kernels, no compiled layers")
         self.token_ids = token_ids
@@ -129,7 +131,8 @@ class GraphLane:
         self.runner = LaneRunner(model, allowed, self.shapes, device=device, dtype=dtype,
                                  compile_layers=compile_layers, capture=capture,
                                  fused=False if fixed_shapes else fused, fuse_rows=fuse_rows, plan=plan,
-                                 compile_prefill=compile_prefill, capture_mode=capture_mode, between=between)
+                                 compile_prefill=compile_prefill, capture_mode=capture_mode, between=between,
+                                 repetition_penalty=repetition_penalty)
         self.scheduler = LaneScheduler(self.shapes, token_ids.stop_ids, allowed)
         self.fused, self.capture_s = self.runner.fused, self.runner.capture_s
         self.device = self.runner.device
@@ -153,6 +156,7 @@ class GraphLane:
                 and len(prompt.ids) + opts.max_tokens <= self.max_len
                 and allowed is not None and 0 < len(allowed) <= self.runner.head_width
                 and (opts.temperature == 0 or 0 < opts.top_k <= CANDIDATES)
+                and (opts.repetition_penalty == 1.0 or self.runner.penalised)  # never silently unpenalised
                 # an id outside the vocabulary would fault inside a graph replay, and a device-side fault ends
                 # every CUDA call of this process (the decoder's too): such a request goes elsewhere
                 and self._in_vocab(prompt.ids) and self._allowed_in_vocab(allowed))

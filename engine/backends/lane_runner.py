@@ -9,6 +9,10 @@ request's seeded generator before the first step, so the graph holds no RNG stat
 tokens on every run (alone on the lane: rows of a batch may round differently). Greedy (temperature 0) is top-1
 with no noise.
 
+A lane built with `repetition_penalty` (a family whose sampling has one: Orpheus) also keeps, per row, which allowed
+ids its prompt holds or it drew (`seen`, set at the row's prefill and by every step) and applies the penalty to the
+logits before the draw (engine.backends.torch_gen.repetition_penalty); other lanes capture none of these ops.
+
 Without CUDA the same code runs eagerly (the CPU tests use that).
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from engine.backends import decode_kernels
 from engine.backends.qwen2_checkpoint import Qwen2Weights
 from engine.backends.qwen2_static import StaticQwen2
+from engine.backends.torch_gen import repetition_penalty
 from engine.config import SamplingOptions
 from engine.lane_scheduler import LaneShapes
 
@@ -83,6 +88,34 @@ def top_candidates(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, index.view(b, -1).gather(1, best)
 
 
+@dataclass(frozen=True, slots=True)
+class RowPenalties:
+    """A penalised lane's repetition-penalty state: which ids of the head each row has seen, and its penalty."""
+
+    seen: torch.Tensor
+    """[rows, head width] bool: the head's ids the row's prompt holds or it drew (set at its prefill, so a reused
+    row forgets its last job's)."""
+    penalty: torch.Tensor
+    """[rows] each row's repetition penalty (1.0: none, and its logits stay exactly as they are)."""
+    drawn: torch.Tensor
+    """[1] True: what a drawn id's place in `seen` becomes (a device tensor, for the captured steps)."""
+    rows: torch.Tensor
+    """[rows] 0, 1, ...: the rows a decode step runs, as an index."""
+
+    @classmethod
+    def new(cls, rows: int, width: int, device: torch.device) -> RowPenalties:
+        return cls(torch.zeros(rows, width, dtype=torch.bool, device=device), torch.ones(rows, device=device),
+                   torch.ones(1, dtype=torch.bool, device=device), torch.arange(rows, device=device))
+
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`logits` [B, A] of `rows` [B] with each row's penalty applied (torch_gen.repetition_penalty)."""
+        return repetition_penalty(logits, self.seen.index_select(0, rows), self.penalty.index_select(0, rows)[:, None])
+
+    def mark(self, rows: torch.Tensor, drawn: torch.Tensor) -> None:
+        """Each of `rows` [B] has drawn the head's id `drawn` [B]: seen from now on."""
+        self.seen.index_put_((rows, drawn), self.drawn)
+
+
 @dataclass(slots=True)
 class ReadBack:
     """Launches [start, stop) (counted since the lane began) on their way to the host."""
@@ -106,10 +139,12 @@ class LaneRunner:
                  compile_layers: bool = False, capture: bool | None = None, fused: bool | None = None,
                  fuse_rows: int = FUSE_ROWS, plan: decode_kernels.FusedPlan | None = None,
                  compile_prefill: bool | None = None, capture_mode: str = "global",
-                 between: Callable[[], None] | None = None) -> None:
+                 between: Callable[[], None] | None = None, repetition_penalty: bool = False) -> None:
         """The arguments are GraphLane's (which documents them), less the scheduler's."""
         self.between = between
         """Called before each graph capture: a lane built in the background waits there for live streams."""
+        self.penalised = repetition_penalty
+        """The steps apply each row's repetition penalty (its ops are in the captured graphs)."""
         self.device = torch.device(device)
         self.shapes = shapes
         self.rows, self.max_len = shapes.rows, shapes.max_len
@@ -190,6 +225,7 @@ class LaneRunner:
                        if self.fused and not self.plan.k_major else None)
         """The head transposed, for fused kernels reading W [K, N] row-major."""
         self.head_bias = torch.zeros(width, device=dev)
+        self.penalties = RowPenalties.new(rows, width, dev) if self.penalised else None
         self.step_state = decode_kernels.StepState(self.temperature, self.top_k, self.top_p, self.noise, self.allowed,
                                                    self.tokens, self.steps, self.positions, self.ring, self.launch,
                                                    self.max_len)
@@ -228,7 +264,7 @@ class LaneRunner:
         batch = torch.zeros(len(prompts), size, dtype=torch.long)
         for i, (row, ids, opts) in enumerate(zip(rows, prompts, options)):
             batch[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            self._sampling(row, opts)
+            self._sampling(row, opts, batch[i, :len(ids)])
         self.prompts[:len(prompts), :size].copy_(batch)
         self.lengths[:len(prompts)].copy_(torch.tensor([len(ids) for ids in prompts]))
         self.admit_rows[:len(prompts)].copy_(torch.tensor(rows))
@@ -238,12 +274,16 @@ class LaneRunner:
         """Launch one decode step of rows [0, rows) over `span` positions."""
         self._launch("decode", rows, span)
 
-    def _sampling(self, row: int, opts: SamplingOptions) -> None:
-        """A request's temperature, top-k, top-p and noise into its row."""
+    def _sampling(self, row: int, opts: SamplingOptions, prompt: torch.Tensor) -> None:
+        """A request's temperature, top-k, top-p and noise into its row; on a penalised lane its penalty, and its
+        prompt's ids as the row's `seen` (what the row's last job drew is forgotten)."""
         greedy = opts.temperature == 0
         self.temperature[row] = 1.0 if greedy else opts.temperature
         self.top_k[row] = 1 if greedy else opts.top_k
         self.top_p[row] = 1.0 if greedy else opts.top_p
+        if self.penalties is not None:
+            self.penalties.penalty[row] = opts.repetition_penalty
+            self.penalties.seen[row].copy_(torch.isin(self.allowed, prompt.to(self.device)))
         steps = opts.max_tokens
         if greedy:
             self.noise[row, :steps].zero_()
@@ -281,9 +321,13 @@ class LaneRunner:
         hidden = self.model.prefill_rows(self.prompts[:batch, :size], staging)
         rows, lengths = self.admit_rows[:batch], self.lengths[:batch]
         last = torch.arange(batch, device=self.device) * size + lengths - 1
-        first = pick(self._logits(hidden.index_select(0, last)), self.temperature.index_select(0, rows),
-                     self.top_k.index_select(0, rows), self.top_p.index_select(0, rows),
-                     self.noise[:, 0].index_select(0, rows))
+        logits = self._logits(hidden.index_select(0, last))
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, rows)
+        first = pick(logits, self.temperature.index_select(0, rows), self.top_k.index_select(0, rows),
+                     self.top_p.index_select(0, rows), self.noise[:, 0].index_select(0, rows))
+        if self.penalties is not None:
+            self.penalties.mark(rows, first)
         self.tokens.index_copy_(0, rows, self.allowed.index_select(0, first))
         self.positions.index_copy_(0, rows, lengths)
         self.steps.index_fill_(0, rows, 1)
@@ -308,8 +352,9 @@ class LaneRunner:
             x = self.model.forward_fused(self.tokens[:rows], self.positions[:rows],
                                          (self.k_rows[:, :rows], self.v_rows[:, :rows]), self.plan)
             logits = self.model.logits_fused(x, self.head_for(self.plan), self.head_bias, self.plan)
-            # the draw, tokens, steps, positions and ring row in one kernel
-            if self.plan.one_sample and decode_kernels.can_sample(logits.shape[1], CANDIDATES):
+            # the draw, tokens, steps, positions and ring row in one kernel (a penalised lane draws below)
+            if (self.plan.one_sample and not self.penalised
+                    and decode_kernels.can_sample(logits.shape[1], CANDIDATES)):
                 decode_kernels.sample(logits, self.step_state, CANDIDATES, self.model.counts, pdl=self.plan.pdl,
                                       topk=self.plan.sample_topk)
                 return
@@ -319,9 +364,13 @@ class LaneRunner:
         else:
             logits = self._logits(self.model.forward_rows(self.tokens[:rows], self.positions[:rows], span,
                                                           (self.k_rows[:, :rows], self.v_rows[:, :rows])))
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, self.penalties.rows[:rows])
         steps = self.steps[:rows]
         noise = self.noise[:rows].gather(1, steps.view(rows, 1, 1).expand(rows, 1, CANDIDATES)).view(rows, -1)
         chosen = pick(logits, self.temperature[:rows], self.top_k[:rows], self.top_p[:rows], noise)
+        if self.penalties is not None:
+            self.penalties.mark(self.penalties.rows[:rows], chosen)
         self.tokens[:rows].copy_(self.allowed.index_select(0, chosen))
         # a row whose stream has ended keeps stepping until its row is reused: never past the buffers' ends
         steps.add_(1).clamp_max_(self.max_len)

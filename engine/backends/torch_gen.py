@@ -77,6 +77,18 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.T
     return values, indices
 
 
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
+    """`logits` with vLLM's repetition penalty applied (upstream Orpheus samples through vLLM): where `seen` (a bool
+    mask of `logits`' shape: the ids in the prompt or drawn so far, each counted once however often) is set, a
+    positive logit is divided by `penalty` and any other multiplied by it; elsewhere, and with `penalty` 1.0, the
+    logit is left exactly as it is. `penalty`: a number, or per row ([B, 1] for logits [B, A]). The same rule as
+    transformers' RepetitionPenaltyLogitsProcessor. It comes before temperature, top-k and top-p, as in vLLM's
+    sampler; a masked (-inf) logit stays -inf. Pure: the torch generator and the graph lane (inside its captured
+    steps) both apply it."""
+    scale = torch.where(seen, penalty, 1.0)
+    return torch.where(logits > 0, logits / scale, logits * scale)
+
+
 def sample_token(logits: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) -> int:
     """Pick the next id from (already masked) logits [V]: greedy at temperature 0, else top-k/top-p multinomial."""
     if opts.temperature == 0:
@@ -111,6 +123,9 @@ class _Request:
     """Output-embedding rows of the allowed ids [A, H]: 8195 of 166000 rows for globals-prefixed prompts,
     which removes ~95% of the LM-head work per step (the head is a third of the 0.5B model's FLOPs). With int8
     weights, a callable hidden -> logits over those rows (qwen2_ort.OrtHead)."""
+    seen: torch.Tensor | None = None
+    """Which of the logits' ids (allowed ids, or the vocabulary) the prompt holds or were drawn: the repetition
+    penalty's mask; None where the request has no penalty (1.0)."""
     cache: Any = None
     """A transformers DynamicCache, a _StaticCache, or a _RowCache (a row of the shared rows)."""
     pos: int = 0
@@ -420,7 +435,11 @@ class TorchTokenGenerator:
         return (head @ hidden).float()  # [A]
 
     def _next(self, req: _Request, logits: torch.Tensor) -> int:
+        if req.seen is not None:
+            logits = repetition_penalty(logits, req.seen, req.opts.repetition_penalty)
         token = sample_token(logits, req.opts, req.generator)
+        if req.seen is not None:
+            req.seen[token] = True
         return int(req.allowed[token]) if req.allowed is not None else token
 
     @torch.inference_mode()
@@ -497,7 +516,18 @@ class TorchTokenGenerator:
         allowed = head = None
         if prompt.allowed_ids is not None:
             allowed, head = self._restricted_head(tuple(prompt.allowed_ids))
-        return _Request(opts=opts, generator=generator, allowed=allowed, head=head)
+        seen = None if opts.repetition_penalty == 1.0 else self._seen(prompt.ids, allowed)
+        return _Request(opts=opts, generator=generator, allowed=allowed, head=head, seen=seen)
+
+    def _seen(self, prompt_ids: tuple[int, ...], allowed: torch.Tensor | None) -> torch.Tensor:
+        """The repetition penalty's mask over a request's logits ([A] for `allowed`, else [V]) with its prompt's ids
+        set (a prompt id outside the allowed set has no logit to penalise)."""
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        if allowed is not None:
+            return torch.isin(allowed, ids)
+        seen = torch.zeros(self._vocab_size, dtype=torch.bool, device=self.device)
+        seen[ids] = True
+        return seen
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
         """Yield `[id]` as each token is sampled; the stop id (if reached) is the last delta.

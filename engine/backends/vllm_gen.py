@@ -243,7 +243,8 @@ class VllmTokenGenerator:
             extra[ALLOWED_RUNS_KEY] = id_runs(prompt.allowed_ids)
         return SamplingParams(
             n=1, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, max_tokens=opts.max_tokens,
-            seed=opts.seed, stop_token_ids=list(self._stop_ids), extra_args=extra or None,
+            repetition_penalty=opts.repetition_penalty, seed=opts.seed, stop_token_ids=list(self._stop_ids),
+            extra_args=extra or None,
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False)
 
     def _prompt(self, ids: Sequence[int]) -> Any:

@@ -147,6 +147,9 @@ class ModelFamily(Protocol):
     """Streaming windows in the decoder's frames: the decoder's context and the first window's size."""
     whole_codes: int
     """Frames of one whole-sentence decode (export): about 15 s of audio."""
+    default_sampling: SamplingOptions
+    """Its sampling defaults (its grammar's `sampling` puts them where a request kept the engine-wide ones). A
+    repetition penalty here (not 1.0) gives the graph lane built for it the penalty's ops."""
     sizes: tuple[str, ...]
     """Sizes `write_synthetic` knows ("tiny", "full")."""
     downloads: tuple[tuple[str, str], ...]

@@ -85,6 +85,7 @@ class SparkFamily:
     llm_architecture = "Qwen2ForCausalLM"
     schedule = WindowSchedule()
     whole_codes = WHOLE_CODES
+    default_sampling = SamplingOptions()  # the engine-wide defaults are Spark's: no repetition penalty
     sizes = ("tiny", "full")
     sample_rate = 16000
     cached_voices = True

@@ -3,6 +3,7 @@ the whole pipeline end to end on the GPU. Skipped without CUDA (and without vLLM
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -81,6 +82,22 @@ async def test_vllm_seed_reproducible(vllm_gen, gpu_info):
     b = await _ids(vllm_gen, p, SamplingOptions(max_tokens=40, seed=42), "seed-b")
     c = await _ids(vllm_gen, p, SamplingOptions(max_tokens=40, seed=43), "seed-c")
     assert a == b and a != c
+
+
+async def test_vllm_takes_a_repetition_penalty(vllm_gen, gpu_info):
+    """vLLM applies Orpheus's penalty through SamplingParams: the tokens stay within the allowed ids and a seed
+    still repeats (warm prefix cache, as above); greedy under a penalty below 1 (which favours seen ids) repeats
+    its first id where greedy without one does not have to."""
+    base = gpu_info.token_ids.semantic_base
+    p = _prompt(gpu_info, seed=6)
+    opts = SamplingOptions(max_tokens=40, seed=42, repetition_penalty=1.3)
+    await _ids(vllm_gen, p, opts, "pen-cold")
+    a, b = await _ids(vllm_gen, p, opts, "pen-a"), await _ids(vllm_gen, p, opts, "pen-b")
+    assert a == b and len(a) == 40 and all(base <= t < base + 8192 for t in a)
+    sticky = await _ids(vllm_gen, p, SamplingOptions(temperature=0, max_tokens=20, repetition_penalty=0.05), "pen-s")
+    print(f"greedy under penalty 0.05: {len(set(sticky))} distinct ids of 20")
+    assert len(set(sticky)) < len(set(await _ids(vllm_gen, p, SamplingOptions(temperature=0, max_tokens=20),
+                                                 "pen-plain"))) or len(set(sticky)) == 1
 
 
 async def test_vllm_concurrent_streams(vllm_gen, gpu_info):
@@ -402,6 +419,37 @@ async def test_fused_lane_equals_the_tensor_code_lane_fp32(gpu_info):
     same_prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), 150)
                    for x, y in zip(tokens[True], tokens[False])]
     assert same_prefix == [150, 150], same_prefix
+
+
+async def test_a_penalised_lane_replays_its_eager_steps_fp32(gpu_info):
+    """Orpheus's lane (GraphLane repetition_penalty): the penalty's ops captured in the graphs give the eager loop's
+    tokens under 1.3 (greedy and seeded, two streams side by side), and at 1.0 the tokens of a lane without
+    them (the seen mask set at prefill and marked by each replayed step)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.backends.graph_gen import GraphLane
+    from engine.prompt import semantic_allowed_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.float32)
+    allowed = semantic_allowed_ids(gpu_info.token_ids)
+    prompts = [_prompt(gpu_info, n_text=15 + 25 * i, seed=i) for i in range(2)]
+    opts = [SamplingOptions(temperature=0, max_tokens=150, repetition_penalty=1.3),
+            SamplingOptions(max_tokens=150, seed=3, repetition_penalty=1.3)]
+
+    async def run(penalty: float, **kwargs) -> list:
+        lane = GraphLane(model, gpu_info.token_ids, allowed, dtype=torch.float32, max_len=512, rows=2, fused=False,
+                         **kwargs)
+        try:
+            return list(await asyncio.gather(*(_ids(lane, p, replace(o, repetition_penalty=penalty), f"r{i}")
+                                               for i, (p, o) in enumerate(zip(prompts, opts)))))
+        finally:
+            await lane.close()
+
+    captured = await run(1.3, repetition_penalty=True)
+    assert captured == await run(1.3, repetition_penalty=True, capture=False)
+    plain = await run(1.0)
+    assert await run(1.0, repetition_penalty=True) == plain and all(a != b for a, b in zip(captured, plain))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])

@@ -21,7 +21,7 @@ from engine.backends.decode_kernels import FusedPlan
 from engine.backends.graph_gen import GraphLane, LaneRouter
 from engine.backends.lane_runner import CANDIDATES, TOPK_CHUNKS, gumbel, pick, top_candidates
 from engine.backends.qwen2_static import StaticQwen2
-from engine.backends.torch_gen import TorchTokenGenerator, top_k_top_p
+from engine.backends.torch_gen import TorchTokenGenerator, repetition_penalty, top_k_top_p
 from engine.config import SamplingOptions, request_of, sentence_id
 from engine.errors import GenerationError
 from engine.fakes import ScriptedGenerator
@@ -599,6 +599,124 @@ def test_static_model_refuses_what_it_does_not_implement(model) -> None:
         StaticQwen2(Qwen2ForCausalLM(scaled), 16, "cpu", torch.float32)
 
 
+# ---- the repetition penalty (a lane built with `repetition_penalty`: Orpheus's) --------------------------------
+
+@pytest.fixture(scope="module")
+def penalised(model):
+    return GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256, rows=4,
+                     repetition_penalty=True)
+
+
+async def repeating_prompt(model) -> Prompt:
+    """PROMPT followed by the unpenalised greedy stream up to its first repeat: without a penalty the model's next
+    id is one the prompt holds."""
+    gen = TorchTokenGenerator(model, IDS, device="cpu")
+    try:
+        plain = await collect(gen, PROMPT, SamplingOptions(temperature=0, max_tokens=60))
+    finally:
+        await gen.close()
+    repeat = next(i for i, t in enumerate(plain) if t in plain[:i])
+    return Prompt(PROMPT.ids + tuple(plain[:repeat]), SEMANTIC_ONLY)
+
+
+async def test_a_lane_without_the_penalty_captures_none_and_takes_no_penalised_request(model, lane) -> None:
+    """Spark's lane: no penalty buffers or ops; a request with a penalty goes to the generator behind it, never
+    runs unpenalised; one without stays on the lane."""
+    assert lane.runner.penalties is None
+    with_penalty = SamplingOptions(max_tokens=20, seed=1, repetition_penalty=1.3)
+    assert not lane.supports(PROMPT, with_penalty) and lane.supports(PROMPT, replace(with_penalty,
+                                                                                     repetition_penalty=1.0))
+    with pytest.raises(ValueError):
+        await collect(lane, PROMPT, with_penalty)
+    other = ScriptedGenerator(IDS, delay_s=0.001)
+    router = LaneRouter(other, lane, others_limit=None, handoff_at=None, overflow=False)
+    await collect(router, PROMPT, with_penalty, "p-0")
+    await collect(router, PROMPT, replace(with_penalty, repetition_penalty=1.0), "q-0")
+    assert other.started == ["p-0"]
+
+
+async def test_a_penalised_greedy_stream_equals_the_torch_generators(model, penalised) -> None:
+    """The prompt's allowed ids (seen at prefill) and every drawn id (seen from its step on) are penalised as the
+    torch generator penalises them (tests/model/test_torch_gen.py checks that one against transformers)."""
+    prompt = await repeating_prompt(model)
+    opts = SamplingOptions(temperature=0, max_tokens=60, repetition_penalty=1.3)
+    ref_gen = TorchTokenGenerator(model, IDS, device="cpu")
+    try:
+        ref = await collect(ref_gen, prompt, opts)
+        plain = await collect(ref_gen, prompt, replace(opts, repetition_penalty=1.0))
+    finally:
+        await ref_gen.close()
+    assert await collect(penalised, prompt, opts) == ref and ref != plain
+    assert await collect(penalised, prompt, replace(opts, repetition_penalty=1.0)) == plain
+
+
+async def test_a_penalised_lane_at_penalty_one_draws_what_a_plain_lane_draws(model, penalised) -> None:
+    """Seeded streams side by side (rows reused mid-run): a penalty of 1.0 changes no draw; 1.3 changes them, and a
+    row taken over by another request forgets what the last one saw (each gets its lone tokens in company)."""
+    plain = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256, rows=4)
+    prompts = [Prompt(PROMPT.ids[:2] + (9906 + 7 * i,) * (1 + 3 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
+               for i in range(6)]
+    opts = [SamplingOptions(max_tokens=40 + 15 * i, seed=i) for i in range(6)]
+
+    async def together(lane: GraphLane, penalty: float) -> list[list[int]]:
+        return list(await asyncio.gather(*(collect(lane, p, replace(o, repetition_penalty=penalty), f"t{i}")
+                                           for i, (p, o) in enumerate(zip(prompts, opts)))))
+
+    unpenalised = await together(plain, 1.0)
+    assert await together(penalised, 1.0) == unpenalised
+    with_penalty = await together(penalised, 1.3)
+    assert all(a != b for a, b in zip(with_penalty, unpenalised))
+    alone = [await collect(penalised, p, replace(o, repetition_penalty=1.3), f"a{i}")
+             for i, (p, o) in enumerate(zip(prompts, opts))]
+    assert with_penalty == alone
+    await plain.close()
+
+
+async def test_a_fixed_shape_lane_with_the_penalty_gives_the_same_tokens_in_any_company(model) -> None:
+    """Deterministic export's lanes with the penalty on: a request's tokens do not depend on what runs beside it."""
+    lane = GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=256,
+                     rows=3, fixed_shapes=True, repetition_penalty=True)
+    prompts = [Prompt(PROMPT.ids[:2] + (9906 + 5 * i,) * (2 + 4 * i) + PROMPT.ids[-2:], SEMANTIC_ONLY)
+               for i in range(4)]
+    opts = [SamplingOptions(max_tokens=30 + 20 * i, seed=10 + i, repetition_penalty=1.3) for i in range(4)]
+    alone = [await collect(lane, p, o, f"a{i}") for i, (p, o) in enumerate(zip(prompts, opts))]
+    backward = await asyncio.gather(*(collect(lane, p, o, f"b{i}") for i, (p, o) in
+                                      reversed(list(enumerate(zip(prompts, opts))))))
+    assert list(backward) == alone[::-1]
+    await lane.close()
+
+
+async def test_the_lanes_penalised_draws_follow_the_torch_generators_distribution(model, penalised) -> None:
+    """First tokens of many seeds after a prompt whose next id (unpenalised) is one of its own: the lane and the
+    torch generator both draw from softmax over top-k of the penalised logits (the rule on transformers' logits),
+    and the repeat's probability is the lower one the rule gives."""
+    prompt = await repeating_prompt(model)
+    temperature, top_k, draws = 1.0, 8, 600
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt.ids])).logits[0, -1][list(SEMANTIC_ONLY)]
+    seen = torch.isin(torch.tensor(SEMANTIC_ONLY), torch.tensor(prompt.ids))
+
+    def expected(penalty: float) -> dict[int, float]:
+        values, index = top_k_top_p(repetition_penalty(logits, seen, penalty) / temperature, top_k, 1.0)
+        return {SEMANTIC_ONLY[i]: p for i, p in zip(index.tolist(), torch.softmax(values, -1).tolist())}
+
+    want, unpenalised = expected(1.3), expected(1.0)
+    repeat = max(unpenalised, key=lambda t: unpenalised[t])
+    assert repeat in prompt.ids and want.get(repeat, 0.0) < unpenalised[repeat] - 0.05
+    ref_gen = TorchTokenGenerator(model, IDS, device="cpu")
+    try:
+        for gen in (penalised, ref_gen):
+            firsts = Counter([(await collect(gen, prompt, SamplingOptions(
+                temperature=temperature, top_k=top_k, top_p=1.0, max_tokens=1, seed=seed,
+                repetition_penalty=1.3), f"s{seed}"))[0] for seed in range(draws)])
+            assert set(firsts) <= set(want)
+            for token, p in want.items():
+                sigma = math.sqrt(p * (1 - p) / draws)
+                assert abs(firsts[token] / draws - p) < 5 * sigma + 1e-3, (type(gen).__name__, token, p)
+    finally:
+        await ref_gen.close()
+
+
 # ---- the fused decode kernels (Triton's CPU interpreter here; tests/conftest.py) --------------------------------
 
 needs_triton = pytest.mark.skipif(not decode_kernels.available(), reason="needs Triton (its CPU interpreter)")
@@ -673,6 +791,27 @@ async def test_fused_lane_streams_equal_the_plain_lane(wide_model) -> None:
     assert await run(True, replace(decode_kernels.plan_for(), one_sample=False), 24) == plain
     assert decode_kernels.plan_for().one_sample
     assert await run(True, None, 4) == [t[:4] for t in plain]
+
+
+@needs_triton
+async def test_a_penalised_fused_lane_streams_equal_the_penalised_plain_lane(wide_model) -> None:
+    """The fused step's logits, penalised, drawn by the tensor code's sampler (not the fused sampling kernel,
+    which knows no penalty): the plain lane's tokens."""
+    allowed = SEMANTIC_ONLY[:TOPK_CHUNKS * CANDIDATES]
+    prompts = [Prompt(PROMPT.ids + allowed[:40:3], allowed), Prompt(PROMPT.ids[:3] + (1879,) * 7 + PROMPT.ids[-2:],
+                                                                    allowed)]
+    opts = [SamplingOptions(temperature=0.0, max_tokens=12, repetition_penalty=1.3),
+            SamplingOptions(seed=5, max_tokens=12, repetition_penalty=1.3)]
+
+    async def run(fused: bool) -> list:
+        lane = GraphLane(wide_model, IDS, allowed, device="cpu", dtype=torch.float32, max_len=128, rows=2,
+                         fused=fused, repetition_penalty=True)
+        assert lane.fused is fused and (not fused or lane.runner.plan.one_sample)
+        got = await asyncio.gather(*(collect(lane, p, o, f"r{i}") for i, (p, o) in enumerate(zip(prompts, opts))))
+        await lane.close()
+        return got
+
+    assert await run(True) == await run(False)
 
 
 @needs_triton

@@ -139,6 +139,46 @@ async def test_the_generator_converts_once_and_says_so(llm_dir, tmp_path) -> Non
     assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [name, name + ".sha256"]  # the file, its digest
 
 
+async def test_int8_greedy_with_a_penalty_follows_the_rule(llm_dir, tmp_path) -> None:
+    """The int8 path samples through the torch generator's sampler, penalty included: each token is the argmax of
+    the int8 model's own logits (stepped here by hand) after transformers' penalty over prompt and output. The
+    prompt is the unpenalised stream up to its first repeat, so the penalty has a prompt id to steer away from:
+    this checkpoint's repeated id leads by more than 1.3 divides away, so 1.3 keeps it (as the rule says) and 3
+    does not."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    gen = TorchTokenGenerator(str(llm_dir), IDS, device="cpu", threads=2, quantize="int8",
+                              quantized_dir=tmp_path / "llm")
+    allowed = SEMANTIC_PROMPT.allowed_ids
+
+    async def greedy(prompt: Prompt, tokens: int, penalty: float) -> list[int]:
+        opts = SamplingOptions(temperature=0, max_tokens=tokens, repetition_penalty=penalty)
+        return [t async for delta in gen.stream(prompt, opts, "g") for t in delta]
+
+    def by_hand(prompt: Prompt, tokens: int, penalty: float) -> list[int]:
+        index, head = gen._restricted_head(tuple(allowed))
+        rule, seq, want = RepetitionPenaltyLogitsProcessor(penalty), list(prompt.ids), []
+        with torch.inference_mode():
+            logits, cache = gen.prefill(prompt.ids, head)
+            for _ in range(tokens):
+                full = torch.full((1, gen._vocab_size), float("-inf"))
+                full[0, index] = logits
+                want.append(int(torch.argmax(rule(torch.tensor([seq]), full))))
+                seq.append(want[-1])
+                logits = gen.decode_one_token(want[-1], cache, len(seq) - 1, head)
+        return want
+
+    try:
+        plain = await greedy(SEMANTIC_PROMPT, 120, 1.0)
+        repeat = next(i for i, t in enumerate(plain) if t in plain[:i])
+        prompt = Prompt(SEMANTIC_PROMPT.ids + tuple(plain[:repeat]), allowed)
+        got = {penalty: await greedy(prompt, 30, penalty) for penalty in (1.3, 3.0)}
+        assert got == {penalty: by_hand(prompt, 30, penalty) for penalty in got}
+    finally:
+        await gen.close()
+    assert got[1.3][0] == plain[repeat] and got[3.0][0] != plain[repeat]
+
+
 def test_quantize_is_checked() -> None:
     with pytest.raises(ValueError, match="quantize"):
         TorchTokenGenerator("x", IDS, device="cpu", quantize="int2", lazy=True)

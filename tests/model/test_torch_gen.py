@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, RepetitionPenaltyLogitsProcessor
 
 from engine.backends.base import TokenGenerator
 from engine.backends.torch_gen import TorchTokenGenerator, measure_throughput, sample_token, top_k_top_p
@@ -309,6 +309,54 @@ async def test_restricted_head_samples_like_a_masked_full_vocabulary(gen: TorchT
             if want[-1] in gen.token_ids.stop_ids:
                 break
     assert got == want and all(t in allowed for t in got)
+
+
+# ---- the repetition penalty (engine.backends.torch_gen.repetition_penalty; the rule: tests/pure) --------------
+
+async def test_greedy_with_a_repetition_penalty_equals_hf_generate(gen: TorchTokenGenerator,
+                                                                   model: Qwen2ForCausalLM) -> None:
+    """Over the whole vocabulary: transformers' generate with repetition_penalty (prompt and output ids, as vLLM).
+    Without the penalty this model's greedy stream falls into a loop; with it, the stream is another one."""
+    n = 40
+    ours = await collect(gen, PROMPT, SamplingOptions(temperature=0, max_tokens=n, repetition_penalty=1.3))
+    plain = await collect(gen, PROMPT, SamplingOptions(temperature=0, max_tokens=n))
+    with torch.inference_mode():
+        prompt = torch.tensor([PROMPT.ids])
+        ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=n,
+                             eos_token_id=None, pad_token_id=0, repetition_penalty=1.3)[0, len(PROMPT.ids):].tolist()
+    assert ours == ref and len(ref) == n
+    assert ours != plain and len(set(ours)) > len(set(plain))
+
+
+async def test_greedy_with_a_penalty_over_allowed_ids_counts_the_prompts_allowed_ids(gen: TorchTokenGenerator,
+                                                                                    model: Qwen2ForCausalLM) -> None:
+    """A restricted head: each token is the argmax of the full logits after transformers' penalty over prompt and
+    output, masked to the allowed ids. The prompt is the unpenalised stream up to its first repeat, so without the
+    penalty the next id would be one of the prompt's own."""
+    allowed = SEMANTIC_ONLY
+    plain = await collect(gen, Prompt(PROMPT.ids, allowed), SamplingOptions(temperature=0, max_tokens=60))
+    repeat = next(i for i, t in enumerate(plain) if t in plain[:i])
+    prompt = Prompt(PROMPT.ids + tuple(plain[:repeat]), allowed)
+    assert plain[repeat] in prompt.ids
+    got = await collect(gen, prompt, SamplingOptions(temperature=0, max_tokens=30, repetition_penalty=1.3))
+    rule, mask, ids, want = RepetitionPenaltyLogitsProcessor(1.3), allowed_mask(allowed, gen._vocab_size,
+                                                                                gen.device), list(prompt.ids), []
+    with torch.inference_mode():
+        for _ in range(30):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1:]
+            want.append(int(torch.argmax(rule(torch.tensor([ids]), logits)[0] + mask)))
+            ids.append(want[-1])
+    assert got == want and got[0] != plain[repeat]
+
+
+async def test_a_penalty_of_one_draws_what_no_penalty_draws_and_another_draws_otherwise(
+        gen: TorchTokenGenerator) -> None:
+    prompt = Prompt(PROMPT.ids, SEMANTIC_ONLY)
+    plain = await collect(gen, prompt, SamplingOptions(max_tokens=60, seed=3))
+    assert await collect(gen, prompt, SamplingOptions(max_tokens=60, seed=3, repetition_penalty=1.0)) == plain
+    penalised = await collect(gen, prompt, SamplingOptions(max_tokens=60, seed=3, repetition_penalty=1.3))
+    assert penalised != plain
+    assert await collect(gen, prompt, SamplingOptions(max_tokens=60, seed=3, repetition_penalty=1.3)) == penalised
 
 
 # ---- the static forward (engine.backends.qwen2_static), the default for checkpoints loaded on the CPU -------

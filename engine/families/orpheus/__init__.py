@@ -1,5 +1,7 @@
 """Provides the Orpheus family: a Llama-3.2-3B LLM writing SNAC codes as 7 audio tokens a frame (24 kHz, 2,048
-samples a frame), a voice being its name in the prompt (tara, leah, jess, leo, dan, mia, zac, zoe).
+samples a frame), a voice being its name in the prompt (tara, leah, jess, leo, dan, mia, zac, zoe). It samples as
+upstream does (DEFAULT_SAMPLING: temperature 0.6, top-p 0.8, repetition penalty 1.3 with vLLM's rule) on every
+generator: vLLM, the torch generator (int8 on a CPU too) and a graph lane built with the penalty's ops.
 
 The checkpoint is the LLM's Hugging Face folder with SNAC's in `snac/` (engine.families.orpheus.checkpoint). Pure
 at import: the grammar and the checkpoint reader are pure; the SNAC decoder and the synthetic writer import torch
@@ -24,10 +26,14 @@ SAMPLES_PER_FRAME = grammar.SAMPLES_PER_FRAME
 TOKENS_PER_FRAME = grammar.FRAME_TOKENS
 FRAMES_PER_S = SAMPLE_RATE / SAMPLES_PER_FRAME
 """SNAC frames per second of audio (about 11.7; 82 LLM tokens a second for real time)."""
-DEFAULT_SAMPLING = SamplingOptions(temperature=grammar.TEMPERATURE, top_k=50, top_p=grammar.TOP_P)
-"""Upstream's temperature and top-p. Upstream has no top-k; 50 lets the graph lane's sampler (64 candidates) take
-every request, and at temperature 0.6 and top-p 0.8 a trained model's nucleus is far narrower than 50 ids. Its
-repetition penalty (1.3) is not applied: our generators have no penalties (docs/orpheus.md)."""
+DEFAULT_SAMPLING = SamplingOptions(temperature=grammar.TEMPERATURE, top_k=50, top_p=grammar.TOP_P,
+                                   repetition_penalty=grammar.REPETITION_PENALTY)
+"""Upstream's temperature, top-p and repetition penalty (1.3, with vLLM's rule: every generator applies it, the graph
+lane built for Orpheus included; docs/orpheus.md). Upstream has no top-k; 50 lets the graph lane's sampler (64
+candidates) take every request, and at temperature 0.6 and top-p 0.8 a trained model's nucleus is far narrower than
+50 ids."""
+SAMPLED = ("temperature", "top_k", "top_p", "repetition_penalty")
+"""The knobs DEFAULT_SAMPLING sets where a request kept the engine-wide default."""
 SCHEDULE = WindowSchedule(first_new=1, new=4, growth=2.0, max_new=32, left=3, right=2,
                           busy_first_new=4, busy_new=8, crossfade=0)
 """Windows in SNAC frames (85 ms each). Three frames of left context and two of right put every seam far below
@@ -70,7 +76,7 @@ class OrpheusGrammar:
     def sampling(self, opts: SamplingOptions) -> SamplingOptions:
         """A request's sampling with the engine-wide defaults it left as they are replaced by Orpheus's."""
         base = SamplingOptions()
-        return replace(opts, **{name: getattr(DEFAULT_SAMPLING, name) for name in ("temperature", "top_k", "top_p")
+        return replace(opts, **{name: getattr(DEFAULT_SAMPLING, name) for name in SAMPLED
                                if getattr(opts, name) == getattr(base, name)})
 
 
@@ -82,6 +88,7 @@ class OrpheusFamily:
     llm_architecture = "LlamaForCausalLM"
     schedule = SCHEDULE
     whole_codes = WHOLE_FRAMES
+    default_sampling = DEFAULT_SAMPLING
     sizes = ("tiny", "full")
     sample_rate = SAMPLE_RATE
     cached_voices = False
