@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeGuard
 
-import yaml
-
 from engine.config import MODEL_ENV
 from engine.errors import ModelFormatError, ModelNotFound
 from engine.tokens import GLOBAL_CODEBOOK, SEMANTIC_CODEBOOK, TokenIds, tok
@@ -229,6 +227,8 @@ def _positive_int_field(mapping: Mapping[str, Any], key: str, path: Path) -> int
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    import yaml  # here, not above: a `say` through a warm server hashes the checkpoint but parses no YAML
+
     return _read_mapping(path, what, yaml.safe_load, yaml.YAMLError, "YAML mapping")
 
 

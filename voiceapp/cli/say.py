@@ -125,10 +125,10 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
 
     player: LeanPlayer | FloatWav
     try:
-        check_input(args, text, speakable=False)
         if args.out:
+            check_input(args, text, speakable=False)
             player = lean_say.open_file(sent.info, Path(args.out))
-        else:
+        else:  # the voice is the server's to refuse (the same VoiceNotFound), not checked here on every launch
             player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
     except lean_say.LeanDeclined:
         return False
@@ -190,16 +190,6 @@ def send_ahead(args: argparse.Namespace, req, from_stdin: bool, events):
         events(Notice(f"{err}; speaking in-process"))
         args.no_server = True
         return None
-
-
-def preload_portaudio() -> None:
-    """Start importing sounddevice on a thread: its import finds and starts PortAudio, which asks the sound system
-    for its devices with the GIL released, while this thread imports the rest. The player waits for it only a
-    bounded while (engine.backends.portaudio_calls.load_sounddevice; a failure is raised again there). Once a
-    process: `voicectl say` calls it as it starts."""
-    from engine.backends.portaudio_calls import start_loading
-
-    start_loading()
 
 
 def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
