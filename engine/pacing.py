@@ -42,7 +42,7 @@ FAST_PREROLL_S = 0.0
 """The pre-roll otherwise: the least the player takes (its device's pull), so that a request plays from its first
 chunk. At say's latency (0.1 s) the device takes more as it starts than a Spark request's first window holds, so a
 request starts with its second chunk; smaller latencies, which let the first chunk start it, left gaps on a loaded
-machine (the device ran dry mid-message: docs/integrations.md), so players keep say's latency and the lead rule
+machine (the device ran dry mid-message), so players keep say's latency and the lead rule
 decides."""
 MIN_EVIDENCE_S = 0.2
 """Audio, after a sentence's second chunk, measured before its speed counts (unless the sentence ends first): the

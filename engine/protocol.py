@@ -160,7 +160,8 @@ def pyproject_version(text: str) -> str | None:
     """`version` of the [project] table of a pyproject.toml naming the project voiceapp; None otherwise. Read line
     by line, not with tomllib: every client compares it with its server's before sending a request, and the
     project's own file keeps both keys as plain `key = "value"` lines (a test checks it against tomllib)."""
-    table, found = None, {}
+    table: str | None = None
+    found: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("["):

@@ -163,7 +163,7 @@ class LeanPlayer:
     def _open(self, sd: Any, device: int | str | None, latency: float) -> Any:
         """The open, stopped raw stream (on portaudio_calls.answer's thread). It primes the device's buffer from the
         callback as it starts, so the first sample queued is the first the device plays: a stream started at once
-        would have its whole buffer (about the latency) of silence queued ahead of it (docs/startup.md). Any
+        would have its whole buffer (about the latency) of silence queued ahead of it. Any
         refusal is RateRefused: the full Player checks the device itself, resamples where the rate is the cause
         and words the error where it is not (one open instead of a check and an open: each asks the audio server)."""
         try:

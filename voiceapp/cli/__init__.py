@@ -47,8 +47,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 class VersionAction(argparse.Action):
     """`--version`: the version looked up only when asked. argparse's own action takes the string up front, and
-    the installed metadata's lookup (importlib.metadata scans sys.path) would then be paid by every launch
-    (docs/startup.md)."""
+    the installed metadata's lookup (importlib.metadata scans sys.path) would then be paid by every launch."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         super().__init__(option_strings, dest, nargs=0, default=default,
