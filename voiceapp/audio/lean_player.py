@@ -200,6 +200,7 @@ class LeanPlayer:
         try:
             answer(stream.start, sd, name="portaudio-start", wait_s=WAIT_S)
         except NoAnswer:
+            self._closed = True  # left on its thread: not touched again, not even to close it (close would wait)
             raise device_error(FROZEN) from None
         except sd.PortAudioError as err:
             raise device_error("cannot start the audio output device", err) from err
