@@ -110,7 +110,10 @@ def test_a_model_folder_that_is_not_there_is_the_loaders_one_line_not_a_notice(c
 def test_the_version_read_line_by_line_is_tomllibs():
     """project_version reads the checkout's pyproject.toml without tomllib (every client compares versions before
     it sends): what it finds is what tomllib finds, and a file it cannot read so says None (the metadata answers)."""
-    import tomllib
+    try:
+        import tomllib  # type: ignore[import-not-found]  # Python 3.11+
+    except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+        import tomli as tomllib
 
     from engine.protocol import pyproject_version
 
