@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from uuid import uuid4
+from typing import TYPE_CHECKING
 
-from engine.voices import VoiceBank
-from engine.windowing import WindowSchedule
+if TYPE_CHECKING:  # annotations only: a `say` through a warm server makes a request without reading voices
+    from engine.voices import VoiceBank
+    from engine.windowing import WindowSchedule
 
 MODEL_ENV = "VOICEAPP_MODEL"
 """The checkpoint folder used when --model is not given."""
@@ -59,8 +60,15 @@ class SynthesisRequest:
     """Voice preset name (see assets/voices)."""
     options: SamplingOptions = field(default_factory=SamplingOptions)
     """Sampling knobs for every sentence of this request."""
-    request_id: str = field(default_factory=lambda: uuid4().hex)
+    request_id: str = field(default_factory=lambda: new_request_id())
     """Unique id carried by every event and chunk of this request."""
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 hex digits of a random UUID."""
+    from uuid import uuid4  # here: uuid imports platform, which a `say` through a warm server does not need
+
+    return uuid4().hex
 
 
 def sentence_id(request_id: str, index: int) -> str:

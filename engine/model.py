@@ -7,14 +7,13 @@ Every failure is one line naming the file and what was expected. Imports no torc
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeGuard
-
-import yaml
 
 from engine.config import MODEL_ENV
 from engine.errors import ModelFormatError, ModelNotFound
@@ -231,6 +230,8 @@ def _positive_int_field(mapping: Mapping[str, Any], key: str, path: Path) -> int
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    import yaml  # here, not above: a `say` through a warm server hashes the checkpoint but parses no YAML
+
     return _read_mapping(path, what, yaml.safe_load, yaml.YAMLError, "YAML mapping")
 
 
@@ -409,12 +410,7 @@ def cached_file_digest(path: Path) -> str:
     """`_file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`): the file is read
     once per version. Also what checks the int8 LLM's file against the digest written with it."""
     key, store = _digest_key(path), _digests_file()
-    try:
-        known = json.loads(store.read_text(encoding="utf-8"))
-        if not isinstance(known, dict):
-            known = {}
-    except (OSError, ValueError, RecursionError):
-        known = {}
+    known = dict(_known_digests(store))
     digest = known.get(key)
     if isinstance(digest, str) and len(digest) == 64:
         return digest
@@ -429,6 +425,25 @@ def cached_file_digest(path: Path) -> str:
     except OSError:
         pass  # a read-only cache only costs reading the file again next time
     return digest
+
+
+def _known_digests(store: Path) -> dict[str, str]:
+    """The digests kept in `store`, read once per version of it (a checkpoint's files look it up one by one)."""
+    try:
+        st = store.stat()
+    except OSError:
+        return {}
+    return _read_digests(store, st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_digests(store: Path, mtime_ns: int, size: int, ino: int) -> dict[str, str]:
+    """`store`'s digests (its version keys the cache); {} where it cannot be read or is not a JSON object."""
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def _file_digest(path: Path) -> str:

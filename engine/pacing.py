@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 REALTIME_MARGIN = 1.15
 """Stream a sentence as it is made only where audio comes at least this many times faster than it plays: below
@@ -34,6 +35,15 @@ from a late chunk followed by a burst, so a speed never rests on the first one a
 LEAD_MARGIN_S = 0.01
 """What a player that starts at a request's first chunk keeps beyond the device's pull (`preroll_s`): the lead it
 was measured with is the least of one earlier request, and the next may come a little later."""
+PREROLL_S = 0.2
+"""A player's pre-roll while the engine's speed is not known yet, it is slow, or a request's first chunk does not
+come far enough ahead of the next one for the device (`Pacer.preroll_s`): `say`'s, and the speechd module's."""
+FAST_PREROLL_S = 0.0
+"""The pre-roll otherwise: the least the player takes (its device's pull), so that a request plays from its first
+chunk. At say's latency (0.1 s) the device takes more as it starts than a Spark request's first window holds, so a
+request starts with its second chunk; smaller latencies, which let the first chunk start it, left gaps on a loaded
+machine (the device ran dry mid-message), so players keep say's latency and the lead rule
+decides."""
 MIN_EVIDENCE_S = 0.2
 """Audio, after a sentence's second chunk, measured before its speed counts (unless the sentence ends first): the
 third window of the default schedule (engine.windowing) carries 0.48 s, so a probed first sentence is judged as
@@ -65,6 +75,35 @@ class Pacer:
     """How far ahead of real time the last request's first sentence came, at its tightest: played from its first
     chunk as that came, the least audio it had in hand as each later chunk came (`_Sentence.lead_s`). None until a
     first sentence of two chunks or more was measured."""
+
+    @classmethod
+    def from_hello(cls, info: Mapping[str, Any], *, probe: bool = True, learnt: bool = False) -> "Pacer":
+        """A client's pacer for the server whose hello is `info`: its engine's windows and whether it probes
+        (engine.engine_api.describe_engine's "paced_*"; `probe` False: this client plays nothing, a file). With
+        `learnt`, it also starts from what the server measured of its recent requests (`measured`): a client that
+        lives for one request (`say`) has nothing of its own to go on. An engine measured fast there is not probed
+        again (`fast`); one measured slow, or not yet, is, as before."""
+        speed, lead = info.get("paced_speed"), info.get("paced_lead_s")
+        pacer = cls(probe_first=probe and bool(info.get("paced_start")),
+                    windows_s=tuple(float(w) for w in info.get("paced_windows_s") or ()),
+                    ahead_windows_s=tuple(float(w) for w in info.get("paced_ahead_windows_s") or ()))
+        if learnt and isinstance(speed, (int, float)) and speed > 0:
+            pacer.speed, pacer.slow = float(speed), bool(info.get("paced_slow"))
+            pacer.lead_s = float(lead) if isinstance(lead, (int, float)) else None
+            pacer.probe_first = pacer.probe_first and not pacer.fast
+        return pacer
+
+    def measured(self) -> dict[str, Any]:
+        """What it learnt, as a server tells its clients in its hello (`from_hello` reads it): the speed (None
+        until measured), whether that is slow, and the first sentences' lead."""
+        speed = self.speed if self.speed is not None and math.isfinite(self.speed) else None  # JSON has no inf
+        return {"paced_speed": speed, "paced_slow": self.slow, "paced_lead_s": self.lead_s}
+
+    @property
+    def fast(self) -> bool:
+        """Measured well ahead of real time (RECOVERED_MARGIN): a request may play from its pre-roll without first
+        learning the speed again."""
+        return self.speed is not None and not self.slow and self.speed >= RECOVERED_MARGIN
 
     def request(self) -> "RequestPace":
         """The pacing of one `speak` call."""

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import events as ev
-
 if TYPE_CHECKING:
     import asyncio
 
     import numpy as np
+
+    from engine import events as ev
 
 PROTOCOL_VERSION = 2
 """Bumped on any incompatible change; client and server must agree exactly."""
@@ -47,10 +47,10 @@ KIND_JSON, KIND_AUDIO = b"J", b"A"
 FLAG_SENTENCE_END, FLAG_PAUSE = 1, 2
 MAX_AUDIO_SAMPLES = (MAX_FRAME_BYTES - AUDIO_PREFIX.size) // 4
 
-FORWARDED_EVENTS = {cls.__name__: cls for cls in (ev.FirstToken, ev.ChunkDecoded, ev.SentenceStarted,
-                                                  ev.SentenceFinished, ev.RequestFinished, ev.RequestFailed,
-                                                  ev.Notice)}
-"""Engine events the server relays to the client (RequestStarted and FirstAudio are measured client-side)."""
+FORWARDED_EVENTS = ("FirstToken", "ChunkDecoded", "SentenceStarted", "SentenceFinished", "RequestFinished",
+                    "RequestFailed", "Notice")
+"""Engine events (engine.events classes, by name) the server relays to the client (RequestStarted and FirstAudio are
+measured client-side). Names, so that a client sends its request before it imports the events."""
 
 
 class ProtocolError(Exception):
@@ -121,7 +121,10 @@ def _finite(data: dict[str, Any]) -> dict[str, Any]:
 
 def parse_event(message: dict[str, Any], request_id: str) -> ev.Event | None:
     """Rebuild a relayed event for the client's own request id; None if unknown or malformed."""
-    cls = FORWARDED_EVENTS.get(str(message.get("event")))
+    from engine import events as ev
+
+    name = str(message.get("event"))
+    cls = getattr(ev, name) if name in FORWARDED_EVENTS else None
     data = message.get("data")
     if cls is None or not isinstance(data, dict):
         return None
@@ -140,20 +143,35 @@ def project_version() -> str:
     or an editable install), else the installed package's metadata, else "unknown"."""
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
     try:
-        # Python 3.11+ (mypy checks the code as 3.10 runs it); on 3.10 the installed metadata answers
-        import tomllib  # type: ignore[import-not-found]
-
-        project = tomllib.loads(pyproject.read_text()).get("project", {})
-        if project.get("name") == "voiceapp" and isinstance(project.get("version"), str):
-            return project["version"]
-    except (ImportError, OSError, ValueError, UnicodeDecodeError):  # TOMLDecodeError is a ValueError
-        pass
+        version = pyproject_version(pyproject.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        version = None
+    if version is not None:
+        return version
     import importlib.metadata  # only where the source tree does not answer
 
     try:
         return importlib.metadata.version("voiceapp")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def pyproject_version(text: str) -> str | None:
+    """`version` of the [project] table of a pyproject.toml naming the project voiceapp; None otherwise. Read line
+    by line, not with tomllib: every client compares it with its server's before sending a request, and the
+    project's own file keeps both keys as plain `key = "value"` lines (a test checks it against tomllib)."""
+    table: str | None = None
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            table = line
+        elif table == "[project]" and "=" in line:
+            key, _, value = line.partition("=")
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                found.setdefault(key.strip(), value[1:-1])
+    return found.get("version") if found.get("name") == "voiceapp" else None
 
 
 # ---- decoding ---------------------------------------------------------------------------------------------

@@ -13,11 +13,6 @@ from engine.atomic import replacing
 from engine.errors import InputError, VoiceNotFound
 from engine.tokens import GENDERS, GLOBAL_CODEBOOK, GLOBAL_COUNT, LEVELS
 
-try:
-    # mypy checks the code as Python 3.10 runs it, whose standard library has no tomllib
-    import tomllib  # type: ignore[import-not-found]  # Python 3.11+
-except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
-    import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
 """Presets shipped with the project."""
@@ -99,6 +94,11 @@ def check_globals(codes, where: str) -> tuple[int, ...]:
 
 
 def load_voice_file(path: Path) -> Voice:
+    try:  # here, not above: a `say` through a warm server looks up the user cache folder but reads no voice
+        # mypy checks the code as Python 3.10 runs it, whose standard library has no tomllib
+        import tomllib  # type: ignore[import-not-found]  # Python 3.11+
+    except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+        import tomli as tomllib
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:

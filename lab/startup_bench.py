@@ -15,7 +15,7 @@ warm itself (its compile and voice caches are its own fresh folders; the OS's fi
 CASE_KEYS = {"say_inprocess_first_run": ("say_inprocess_first_run_s",),
              "import_torch": ("import_torch_s",),
              "say_inprocess": ("say_inprocess_s",),
-             "say_autostart": ("say_autostart_s", "say_server_s"),
+             "say_autostart": ("say_autostart_s", "say_server_s", "say_server_out_s"),
              "serve": ("serve_ready_s", "serve_tuned_s", "serve_requests_while_tuning", "serve_failures_while_tuning"),
              "tui": ("tui_first_audio_s",),
              "export": ("export_first_sentence_s", "export_total_s", "export_audio_s", "export_e2e_xrt")}

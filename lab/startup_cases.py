@@ -126,21 +126,57 @@ def say_inprocess(bench: Bench, outcome: CaseOutcome) -> None:
 
 def say_autostart(bench: Bench, outcome: CaseOutcome) -> None:
     """A `say` that starts the background server, then the next `say` through it; the server is stopped after
-    each pair."""
-    for _ in range(bench.repeats):
-        first = say(bench, server=True)
-        try:
-            if first.get("server_started") is not True or not first.get("server_pid"):
-                raise CaseFailed(f"say with no server running did not start one (server_started "
-                                 f"{first.get('server_started', 'absent')}, server_pid {first.get('server_pid')})")
-            outcome.add("say_autostart_s", first["process_ttfa_ms"] / 1000)
-            second = say(bench, server=True)
-            if second.get("server_pid") != first["server_pid"] or second.get("server_started") is not False:
-                raise CaseFailed(f"the next say did not speak through the started server (server_pid "
-                                 f"{second.get('server_pid')}, server_started {second.get('server_started')})")
-            outcome.add("say_server_s", second["process_ttfa_ms"] / 1000)
-        finally:
-            stop_servers(bench, first.get("server_pid"))
+    each pair. The next one is timed to its first audio written (`say --out`: say_server_out_s) and, where the
+    machine has PulseAudio, to its first sound in a private null sink (a fresh process playing: say_server_s);
+    without PulseAudio say_server_s is the --out figure, and say_server_measured says which each run is."""
+    from lab.sink import private_sink
+
+    with private_sink(bench.work) as sink:
+        for _ in range(bench.repeats):
+            first = say(bench, server=True)
+            try:
+                if first.get("server_started") is not True or not first.get("server_pid"):
+                    raise CaseFailed(f"say with no server running did not start one (server_started "
+                                     f"{first.get('server_started', 'absent')}, server_pid {first.get('server_pid')})")
+                outcome.add("say_autostart_s", first["process_ttfa_ms"] / 1000)
+                second = say(bench, server=True)
+                through_server(second, first["server_pid"])
+                outcome.add("say_server_out_s", second["process_ttfa_ms"] / 1000)
+                if sink is None:
+                    outcome.add("say_server_s", second["process_ttfa_ms"] / 1000)
+                    outcome.keep("say_server_measured", "first audio written (say --out): no PulseAudio here")
+                    continue
+                seconds, heard = say_heard(bench, *sink)
+                through_server(heard, first["server_pid"])
+                outcome.add("say_server_s", seconds)
+                outcome.keep("say_server_measured", "first sound in a PulseAudio null sink")
+                outcome.keep("say_server_heard", {key: heard.get(key) for key in HEARD_KEYS})
+            finally:
+                stop_servers(bench, first.get("server_pid"))
+
+
+HEARD_KEYS = ("process_ttfa_ms", "ttfa_ms", "onset_ms", "phases", "underruns", "device_underruns")
+"""What the bench keeps of a `say --json` played into the sink: its first audio read from launch and from the
+request, its own onset, when it queued its first audio, and any gap."""
+
+
+def through_server(metrics: dict, server_pid: int) -> None:
+    """CaseFailed unless a `say` spoke through the server `server_pid` (started by the say before it)."""
+    if metrics.get("server_pid") != server_pid or metrics.get("server_started") is not False:
+        raise CaseFailed(f"the next say did not speak through the started server (server_pid "
+                         f"{metrics.get('server_pid')}, server_started {metrics.get('server_started')})")
+
+
+def say_heard(bench: Bench, env: dict[str, str], capture) -> tuple[float, dict]:
+    """One `say TEXT --json` through the running server, played into the private sink: seconds from its launch to
+    its first sound there (lab.sink: late by the capture's fragment at most), and its JSON line."""
+    argv = bench.voicectl("say", SAY_TEXT, "--json")
+    start = capture.frames()
+    stdout = run(bench, argv, {**bench.env(server=True), **env}, "say (played)")
+    seconds = capture.first_sound_s(start)
+    if seconds is None:
+        raise CaseFailed("say played nothing into the sink")
+    return seconds, last_json(stdout, "say --json")
 
 
 def serve(bench: Bench, outcome: CaseOutcome) -> None:

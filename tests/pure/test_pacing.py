@@ -377,3 +377,34 @@ def test_an_unmeasured_slow_or_barely_fast_engine_keeps_the_default_pre_roll():
     assert Pacer(speed=5.0, slow=True, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.2
     assert Pacer(speed=1.3, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.2  # under RECOVERED_MARGIN
     assert Pacer(speed=1.5, lead_s=1.0).preroll_s(0.2, 0.0, 0.03) == 0.0
+
+
+HELLO = {"paced_start": True, "paced_windows_s": [0.08, 0.24, 0.48], "paced_ahead_windows_s": [0.8, 0.48]}
+"""A CPU engine's pacing in a server's hello (engine.engine_api.describe_engine)."""
+
+
+def test_what_a_server_measured_travels_in_its_hello_and_spares_a_fast_engine_the_probe():
+    """The server's pacer measures its requests as it sends them; `say`, which lives for one request, starts from
+    that: a fast engine is not probed again and keeps the lead it came with, a slow one is still probed."""
+    server = Pacer()
+    chunks_at(server.request(), [(1.0, 0.08), (1.03, 0.24), (1.05, 0.48), (1.07, 0.96)])
+    told = {**HELLO, **server.measured()}
+    assert told["paced_speed"] > 20 and told["paced_slow"] is False and told["paced_lead_s"] == pytest.approx(0.05)
+    say = Pacer.from_hello(told, learnt=True)
+    assert not say.probe_first and say.fast and say.lead_s == pytest.approx(0.05) and say.windows_s == (0.08, 0.24, 0.48)
+    assert not say.request().arrived(0.08, False, 5.0)  # its first chunk goes to the player at once
+    slow = Pacer.from_hello({**HELLO, "paced_speed": 1.2, "paced_slow": True, "paced_lead_s": None}, learnt=True)
+    assert slow.probe_first and slow.slow and slow.request().arrived(0.08, False, 5.0)
+    barely = Pacer.from_hello({**HELLO, "paced_speed": 1.3, "paced_slow": False}, learnt=True)
+    assert barely.probe_first  # under RECOVERED_MARGIN: learnt again
+    fresh = Pacer.from_hello({**HELLO, **Pacer().measured()}, learnt=True)
+    assert fresh.probe_first and fresh.speed is None
+    kept = Pacer.from_hello(told)  # a client that keeps its own pacer (the speechd module) learns for itself
+    assert kept.probe_first and kept.speed is None
+    assert not Pacer.from_hello(told, probe=False, learnt=True).probe_first  # a file is never held
+
+
+def test_an_infinite_speed_is_not_told():
+    """All of a sentence at once measures as infinitely fast: JSON has no inf, so nothing is told (clients probe)."""
+    server = Pacer(speed=math.inf)
+    assert server.measured()["paced_speed"] is None

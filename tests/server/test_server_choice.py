@@ -2,6 +2,7 @@
 hash and the backend, never by a path; the fake engine stands in only for a client asking for it."""
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -104,3 +105,19 @@ def test_a_model_folder_that_is_not_there_is_the_loaders_one_line_not_a_notice(c
     digest = wanted_checkpoint(str(checkpoint), None)[1]
     with pytest.raises(ModelNotFound, match="no such directory"):
         server_mismatch(hello(checkpoint, digest), "auto", str(tmp_path / "gone"))
+
+
+def test_the_version_read_line_by_line_is_tomllibs():
+    """project_version reads the checkout's pyproject.toml without tomllib (every client compares versions before
+    it sends): what it finds is what tomllib finds, and a file it cannot read so says None (the metadata answers)."""
+    try:
+        import tomllib  # type: ignore[import-not-found]  # Python 3.11+
+    except ImportError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+        import tomli as tomllib
+
+    from engine.protocol import pyproject_version
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    assert pyproject_version(text) == tomllib.loads(text)["project"]["version"] == project_version()
+    assert pyproject_version('[project]\nname = "other"\nversion = "1.0"\n') is None
+    assert pyproject_version('[tool.x]\nname = "voiceapp"\nversion = "9"\n') is None

@@ -4,8 +4,9 @@ standard library alone, so that a client queues its first audio without importin
 It keeps the engine Player's rules (engine.backends.sounddevice_sink): a pre-roll before an utterance plays, a
 re-buffer after an underrun, silence (not an underrun) at a marked end, 2x latency of silence after the last
 sample before the stream stops. Samples are float32 mono at the server's rate, exactly the bytes the server sends;
-a device that cannot take that rate is refused (`RateRefused`), and the caller plays through the full Player,
-which resamples.
+a device that refuses that stream is refused (`RateRefused`), and the caller plays through the full Player, which
+resamples. The stream opens as the player is made (while the server works) and starts once the pre-roll is queued,
+priming the device's buffer from it, so that the first sample is the first the device plays.
 
 Threads as in the engine's Player: the caller is the ring's only producer, the PortAudio callback its only consumer,
 and the callback only copies (no allocation, no lock, no I/O). ByteRing's counters follow engine.ringbuffer's
@@ -18,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.backends.portaudio_calls import FROZEN, NoAnswer, answer, bounded, guard_exit, load_sounddevice
+from engine.backends.portaudio_calls import (FROZEN, WAIT_S, NoAnswer, answer, bounded, guard_exit,
+                                             load_sounddevice)
 from engine.player_gate import may_play, rebuffers_after, watch_progress
 
 FRAME_BYTES = 4
@@ -127,21 +129,14 @@ class ByteRing:
 
 
 class LeanPlayer:
-    """Plays float32 mono bytes at `sample_rate` through a PortAudio raw output stream, started at once (silent
-    until the pre-roll is buffered)."""
+    """Plays float32 mono bytes at `sample_rate` through a PortAudio raw output stream, opened at once and started
+    once the pre-roll is queued (see `_start_if_due`)."""
 
     def __init__(self, sample_rate: int, *, device: int | str | None = None, latency: float = 0.1,
                  preroll_s: float = 0.2, buffer_s: float = 30.0, poll_s: float = 0.01,
                  stall_timeout_s: float = 5.0) -> None:
         sd = import_sounddevice()
         self._sd, self.sample_rate = sd, int(sample_rate)
-        try:  # the check opens the device, and so talks to the audio server: bounded (portaudio_calls.answer)
-            answer(lambda: sd.check_output_settings(device=device, samplerate=self.sample_rate, channels=1,
-                                                    dtype="float32"), sd, name="portaudio-check")
-        except NoAnswer:
-            raise device_error(FROZEN) from None
-        except (sd.PortAudioError, ValueError) as err:
-            raise RateRefused(str(err)) from None
         preroll_s = max(preroll_s, 1.5 * latency)
         self._ring = ByteRing(int(round(max(buffer_s, 2 * preroll_s) * self.sample_rate)))
         self._preroll = int(round(preroll_s * self.sample_rate))
@@ -152,32 +147,64 @@ class LeanPlayer:
         self.output_underflows = 0
         """Callbacks PortAudio flagged as an output underflow: the device ran dry, whatever our ring held."""
         self._closed = False
+        self._running = False
+        """The stream was started (once: a `say` plays one request, and pauses are silence from the ring)."""
         self._onset_from = 0
         """Write count where the current utterance began; the callback notes when it first plays past it."""
         self.first_write_perf: float | None = None
         """time.perf_counter() when the first audio was queued (handed to the ring the callback plays from)."""
         self.onset_perf: float | None = None
         """time.perf_counter() at which the utterance's first sample reached the speakers (as PortAudio predicts)."""
-        try:  # one thread for both: they talk to the audio server
-            self._stream = answer(lambda: self._open_and_start(sd, device, latency), sd, name="portaudio-open")
+        try:  # it talks to the audio server: bounded (portaudio_calls.answer)
+            self._stream = answer(lambda: self._open(sd, device, latency), sd, name="portaudio-open")
         except NoAnswer:
             raise device_error(FROZEN) from None
 
-    def _open_and_start(self, sd: Any, device: int | str | None, latency: float) -> Any:
-        """The started raw stream (on portaudio_calls.answer's thread); AudioDeviceError where PortAudio refuses."""
+    def _open(self, sd: Any, device: int | str | None, latency: float) -> Any:
+        """The open, stopped raw stream (on portaudio_calls.answer's thread). It primes the device's buffer from the
+        callback as it starts, so the first sample queued is the first the device plays: a stream started at once
+        would have its whole buffer (about the latency) of silence queued ahead of it. Any
+        refusal is RateRefused: the full Player checks the device itself, resamples where the rate is the cause
+        and words the error where it is not (one open instead of a check and an open: each asks the audio server)."""
         try:
-            stream = sd.RawOutputStream(samplerate=self.sample_rate, channels=1, dtype="float32",
-                                        device=device, latency=latency, callback=self._callback)
+            stream = sd.RawOutputStream(samplerate=self.sample_rate, channels=1, dtype="float32", device=device,
+                                        latency=latency, callback=self._callback,
+                                        prime_output_buffers_using_stream_callback=True)
         except (sd.PortAudioError, ValueError) as err:
-            raise device_error("cannot open the audio output device", err) from err
+            raise RateRefused(str(err)) from None
         self.latency_s = float(stream.latency)
-        self._preroll = max(self._preroll, int(self.latency_s * self.sample_rate * 1.5) + 1)
-        try:
-            stream.start()
-        except sd.PortAudioError as err:
-            stream.close(ignore_errors=True)
-            raise device_error("cannot start the audio output device", err) from err
+        """Output latency PortAudio granted, seconds."""
+        self._preroll = max(self._preroll, int(self.pull_s * self.sample_rate) + 1)
         return stream
+
+    @property
+    def pull_s(self) -> float:
+        """Audio the device takes as it starts, at most (engine.backends.sounddevice_sink.Player.pull_s's rule):
+        the pre-roll is never less, or the primed buffer would run dry at once."""
+        return 1.5 * self.latency_s
+
+    def set_preroll(self, preroll_s: float) -> float:
+        """Audio queued before playback starts (engine.pacing.Pacer.preroll_s sizes it), never below `pull_s`;
+        before the first write. Returns the seconds set."""
+        self._preroll = max(int(round(preroll_s * self.sample_rate)), int(self.pull_s * self.sample_rate) + 1)
+        return self._preroll / self.sample_rate
+
+    def _start_if_due(self) -> None:
+        """Start the stream once the callback would play what is queued (the pre-roll, an end mark, a full ring), on
+        portaudio_calls.answer's thread (it talks to the audio server), bounded as a restart is (WAIT_S)."""
+        ring = self._ring
+        if self._running or ring.available == 0 or not may_play(False, False, ring.available, self._preroll, 0,
+                                                                 ring.end_pending or ring.free <= 0):
+            return
+        sd, stream = self._sd, self._stream
+        try:
+            answer(stream.start, sd, name="portaudio-start", wait_s=WAIT_S)
+        except NoAnswer:
+            self._closed = True  # left on its thread: not touched again, not even to close it (close would wait)
+            raise device_error(FROZEN) from None
+        except sd.PortAudioError as err:
+            raise device_error("cannot start the audio output device", err) from err
+        self._running = True
 
     def _callback(self, outdata: Any, frames: int, time_info: Any, status: Any) -> None:
         """PortAudio's thread: copy from the ring, zero-fill the rest, note the onset. Nothing else."""
@@ -210,7 +237,7 @@ class LeanPlayer:
         """Sleep one poll; AudioDeviceError when the stream stopped or made no progress for too long (time this
         process was stopped not counted: engine.player_gate.watch_progress)."""
         time.sleep(self._poll_s)
-        if not self._stream.active:
+        if self._running and not self._stream.active:
             raise device_error("the audio output device stopped (disconnected?)")
         last = watch_progress(last, self._callbacks, time.perf_counter())
         if last[2] - last[1] > self._stall_timeout_s:
@@ -224,6 +251,7 @@ class LeanPlayer:
         if self.first_write_perf is None and len(view):
             self.first_write_perf = time.perf_counter()
         done = self._ring.write(view) * FRAME_BYTES
+        self._start_if_due()
         last = (self._callbacks, time.perf_counter(), time.perf_counter())
         while done < len(view) - FRAME_BYTES + 1:
             last = self._wait(last)
@@ -232,11 +260,13 @@ class LeanPlayer:
     def allow_pause(self) -> None:
         """Running dry here is a pause: playback waits for the pre-roll again before it resumes."""
         self._ring.mark_end()
+        self._start_if_due()
 
     def drain(self) -> None:
         """Wait until everything queued has played, then 2x latency of silence, so the tail is never cut."""
         ring = self._ring
         ring.mark_end()
+        self._start_if_due()
         end = ring.write_count
         last = (self._callbacks, time.perf_counter(), time.perf_counter())
         while ring.read_count < end:

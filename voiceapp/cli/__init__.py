@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 COMMANDS = ("model", "say", "export", "export_many", "serve", "status", "stop", "voices", "voice", "devices", "bench", "doctor", "tui",
             "speechd")
@@ -25,7 +29,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     through a warm server should not pay for the benchmark's or the exporter's imports."""
     parser = argparse.ArgumentParser(prog="voicectl", description="Real-time voice player for LLM-based TTS models "
                                                                   "(Spark-TTS, Orpheus).")
-    parser.add_argument("--version", action="version", version=f"voicectl {_version()}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only.replace("-", "_"),):
         try:
@@ -39,6 +43,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     limits.apply(parser)  # every numeric option checked by the one table (range, finiteness)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the version looked up only when asked. argparse's own action takes the string up front, and
+    the installed metadata's lookup (importlib.metadata scans sys.path) would then be paid by every launch."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default,
+                         help=help or "show program's version number and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"voicectl {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
@@ -63,25 +80,31 @@ vendor; engine.backends.qwen2_ort also calls the runtime's own switch), vLLM's u
 download telemetry. Off in voicectl and everything it starts; a user's own setting wins."""
 
 
+def plays_through_server(argv: list[str], env: Mapping[str, str]) -> bool:
+    """Whether this command line is a `say` that may play through a warm server: the one command whose launch is
+    waited on by ear, and which wants PortAudio started before anything else (voiceapp.cli.lean_say)."""
+    return argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and env.get("VOICEAPP_NO_SERVER", "") in (
+        "", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
-    import platform
 
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
+    if plays_through_server(argv, os.environ):
+        from engine.backends.portaudio_calls import start_loading  # the standard library alone
+
+        start_loading()  # first: PortAudio starts (mostly without the GIL) while the rest is imported and sent
+    machine = os.uname().machine if hasattr(os, "uname") else __import__("platform").machine()
+    if machine.lower() in ("x86_64", "amd64"):
         for name, value in BLAS_THREADS.items():
             os.environ.setdefault(name, value)
     for name, value in NO_TELEMETRY.items():  # inherited by every process voicectl starts
         os.environ.setdefault(name, value)
     from engine.errors import VoiceError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
-        argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
-    if argv[0] == "say" and not {"--out", "--no-server"} & set(argv) and os.environ.get("VOICEAPP_NO_SERVER", "") in (
-            "", "0"):
-        from voiceapp.cli.say import preload_portaudio
-
-        preload_portaudio()  # PortAudio starts (mostly without the GIL) while the rest is imported and sent
     parser = build_parser(argv[0] if argv[0].replace("-", "_") in COMMANDS else None)
     try:
         args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine import errors
 from engine.events import FirstAudio, Notice, RequestStarted, SentenceStarted
-from engine.pacing import Pacer
+from engine.pacing import FAST_PREROLL_S, PREROLL_S, Pacer
 from engine.protocol import (AUDIO_PREFIX, FLAG_PAUSE, FLAG_SENTENCE_END, HEADER, KIND_AUDIO, ProtocolError,
                              parse_event, parse_header)
 from voiceapp.audio.lean_player import FRAME_BYTES, FloatWav, LeanPlayer, RateRefused
@@ -128,9 +128,9 @@ def speak(sent: Any, request_id: str, player: LeanPlayer | FloatWav, events: Any
     info = sent.info
     rate = player.sample_rate
     paced = isinstance(player, LeanPlayer)
-    pacer = Pacer(probe_first=paced and bool(info.get("paced_start")),
-                  windows_s=tuple(float(w) for w in info.get("paced_windows_s") or ()),
-                  ahead_windows_s=tuple(float(w) for w in info.get("paced_ahead_windows_s") or ()))
+    pacer = Pacer.from_hello(info, probe=paced, learnt=True)
+    if isinstance(player, LeanPlayer):
+        player.set_preroll(pacer.preroll_s(PREROLL_S, FAST_PREROLL_S, player.pull_s))
     pace = pacer.request()
     reader = FrameReader(sent.sock)
     t0 = sent.sent_perf

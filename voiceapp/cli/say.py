@@ -5,17 +5,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.events import Notice
-from engine.metrics import RequestMetrics
 from voiceapp.common import (add_engine_args, add_playback_args, add_server_args, add_voice_args, engine_config,
                              process_start_perf, require_speakable, require_voice, sampling_options)
 
 if TYPE_CHECKING:
     from voiceapp.audio.lean_player import FloatWav, LeanPlayer
+    from voiceapp.cli.say_metrics import SayMetrics
 
 
 def add_parser(sub) -> None:
@@ -31,58 +29,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-@dataclass
-class SayMetrics(RequestMetrics):
-    """What `--stats` / `--json` report: the request's numbers (engine.metrics) and who spoke it. Its "phases"
-    also hold "launch": this process's start to an in-process engine's construction (the interpreter and the
-    imports before it); and "queued", on the lean road through a warm server (voiceapp.cli.lean_say): this process's
-    start to its first audio handed to the player."""
-
-    server_pid: int | None = None
-    """The `voicectl serve` process that spoke, or None when the engine ran in this process."""
-    server_started: bool = False
-    """This command started that server (it keeps running in the background until idle)."""
-    played_s: float | None = None
-    """From the request's start until the player had played its last sample (None when writing a file)."""
-    device_underruns: int = 0
-    """Times the audio device itself reported running dry (PortAudio's output-underflow flag, what ALSA prints as
-    "underrun occurred"): beside `underruns`, which counts our ring running dry mid-utterance, it shows gaps the
-    process caused by not feeding the device in time (a busy CPU), not only those of speech coming too slowly."""
-
-    def on_event(self, event) -> None:
-        """The engine's event sink: fold the event in; a Notice is also shown at once."""
-        self.apply(event)
-        if isinstance(event, Notice):
-            print(f"voicectl: {event.message}", file=sys.stderr)
-
-    def line(self) -> str:
-        d = self.as_dict()
-
-        def ms(v):
-            return "-" if v is None else f"{v:.0f} ms"
-
-        rtf = "-" if d["rtf"] is None else f"{d['rtf']:.3f}"
-        engine = "in-process" if self.server_pid is None else f"server pid {self.server_pid}"
-        return (f"TTFA {ms(d['ttfa_ms'])} ({ms(d['process_ttfa_ms'])} from launch, {engine}) | onset "
-                f"{ms(d['onset_ms'])} | RTF {rtf} | underruns {self.underruns} (device {self.device_underruns}) | "
-                f"{self.audio_s:.2f} s audio, "
-                f"{self.sentences} sentences")
-
-    def as_dict(self) -> dict:
-        """`--json`: TTFA from the request's start (after the engine is ready) and from this process's start
-        (what the user waits for: model loading included in-process, connecting when a server speaks), onset,
-        wall-time RTF, when the player played its last sample, and the rest as folded."""
-        return {"ttfa_ms": _ms(self.ttfa_s), "process_ttfa_ms": _ms(self.process_ttfa_s(process_start_perf())),
-                "server_pid": self.server_pid, "server_started": self.server_started, "onset_ms": _ms(self.onset_s),
-                "played_ms": _ms(self.played_s), "rtf": self.wall_rtf, "audio_s": self.audio_s, "wall_s": self.wall_s,
-                "underruns": self.underruns, "device_underruns": self.device_underruns,
-                "sentences": self.sentences, "notices": self.notices, "phases": self.phases}
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000
-
-
 def run(args: argparse.Namespace) -> int:
     from engine.config import SynthesisRequest
 
@@ -90,8 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from_stdin = args.text == ["-"]
     text = "" if from_stdin else " ".join(args.text)
     req = SynthesisRequest(text, voice=args.voice, options=sampling_options(args))
+    notices: list = []
+    sent = send_ahead(args, req, from_stdin, notices.append)  # first: the rest is imported while the server works
+    from voiceapp.cli.say_metrics import SayMetrics
+
     metrics = SayMetrics()
-    sent = send_ahead(args, req, from_stdin, metrics.on_event)
+    for notice in notices:
+        metrics.on_event(notice)
     if sent is not None and say_lean(req, text, args, metrics, sent):
         report(args, metrics)
         return 0
@@ -125,10 +76,10 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
 
     player: LeanPlayer | FloatWav
     try:
-        check_input(args, text, speakable=False)
         if args.out:
+            check_input(args, text, speakable=False)
             player = lean_say.open_file(sent.info, Path(args.out))
-        else:
+        else:  # the voice is the server's to refuse (the same VoiceNotFound), not checked here on every launch
             player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
     except lean_say.LeanDeclined:
         return False
@@ -163,6 +114,8 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
             raise
         player.close()
         sent.cancel()
+        from engine.events import Notice
+
         metrics.on_event(Notice(f"{err}; speaking in-process instead"))
         metrics.server_pid = None
         import asyncio
@@ -187,19 +140,11 @@ def send_ahead(args: argparse.Namespace, req, from_stdin: bool, events):
     try:
         return send_say(socket_path(args.socket), args.backend, args.model, req)
     except ServerNotAnswering as err:
+        from engine.events import Notice
+
         events(Notice(f"{err}; speaking in-process"))
         args.no_server = True
         return None
-
-
-def preload_portaudio() -> None:
-    """Start importing sounddevice on a thread: its import finds and starts PortAudio, which asks the sound system
-    for its devices with the GIL released, while this thread imports the rest. The player waits for it only a
-    bounded while (engine.backends.portaudio_calls.load_sounddevice; a failure is raised again there). Once a
-    process: `voicectl say` calls it as it starts."""
-    from engine.backends.portaudio_calls import start_loading
-
-    start_loading()
 
 
 def check_input(args: argparse.Namespace, text: str, speakable: bool) -> None:
@@ -224,6 +169,7 @@ async def say(req, from_stdin: bool, args: argparse.Namespace, metrics: SayMetri
     replayed: that is an error, like a server dying mid-speech).
     """
     from engine.errors import InputError
+    from engine.events import Notice
     from voiceapp.server.client import ServerGone
 
     player = None

@@ -164,9 +164,7 @@ class RemoteSynthesizer(UtteranceFolds):
         self.info = conn.info
         """The server's hello: pid, project version, model, backend, sample_rate."""
         self.sample_rate = int(conn.info.get("sample_rate", 16000))
-        self.pacer = Pacer(probe_first=bool(conn.info.get("paced_start")),
-                           windows_s=tuple(float(w) for w in conn.info.get("paced_windows_s") or ()),
-                           ahead_windows_s=tuple(float(w) for w in conn.info.get("paced_ahead_windows_s") or ()))
+        self.pacer = Pacer.from_hello(conn.info)
         """Pacing of `speak`, the server's engine's (engine.pacing); it learns the speed in this client."""
         self.started_server = False
         """This client started the server (`voiceapp.server.autostart`); it keeps running after the client is done."""

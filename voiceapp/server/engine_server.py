@@ -26,6 +26,7 @@ from engine.deadlines import Verdict
 from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
+from engine.pacing import Pacer
 from engine.engine_api import Engine
 from engine.tuning import Tuning
 from engine.types import AudioChunk
@@ -315,6 +316,9 @@ class EngineServer:
         self.log = log or requests.log
         self.started_at = time.time()
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "refused": 0, "busy": 0}
+        self.pace = Pacer()
+        """What the engine's audio was like as this server sent it (speed, lead: engine.pacing), told in the hello
+        so that a client which lives for one request (`say`) starts from it."""
         self.line = AdmissionLine(synth.admit)
         """Socket requests waiting for room (shown by status as `queued`)."""
         self.http: Any = None
@@ -396,7 +400,7 @@ class EngineServer:
 
     def hello(self) -> dict[str, Any]:
         return {"type": "hello", "v": PROTOCOL_VERSION, "version": project_version(), "pid": os.getpid(),
-                "sample_rate": self.synth.sample_rate, **self.synth.describe()}
+                "sample_rate": self.synth.sample_rate, **self.synth.describe(), **self.pace.measured()}
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -529,14 +533,19 @@ class EngineServer:
             raise ValueError("only a socket client's request is produced here")
         try:
             await self.line.turn(lambda message: conn.send(queued_notice(message)))
+            pace, rate = self.pace.request(), self.synth.sample_rate
             async with contextlib.aclosing(self.synth.synthesize(live.req, text_stream)) as chunks:
                 async for chunk in chunks:
-                    age = 0.0 if chunk.made_at is None else max(0.0, time.perf_counter() - chunk.made_at)
+                    now = time.perf_counter()
+                    age = 0.0 if chunk.made_at is None else max(0.0, now - chunk.made_at)
+                    pace.arrived(len(chunk.samples) / rate, chunk.sentence_end, now, None, chunk.made_at)
                     for frame in encode_audio(chunk.sentence_index, chunk.samples, chunk.sentence_end, chunk.pause,
                                               age):
                         conn.writer.write(frame)
                     live.samples += len(chunk.samples)
+                    blocked_from = time.perf_counter()
                     await conn.writer.drain()  # backpressure: a client that plays in real time paces us
+                    pace.blocked(time.perf_counter() - blocked_from)
         except VoiceError as err:
             return "failed", err
         except OSError:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
+from engine.pacing import FAST_PREROLL_S, PREROLL_S
 from voiceapp.speechd.ssml import Segment, segments
 
 if TYPE_CHECKING:
@@ -48,14 +49,6 @@ WARM_S = 30.0
 """How long the output stream stays open (stopped) after a message: a screen reader speaks at every keystroke, and
 the next message then starts a stream that is already open. Closed after this long without one, so that an idle
 module holds no stream on the sound server."""
-PREROLL_S = 0.2
-"""Pre-roll while the engine's speed is not known yet (the first message on a server), it is slow, or its first
-chunk does not come far enough ahead of the next one for the device (engine.pacing.Pacer.preroll_s): say's."""
-FAST_PREROLL_S = 0.0
-"""Pre-roll otherwise: the least the player takes (Player.pull_s), so that a message plays from its first chunk.
-At say's latency the device takes more as it starts than a Spark message's first window holds, so a message starts
-with its second chunk; smaller latencies, which let the first chunk start it, left gaps on a loaded machine (the
-device ran dry mid-message), so the module keeps say's latency and the lead rule decides."""
 
 
 # ---- configuration ---------------------------------------------------------------------------------------------
