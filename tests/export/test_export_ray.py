@@ -32,7 +32,8 @@ def clean(tiny_model, tmp_path_factory):
 def test_an_export_on_ray_is_byte_identical_and_resumes(clean, tmp_path):
     src, engine, want_wav, want_cue = clean
     out, parts = tmp_path / "out.wav", tmp_path / "out.wav.parts"
-    # a worker killed mid-book: Ray Data starts another and renders the batch again; the book is the same
+    # a worker killed mid-book: Ray Data starts another and renders the batch again, or (on a loaded machine, CI's
+    # once) gives the run up; either way the book comes out the same, resumed in the second case (issue 39)
     proc = start_export(["export", str(src), "-o", str(out), *engine, "--ray", "--ray-workers", "2", "--jobs", "1",
                          "--no-progress"], parts, at_least=1)
     workers = [pid for pid, command in descendants(proc.pid) if "SentenceRenderer" in command]
@@ -40,8 +41,11 @@ def test_an_export_on_ray_is_byte_identical_and_resumes(clean, tmp_path):
     assert len(workers) == 2 and finished < 10, (workers, finished)  # 10 sentences: the kill is mid-book
     os.kill(workers[0], signal.SIGKILL)
     err = proc.stderr.read().decode()
-    assert proc.wait(120) == 0, err
     assert err.count("the Ray cluster has no GPUs: 2 CPU workers render the sentences") == 1
+    if proc.wait(120) != 0:
+        assert not out.exists(), err
+        ok(voicectl("export", str(src), "-o", str(out), *engine, "--ray", "--ray-workers", "2", "--resume",
+                    "--no-progress"))
     assert out.read_bytes() == want_wav and (tmp_path / "out.cue").read_text() == want_cue
 
     resumed, parts = tmp_path / "resumed.wav", tmp_path / "resumed.wav.parts"
