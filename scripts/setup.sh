@@ -20,12 +20,18 @@ python3 -m venv .venv
 py=.venv/bin/python
 $py -m pip install -q --upgrade pip
 # CPU build unless a torch is already there (a GPU machine brings its own CUDA torch).
-$py -c 'import torch' 2>/dev/null || $py -m pip install -q "torch==2.13.0"
-# the Ray extra too: its tests (tests/server/test_ray_serve.py, tests/export/test_export_ray.py) run in CI
-$py -m pip install -q -e '.[dev,ray]'
-$py -m pip install -q --no-deps "spark-tts-lib==0.2.1"
+torch="torch==2.13.0"
+$py -c 'import torch' 2>/dev/null && torch=""
+# One resolve for everything. --no-compile: pip would byte-compile every module of torch, Ray and triton; Python
+# compiles (and caches) only the ones imported. The Ray extra too: its tests run in CI.
+# shellcheck disable=SC2086
+$py -m pip install -q --no-compile $torch -e '.[dev,ray]'
+$py -m pip install -q --no-compile --no-deps "spark-tts-lib==0.2.1"
 $py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
 echo "voicectl is .venv/bin/voicectl (or: source .venv/bin/activate)"
 if [ "$run_tests" = 1 ]; then
-  exec "$py" -m pytest "$@"
+  # two workers (pytest-xdist): most of the suite waits on real time (audio at 1x, servers, subprocesses), so
+  # two cores run it in about half the time; --dist loadgroup keeps each xdist_group on one worker, and tests
+  # marked `serial` run alone (tests/conftest.py). Pytest arguments that follow override these (-n 0: one process).
+  exec "$py" -m pytest -n 2 --dist loadgroup "$@"
 fi

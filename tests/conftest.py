@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny synthetic checkpoint per test session, isolated user dirs, no background servers."""
+"""Shared fixtures: one tiny synthetic checkpoint per test session, isolated user dirs, no background servers; and
+under pytest-xdist, `serial` tests that run while no other test does."""
 
 import os
 import shutil
@@ -9,11 +10,29 @@ import pytest
 import torch
 
 from tests.cli_helpers import kill_servers
+from tests.turns import Turns
 
 if not torch.cuda.is_available():
     # Triton reads this when it is first imported: without a GPU its kernels (engine.backends.decode_kernels)
     # run on its CPU interpreter, so the unit tests check their indexing on CI's machine
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_turns: list[Turns] = []
+"""This worker's Turns, made at its first test (none without xdist: one process runs one test at a time)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Whole protocol (set-up to tear-down, module and session fixtures included) inside the test's turn."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    if not _turns:
+        # each worker's basetemp is <the run's folder>/popen-gwN
+        _turns.append(Turns(item.config._tmp_path_factory.getbasetemp().parent))
+    with _turns[0].alone() if item.get_closest_marker("serial") else _turns[0].shared():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -106,6 +106,7 @@ def road(request, tiny_model):
     return env
 
 
+@pytest.mark.serial  # with the other core busy, say's own verdict can beat the Ctrl-C and it exits as SIGINT lands
 @pytest.mark.parametrize("delay_s", [0.0, 0.05])
 def test_ctrl_c_just_after_the_audio_server_is_killed_ends_say(private_pulse, tiny_model, road, delay_s) -> None:
     server = private_pulse({"doomed": 16000})
@@ -165,6 +166,7 @@ def test_say_ends_by_itself_with_one_line_when_the_audio_server_freezes(private_
 FROZEN_LINE = "voicectl: the audio output does not answer (is the sound server frozen?); "
 
 
+@pytest.mark.serial  # the Ctrl-C one second in must come before say's verdict, which a busy second core brings on
 @pytest.mark.parametrize("ctrl_c", [False, True], ids=["by-itself", "ctrl-c"])
 def test_say_started_against_a_frozen_audio_server_ends_promptly(private_pulse, tiny_model, road, ctrl_c) -> None:
     """By itself: one line saying the audio output does not answer, suggesting --out, and a non-zero exit within

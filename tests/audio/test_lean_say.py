@@ -112,6 +112,7 @@ def test_lean_out_writes_the_in_process_samples_and_imports_nothing_heavy_first(
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 def test_ctrl_c_on_the_lean_road_silences_at_once_and_exits_130(pulse_server, record_monitor, tiny_model,
                                                                 warm_server):
     env, _ = warm_server

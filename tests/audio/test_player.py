@@ -139,6 +139,7 @@ async def test_48k_device_gets_stateful_resampled_audio(record_monitor, monkeypa
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 async def test_onset_is_reported_on_the_perf_counter_clock(record_monitor):
     ref = noise(1.0, seed=4)
     with record_monitor("tts16") as cap:
@@ -160,6 +161,7 @@ async def test_onset_is_reported_on_the_perf_counter_clock(record_monitor):
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 async def test_clear_silences_output_fast_and_player_recovers(record_monitor):
     ref = noise(3.0, seed=5)
     ref2 = noise(0.5, seed=6)
@@ -191,6 +193,7 @@ async def test_clear_silences_output_fast_and_player_recovers(record_monitor):
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 async def test_a_stream_started_on_audio_plays_its_first_sample_first_and_stops_between_utterances(record_monitor):
     """start_on_audio: the stream is open but silent until an utterance's pre-roll is queued; it then starts with the
     device's buffer primed from that audio, so the first sample sounds at once, not after the latency's silence;

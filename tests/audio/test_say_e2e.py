@@ -113,6 +113,7 @@ def test_doctor_without_a_model_says_how_to_get_one(tmp_path):
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 def test_ctrl_c_stops_sound_within_100_ms_and_exits_130(pulse_server, record_monitor, tiny_model):
     """SIGINT while speaking: the speakers go silent within 100 ms (plus the capture's own ~10 ms latency),
     the exit status is 130 and stderr has one line."""

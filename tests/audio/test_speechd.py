@@ -186,6 +186,7 @@ def last_sound_ms(heard: np.ndarray, since: int, until: int) -> float:
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 def test_cancel_silences_within_50_ms_and_aborts_the_request(speechd, record_monitor):
     """Three times `CANCEL all` on an open connection, as a screen reader sends it: the sink falls silent within
     50 ms of sending it (median; each within 100 ms: a loaded 2-core machine schedules speechd late at times). Then

@@ -158,6 +158,7 @@ def first_sound_ms(cap, since: int, timeout_s: float = 10.0) -> float:
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 def test_first_sound_within_the_budget_beyond_the_engines_first_audio_and_gapless(module, record_monitor):
     """Five messages, each after the warm server's own first audio for the same text was timed: the median first
     sound in the sink beyond it is within BUDGET_MS; each message is heard exactly as the server makes it (no gap, no
@@ -194,6 +195,7 @@ def test_first_sound_within_the_budget_beyond_the_engines_first_audio_and_gaples
 
 
 @pytest.mark.audio
+@pytest.mark.serial
 def test_stop_silences_within_20_ms_and_the_next_message_plays(module, record_monitor):
     """Three long messages, each stopped once it sounds: silent within 20 ms of the STOP (median; each within 60 ms
     on a loaded machine), 703 STOP reported; then a message plays on the same stream."""

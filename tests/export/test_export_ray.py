@@ -12,7 +12,9 @@ from tests.cli_helpers import descendants, one_line_error, voicectl
 from tests.export.test_cli_export_book import ok, start_export
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
-pytestmark = pytest.mark.slow  # a local Ray cluster starts in each (seconds on 2 cores)
+# a local Ray cluster starts in each (seconds on 2 cores); one cluster at a time under xdist (the "ray" group):
+# two would share its session folder and contend for the two cores while starting
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 TEXT = "Chapter 1\n\n" + " ".join(f"Sentence number {i} is right here." for i in range(4)) + \
        "\n\nChapter 2\n\n" + " ".join(f"And sentence {i} follows it." for i in range(4)) + "\n"

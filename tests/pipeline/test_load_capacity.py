@@ -21,6 +21,7 @@ def fake_engine(capacity: int):
     return synth
 
 
+@pytest.mark.serial
 def test_the_load_bench_finds_the_fake_engines_capacity():
     async def main():
         synth = fake_engine(CAPACITY)

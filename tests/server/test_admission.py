@@ -98,6 +98,7 @@ async def test_a_socket_request_past_capacity_waits_in_line_with_a_notice(fake_s
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_http_load_bench_on_the_fake_engine_of_known_capacity_refuses_rather_than_underruns(fake_server):
     """Twice the arrivals the engine carries, the same schedule with and without admission: with it, some requests
     get a 429 and the listeners of those served hear far less silence."""

@@ -23,7 +23,9 @@ from tests.cli_helpers import descendants, one_line_error, voicectl
 from tests.server.conftest import wait_for
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
-pytestmark = pytest.mark.slow  # a local Ray cluster starts in each (seconds on 2 cores)
+# a local Ray cluster starts in each (seconds on 2 cores); one cluster at a time under xdist (the "ray" group):
+# two would share its session folder and contend for the two cores while starting
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 TEXT = "The first one. And a second, a little longer."
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))
