@@ -36,6 +36,7 @@ def assert_played_equals_file(capture: np.ndarray, wav: np.ndarray) -> None:
 
 
 @pytest.mark.audio
+@pytest.mark.serial  # plays in real time and checks every sample: a test beside it on 2 cores left gaps
 @pytest.mark.parametrize("via_stdin", [False, True], ids=["argument", "stdin"])
 def test_speakers_get_exactly_what_out_writes(pulse_server, record_monitor, tiny_model, tmp_path, via_stdin):
     out = tmp_path / "ref.wav"
@@ -60,6 +61,7 @@ SEVEN = ("One sentence to start. A second one follows it. Then a third arrives. 
 
 
 @pytest.mark.audio
+@pytest.mark.serial  # plays in real time and checks every sample: a test beside it on 2 cores left gaps
 def test_the_default_buffer_lets_the_engine_finish_long_before_the_speakers(pulse_server, record_monitor, tiny_model,
                                                                          tmp_path):
     """With a 3 s ring, a fast engine waits on the speakers until the last 3 s are left to play; with the default
@@ -82,6 +84,7 @@ def test_the_default_buffer_lets_the_engine_finish_long_before_the_speakers(puls
 
 
 @pytest.mark.audio
+@pytest.mark.serial  # plays in real time and checks every sample: a test beside it on 2 cores left gaps
 def test_bench_read_plays_through_the_speakers(pulse_server, record_monitor, tiny_model, tmp_path):
     """`python -m lab.read_bench`: its `say` process plays the reading; first sound after first audio, no underrun."""
     out, text = tmp_path / "read.json", tmp_path / "text.txt"

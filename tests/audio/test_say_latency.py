@@ -46,6 +46,7 @@ def launch_to_first_sound_s(cap, argv: list[str], env: dict[str, str]) -> tuple[
 
 
 @pytest.mark.audio
+@pytest.mark.serial  # a launch-to-first-sound budget
 def test_say_through_a_warm_server_is_heard_within_the_budget(pulse_server, record_monitor, tiny_model,
                                                               warm_server, tmp_path):
     env, server_pid = warm_server

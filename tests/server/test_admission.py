@@ -128,6 +128,7 @@ def test_the_http_load_bench_on_the_fake_engine_of_known_capacity_refuses_rather
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the fake engine's capacity is real time on this machine's cores
 def test_open_loop_load_far_below_capacity_over_http_gets_no_429(fake_server):
     """Issue 42: requests arriving at random, a fraction of what the engine carries, over real HTTP: every one is
     served. Admission used to count each new stream at risk until it was a pre-roll ahead of a listener playing from

@@ -15,6 +15,7 @@ from tests.server.conftest import same_audio, start_serve, wait_for
 from tests.server.test_ray_serve import RayServed
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 LINES = [b"The first line is spoken at once.\n", b"And the last one comes a while later.\n"]
 SEED = "3"
