@@ -378,7 +378,7 @@ def checkpoint_hash(model_dir: str | os.PathLike[str]) -> str:
     Covers the top-level config.yaml and every non-hidden file under LLM/, BiCodec/ and wav2vec2-large-xlsr-53/:
     relative path, size and every byte, so two checkpoints that differ anywhere never share a cache; independent
     of where the directory lives or its timestamps. Each file is read once: its digest is kept in the user cache
-    (`_file_digest`), so later starts only stat the files.
+    (`file_digest`), so later starts only stat the files.
     """
     root = Path(model_dir)
     files = [root / "config.yaml"] if (root / "config.yaml").is_file() else []
@@ -407,14 +407,14 @@ def _digests_file() -> Path:
 
 
 def cached_file_digest(path: Path) -> str:
-    """`_file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`): the file is read
+    """`file_digest(path)`, from the user cache while the file is unchanged (`_digest_key`): the file is read
     once per version. Also what checks the int8 LLM's file against the digest written with it."""
     key, store = _digest_key(path), _digests_file()
     known = dict(_known_digests(store))
     digest = known.get(key)
     if isinstance(digest, str) and len(digest) == 64:
         return digest
-    digest = _file_digest(path)
+    digest = file_digest(path)
     known[key] = digest
     try:  # another process may write it too: the last complete file wins, and a lost entry costs one read
         from engine.atomic import replacing
@@ -446,7 +446,7 @@ def _read_digests(store: Path, mtime_ns: int, size: int, ino: int) -> dict[str, 
     return known if isinstance(known, dict) else {}
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     """SHA-256 of every byte of the file, in hex."""
     h = hashlib.sha256()
     with open(path, "rb") as f:

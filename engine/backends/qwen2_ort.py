@@ -164,6 +164,8 @@ def _write_model(model, path: Path) -> list[str]:
     which ONNX Runtime reads beside the model); the SHA-256 of each file written."""
     import hashlib
 
+    from engine.model import file_digest
+
     external = sum(len(t.raw_data) for t in model.graph.initializer) > INLINE_BYTES
     if external:
         from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
@@ -175,14 +177,7 @@ def _write_model(model, path: Path) -> list[str]:
     data = model.SerializeToString()
     with open(path, "wb") as f:
         f.write(data)
-    digests = [hashlib.sha256(data).hexdigest()]
-    if external:
-        sha = hashlib.sha256()
-        with open(data_path(path), "rb") as f:
-            while block := f.read(1 << 24):
-                sha.update(block)
-        digests.append(sha.hexdigest())
-    return digests
+    return [hashlib.sha256(data).hexdigest()] + ([file_digest(data_path(path))] if external else [])
 
 
 def load(path: Path, llm_dir: Path, threads: int | None = None, int8_head: bool = True,

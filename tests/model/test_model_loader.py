@@ -304,8 +304,8 @@ def test_checkpoint_hash_covers_every_byte_and_is_computed_once(tmp_path, monkey
     weights.write_bytes(bytes(blob))
     put(root / "BiCodec" / "config.yaml", "x: 1\n")
     read = []
-    real = model._file_digest
-    monkeypatch.setattr(model, "_file_digest", lambda path: read.append(path.name) or real(path))
+    real = model.file_digest
+    monkeypatch.setattr(model, "file_digest", lambda path: read.append(path.name) or real(path))
     first = checkpoint_hash(root)
     assert sorted(read) == ["config.yaml", "config.yaml", "model.safetensors"]
     read.clear()
