@@ -9,6 +9,13 @@ Counts are in frames (or samples): whatever unit the caller's buffer counts in.
 from __future__ import annotations
 
 
+def device_pull_s(latency_s: float) -> float:
+    """Audio a device takes ahead of real time as it starts, at most: its buffer, primed at once, and a callback's
+    block (through PulseAudio the buffer is a little more than the latency). A player's pre-roll is never less, or
+    the primed buffer would run dry at once."""
+    return 1.5 * latency_s
+
+
 def may_play(playing: bool, rebuffering: bool, queued: int, preroll: int, rebuffer: int, at_end: bool) -> bool:
     """Whether the player plays now. Straight on while it plays without an underrun; otherwise, before an
     utterance's first sample (`playing` False: the pre-roll) or after an underrun (`rebuffering`: the re-buffer),

@@ -21,7 +21,7 @@ import numpy as np
 from engine.backends.portaudio_calls import (FROZEN, WAIT_S, NoAnswer, answer, bounded, guard_exit,
                                             load_sounddevice)
 from engine.errors import AudioDeviceError
-from engine.player_gate import may_play, rebuffers_after, watch_progress
+from engine.player_gate import device_pull_s, may_play, rebuffers_after, watch_progress
 from engine.ringbuffer import RingBuffer
 
 FILE_HINT = "use --out FILE.wav to write a file instead"
@@ -141,7 +141,7 @@ class Player:
         if preroll_s < 0 or buffer_s <= 0 or (rebuffer_s or 0) < 0:
             raise ValueError("preroll_s and rebuffer_s must be >= 0 and buffer_s > 0")
         if isinstance(latency, (int, float)):
-            preroll_s = max(preroll_s, 1.5 * latency)  # must exceed the latency (see preroll_s above)
+            preroll_s = max(preroll_s, device_pull_s(latency))  # see preroll_s above
         buffer_s = max(buffer_s, 2 * preroll_s)
         sd = import_sounddevice()
         self.sample_rate = int(sample_rate)
@@ -299,10 +299,9 @@ class Player:
 
     @property
     def pull_s(self) -> float:
-        """Audio the device takes ahead of real time as it starts, at most: its buffer, primed at once, and a
-        callback's block (through PulseAudio the buffer is a little more than the latency). The pre-roll exceeds it,
-        as __init__'s rule for `preroll_s` has it."""
-        return 1.5 * self.latency_s
+        """Audio the device takes ahead of real time as it starts, at most (player_gate.device_pull_s). The pre-roll
+        exceeds it, as __init__'s rule for `preroll_s` has it."""
+        return device_pull_s(self.latency_s)
 
     # -- utterances and onset -------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.backends.portaudio_calls import (FROZEN, WAIT_S, NoAnswer, answer, bounded, guard_exit,
                                              load_sounddevice)
-from engine.player_gate import may_play, rebuffers_after, watch_progress
+from engine.player_gate import device_pull_s, may_play, rebuffers_after, watch_progress
 
 FRAME_BYTES = 4
 """One float32 mono frame."""
@@ -137,7 +137,7 @@ class LeanPlayer:
                  stall_timeout_s: float = 5.0) -> None:
         sd = import_sounddevice()
         self._sd, self.sample_rate = sd, int(sample_rate)
-        preroll_s = max(preroll_s, 1.5 * latency)
+        preroll_s = max(preroll_s, device_pull_s(latency))
         self._ring = ByteRing(int(round(max(buffer_s, 2 * preroll_s) * self.sample_rate)))
         self._preroll = int(round(preroll_s * self.sample_rate))
         self._rebuffering = False
@@ -179,9 +179,9 @@ class LeanPlayer:
 
     @property
     def pull_s(self) -> float:
-        """Audio the device takes as it starts, at most (engine.backends.sounddevice_sink.Player.pull_s's rule):
-        the pre-roll is never less, or the primed buffer would run dry at once."""
-        return 1.5 * self.latency_s
+        """Audio the device takes as it starts, at most (engine.player_gate.device_pull_s): the pre-roll is never
+        less."""
+        return device_pull_s(self.latency_s)
 
     def set_preroll(self, preroll_s: float) -> float:
         """Audio queued before playback starts (engine.pacing.Pacer.preroll_s sizes it), never below `pull_s`;
