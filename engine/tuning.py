@@ -162,15 +162,13 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     if config.backend == "auto" and _vllm_installed() and _current_gpu(gpu_device(config)):
         from engine.backends.vllm_gen import VllmTokenGenerator
 
-        vllm = TuningStep("vllm", lambda: None, lambda gen: _swap(synth, events, primary=gen))
-
         def build_vllm() -> Any:
-            if holds_a_crowd(synth.generator.lane):
+            if holds_a_crowd(synth.generator.lane):  # the lane step before swapped in a lane of a crowd's size
                 vllm.detail = "the graph lane holds the crowd"
                 return None
             return VllmTokenGenerator(info, events=events)
 
-        vllm.build = build_vllm
+        vllm = TuningStep("vllm", build_vllm, lambda gen: _swap(synth, events, primary=gen))
         steps.append(vllm)
     return Tuning(steps, events, gate)
 
