@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Device call: open-loop load over HTTP (issue 42) on the synthetic full Spark checkpoint, the engine as it ships
+# (`--backend auto`: a crowd lane sized to the GPU and no vLLM behind it), so no vLLM carry is needed:
+#   1. `voicectl serve --http`, and at once, while it tunes itself in the background, first audio at 1 client
+#      (lab/http_latency.py) -> $OUT/tuning_1.json, $OUT/tuning_status.json
+#   2. once tuned (or LOAD_TUNE_WAIT s passed), `voicectl bench --load $LOAD_RATES --http` -> $OUT/load_http.json
+#   3. lab/crowd_report.py -> $OUT/load.json (the keys of docs/benchmarks/load.json)
+#   run (carry [".devcarry/vllm-extra/deps.tar.xz", ".devcarry/http"]): bash lab/gpu_load.sh
+# CUDA_VISIBLE_DEVICES picks the GPU (another job may hold the other one). LOAD_RATES (default 10,20,40,80),
+# LOAD_SECONDS (default 10 s per rate), LOAD_TUNE_WAIT (default 240 s: a fresh machine captures graphs for minutes).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s)
+if ! python3 -c "import yaml, soundfile" 2>/dev/null && [ ! -d /tmp/site/yaml ]; then
+  mkdir -p /tmp/site && tar xJf .devcarry/vllm-extra/deps.tar.xz -C /tmp/site || exit 4
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/.devcarry/http PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export VOICEAPP_SOCKET=/tmp/load-$$.sock
+PORT=${PORT:-8000}; URL=http://127.0.0.1:$PORT
+MODEL=${MODEL:-${TMPDIR:-/tmp}/voiceapp-gpu-model}
+[ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv -i "${CUDA_VISIBLE_DEVICES:-0}" > "$OUT/env.txt"
+step() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
+
+step "serve --http (tuning in the background)"
+python3 -m voiceapp.cli serve --model "$MODEL" --http 127.0.0.1:$PORT --http-max-streams 2000 2>"$OUT/serve.log" &
+SERVE=$!
+for _ in $(seq 1800); do curl -s -o /dev/null $URL/health && break; sleep 0.1; done
+step "first audio at 1 client while tuning"
+python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 20 --text "The train leaves at seven tonight." \
+    > "$OUT/tuning_1.json"
+python3 -m voiceapp.cli status --json > "$OUT/tuning_status.json" 2>/dev/null
+
+step "waiting for tuning"
+for _ in $(seq "${LOAD_TUNE_WAIT:-240}"); do
+  python3 -m voiceapp.cli status --json 2>/dev/null | python3 -c "import json,sys; sys.exit(0 if json.load(sys.stdin).get('tuning',{}).get('done') else 1)" && break
+  sleep 1
+done
+python3 -m voiceapp.cli status --json > "$OUT/status_tuned.json" 2>&1
+
+step "bench --load over HTTP"
+timeout 200 python3 -m voiceapp.cmd_bench --load "${LOAD_RATES:-10,20,40,80}" --load-seconds "${LOAD_SECONDS:-10}" \
+    --http $URL --json "$OUT/load_http.json" > "$OUT/load.log" 2>&1
+echo "load rc=$?"; tail -8 "$OUT/load.log"
+python3 -m voiceapp.cli status --json > "$OUT/status_after.json" 2>&1
+kill $SERVE; wait $SERVE
+tail -3 "$OUT/serve.log"
+python3 lab/crowd_report.py "$OUT"
+step "done"
