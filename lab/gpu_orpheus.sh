@@ -44,7 +44,7 @@ if [ "$PART" = crowd ]; then
   (write_ckpt > "$OUT/ckpt.log" 2>&1; echo "checkpoint rc=$? at $(( $(date +%s) - t0 )) s" >> "$OUT/ckpt.log") &
   ckpt=$!
   # the GPU is idle while the CPU writes the checkpoint: the probes' own random 3B needs none
-  timeout "${PROBE_S:-150}" python3 lab/gpu_lane3b.py "$OUT/lane3b.json" --parts crowd,penalty 2>&1 \
+  timeout "${PROBE_S:-120}" python3 lab/gpu_lane3b.py "$OUT/lane3b.json" --parts crowd,penalty 2>&1 \
       | grep -v Warning | tail -25
   echo "probes rc=$? at $(( $(date +%s) - t0 )) s"
   wait $ckpt; cat "$OUT/ckpt.log"
