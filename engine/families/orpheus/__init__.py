@@ -104,9 +104,10 @@ class OrpheusFamily:
 
     @property
     def lane(self) -> LaneSizing:
-        """Positions for the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars, none of them spaces) at
-        its token cap, at most the engine-wide max_tokens (the bound that binds: 82 tokens a second of audio
-        allows such a sentence more than 3,000), after the longest prompt a lane prefills; at LANE_MEMORY_SHARE."""
+        """Positions for the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars, none of them
+        spaces) at its token cap, at most the engine-wide max_tokens (the bound that binds: 82 tokens a second of
+        audio allows such a sentence more than 3,000), after the longest prompt a lane prefills; at
+        LANE_MEMORY_SHARE."""
         from engine.config import JoinConfig
         from engine.text import sentence_token_cap
 
