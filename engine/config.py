@@ -146,8 +146,9 @@ class EngineConfig:
     listener: a request has at most two sentences generating (the one playing and the next), side by side;
     another request meanwhile waits for a row or goes to vLLM. 12 graphs to capture (its decode steps run the
     fused kernels: one graph per row count) and 0.1 GB of KV cache. None sizes the lane to the GPU for crowds
-    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits 20% of its memory (`rows_for`; up to
-    512 rows on a large data-centre GPU), with a graph to capture for every row bucket, so a longer start-up."""
+    (`voicectl serve`, the bench): the largest row bucket whose KV cache fits the family's share of its memory
+    (`rows_for`, ModelFamily.lane; up to 512 rows on a large data-centre GPU), with a graph to capture for every
+    row bucket, so a longer start-up."""
     graph_lane: bool = True
     """With vLLM: streams run on an in-process CUDA-graph copy of the LLM (engine.backends.graph_gen), each
     stream's sentences as rows of one batch whose step is one graph launch instead of a vLLM engine step; a lane

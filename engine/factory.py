@@ -506,12 +506,16 @@ def _new_lane(info, device, most_rows: int | None, compiled: bool, background: b
 
     from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    
+    from engine.families import family
+
+    sizing = family(info.family).lane
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
-    rows = rows_for(torch.cuda.get_device_properties(device).total_memory, row_bytes(model.config), most_rows)
+    rows = rows_for(torch.cuda.get_device_properties(device).total_memory,
+                    row_bytes(model.config, max_len=sizing.positions), most_rows, sizing.memory_share)
     # the compiled layers step faster than the plain tensor code, and the fused decode kernels faster still at the
     # few rows they take
     return GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=device, rows=rows,
+                     max_len=sizing.positions,
                      compile_layers=compiled, fused=None if compiled else False,
                      capture_mode="thread_local" if background else "global", between=between,
                      repetition_penalty=penalised(info))
@@ -590,7 +594,7 @@ def lane_router(primary, lane, events: EventSink = ignore_events):
         return LaneRouter(primary, lane, events=events, others_limit=None, handoff_at=None, overflow=False)
     if holds_a_crowd(lane):
         # the lane serves the crowd itself: a stream sent to vLLM would run in another process, and two processes
-        # on one GPU take turns, stalling the lane and the decoder of every stream (graph_gen.CROWD_MEMORY_SHARE)
+        # on one GPU take turns, stalling the lane and the decoder of every stream (lane_scheduler.CROWD_MEMORY_SHARE)
         return LaneRouter(primary, lane, others_limit=None, handoff_at=None, overflow=False, events=events)
     return LaneRouter(primary, lane, events=events)
 

@@ -37,6 +37,11 @@ CROWD_BURSTS = ((8, BURST), (None, 8))
 """Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
 loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way); larger bursts at
 fewer rows would delay a crowd's first audio."""
+CROWD_MEMORY_SHARE = 0.20
+"""Share of the GPU's memory the KV cache of a lane sized for a crowd may take, by default (LaneSizing; 50 MB a row
+for Spark's LLM at 4,096 positions, so 512 rows on a 141 GB card and 256 on an 80 GB one). The crowd's streams must
+fit the lane: one that overflows to vLLM runs in vLLM's process, and two processes on one GPU take turns (time
+slices) instead of overlapping, which stalls this process's decoder and lane for every stream."""
 ADMIT = 8
 """Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
 ADMIT_NEW = 32
@@ -51,6 +56,23 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
     if size is None:
         raise ValueError(f"{n} exceeds every launch shape ({max(sizes)} at most)")
     return size
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSizing:
+    """How a family's graph lane is sized on a GPU (ModelFamily.lane; engine.factory builds the lane by it)."""
+
+    positions: int = SPAN_BUCKETS[-1]
+    """Positions of every row's KV cache: the most a sentence's prompt plus token budget may take there. A request
+    that needs more runs on the generator behind the lane (GraphLane.supports), never past the cache."""
+    memory_share: float = CROWD_MEMORY_SHARE
+    """Share of the GPU's memory the KV cache of a lane sized for a crowd may take (graph_gen.rows_for)."""
+
+
+def sentence_positions(token_budget: int) -> int:
+    """Positions a sentence with this token budget can take on a lane: its tokens after the longest prompt a lane
+    prefills (PREFILL_BUCKETS)."""
+    return PREFILL_BUCKETS[-1] + token_budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +205,12 @@ class LaneScheduler:
     # ---- arrivals (any thread) ---------------------------------------------------------------------------------
 
     def add(self, job: LaneJob) -> None:
-        """Queue a job for a row."""
+        """Queue a job for a row; a ValueError for one whose prompt and token budget exceed a row's positions
+        (its steps would write past the row's KV cache)."""
+        if len(job.ids) + job.opts.max_tokens > self.shapes.max_len:
+            raise ValueError(f"a prompt of {len(job.ids)} ids with a budget of {job.opts.max_tokens} tokens needs "
+                             f"{len(job.ids) + job.opts.max_tokens} positions; the lane's rows hold "
+                             f"{self.shapes.max_len}")
         if self.deadlines is not None:
             job.queued_at = self.deadlines.clock()
         self.jobs.append(job)

@@ -12,6 +12,10 @@ bicodec: Spark's BiCodec (synthetic full) ms per window at batch 16-128, fp32 an
 penalty: what Orpheus's repetition penalty costs the lane: the 3B tensor-code step per row bucket captured without
       and with the penalty's ops (GraphLane `repetition_penalty`), and a seeded stream on each (at penalty 1.0 the
       penalised lane must draw the plain lane's tokens, at 1.3 others). Not in the default parts.
+crowd: Orpheus's crowd lane as the factory sizes it on this GPU (ModelFamily.lane: rows of its longest sentence's
+      positions at its memory share; penalty ops in): torch's total memory, the rows, the KV cache and the captured
+      tensor-code step per row bucket (32 rows up) and attention span. A step attends over the span bucket of its
+      busiest row, so the spans show what a crowd's longest sentence costs every row. Not in the default parts.
 """
 from __future__ import annotations
 
@@ -126,6 +130,37 @@ def penalty(out: dict, path: str) -> None:
     torch.cuda.empty_cache()
 
 
+def crowd(out: dict, path: str) -> None:
+    from engine.backends.graph_gen import GraphLane, row_bytes, rows_for
+    from engine.families import family
+    from engine.families.orpheus.grammar import OrpheusIds
+
+    model = llama_3b()
+    ids, sizing = OrpheusIds(), family("orpheus").lane
+    total = torch.cuda.get_device_properties(0).total_memory
+    row = row_bytes(model.config, max_len=sizing.positions)
+    rows = rows_for(total, row, share=sizing.memory_share)
+    out.update(crowd_gpu_bytes=total, crowd_positions=sizing.positions, crowd_share=sizing.memory_share,
+               crowd_rows=rows, crowd_kv_gb=round(rows * row / 1e9, 1))
+    print("crowd lane", {k: v for k, v in out.items() if k.startswith("crowd_")}, flush=True)
+    save(out, path)
+    t0 = time.perf_counter()
+    lane = GraphLane(model, ids, ids.audio_ids, rows=rows, max_len=sizing.positions, fused=False,
+                     repetition_penalty=True)
+    out["crowd_start_s"] = round(time.perf_counter() - t0, 1)
+    out["crowd_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+    steps: dict[str, float] = {}
+    for n in (b for b in lane.shapes.row_buckets if b >= 32):
+        for span in lane.shapes.spans:
+            steps[f"{n}@{span}"] = round(graph_step_ms(lane.runner, n, span, 20), 3)
+        print("crowd step ms", {k: v for k, v in steps.items() if k.startswith(f"{n}@")}, flush=True)
+        out["crowd_step_ms"] = steps
+        save(out, path)
+    asyncio.run(lane.close())
+    del lane, model
+    torch.cuda.empty_cache()
+
+
 def tiling_sweep(out: dict, path: str) -> None:
     from transformers import Qwen2Config
 
@@ -205,6 +240,8 @@ def main() -> None:
                     bicodec(out, args.out, Path(tmp))
                 elif part == "penalty":
                     penalty(out, args.out)
+                elif part == "crowd":
+                    crowd(out, args.out)
             except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
                 out[f"{part}_error"] = f"{type(err).__name__}: {err}"[:600]
                 print(part, "failed:", out[f"{part}_error"], flush=True)

@@ -30,7 +30,8 @@ from engine.config import SamplingOptions, request_of
 from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError
 from engine.events import EventSink, Notice, ignore_events
-from engine.lane_scheduler import ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob, LaneScheduler, LaneShapes
+from engine.lane_scheduler import (CROWD_MEMORY_SHARE, ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob, LaneScheduler,
+                                   LaneShapes)
 from engine.prompt import Prompt
 
 AHEAD = 2
@@ -40,11 +41,6 @@ ROWS = 8
 takes about as long as over 1: the weights are read once whatever the rows."""
 ROW_MEMORY_SHARE = 0.10
 """Share of the GPU's memory a fixed-shape lane's KV cache may take (engine.factory's deterministic lanes)."""
-CROWD_MEMORY_SHARE = 0.20
-"""Share of the GPU's memory the KV cache of a lane sized for a crowd may take (`rows_for`; 50 MB a row for Spark's
-LLM at 4,096 positions, so 512 rows on a 141 GB card and 256 on an 80 GB one). The crowd's streams must fit the lane:
-one that overflows to vLLM runs in vLLM's process, and two processes on one GPU take turns (time slices) instead of
-overlapping, which stalls this process's decoder and lane for every stream."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
@@ -78,11 +74,11 @@ def fixed_rows_for(gpu_bytes: int, row_bytes: int, most: int) -> int:
     return max(1, min(most, int(ROW_MEMORY_SHARE * gpu_bytes // row_bytes)))
 
 
-def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None) -> int:
-    """The largest row bucket (at most `most`) whose KV cache fits CROWD_MEMORY_SHARE of a GPU of `gpu_bytes`
-    (at least 1)."""
+def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None, share: float = CROWD_MEMORY_SHARE) -> int:
+    """The largest row bucket (at most `most`) whose KV cache fits `share` of a GPU of `gpu_bytes` (at least 1;
+    the share is the family's LaneSizing.memory_share, CROWD_MEMORY_SHARE by default)."""
     fits = [rows for rows in ROW_BUCKETS
-            if rows * row_bytes <= CROWD_MEMORY_SHARE * gpu_bytes and (most is None or rows <= most)]
+            if rows * row_bytes <= share * gpu_bytes and (most is None or rows <= most)]
     return fits[-1] if fits else 1
 
 
@@ -160,6 +156,16 @@ class GraphLane:
                 # an id outside the vocabulary would fault inside a graph replay, and a device-side fault ends
                 # every CUDA call of this process (the decoder's too): such a request goes elsewhere
                 and self._in_vocab(prompt.ids) and self._allowed_in_vocab(allowed))
+
+    def _misfit(self, prompt: Prompt, opts: SamplingOptions) -> str:
+        """Why `supports` refuses the request, in words: its positions first (a row's KV cache ends at max_len)."""
+        need = len(prompt.ids) + opts.max_tokens
+        if need > self.max_len:
+            return (f"a prompt of {len(prompt.ids)} ids and a budget of {opts.max_tokens} tokens need {need} "
+                    f"positions; its rows hold {self.max_len}")
+        if len(prompt.ids) > self.shapes.prefills[-1]:
+            return f"a prompt of {len(prompt.ids)} ids; it prefills {self.shapes.prefills[-1]} at most"
+        return "its sampling or ids"
 
     def _in_vocab(self, ids: Any) -> bool:
         return 0 <= min(ids) and max(ids) < self.runner.model.vocab_size
@@ -240,7 +246,7 @@ class GraphLane:
         """Yield token deltas (stop id included when reached); up to `rows` jobs run at once, the rest wait in
         arrival order."""
         if not self.supports(prompt, opts):
-            raise ValueError("this request does not fit the graph lane")
+            raise ValueError(f"this request does not fit the graph lane ({self._misfit(prompt, opts)})")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 

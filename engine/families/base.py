@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Protocol, Sequence, runtime_checkable
 
 from engine.config import SamplingOptions
+from engine.lane_scheduler import LaneSizing
 from engine.prompt import Prompt
 from engine.voices import Voice, VoiceBank
 from engine.windowing import WindowSchedule
@@ -150,6 +151,9 @@ class ModelFamily(Protocol):
     default_sampling: SamplingOptions
     """Its sampling defaults (its grammar's `sampling` puts them where a request kept the engine-wide ones). A
     repetition penalty here (not 1.0) gives the graph lane built for it the penalty's ops."""
+    lane: LaneSizing
+    """How its graph lane on a GPU is sized: positions a row holds (the longest sentence it speaks), and the share of
+    the GPU's memory their KV cache may take."""
     sizes: tuple[str, ...]
     """Sizes `write_synthetic` knows ("tiny", "full")."""
     downloads: tuple[tuple[str, str], ...]

@@ -194,6 +194,19 @@ async def test_supports_only_what_the_graphs_hold(lane) -> None:
         await collect(lane, PROMPT, SamplingOptions(top_k=0, max_tokens=100))
 
 
+async def test_a_sentence_longer_than_a_row_is_refused_by_name_and_runs_behind_the_lane(lane) -> None:
+    fits, over = SamplingOptions(max_tokens=256 - len(PROMPT.ids)), SamplingOptions(max_tokens=257 - len(PROMPT.ids))
+    assert lane.supports(PROMPT, fits) and not lane.supports(PROMPT, over)
+    with pytest.raises(ValueError, match="a prompt of 8 ids and a budget of 249 tokens need 257 positions; its "
+                                         "rows hold 256"):
+        await collect(lane, PROMPT, over)
+    assert not lane.scheduler.jobs  # nothing was queued, so nothing stepped past a row's cache
+    other = ScriptedGenerator(IDS)
+    router = LaneRouter(other, lane, others_limit=None, handoff_at=None, overflow=False)  # a crowd's lane
+    assert len(await collect(router, PROMPT, over, "long-0")) == over.max_tokens  # its whole budget, elsewhere
+    assert router.lane_streams == 0 and other.started == ["long-0"]
+
+
 async def test_leaving_the_stream_aborts_the_job(lane, monkeypatch) -> None:
     steps = []
     decode = lane.runner.decode
@@ -397,6 +410,28 @@ def test_rows_fit_a_share_of_the_gpu() -> None:
     assert rows_for(gib // 4, row_bytes(spark)) == 1
     assert rows_for(141 * gib, row_bytes(spark), most=8) == 8 and rows_for(8 * gib, row_bytes(spark), most=16) == 16
     assert rows_for(141 * gib, row_bytes(spark), most=6) == 4  # a row bucket: graphs exist for it
+
+
+def test_each_familys_crowd_lane_fits_its_rows_to_its_longest_sentence() -> None:
+    from engine.backends.graph_gen import row_bytes, rows_for
+    from engine.families import family
+
+    spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+    orpheus = Qwen2Config(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, num_hidden_layers=28,
+                          head_dim=128)  # Llama-3.2-3B's shapes
+    assert row_bytes(orpheus, max_len=1) == 112 * 1024  # bf16 keys and values a position
+
+    def rows(name: str, cfg: Qwen2Config, gpu: int) -> int:
+        sizing = family(name).lane
+        return rows_for(gpu, row_bytes(cfg, max_len=sizing.positions), share=sizing.memory_share)
+
+    h200, h100 = 150_000_000_000, 85_000_000_000  # about what torch reports for a 141 GB and an 80 GB card
+    assert family("spark").lane.positions == 4096 and family("spark").lane.memory_share == 0.20  # as before
+    assert rows("spark", spark, h200) == rows_for(h200, row_bytes(spark)) == 512
+    assert rows("spark", spark, h100) == rows_for(h100, row_bytes(spark)) == 256
+    assert family("orpheus").lane.positions == 512 + 3000  # the longest prompt a lane takes + max_tokens
+    assert rows("orpheus", orpheus, h200) == 256 and rows("orpheus", orpheus, h100) == 128
+    assert rows_for(h200, row_bytes(orpheus)) == 32  # Spark's sizing: what an H200 gave Orpheus before
 
 
 def test_fixed_lane_rows_fit_a_share_of_the_gpu() -> None:

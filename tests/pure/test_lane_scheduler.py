@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 from engine.config import SamplingOptions, request_of, sentence_id
 from engine.lane_scheduler import (ADMIT, ADMIT_NEW, BURST, CROWD_BURSTS, LaneJob, LaneScheduler, LaneShapes, Prefill,
                                    Step)
@@ -100,6 +102,15 @@ def run(lane: LaneScheduler, device: Rows) -> None:
         burst(lane, device)
         read(lane, device)
     raise AssertionError("the jobs never ended")
+
+
+def test_a_job_needing_more_positions_than_a_row_holds_is_refused_before_it_queues() -> None:
+    lane, inbox = scheduler(max_len=256), Inbox()
+    lane.add(inbox.job("fits-0", max_tokens=248, prompt=8))  # 256 positions: the row's last is its last token's
+    with pytest.raises(ValueError, match="a prompt of 8 ids with a budget of 249 tokens needs 257 positions; the "
+                                         "lane's rows hold 256"):
+        lane.add(inbox.job("long-0", max_tokens=249, prompt=8))
+    assert [job.request_id for job in lane.waiting] == ["fits-0"]
 
 
 def test_a_lone_job_gets_its_first_token_at_once_then_a_burst_per_read_until_its_limit() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from engine.config import SamplingOptions
 from engine.families.base import Encode, Sample
 from engine.families.orpheus import grammar
+from engine.lane_scheduler import LaneSizing, sentence_positions
 from engine.prompt import Prompt
 from engine.voices import Voice, VoiceBank
 from engine.windowing import WindowSchedule
@@ -41,6 +42,13 @@ SCHEDULE = WindowSchedule(first_new=1, new=4, growth=2.0, max_new=32, left=3, ri
 one frame: first audio after 21 tokens."""
 WHOLE_FRAMES = 176
 """Frames of a whole-sentence decode (export): 15 s."""
+LANE_MEMORY_SHARE = 0.75
+"""Share of the GPU's memory the KV cache of Orpheus's crowd lane may take (LaneSizing): a 3B row holds 112 KiB a
+position, eight times Spark's 0.5B, so Spark's 20% would give a 141 GB card 64 rows at most. A crowd lane runs with no
+vLLM beside it (engine.factory.holds_a_crowd), so the card holds only the weights (6.4 GB), the SNAC decoder and its
+graphs, the lane's own buffers and, should a request outgrow the lane, the torch generator behind it (another 6.4
+GB): a quarter of the card is room for all of them. Rows are a power of two, so the cache takes at most this
+share and often less (256 rows of 3,512 positions are 103 GB of a 141 GB card, 128 rows 52 GB of an 80 GB one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,18 @@ class OrpheusFamily:
     sample_rate = SAMPLE_RATE
     cached_voices = False
     downloads = (("canopylabs/orpheus-3b-0.1-ft", ""), ("hubertsiuzdak/snac_24khz", "snac"))
+
+    @property
+    def lane(self) -> LaneSizing:
+        """Positions for the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars, none of them
+        spaces) at its token cap, at most the engine-wide max_tokens (the bound that binds: 82 tokens a second of
+        audio allows such a sentence more than 3,000), after the longest prompt a lane prefills; at
+        LANE_MEMORY_SHARE."""
+        from engine.config import JoinConfig
+        from engine.text import sentence_token_cap
+
+        longest = sentence_token_cap("x" * JoinConfig().max_sentence_chars, FRAMES_PER_S * TOKENS_PER_FRAME)
+        return LaneSizing(sentence_positions(min(longest, SamplingOptions().max_tokens)), LANE_MEMORY_SHARE)
 
     def looks_like(self, root: Path) -> bool:
         if (root / "snac").is_dir():
