@@ -73,16 +73,18 @@ py="$venv/bin/python"
 
 say "into $venv, with voicectl linked in $bin_dir"
 step python3 -m venv "$venv"
-step "$py" -m pip install -q --upgrade pip
-if ! step "$py" -m pip install -q "${torch_index[@]}" "$torch_req"; then
+# --no-compile: pip would byte-compile every module it installs, a fifth of the venv (docs/performance.md);
+# Python compiles, and caches, only the modules a run imports
+step "$py" -m pip install -q --no-compile --upgrade pip
+if ! step "$py" -m pip install -q --no-compile "${torch_index[@]}" "$torch_req"; then
   # pip's sources may hold only the default build (PyPI has no +cpu one): that one runs on a CPU too, only larger
   [ "$torch_req" = "torch==$TORCH_VERSION+cpu" ] || { echo "install: pip could not install $torch_req (above)" >&2; exit 1; }
   say "no CPU build of PyTorch in pip's package sources: the default build instead (larger: it brings CUDA" \
       "libraries; VOICEAPP_TORCH_INDEX set to PyTorch's CPU wheel index gives the smaller one)"
-  step "$py" -m pip install -q "torch==$TORCH_VERSION" \
+  step "$py" -m pip install -q --no-compile "torch==$TORCH_VERSION" \
     || { echo "install: pip could not install torch==$TORCH_VERSION either (above)" >&2; exit 1; }
 fi
-step "$py" -m pip install -q -e "$root"
+step "$py" -m pip install -q --no-compile -e "$root"
 step mkdir -p "$bin_dir"
 step ln -sf "$venv/bin/voicectl" "$bin_dir/voicectl"
 [ "$dry_run" = 1 ] && exit 0
