@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs voicectl for a user from this checkout: its own virtual environment, PyTorch (the CPU build where no
-# NVIDIA GPU is found), the app without test extras, and a `voicectl` link in a bin folder; then fetches the
-# default Spark-TTS checkpoint unless one is found, and says "Hello". The app is installed editable: it runs from
-# this checkout (the voice presets in assets/ are read from here), so keep the checkout where it is.
+# NVIDIA GPU is found), the app without test extras (with its transformers extra where a GPU is), and a `voicectl`
+# link in a bin folder; then fetches the default Spark-TTS checkpoint unless one is found, and says "Hello". The app
+# is installed editable: it runs from this checkout (assets/ holds the voice presets), so keep the checkout there.
 #
 # A plain venv and a link rather than pipx or `uv tool`: those would take torch from the package index's default
 # build, which on Linux x86_64 is the CUDA one (gigabytes a CPU user never runs), and torch must come first.
@@ -61,6 +61,12 @@ torch_requirement() {
   fi
 }
 
+# What pip installs of this checkout: on a GPU, with the transformers extra (the LLM's forward there, where vLLM is
+# absent); a CPU reads the checkpoint without it (pyproject.toml)
+app_requirement() {
+  if has_nvidia_gpu; then echo "$root[transformers]"; else echo "$root"; fi
+}
+
 python_ok || { echo "install: needs python3 3.10 or newer on PATH" >&2; exit 1; }
 torch_req=$(torch_requirement)
 case "$torch_req" in
@@ -84,7 +90,7 @@ if ! step "$py" -m pip install -q --no-compile "${torch_index[@]}" "$torch_req";
   step "$py" -m pip install -q --no-compile "torch==$TORCH_VERSION" \
     || { echo "install: pip could not install torch==$TORCH_VERSION either (above)" >&2; exit 1; }
 fi
-step "$py" -m pip install -q --no-compile -e "$root"
+step "$py" -m pip install -q --no-compile -e "$(app_requirement)"
 step mkdir -p "$bin_dir"
 step ln -sf "$venv/bin/voicectl" "$bin_dir/voicectl"
 [ "$dry_run" = 1 ] && exit 0

@@ -58,9 +58,18 @@ def test_a_torch_index_is_added_to_the_torch_step_only(tmp_path: Path) -> None:
     assert "--extra-index-url" not in app_step
 
 
-def test_with_an_nvidia_gpu_it_installs_the_default_torch_build(tmp_path: Path) -> None:
-    torch_step = pip_installs(dry_run(tmp_path, gpu=True))[1]
+def test_with_an_nvidia_gpu_it_installs_the_default_torch_build_and_the_transformers_extra(tmp_path: Path) -> None:
+    torch_step, app_step = pip_installs(dry_run(tmp_path, gpu=True))[1:]
     assert torch_step[-1] == "torch==2.13.0"
+    assert app_step[-2:] == ["-e", f"{ROOT}[transformers]"]
+
+
+def test_every_pip_step_skips_byte_compiling(tmp_path: Path) -> None:
+    """pip's byte-compiling of every installed module is a fifth of the CPU install (docs/performance.md)."""
+    for gpu in (False, True):
+        (tmp_path / str(gpu)).mkdir()
+        steps = pip_installs(dry_run(tmp_path / str(gpu), gpu=gpu))
+        assert len(steps) == 3 and all("--no-compile" in step for step in steps), steps
 
 
 def test_torch_pin_matches_the_development_setup() -> None:

@@ -46,3 +46,55 @@ def test_compile_caches_persist_in_the_user_cache_unless_the_user_chose(monkeypa
     mine = {name: "/mine" for name in COMPILE_CACHES}
     keep_compile_caches(mine)
     assert mine == {name: "/mine" for name in COMPILE_CACHES}
+
+
+WITHOUT_TRANSFORMERS = """
+import asyncio, sys
+sys.modules["transformers"] = None  # importing it fails, as in the user install on a CPU (it is an extra there)
+from engine.config import SamplingOptions, SynthesisRequest
+from engine.factory import EngineConfig, build_synthesizer
+
+async def main():
+    synth = build_synthesizer(EngineConfig(model=sys.argv[1], backend="torch", threads=2, cache_dir=sys.argv[2]))
+    samples = 0
+    async for chunk in synth.synthesize(SynthesisRequest("Hello there.", options=SamplingOptions(seed=1))):
+        samples += len(chunk.samples)
+    await synth.close()
+    print(samples)
+
+asyncio.run(main())
+"""
+
+
+def test_a_cpu_engine_speaks_without_transformers(tiny_model, tmp_path) -> None:
+    """transformers is an extra (pyproject.toml): the CPU path, from the checkpoint to audio, never imports it."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT_TRANSFORMERS, str(tiny_model), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip().splitlines()[-1]) > 0
+
+
+def test_what_needs_transformers_says_which_extra_adds_it(tiny_model, tmp_path, monkeypatch) -> None:
+    """A checkpoint without tokenizer.json, and transformers' own forward (here on the meta device: anything but
+    the CPU), need the extra: one line that names it, where transformers is not installed."""
+    import shutil
+
+    import pytest
+
+    from engine.backends.torch_gen import TorchTokenGenerator
+    from engine.errors import MissingExtra
+    from engine.factory import _load_encoder
+    from engine.model import load_model_info
+    from engine.tokens import TokenIds
+
+    info = load_model_info(tiny_model)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    copy = tmp_path / "llm"
+    shutil.copytree(info.llm_dir, copy)
+    (copy / "tokenizer.json").unlink()
+    for attempt in (lambda: _load_encoder(type("Info", (), {"llm_dir": copy})()),
+                    lambda: TorchTokenGenerator(info.llm_dir, TokenIds(), device="meta")):
+        with pytest.raises(MissingExtra) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "pip install 'voiceapp[transformers]'" in message and "\n" not in message, message
