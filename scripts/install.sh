@@ -90,6 +90,13 @@ if ! step "$py" -m pip install -q --no-compile "${torch_index[@]}" "$torch_req";
   step "$py" -m pip install -q --no-compile "torch==$TORCH_VERSION" \
     || { echo "install: pip could not install torch==$TORCH_VERSION either (above)" >&2; exit 1; }
 fi
+# The wheel ships libtorch's own C++ unit tests (gtest programs: torch/test, torch/bin/test_*, torch/bin/*Test), a
+# seventh of the CPU venv (docs/performance.md); no Python code runs them, and pip uninstalls torch without them.
+# Without a GPU its C++ headers go too: they serve only compiling (torch.compile, C++ extensions), and the app
+# compiles on a GPU alone (the graph lane)
+torch_dir=("$venv"/lib/python3*/site-packages/torch)
+step rm -rf "${torch_dir[0]}/test" "${torch_dir[0]}"/bin/test_* "${torch_dir[0]}"/bin/*Test
+has_nvidia_gpu || step rm -rf "${torch_dir[0]}/include"
 step "$py" -m pip install -q --no-compile -e "$(app_requirement)"
 step mkdir -p "$bin_dir"
 step ln -sf "$venv/bin/voicectl" "$bin_dir/voicectl"

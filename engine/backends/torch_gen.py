@@ -47,8 +47,8 @@ def pick_dtype(device: torch.device) -> torch.dtype:
 
 
 TRANSFORMERS_EXTRA = "pip install 'voiceapp[transformers]'"
-"""How to add transformers: an optional extra, left out of the user install on a CPU (docs/performance.md), where
-the LLM's weights are read without it."""
+"""How to add transformers: an optional extra, left out of the user install on a CPU, where the LLM's weights and
+tokenizer are read without it."""
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 PROBE = """
 import json, sys
 from engine.factory import EngineConfig, build_synthesizer
@@ -66,9 +68,12 @@ asyncio.run(main())
 """
 
 
-def test_a_cpu_engine_speaks_without_transformers(tiny_model, tmp_path) -> None:
-    """transformers is an extra (pyproject.toml): the CPU path, from the checkpoint to audio, never imports it."""
-    out = subprocess.run([sys.executable, "-c", WITHOUT_TRANSFORMERS, str(tiny_model), str(tmp_path / "cache")],
+@pytest.mark.parametrize("checkpoint", ["tiny_model", "orpheus_tiny"])
+def test_a_cpu_engine_speaks_without_transformers(checkpoint, request, tmp_path) -> None:
+    """transformers is an extra (pyproject.toml): the CPU path of either family, from the checkpoint to audio, never
+    imports it."""
+    model = request.getfixturevalue(checkpoint)
+    out = subprocess.run([sys.executable, "-c", WITHOUT_TRANSFORMERS, str(model), str(tmp_path / "cache")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip().splitlines()[-1]) > 0
@@ -78,8 +83,6 @@ def test_what_needs_transformers_says_which_extra_adds_it(tiny_model, tmp_path, 
     """A checkpoint without tokenizer.json, and transformers' own forward (here on the meta device: anything but
     the CPU), need the extra: one line that names it, where transformers is not installed."""
     import shutil
-
-    import pytest
 
     from engine.backends.torch_gen import TorchTokenGenerator
     from engine.errors import MissingExtra
