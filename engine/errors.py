@@ -69,6 +69,13 @@ class EngineBusy(VoiceError):
         self.retry_after_s = retry_after_s
 
 
+class MissingExtra(VoiceError):
+    """A feature needs a package that only one of pyproject.toml's optional extras installs, and this install lacks
+    it; the message names the pip command that adds it."""
+
+    title = "missing package"
+
+
 class Cancelled(VoiceError):
     """The request was stopped by the user."""
 

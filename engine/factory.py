@@ -234,9 +234,10 @@ def _load_encoder(info):
 
         tokenizer = Tokenizer.from_file(str(path))
         return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
-    from transformers import AutoTokenizer
+    from engine.backends.torch_gen import import_transformers
 
-    auto = AutoTokenizer.from_pretrained(str(info.llm_dir))
+    transformers = import_transformers(f"a tokenizer without {path}")
+    auto = transformers.AutoTokenizer.from_pretrained(str(info.llm_dir))
     return lambda text: auto.encode(text, add_special_tokens=False)
 
 

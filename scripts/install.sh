@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs voicectl for a user from this checkout: its own virtual environment, PyTorch (the CPU build where no
-# NVIDIA GPU is found), the app without test extras, and a `voicectl` link in a bin folder; then fetches the
-# default Spark-TTS checkpoint unless one is found, and says "Hello". The app is installed editable: it runs from
-# this checkout (the voice presets in assets/ are read from here), so keep the checkout where it is.
+# NVIDIA GPU is found), the app without test extras (with its transformers extra where a GPU is), and a `voicectl`
+# link in a bin folder; then fetches the default Spark-TTS checkpoint unless one is found, and says "Hello". The app
+# is installed editable: it runs from this checkout (assets/ holds the voice presets), so keep the checkout there.
 #
 # A plain venv and a link rather than pipx or `uv tool`: those would take torch from the package index's default
 # build, which on Linux x86_64 is the CUDA one (gigabytes a CPU user never runs), and torch must come first.
@@ -61,6 +61,12 @@ torch_requirement() {
   fi
 }
 
+# What pip installs of this checkout: on a GPU, with the transformers extra (the LLM's forward there, where vLLM is
+# absent); a CPU reads the checkpoint without it (pyproject.toml)
+app_requirement() {
+  if has_nvidia_gpu; then echo "$root[transformers]"; else echo "$root"; fi
+}
+
 python_ok || { echo "install: needs python3 3.10 or newer on PATH" >&2; exit 1; }
 torch_req=$(torch_requirement)
 case "$torch_req" in
@@ -73,16 +79,25 @@ py="$venv/bin/python"
 
 say "into $venv, with voicectl linked in $bin_dir"
 step python3 -m venv "$venv"
-step "$py" -m pip install -q --upgrade pip
-if ! step "$py" -m pip install -q "${torch_index[@]}" "$torch_req"; then
+# --no-compile: pip would byte-compile every module it installs, a fifth of the venv (docs/performance.md);
+# Python compiles, and caches, only the modules a run imports
+step "$py" -m pip install -q --no-compile --upgrade pip
+if ! step "$py" -m pip install -q --no-compile "${torch_index[@]}" "$torch_req"; then
   # pip's sources may hold only the default build (PyPI has no +cpu one): that one runs on a CPU too, only larger
   [ "$torch_req" = "torch==$TORCH_VERSION+cpu" ] || { echo "install: pip could not install $torch_req (above)" >&2; exit 1; }
   say "no CPU build of PyTorch in pip's package sources: the default build instead (larger: it brings CUDA" \
       "libraries; VOICEAPP_TORCH_INDEX set to PyTorch's CPU wheel index gives the smaller one)"
-  step "$py" -m pip install -q "torch==$TORCH_VERSION" \
+  step "$py" -m pip install -q --no-compile "torch==$TORCH_VERSION" \
     || { echo "install: pip could not install torch==$TORCH_VERSION either (above)" >&2; exit 1; }
 fi
-step "$py" -m pip install -q -e "$root"
+# The wheel ships libtorch's own C++ unit tests (gtest programs: torch/test, torch/bin/test_*, torch/bin/*Test), a
+# seventh of the CPU venv (docs/performance.md); no Python code runs them, and pip uninstalls torch without them.
+# Without a GPU its C++ headers go too: they serve only compiling (torch.compile, C++ extensions), and the app
+# compiles on a GPU alone (the graph lane)
+torch_dir=("$venv"/lib/python3*/site-packages/torch)
+step rm -rf "${torch_dir[0]}/test" "${torch_dir[0]}"/bin/test_* "${torch_dir[0]}"/bin/*Test
+has_nvidia_gpu || step rm -rf "${torch_dir[0]}/include"
+step "$py" -m pip install -q --no-compile -e "$(app_requirement)"
 step mkdir -p "$bin_dir"
 step ln -sf "$venv/bin/voicectl" "$bin_dir/voicectl"
 [ "$dry_run" = 1 ] && exit 0

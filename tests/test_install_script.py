@@ -58,9 +58,18 @@ def test_a_torch_index_is_added_to_the_torch_step_only(tmp_path: Path) -> None:
     assert "--extra-index-url" not in app_step
 
 
-def test_with_an_nvidia_gpu_it_installs_the_default_torch_build(tmp_path: Path) -> None:
-    torch_step = pip_installs(dry_run(tmp_path, gpu=True))[1]
+def test_with_an_nvidia_gpu_it_installs_the_default_torch_build_and_the_transformers_extra(tmp_path: Path) -> None:
+    torch_step, app_step = pip_installs(dry_run(tmp_path, gpu=True))[1:]
     assert torch_step[-1] == "torch==2.13.0"
+    assert app_step[-2:] == ["-e", f"{ROOT}[transformers]"]
+
+
+def test_every_pip_step_skips_byte_compiling(tmp_path: Path) -> None:
+    """pip's byte-compiling of every installed module is a fifth of the CPU install (docs/performance.md)."""
+    for gpu in (False, True):
+        (tmp_path / str(gpu)).mkdir()
+        steps = pip_installs(dry_run(tmp_path / str(gpu), gpu=gpu))
+        assert len(steps) == 3 and all("--no-compile" in step for step in steps), steps
 
 
 def test_torch_pin_matches_the_development_setup() -> None:
@@ -104,3 +113,17 @@ def test_where_pip_has_no_cpu_build_it_installs_the_default_one_and_says_so(tmp_
     else:
         assert asked == ["pip", "torch==2.13.0", str(ROOT)], asked
     assert (tmp_path / "home" / ".local" / "bin" / "voicectl").is_symlink()
+
+
+def test_torchs_test_programs_go_and_without_a_gpu_its_headers_too(tmp_path: Path) -> None:
+    """Between the torch step and the app step: libtorch's C++ test programs are removed everywhere, its C++ headers
+    only without a GPU (the graph lane compiles on a GPU)."""
+    for gpu in (False, True):
+        (tmp_path / str(gpu)).mkdir()
+        commands = dry_run(tmp_path / str(gpu), gpu=gpu)
+        at = [i for i, c in enumerate(commands) if c[1:4] == ["-m", "pip", "install"]]
+        removals = commands[at[1] + 1:at[2]]
+        torch_dir = str(tmp_path / str(gpu) / "home" / ".local" / "share" / "voiceapp" / "venv" / "lib" /
+                        "python3*" / "site-packages" / "torch")
+        expected = [["rm", "-rf", f"{torch_dir}/test", f"{torch_dir}/bin/test_*", f"{torch_dir}/bin/*Test"]]
+        assert removals == expected + ([] if gpu else [["rm", "-rf", f"{torch_dir}/include"]]), removals

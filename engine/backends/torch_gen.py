@@ -21,7 +21,7 @@ from engine.backends.qwen2_checkpoint import Qwen2Weights, read_config
 from engine.backends.qwen2_static import StaticQwen2
 from engine.backends.qwen2_static import supported as static_supported
 from engine.config import QUANTIZE, SamplingOptions
-from engine.errors import GenerationError, ModelFormatError, ModelNotFound
+from engine.errors import GenerationError, MissingExtra, ModelFormatError, ModelNotFound
 from engine.events import EventSink, Notice, ignore_events
 from engine.prompt import Prompt
 from engine.rows import Asked, RowSteps, consecutive
@@ -45,6 +45,10 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+
+TRANSFORMERS_EXTRA = "pip install 'voiceapp[transformers]'"
+"""How to add transformers: an optional extra, left out of the user install on a CPU, where the LLM's weights and
+tokenizer are read without it."""
 
 STATIC_CACHE_STEP = 256
 """Positions a request's static cache holds beyond its prompt at first; it doubles when a stream outgrows it."""
@@ -205,6 +209,16 @@ class _RowCache:
             self.rows.steps.leave(req, self.slot, self)
 
 
+def import_transformers(needed_for: str) -> Any:
+    """The transformers package, or one line naming its extra where this install lacks it."""
+    try:
+        import transformers
+    except ImportError:
+        raise MissingExtra(f"{needed_for} needs transformers, which is not installed here: "
+                           f"{TRANSFORMERS_EXTRA}") from None
+    return transformers
+
+
 class TorchTokenGenerator:
     """TokenGenerator over a transformers causal LM with an explicit KV-cached incremental loop."""
 
@@ -331,15 +345,13 @@ class TorchTokenGenerator:
 
     def _load(self, model_or_dir: Any, dtype: torch.dtype | None) -> torch.nn.Module:
         if isinstance(model_or_dir, (str, Path)):
-            from transformers import AutoModelForCausalLM
-            from transformers.utils import logging as hf_logging
-
             path = Path(model_or_dir)
             if not (path / "config.json").is_file():
                 raise ModelNotFound(f"no LLM checkpoint (config.json) in {path}; download the model first")
-            hf_logging.disable_progress_bar()  # the engine never prints; front ends show load progress
+            transformers = import_transformers(f"the LLM on {self.device.type} (transformers' forward)")
+            transformers.utils.logging.disable_progress_bar()  # the engine never prints; front ends show progress
             try:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or pick_dtype(self.device))
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype or pick_dtype(self.device))
             except Exception as e:  # missing shards, bad safetensors, unknown architecture: one user-facing error
                 raise ModelFormatError(f"cannot load the LLM from {path}: {e}") from e
         else:
