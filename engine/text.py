@@ -710,7 +710,7 @@ def _markup_around(text: str, start: int, p: int, stop: int) -> int | None:
 _SYMBOL_WORDS = {"&": "and", "@": "at", "+": "plus", "=": "equals", "<": "less than", ">": "greater than",
                  "%": "percent", "\u00b0": "degrees", "/": "slash", ".": "dot"}
 _SYMBOL = re.compile(r"(?<!\s)\s*[&@+%\u00b0]\s*|(?<=[\w)])\s*[=<>]\s*(?=[\w(-])|(?<=\w)/(?=\w)|(?<=\w)\.(?=[A-Za-z])")
-"""A symbol to say as a word, with the spaces around it. The spaces before one are matched only from the start
+r"""A symbol to say as a word, with the spaces around it. The spaces before one are matched only from the start
 of their run (`(?<!\s)`): tried from every place inside a long run, `\s*` read the rest of the run each time, so a
 run of n spaces cost n * n steps (a megabyte of them blocked the HTTP API's loop)."""
 _JUNK = re.compile(r"[^\w\s.,;:!?'\"()-]|_")

@@ -11,7 +11,8 @@
 #   and whether the two outputs are the same bytes.
 # - first byte: lab/http_latency.py at 1 client, p50, Ray's server minus the plain one.
 # - cold start: `serve --ray --min-replicas 0`, idle until it has no replica, then one request: the wait it logs.
-# Env: BACKEND (default torch: the crowd's lane sized to the GPU, built before answering, no vLLM needed),
+# Env: PARTS (default serve,zero,export: a subset when one call cannot hold all three; the JSON at the end is
+# written by the export part), BACKEND (default torch: the crowd's lane sized to the GPU, built before answering, no vLLM needed),
 # LOAD_RATES (default 8,16,32,48,64,96), LOAD_SECONDS (default 20), BOOK_MINUTES (default 60), MODEL (default: the
 # synthetic full checkpoint, written once under $TMPDIR), PORT (the servers' HTTP port, default 8000).
 # A dry run on a machine without GPUs runs every step (CPU replicas and workers; nvidia-smi absent, device null):
@@ -29,7 +30,9 @@ ENGINE=(--model "$MODEL" --backend "$BACKEND")
 
 serve_up() {  # NAME ARGS...: a server on 127.0.0.1:$PORT with its own socket; waits until it answers
   local name=$1; shift
-  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:$PORT "$@" \
+  # the stream limit far above what a GPU holds: refusals then come from the admission, which is what is measured
+  VOICEAPP_SOCKET=$WORK/$name.sock python3 -m voiceapp.cli serve "${ENGINE[@]}" --http 127.0.0.1:$PORT \
+      --http-max-streams 4000 --http-max-connections 4000 "$@" \
       2>"$OUT/serve-$name.log" &
   SERVER=$!
   for _ in $(seq 1800); do curl -s -o /dev/null $URL/health && return 0; sleep 0.2; done
@@ -44,12 +47,15 @@ measure() {  # NAME: first byte at 1 client, then the load test
   tail -12 "$OUT/load-$name.txt"
 }
 
+PARTS=${PARTS:-serve,zero,export}
+part() { case ",$PARTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
 # serving: one GPU, plain; two GPUs, through Ray (one replica each)
-CUDA_VISIBLE_DEVICES=0 serve_up direct && { measure direct; serve_down; }
-serve_up ray --ray && { measure ray; VOICEAPP_SOCKET=$WORK/ray.sock python3 -m voiceapp.cli status --json > "$OUT/status-ray.json"; serve_down; }
+part serve && CUDA_VISIBLE_DEVICES=0 serve_up direct && { measure direct; serve_down; }
+part serve && serve_up ray --ray && { measure ray; VOICEAPP_SOCKET=$WORK/ray.sock python3 -m voiceapp.cli status --json > "$OUT/status-ray.json"; serve_down; }
 
 # scale to zero: no replica while idle, then one request
-serve_up zero --ray --min-replicas 0 --max-replicas 1 --scale-down-after 5 && {
+part zero && serve_up zero --ray --min-replicas 0 --max-replicas 1 --scale-down-after 5 && {
   for _ in $(seq 120); do  # until Serve has removed the replica (Ray's own view of the deployment)
     python3 -c "
 from ray import serve; import logging, ray, sys
@@ -65,6 +71,7 @@ sys.exit(0 if sum(d.replica_states.values()) == 0 else 1)" 2>/dev/null && break
 }
 
 # export: an hour of text on one GPU, then on both through Ray Data
+part export || exit 0
 python3 lab/make_book.py $WORK/book.txt --minutes "${BOOK_MINUTES:-60}"
 CUDA_VISIBLE_DEVICES=0 python3 -m voiceapp.cli export $WORK/book.txt -o $WORK/1.wav "${ENGINE[@]}" \
     --no-progress --json > "$OUT/export-1gpu.json" 2>"$OUT/export-1gpu.log"
