@@ -148,3 +148,19 @@ def test_a_ctrl_c_as_say_exits_after_the_audio_device_stopped_keeps_its_line(pri
     assert any(line.startswith("voicectl: the audio output device stopped") for line in lines), done.stderr
     device_lines = {line for line in lines if line.startswith("voicectl: the audio output")}
     assert_quiet(done, at, device_lines | {"voicectl: interrupted"})
+
+
+@pytest.mark.audio
+@pytest.mark.parametrize("args, line", [(["say", "   "], "voicectl: the text is empty: nothing to say"),
+                                        (["say", "Hi.", "--latency", "0"], "voicectl: --latency 0: must be"),
+                                        (["say"], "usage: voicectl say")],
+                         ids=["empty text", "bad option", "no text"])
+def test_a_say_that_stops_before_it_plays_says_why_and_does_not_crash(pulse_server, args, line) -> None:
+    """`say` starts PortAudio first thing, on a thread; one that stops at once (its line printed while Pa_Initialize
+    has descriptor 2 pointed at /dev/null, its exit while Pa_Initialize runs) lost the line and crashed (SIGSEGV)
+    about half the time."""
+    env = {**os.environ, "VOICEAPP_NO_SERVER": "0"}  # the road that starts PortAudio early
+    for _ in range(10):
+        done = subprocess.run([sys.executable, "-m", "voiceapp.cli", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 2 and done.stderr.startswith(line), (done.returncode, done.stderr)

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if plays_through_server(argv, os.environ):
         from engine.backends.portaudio_calls import start_loading  # the standard library alone
 
-        start_loading()  # first: PortAudio starts (mostly without the GIL) while the rest is imported and sent
+        start_loading(own_stderr=whole)  # first: PortAudio starts (mostly without the GIL) while the rest is imported
     machine = os.uname().machine if hasattr(os, "uname") else __import__("platform").machine()
     if machine.lower() in ("x86_64", "amd64"):
         for name, value in BLAS_THREADS.items():
@@ -137,7 +137,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], outcome: list[
             outcome.append(2)
             return
         outcome.append(int(args.run(args) or 0))
-    except (VoiceError, KeyboardInterrupt, BrokenPipeError) as err:
+    except (VoiceError, KeyboardInterrupt, BrokenPipeError, SystemExit) as err:  # SystemExit: argparse's
         outcome.append(err)
 
 
@@ -154,4 +154,8 @@ def render(outcome: list[int | BaseException]) -> int:
     elif isinstance(first, VoiceError):
         print(f"voicectl: {first}", file=sys.stderr)
         code = first.exit_code
+    elif isinstance(first, SystemExit):  # as the interpreter would end on it: a message goes to stderr, status 1
+        if first.code is not None and not isinstance(first.code, int):
+            print(first.code, file=sys.stderr)
+        code = first.code if isinstance(first.code, int) else int(first.code is not None)
     return quiet_exit.INTERRUPTED if len(outcome) > 1 else code
