@@ -6,6 +6,8 @@ atexit callback") and kept the command's own status.
 Deterministic: a real `say` process on the lean road, playing into PulseAudio's null sink, sends itself SIGINT at a
 chosen call of its exit path (a profile hook counts every Python and C call from the moment `say`'s run returned).
 The product runs as it does for a user; only the moment of the signal is chosen.
+
+Also a `say` that stops before it plays, while PortAudio still starts on its thread: its line kept, no crash.
 """
 from __future__ import annotations
 
