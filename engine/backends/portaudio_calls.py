@@ -76,24 +76,29 @@ def answer(call: Callable[[], Any], sd: Any, *, name: str, wait_s: float = OPEN_
     return value
 
 
-_load: dict[str, Any] = {"done": threading.Event(), "started": None, "module": None, "error": None, "fd": None}
+_load: dict[str, Any] = {"done": threading.Event(), "started": None, "module": None, "error": None, "fd": None,
+                         "abandoned": False}
 """This process's import of sounddevice: set once it ended, when it began (time.monotonic), the module or the
-import's error, and a copy of stderr's descriptor kept while it runs."""
+import's error, a copy of stderr's descriptor kept while it runs, and whether a wait for it gave up."""
 _load_lock = threading.Lock()
 
 
-def start_loading() -> None:
+def start_loading(own_stderr: bool = False) -> None:
     """Import sounddevice (which starts PortAudio) on a daemon thread, once a process; returns at once.
 
     sounddevice points descriptor 2 at /dev/null while Pa_Initialize runs (ALSA's chatter). A copy of it is kept
     until the import ends, so that a process that gives up on a Pa_Initialize that never returns can point it back
-    (`load_sounddevice`) and still say why it stops."""
+    (`load_sounddevice`) and still say why it stops. `own_stderr` (a process's own entry point: it replaces
+    sys.stderr): sys.stderr writes to a copy of descriptor 2 from now on, so that a line Python prints meanwhile
+    (an option's error, an empty text's) is not lost."""
     with _load_lock:
         if _load["started"] is not None:
             return
         _load["started"] = time.monotonic()
         with contextlib.suppress(OSError):
             _load["fd"] = os.dup(2)
+        if own_stderr:
+            _stderr_on_a_copy()
 
     def load() -> None:
         try:
@@ -110,6 +115,28 @@ def start_loading() -> None:
                 os.close(fd)
 
     threading.Thread(target=load, name="portaudio-load", daemon=True).start()
+    atexit.register(_settle_loading)
+
+
+def _stderr_on_a_copy() -> None:
+    """Point sys.stderr at a copy of descriptor 2 (same file, same line buffering): Pa_Initialize's redirect of
+    descriptor 2 then leaves it alone."""
+    old = sys.stderr
+    try:
+        old.flush()
+        copy = os.dup(old.fileno())
+    except (AttributeError, OSError, ValueError):  # no stderr, or one without a descriptor: nothing to keep
+        return
+    sys.stderr = open(copy, "w", buffering=1, encoding=old.encoding, errors=old.errors)
+
+
+def _settle_loading() -> None:
+    """At exit: wait for an import still in flight, WAIT_S at most (a live audio server's Pa_Initialize takes a
+    fraction of it; one already given up on is not waited for again). A process that ends while Pa_Initialize runs
+    on its thread may crash in it (the C libraries it calls are torn down under it): a `say` that stops before it
+    plays (a bad option, an empty text) did."""
+    if not _load["abandoned"] and not _load["done"].wait(WAIT_S):
+        _gave_up_loading()
 
 
 def load_sounddevice(wait_s: float = LOAD_WAIT_S) -> Any:
@@ -168,6 +195,7 @@ def _gave_up_loading() -> bool:
         if _load["fd"] is not None:
             with contextlib.suppress(OSError):
                 os.dup2(_load["fd"], 2)
+        _load["abandoned"] = True
         return True
 
 

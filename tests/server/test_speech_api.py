@@ -1,5 +1,6 @@
 """The HTTP API's pure parts: what a speech request means (voiceapp.http.rules) and how its audio is written
 (voiceapp.http.formats), without a server."""
+import dataclasses
 import io
 import json
 import struct
@@ -12,8 +13,8 @@ from engine.errors import InputError
 from voiceapp.http.rules import (OPENAI_VOICES, RETRY_AFTER_MAX_S, SPEECH_CHARS_PER_S, ApiError, HttpLimits,
                                  authorized, expected_audio_s, http_settings, is_loopback, parse_listen, parse_speech,
                                  resolve_voice, retry_after_s, voices_body)
-from voiceapp.http.formats import (FORMATS, WAV_UNKNOWN_SIZE, StreamEncoder, atempo_stages, pcm16,
-                                     supported_formats)
+from voiceapp.http.formats import (FORMATS, QUIET_PEAK, WAV_UNKNOWN_SIZE, StreamEncoder, _Muxer, atempo_stages,
+                                   pcm16, supported_formats)
 
 VOICES = ("ava", "emma", "leo", "max", "mia", "sam")
 ALL_FORMATS = tuple(FORMATS)
@@ -263,6 +264,51 @@ def test_streamed_bodies_decode_to_the_length_within_a_codec_frame(fmt):
     want = len(x) * rate // 16000
     frame = {"mp3": 1152, "aac": 1024 + 1024}.get(fmt, 0)  # MP3: the end padding; AAC: priming and padding
     assert want <= len(decoded) <= want + frame, (len(decoded), want)
+
+
+def every_packet_aac(x: np.ndarray) -> bytes:
+    """`x` as ADTS with every packet the encoder made (what the aac format sent before it could leave one out)."""
+    muxer = _Muxer(dataclasses.replace(FORMATS["aac"], states_priming=True), 16000, True)
+    muxer.write(pcm16(x))
+    return muxer.finish()
+
+
+AAC = 1024
+"""AAC-LC's frame (and its encoder's priming), in samples."""
+
+
+@pytest.mark.skipif("aac" not in supported_formats(), reason="no AAC encoder in this FFmpeg")
+@pytest.mark.parametrize("sized", [False, True], ids=["streamed", "sized"])
+@pytest.mark.parametrize("edge", ["silent lead", "quiet lead", "quiet tail", "loud"])
+def test_aac_decodes_within_a_frame_of_the_audio_where_its_first_or_last_frame_is_quiet(edge, sized):
+    """FFmpeg decodes every ADTS packet, the encoder's priming too: 1024 samples more than the audio, plus the last
+    frame's padding. With a quiet first frame the priming packet is left out and the audio is decoded from its
+    first sample; else with a quiet end, the last packet; either way within a frame of the audio. Loud at both
+    ends: every packet (the priming stays, over a frame)."""
+    x = tone(1.0)[:-77].copy()  # the last frame partial
+    rng = np.random.default_rng(0)
+    if edge == "silent lead":
+        x[:AAC + 100] = 0
+    elif edge == "quiet lead":  # noise just under QUIET_PEAK: not digital silence
+        x[:AAC + 100] = rng.integers(-QUIET_PEAK, QUIET_PEAK + 1, AAC + 100) / 32767
+    elif edge == "quiet tail":
+        x[-AAC:] = rng.integers(-QUIET_PEAK, QUIET_PEAK + 1, AAC) / 32767
+    _, data = encode("aac", x, piece=1600, sized=sized)
+    got, _ = av_decoded(data)
+    every, _ = av_decoded(every_packet_aac(x))
+    padded = -(-len(x) // AAC) * AAC  # the audio and the last frame's padding
+    assert len(every) == padded + AAC  # what a decoder made of every packet: the priming first
+    if edge == "loud":
+        assert np.array_equal(got, every)
+        return
+    assert len(x) <= len(got) == padded < len(x) + AAC  # within a frame
+    if edge == "quiet tail":  # the stream ends a frame early: all before it decodes exactly the same
+        assert np.array_equal(got, every[:padded])
+        return
+    # from its first sample: the priming's frame rebuilt from one packet (exactly, for silence), the rest the same
+    first = np.abs(got[:AAC].astype(int) - every[AAC:2 * AAC].astype(int)).max()
+    assert first == 0 if edge == "silent lead" else first <= 2 * QUIET_PEAK, first
+    assert np.array_equal(got[AAC:], every[2 * AAC:])
 
 
 def test_retry_after_is_the_soonest_planned_end_at_each_streams_own_pace():

@@ -88,35 +88,74 @@ def plays_through_server(argv: list[str], env: Mapping[str, str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `argv`'s command; its exit status. `argv` None: this process is voicectl (its console script, `python -m
+    voiceapp.cli`), and a Ctrl-C at its exit ends it quietly with 130 (voiceapp.cli.quiet_exit); a list: a caller's
+    own process, whose signals are left alone."""
     import os
 
+    from voiceapp.cli import quiet_exit  # the standard library alone
+
+    whole = argv is None
+    if whole:
+        quiet_exit.arm()  # before any other atexit hook (PortAudio's, as start_loading imports it)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["tui", *argv]  # bare `voicectl [--flags]` opens the TUI
     if plays_through_server(argv, os.environ):
         from engine.backends.portaudio_calls import start_loading  # the standard library alone
 
-        start_loading()  # first: PortAudio starts (mostly without the GIL) while the rest is imported and sent
+        start_loading(own_stderr=whole)  # first: PortAudio starts (mostly without the GIL) while the rest is imported
     machine = os.uname().machine if hasattr(os, "uname") else __import__("platform").machine()
     if machine.lower() in ("x86_64", "amd64"):
         for name, value in BLAS_THREADS.items():
             os.environ.setdefault(name, value)
     for name, value in NO_TELEMETRY.items():  # inherited by every process voicectl starts
         os.environ.setdefault(name, value)
+    parser = build_parser(argv[0] if argv[0].replace("-", "_") in COMMANDS else None)
+    outcome: list[int | BaseException] = []
+    try:
+        run_command(parser, argv, outcome)
+        if whole:
+            quiet_exit.HOLD()
+    except KeyboardInterrupt as err:  # it landed as the outcome was kept, or before HOLD
+        if whole:
+            quiet_exit.HOLD()  # first: a second Ctrl-C is noted, not raised in here
+        outcome.append(err)
+    code = render(outcome)
+    return quiet_exit.INTERRUPTED if quiet_exit.interrupted() else code
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str], outcome: list[int | BaseException]) -> None:
+    """Parse `argv` and run its command: its exit code, or the error to report, appended to `outcome` (kept there as
+    soon as it is known: a Ctrl-C landing as this returns cannot lose it)."""
     from engine.errors import VoiceError
 
-    parser = build_parser(argv[0] if argv[0].replace("-", "_") in COMMANDS else None)
     try:
         args = parser.parse_args(argv)  # a number out of range: an InputError from voiceapp.limits
         if args.command is None:
             parser.print_help()
-            return 2
-        return int(args.run(args) or 0)
-    except VoiceError as err:
-        print(f"voicectl: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
+            outcome.append(2)
+            return
+        outcome.append(int(args.run(args) or 0))
+    except (VoiceError, KeyboardInterrupt, BrokenPipeError, SystemExit) as err:  # SystemExit: argparse's
+        outcome.append(err)
+
+
+def render(outcome: list[int | BaseException]) -> int:
+    """The exit code of `outcome` (the command's, then any Ctrl-C that came after it), its error's line printed."""
+    from engine.errors import VoiceError
+    from voiceapp.cli import quiet_exit
+
+    first = outcome[0]
+    code = first if isinstance(first, int) else 1  # 1: a reader of our output went away (BrokenPipeError)
+    if isinstance(first, KeyboardInterrupt):
         print("voicectl: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 1
+        code = quiet_exit.INTERRUPTED
+    elif isinstance(first, VoiceError):
+        print(f"voicectl: {first}", file=sys.stderr)
+        code = first.exit_code
+    elif isinstance(first, SystemExit):  # as the interpreter would end on it: a message goes to stderr, status 1
+        if first.code is not None and not isinstance(first.code, int):
+            print(first.code, file=sys.stderr)
+        code = first.code if isinstance(first.code, int) else int(first.code is not None)
+    return quiet_exit.INTERRUPTED if len(outcome) > 1 else code

@@ -10,7 +10,9 @@ chunks in, bytes out as soon as the codec gives them.
         decoders that read the frame trim it even when streamed; sized bodies also carry the frame count and the
         end padding (gapless)
   opus  Ogg Opus, a page at least every OGG_PAGE_MS; the last page's granule trims the end
-  aac   AAC-LC in ADTS frames (streamable; ADTS has no field for the encoder's 1024-sample priming)
+  aac   AAC-LC in ADTS frames (streamable). ADTS has no field for the encoder's 1024-sample priming, and FFmpeg
+        decodes it as audio; where the audio's first frame is quiet, the priming packet is left out (the first frame
+        sent then carries it), else where its last, partial frame is, that packet is (`_Muxer._lets_go`)
 
 "Sized" is a body encoded whole before it is sent (`StreamEncoder(sized=True)`): the muxer may seek back to write
 what it only knows at the end. Streamed bodies go to a `_Tail`, a file that keeps only what is not yet sent: the
@@ -39,6 +41,12 @@ SPEED_RANGE = (0.25, 4.0)
 """The `speed` values the API takes (OpenAI's range)."""
 ATEMPO_STAGE = (0.5, 2.0)
 """The factor one atempo stage is asked for at most: a wider factor is split into equal stages within this."""
+QUIET_PEAK = 32
+"""The largest 16-bit sample (-60 dBFS) of a frame that an AAC stream may rebuild from one packet instead of two, or
+leave out at its end (`_Muxer._lets_go`); the decoded samples then differ from the whole stream's by about that
+much, in that frame only."""
+EDGE = 4096
+"""Samples kept from each end of a stream whose container cannot state the priming: more than a codec frame."""
 TEMPO_TAIL_S = 0.1
 """Silence fed to atempo after the last sample: the filter holds back up to a window of the input (flushing it
 alone cuts the last tens of milliseconds), and this pushes all of it out; the output is then cut to its length."""
@@ -60,6 +68,9 @@ class Format:
     """The container's FFmpeg options (a streamed body also gets flush_packets, so each packet goes out at once)."""
     codec_options: dict[str, str] = field(default_factory=dict)
     """The encoder's FFmpeg options."""
+    states_priming: bool = True
+    """Whether the container tells a decoder how many samples the encoder's priming and end padding are (MP3's info
+    frame, Opus's pre-skip and granule); ADTS cannot."""
 
 
 FORMATS = {
@@ -68,7 +79,7 @@ FORMATS = {
     "flac": Format("audio/flac", "flac", "flac", codec_options={"compression_level": "0"}),
     "mp3": Format("audio/mpeg", "mp3", "libmp3lame", 64000, {"id3v2_version": "0"}),
     "opus": Format("audio/ogg", "ogg", "libopus", 32000, {"page_duration": str(int(OGG_PAGE_MS * 1000))}),
-    "aac": Format("audio/aac", "adts", "aac", 64000),
+    "aac": Format("audio/aac", "adts", "aac", 64000, states_priming=False),
 }
 """response_format -> how to write it, in the order the API lists them."""
 
@@ -228,27 +239,60 @@ class _Muxer:
             self._stream.codec_context.bit_rate = spec.bit_rate
         self._pts = 0
         self._closed = False
+        self._lead = self._tail = np.zeros(0, np.int16)
+        """The first and the last EDGE samples (kept where the container cannot state the priming)."""
+        self._primed = True
+        """The encoder's priming packet was sent."""
 
     def write(self, ints: np.ndarray) -> bytes:
         if len(ints):
             import av
 
+            if not self.spec.states_priming:
+                self._note_edges(ints)
             frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(ints, np.int16)[None, :], format="s16",
                                                layout="mono")
             frame.sample_rate, frame.pts = self.rate, self._pts
             self._pts += len(ints)
             for packet in self._stream.encode(frame):
-                self._container.mux(packet)
+                self._mux(packet, last=False)
         return self._take()
 
     def finish(self) -> bytes:
-        for packet in self._stream.encode(None):
-            self._container.mux(packet)
+        packets = list(self._stream.encode(None))
+        for i, packet in enumerate(packets):
+            self._mux(packet, last=i == len(packets) - 1)
         self._closed = True
         self._container.close()
         if self.sized:
             return self._out.getvalue()
         return self._take()
+
+    def _note_edges(self, ints: np.ndarray) -> None:
+        """Keep the first and the last EDGE samples (the codec's frame size is known only once it has opened)."""
+        if len(self._lead) < EDGE:
+            self._lead = np.concatenate([self._lead, ints[:EDGE - len(self._lead)]])
+        self._tail = np.concatenate([self._tail, ints[-EDGE:]])[-EDGE:]
+
+    def _mux(self, packet: Any, last: bool) -> None:
+        if self.spec.states_priming or not self._lets_go(packet, last):
+            self._container.mux(packet)
+
+    def _lets_go(self, packet: Any, last: bool) -> bool:
+        """Whether to leave out this packet of a stream whose container cannot state the priming (ADTS). A decoder
+        then makes a codec frame of every packet, the encoder's priming (its first packet, before the first sample)
+        and the last one's padding included: over a frame more than the audio. Where the audio's first frame is
+        quiet (QUIET_PEAK), the priming packet goes: the next one, the first the decoder gets, rebuilds that frame
+        on its own (a frame needs two packets, so only quiet audio survives that). Else, where the samples only the
+        last packet carries are quiet, that one goes: the stream ends on the frame before. Either way the decoder
+        gives the audio's length plus less than a frame; audio that is loud at both ends keeps every packet."""
+        size = self._stream.codec_context.frame_size
+        start = int(packet.pts * packet.time_base * self.rate) if packet.pts is not None else 0
+        length = int(packet.duration * packet.time_base * self.rate) if packet.duration else size
+        if start + length <= 0 and _quiet(self._lead[:size]):
+            self._primed = False
+            return True
+        return last and self._primed and 0 < length < size and start >= 0 and _quiet(self._tail[-length:])
 
     def close(self) -> None:
         if not self._closed:
@@ -265,6 +309,10 @@ class _Muxer:
         if self.spec.muxer == "wav" and self._out.taken == len(data):  # the header: the sizes are not known yet
             data = _unknown_wav_sizes(data)
         return data
+
+
+def _quiet(ints: np.ndarray) -> bool:
+    return int(np.abs(ints.astype(np.int32)).max(initial=0)) <= QUIET_PEAK
 
 
 def _unknown_wav_sizes(head: bytes) -> bytes:
