@@ -23,6 +23,11 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+DECODER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""Codec decoder precisions by name, each with its torch dtype's name (`getattr(torch, ...)`). fp16 keeps fp32's
+exponent-free range far enough for a decoder's activations and 3 more mantissa bits than bf16, at bf16's speed on a
+GPU's tensor cores; which one a GPU runs by default is engine.factory.GPU_DECODER_DTYPE."""
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """Per-request sampling knobs; defaults are the upstream reference's."""
@@ -118,7 +123,7 @@ class EngineConfig:
     decoder_device: str = "auto"
     """Codec decoder device: auto (the engine's GPU if present and not slower than the CPU) | cpu | cuda | cuda:N."""
     decoder_dtype: str = "auto"
-    """Codec decoder precision: auto | fp32 | bf16. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
+    """Codec decoder precision: auto or a DECODER_DTYPES name. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where it multiplies
     bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
@@ -184,7 +189,7 @@ class EngineConfig:
             raise ValueError(f"unknown backend {self.backend!r}")
         if self.quantize not in ("auto", *QUANTIZE):
             raise ValueError(f"unknown quantize {self.quantize!r}")
-        if self.decoder_dtype not in ("auto", "fp32", "bf16"):
+        if self.decoder_dtype not in ("auto", *DECODER_DTYPES):
             raise ValueError(f"unknown decoder dtype {self.decoder_dtype!r}")
         if self.decoder_autotune not in DECODER_AUTOTUNE:
             raise ValueError(f"unknown decoder autotune policy {self.decoder_autotune!r}")

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterator, MutableMapping
 
-from engine.config import EngineConfig
+from engine.config import DECODER_DTYPES, EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
 from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
@@ -18,14 +18,13 @@ from engine.windowing import WindowSchedule
 
 
 GPU_DECODER_DTYPE = "fp32"
-"""BiCodec precision on CUDA by default. fp32: bf16's error at the streaming seams is outside the seam tolerance,
-and fp32 is already far faster than the streams need."""
+"""BiCodec precision on CUDA by default. fp32: bf16's error at the streaming seams is outside the seam tolerance;
+fp16's is within it, but whether it pays where fp32 is short (crowds of hundreds) is not measured on a GPU yet."""
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
 capture batching.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): fewer graphs to capture make a fresh `voicectl say` done sooner, with the same
 first audio."""
-DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 """How notices name a decoder precision (torch's names)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
@@ -282,7 +281,7 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
         events(Notice(f"GPU decoder unavailable ({str(err).splitlines()[0]}); decoding on the CPU"))
         return _cpu_decoder(family, info, config, events)
     graphs = "no CUDA graphs" if config.deterministic or not seconds else f"CUDA graphs captured in {seconds:.1f} s"
-    events(Notice(f"decoder on {torch.cuda.get_device_name(device)} ({device}, {DTYPE_NAMES[dtype]}, {graphs})"))
+    events(Notice(f"decoder on {torch.cuda.get_device_name(device)} ({device}, {DECODER_DTYPES[dtype]}, {graphs})"))
     if config.decoder_device == "auto":
         probe = family.probe_item(lengths_for(config.schedule)[0])
         gpu_s = probe_decoder(gpu, probe)
@@ -301,7 +300,7 @@ def _cpu_decoder(family, info, config: EngineConfig, events: EventSink):
     with phase("decoder", events):
         decoder = family.decoder(info, "cpu", dtype, threads=config.threads)
     if dtype != "fp32":
-        events(Notice(f"decoder on the CPU: {DTYPE_NAMES[dtype]} (float32 with --quantize none)"))
+        events(Notice(f"decoder on the CPU: {DECODER_DTYPES[dtype]} (float32 with --quantize none)"))
     return decoder
 
 

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decoder-only", action="store_true",
                    help="only the decoder precision/seam/speed checks (GPU only; no LLM, no reference)")
     p.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
-    p.add_argument("--decoder-dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--decoder-dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto")
     p.add_argument("--decoder-autotune", choices=DECODER_AUTOTUNE, default="all",
                    help="GPU decoder graphs captured with cuDNN's timed algorithms (default all, as `voicectl "
                         "serve` does; in-process front ends use none)")

@@ -214,7 +214,8 @@ def bicodec(out: dict, path: str, root: Path) -> None:
 
     write_bicodec(root, "full", 0)  # writes root/BiCodec
     # the busy schedule's window lengths (16 left + 16 new + 16 right, then longer) at crowd batches
-    out["bicodec_speed"] = decoder_speed(root / "BiCodec", (48, 96), batches=(16, 64), repeats=5)
+    out["bicodec_speed"] = decoder_speed(root / "BiCodec", (48, 96), batches=(16, 64),
+                                         dtypes=("fp32", "fp16", "bf16"), repeats=5)
     save(out, path)
 
 

@@ -38,7 +38,7 @@ def available() -> bool:
 def usable(x: torch.Tensor, alpha: torch.Tensor) -> bool:
     """True when `fused_snake` may replace the eager formula for this call."""
     return (x.is_cuda and x.dim() == 3 and x.is_contiguous() and x.dtype in (torch.float32,
-            torch.bfloat16) and alpha.numel() == x.shape[1] and x.numel() < MAX_ELEMENTS
+            torch.float16, torch.bfloat16) and alpha.numel() == x.shape[1] and x.numel() < MAX_ELEMENTS
             and not torch.is_grad_enabled() and available())
 
 

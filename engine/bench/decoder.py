@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from engine.backends.base import DecodeItem
+from engine.config import DECODER_DTYPES
 from engine.seams import seam_error_db
 from engine.windowed_decode import WindowedDecode
 from engine.windowing import WindowSchedule
@@ -51,9 +52,8 @@ def decoder_accuracy(bicodec_dir: Path, schedules: dict[str, WindowSchedule], n_
     out: dict[str, Any] = {"codes": n_codes, "ref_rms": float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))}
     for name, sched in schedules.items():
         out[f"seam_db_cpu_fp32_{name}"] = seam_error_db(stream_decode(cpu, codes, glob, sched), ref)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for device, dt in devices:
-        dec = BiCodecDecoder(bicodec_dir, device=device, dtype=dtypes[dt])
+        dec = BiCodecDecoder(bicodec_dir, device=device, dtype=getattr(torch, DECODER_DTYPES[dt]))
         one = dec.decode([DecodeItem(tuple(codes), tuple(glob))])[0]
         out[f"rel_err_{device}_{dt}_vs_cpu_fp32"] = rel_error(one, ref)
         out[f"db_{device}_{dt}_vs_cpu_fp32"] = seam_error_db(one, ref)
@@ -102,7 +102,7 @@ def decoder_speed(bicodec_dir: Path, lengths: Sequence[int], batches: Sequence[i
 
     rows = []
     for dt in dtypes:
-        dec = BiCodecDecoder(bicodec_dir, device="cuda", dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dt])
+        dec = BiCodecDecoder(bicodec_dir, device="cuda", dtype=getattr(torch, DECODER_DTYPES[dt]))
         dec.max_batch = max(batches)
         for mode in ("eager", "graph"):
             if mode == "graph":

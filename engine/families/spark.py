@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import SamplingOptions
+from engine.config import DECODER_DTYPES, SamplingOptions
 from engine.errors import GenerationError
 from engine.families.base import Encode, Sample
 from engine.lane_scheduler import LaneSizing
@@ -113,7 +113,7 @@ class SparkFamily:
 
         from engine.backends.bicodec import BiCodecDecoder
 
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        torch_dtype = getattr(torch, DECODER_DTYPES[dtype])
         if device == "cpu":
             return BiCodecDecoder(checkpoint.bicodec_dir, device="cpu", dtype=torch_dtype, num_threads=threads)
         return BiCodecDecoder(checkpoint.bicodec_dir, device=device, dtype=torch_dtype, num_threads=threads,

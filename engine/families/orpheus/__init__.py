@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.config import SamplingOptions
+from engine.config import DECODER_DTYPES, SamplingOptions
 from engine.families.base import Encode, Sample
 from engine.families.orpheus import grammar
 from engine.lane_scheduler import LaneSizing, sentence_positions
@@ -144,7 +144,7 @@ class OrpheusFamily:
 
         if device == "cpu" and threads:
             torch.set_num_threads(threads)
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        torch_dtype = getattr(torch, DECODER_DTYPES[dtype])
         return SnacDecoder(checkpoint.snac_dir, device=device, dtype=torch_dtype)
 
     def write_synthetic(self, out_dir: Path, size: str = "tiny", seed: int = 0, overwrite: bool = False) -> Path:
