@@ -22,6 +22,16 @@ _turns: list[Turns] = []
 """This worker's Turns, made at its first test (none without xdist: one process runs one test at a time)."""
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, `serial` tests go last (in their order): a serial test waits for the other worker's current test
+    to end, its core idle meanwhile, and spread through the run they waited on long ones (a minute behind the Ray
+    export). Last, they follow one another: the wait is paid about once. xdist's loadgroup hands out groups first,
+    then single tests in collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Whole protocol (set-up to tear-down, module and session fixtures included) inside the test's turn."""
