@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.cli_helpers import kill_servers
-from tests.turns import Turns
+from tests.turns import Turns, serial_last
 
 if not torch.cuda.is_available():
     # Triton reads this when it is first imported: without a GPU its kernels (engine.backends.decode_kernels)
@@ -23,13 +23,9 @@ _turns: list[Turns] = []
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, `serial` tests go last (in their order): a serial test waits for the other worker's current test
-    to end, its core idle meanwhile, and spread through the run they waited on long ones (a minute behind the Ray
-    export). Last, they follow one another: the wait is paid about once. xdist's loadgroup hands out groups first,
-    then single tests in collection order."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)
+    """Under xdist, `serial` tests go last: their wait for the other worker is then paid once (serial_last)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        serial_last(items)
 
 
 @pytest.hookimpl(hookwrapper=True)
