@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.cli_helpers import kill_servers
-from tests.turns import Turns
+from tests.turns import Turns, serial_last
 
 if not torch.cuda.is_available():
     # Triton reads this when it is first imported: without a GPU its kernels (engine.backends.decode_kernels)
@@ -20,6 +20,12 @@ if not torch.cuda.is_available():
 
 _turns: list[Turns] = []
 """This worker's Turns, made at its first test (none without xdist: one process runs one test at a time)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, `serial` tests go last: their wait for the other worker is then paid once (serial_last)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        serial_last(items)
 
 
 @pytest.hookimpl(hookwrapper=True)

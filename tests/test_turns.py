@@ -1,10 +1,10 @@
-"""tests/turns.py: a serial test waits for the other worker's current test and then runs alone, and a stream of
-shared tests cannot starve it. Two Turns on one folder stand for two workers (flock locks belong to each open file,
-so two in one process exclude each other as two processes would)."""
+"""tests/turns.py: a serial test waits for the other worker's current test and then runs alone, a stream of
+shared tests cannot starve it, and serial tests are sorted last. Two Turns on one folder stand for two workers (flock
+locks belong to each open file, so two in one process exclude each other as two processes would)."""
 import threading
 import time
 
-from tests.turns import Turns
+from tests.turns import Turns, serial_last
 
 WAIT_S = 0.3
 """Long enough for a thread that is free to go to have gone."""
@@ -69,3 +69,19 @@ def test_shared_tests_run_side_by_side(tmp_path):
     with worker_a.shared():
         in_thread(shared_on_b).join(5)
         assert entered == ["b"]  # while a's test runs
+
+
+class Item:
+    """A collected test as serial_last sees it: a name, and whether it is marked `serial`."""
+
+    def __init__(self, name: str, serial: bool) -> None:
+        self.name, self.serial = name, serial
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "serial" and self.serial else None
+
+
+def test_serial_tests_go_last_each_part_in_its_order():
+    items = [Item("a", True), Item("b", False), Item("c", True), Item("d", False), Item("e", False)]
+    serial_last(items)
+    assert [item.name for item in items] == ["b", "d", "e", "a", "c"]

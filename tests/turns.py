@@ -7,6 +7,8 @@ import fcntl
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 
 class Turns:
     """Under xdist, a `serial` test runs alone and every other test shares the machine: a readers-writer lock over
@@ -37,3 +39,11 @@ class Turns:
             yield
         finally:
             fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+
+def serial_last(items: list[pytest.Item]) -> None:
+    """Sort `serial` tests after all the others, each part in its order. A serial test waits for the other worker's
+    current test to end, its own core idle meanwhile; spread through the run they waited on long tests (a minute
+    behind the Ray export). Last, they follow one another and the wait is paid about once. (xdist's loadgroup hands
+    out its groups first, then single tests in collection order.)"""
+    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)

@@ -83,12 +83,17 @@ def test_the_default_buffer_lets_the_engine_finish_long_before_the_speakers(puls
     assert stats["default"]["wall_s"] < audio_s - 3.5, stats["default"]
 
 
+READ = "Real playback. Then a join!"
+"""Two sentences for the bench to read, short: the tiny checkpoint speaks each to its cap, which grows with the
+text (TEXT would play for twice as long, in a test that runs alone)."""
+
+
 @pytest.mark.audio
 @pytest.mark.serial  # plays in real time and checks every sample: a test beside it on 2 cores left gaps
 def test_bench_read_plays_through_the_speakers(pulse_server, record_monitor, tiny_model, tmp_path):
     """`python -m lab.read_bench`: its `say` process plays the reading; first sound after first audio, no underrun."""
     out, text = tmp_path / "read.json", tmp_path / "text.txt"
-    text.write_text(TEXT)
+    text.write_text(READ)
     with record_monitor("tts16") as cap:
         proc = cli_helpers.lab("read_bench", "--model", str(tiny_model), "--backend", "torch", "--text", str(text),
                                "--json", str(out), timeout=600)
