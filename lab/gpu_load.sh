@@ -6,6 +6,7 @@
 #   2. once tuned (or LOAD_TUNE_WAIT s passed), `voicectl bench --load $LOAD_RATES --http` -> $OUT/load_http.json
 #   3. lab/crowd_report.py -> $OUT/load.json (the keys of docs/benchmarks/load.json)
 #   run (carry [".devcarry/vllm-extra/deps.tar.xz", ".devcarry/http"]): bash lab/gpu_load.sh
+# VARIANT: an engine variant of lab/variants.sh served instead of the tree as committed (default base).
 # CUDA_VISIBLE_DEVICES picks the GPU (another job may hold the other one). LOAD_RATES (default 10,20,40,80),
 # LOAD_SECONDS (default 10 s per rate), LOAD_TUNE_WAIT (default 240 s: a fresh machine captures graphs for minutes).
 set -u
@@ -21,6 +22,9 @@ MODEL=${MODEL:-${TMPDIR:-/tmp}/voiceapp-gpu-model}
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv -i "${CUDA_VISIBLE_DEVICES:-0}" > "$OUT/env.txt"
 step() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
+source lab/variants.sh
+variant_patch "${VARIANT:-base}" || exit 2
+trap variant_restore EXIT
 
 step "serve --http (tuning in the background)"
 python3 -m voiceapp.cli serve --model "$MODEL" --http 127.0.0.1:$PORT --http-max-streams 2000 2>"$OUT/serve.log" &
