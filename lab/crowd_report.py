@@ -1,4 +1,4 @@
-"""Device probe helper for lab/gpu_crowd.sh: merges what the crowd harness measured into the issue's two files.
+"""Device probe helper for lab/gpu_load.sh: merges what the crowd harness measured into the issue's two files.
 
   python lab/crowd_report.py OUT
   reads  OUT/load_http.json (`voicectl bench --load ... --http ... --json`), OUT/tuning_1.json (lab/http_latency.py
