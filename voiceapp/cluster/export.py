@@ -10,7 +10,7 @@ first is checked against the manifest before any part is written, and a worker w
 of mixed GPUs) stops the export with one line rather than mixing two renderings in one book.
 
 A worker has its next batch under way while the current one's last sentences finish (CALLS_PER_WORKER), on the
-same engine: the engine's lanes hold fixed shapes, so a sentence's bytes do not depend on what renders beside it.
+same engine; the bytes stay the same, as a deterministic engine's do not depend on what renders beside them.
 """
 from __future__ import annotations
 
@@ -65,9 +65,11 @@ class Workers:
         from ray.data import ActorPoolStrategy
 
         # true multi-threading: without it Ray Data (2.60) runs a non-async class's calls one at a time whatever
-        # the actor's concurrency, overlapping only the batching around them
+        # the actor's concurrency, overlapping only the batching around them. No more calls in flight than run:
+        # none waits in a busy worker's queue, so the book's last batches go to whichever worker frees first (a
+        # block is only its batch's keys: there is nothing to fetch ahead)
         compute = ActorPoolStrategy(size=self.count or self.gpus or 1, max_concurrent_calls_per_actor=CALLS_PER_WORKER,
-                                    enable_true_multi_threading=True)
+                                    max_tasks_in_flight_per_actor=CALLS_PER_WORKER, enable_true_multi_threading=True)
         return {"num_gpus": 1, "compute": compute} if self.gpus else {"num_cpus": self.cpus, "compute": compute}
 
 
