@@ -1,14 +1,17 @@
 """`voicectl export --ray` on a local Ray cluster, two CPU workers of the tiny checkpoint's real engine: the book is
 byte for byte the one-process export, also with a worker killed mid-book, and an export killed mid-book resumes
-with --ray to the same bytes; without Ray, --ray is one line."""
+with --ray to the same bytes; without Ray, --ray is one line; a worker has two batches under way at once."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.cli_helpers import descendants, one_line_error, voicectl
+from tests.cli_helpers import ROOT, descendants, one_line_error, voicectl
 from tests.export.test_cli_export_book import ok, start_export
 
 pytest.importorskip("ray", reason="the Ray tests need the extra: pip install 'voiceapp[ray]'")
@@ -89,3 +92,33 @@ def test_export_many_on_ray_gives_each_book_its_own_bytes(tmp_path):
                 "--jobs", "2"))
     for name in BOOKS:  # each sentence went to its own book's parts
         assert (out / f"{name.split('.')[0]}.wav").read_bytes() == (tmp_path / f"{name}.wav").read_bytes()
+
+
+def test_a_worker_renders_its_next_batch_while_this_one_ends(tmp_path):
+    """One CPU worker, two batches of three, two sentences at once (tests/export/ray_overlap.py): Ray Data has both
+    calls in the worker at once, and a sentence of one batch starts on the engine before the other batch's last
+    one ends; every sentence's samples are those of the batches rendered one after another in this process."""
+    import hashlib
+
+    import numpy as np
+
+    from engine.factory import EngineConfig
+    from tests.export.test_export_plan import make_plan
+    from voiceapp.cli.export import export_config
+    from voiceapp.cluster.export import SentenceRenderer
+
+    proc = subprocess.run([sys.executable, "-m", "tests.export.ray_overlap"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.splitlines()[-1])
+    assert [r["index"] for r in rows] == list(range(6))
+    first, second = sorted([rows[:3], rows[3:]], key=lambda batch: min(r["start"] for r in batch))
+    assert min(r["start"] for r in second) < max(r["end"] for r in first), rows
+
+    alone = SentenceRenderer([make_plan()], export_config(EngineConfig(backend="fake")), jobs=2)
+    try:
+        samples = [s for keys in ([0, 1, 2], [3, 4, 5])
+                   for s in alone({"book": np.zeros(3, int), "index": np.array(keys)})["samples"]]
+    finally:
+        alone.close()
+    assert [r["sha"] for r in rows] == [hashlib.sha256(s).hexdigest() for s in samples]

@@ -8,6 +8,9 @@ A part's bytes are the same whichever worker renders it: the export's engine is 
 bytes depend on besides, the engine's identity (backend, checkpoint, platform), comes back with every sentence; the
 first is checked against the manifest before any part is written, and a worker whose identity differs (a cluster
 of mixed GPUs) stops the export with one line rather than mixing two renderings in one book.
+
+A worker has its next batch under way while the current one's last sentences finish (CALLS_PER_WORKER), on the
+same engine; the bytes stay the same, as a deterministic engine's do not depend on what renders beside them.
 """
 from __future__ import annotations
 
@@ -29,6 +32,13 @@ LOG = logging.getLogger("voiceapp.cluster.export")
 GPU_BATCH = 160
 """Sentences a GPU worker gets at once where --jobs does not say: a data-centre GPU's deterministic lanes and the
 spare an export keeps (export_plan.GPU_SPARE_JOBS), so the lanes stay full between batches."""
+CALLS_PER_WORKER = 2
+"""Batches a worker has under way at once. With one, a worker took its next batch only once the last sentence of
+the current one had ended, so every batch's tail left the engine's lanes nearly empty; with two, the next batch's
+sentences wait at the worker's one gate (`jobs` at once, whichever batch they belong to) and take each row the
+tail frees. More would only queue more sentences at the gate."""
+CLOSE_S = 30.0
+"""How long a worker's shutdown waits for its engine to close, then for its loop's thread to end."""
 
 
 @dataclass(frozen=True)
@@ -50,43 +60,84 @@ class Workers:
         return self.jobs or (GPU_BATCH if self.gpus else CPU_JOBS)
 
     def options(self) -> dict[str, Any]:
-        """map_batches' resources: a GPU each, or `cpus`; as many actors as GPUs, or `count`."""
+        """map_batches' resources: a GPU each, or `cpus`; as many actors as GPUs, or `count`; CALLS_PER_WORKER
+        calls at once on each, CPU workers too (the same code path, the same load on the engine: the gate)."""
         from ray.data import ActorPoolStrategy
 
-        if self.gpus:
-            return {"num_gpus": 1, "compute": ActorPoolStrategy(size=self.count or self.gpus)}
-        return {"num_cpus": self.cpus, "compute": ActorPoolStrategy(size=self.count or 1)}
+        # true multi-threading: without it Ray Data (2.60) runs a non-async class's calls one at a time whatever
+        # the actor's concurrency, overlapping only the batching around them. No more calls in flight than run:
+        # none waits in a busy worker's queue, so the book's last batches go to whichever worker frees first (a
+        # block is only its batch's keys: there is nothing to fetch ahead)
+        compute = ActorPoolStrategy(size=self.count or self.gpus or 1, max_concurrent_calls_per_actor=CALLS_PER_WORKER,
+                                    max_tasks_in_flight_per_actor=CALLS_PER_WORKER, enable_true_multi_threading=True)
+        return {"num_gpus": 1, "compute": compute} if self.gpus else {"num_cpus": self.cpus, "compute": compute}
 
 
 class SentenceRenderer:
-    """The Ray Data stage's class: one engine per actor; a batch of (book, sentence index) in, their audio out."""
+    """The Ray Data stage's class: one engine per actor; a batch of (book, sentence index) in, their audio out.
+
+    Ray Data calls it from CALLS_PER_WORKER threads at once (Workers.options). Every call's sentences render on the
+    one engine, on its one event loop, which runs in a thread of the actor's for the engine's life; one gate admits
+    `jobs` sentences at once across the calls, first come first served, so a batch's sentences go before the next
+    one's and the engine never has more than `jobs`."""
 
     def __init__(self, plans: list[Any], config: EngineConfig, jobs: int | None) -> None:
         from engine.export_plan import default_jobs
         from engine.factory import build_synthesizer, lane_rows
         from engine.platform_info import export_identity
 
-        self.plans = plans
         self.loop = asyncio.new_event_loop()  # one loop for the engine's life: its locks and threads keep it
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True)
+        self.plans = plans
         self.synth = build_synthesizer(config)
         self.jobs = jobs or default_jobs(lane_rows(self.synth.generator))
         self.identity = json.dumps(export_identity(self.synth), sort_keys=True)
+        self.gate = asyncio.Semaphore(self.jobs)  # binds to self.loop when a sentence first waits on it
+        self._thread.start()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         keys = [(int(b), int(i)) for b, i in zip(batch["book"], batch["index"])]
-        audio = self.loop.run_until_complete(self._render(keys))
+        audio = asyncio.run_coroutine_threadsafe(self._render(keys), self.loop).result()
         return {"book": [b for b, _ in keys], "index": [i for _, i in keys],
                 "samples": [np.asarray(a, dtype="<f4").tobytes() for a in audio],
                 "identity": [self.identity] * len(keys)}
 
     async def _render(self, keys: list[tuple[int, int]]) -> list[np.ndarray]:
-        gate = asyncio.Semaphore(self.jobs)
-
+        """The batch's audio, in its order; the first sentence that fails cancels the batch's others (their rows
+        go to the other batch) and is raised."""
         async def one(book: int, index: int) -> np.ndarray:
-            async with gate:
+            async with self.gate:
                 return await self.synth.render(self.plans[book].request(index))
 
-        return await asyncio.gather(*(one(b, i) for b, i in keys))
+        tasks = [asyncio.ensure_future(one(b, i)) for b, i in keys]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        """Close the engine on its loop, then end the loop and its thread (once; Ray Data shuts an actor down
+        after its calls have ended)."""
+        if not self._thread.is_alive():  # closed already, or the engine never built
+            if not self._thread.ident and not self.loop.is_closed():
+                self.loop.close()
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.synth.close(), self.loop).result(CLOSE_S)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(CLOSE_S)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+    def __del__(self) -> None:
+        # Ray Data drops the actor's instance when it shuts the actor down gracefully (a killed one just ends)
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - an engine that fails to close must not fail the actor's exit
+            LOG.exception("the export worker's engine did not close")
 
 
 class RayRenderer:
