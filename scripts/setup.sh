@@ -30,8 +30,9 @@ $py -m pip install -q --no-compile --no-deps "spark-tts-lib==0.2.1"
 $py -c 'import engine, voiceapp, torch; print("voiceapp dev setup ok: torch", torch.__version__)'
 echo "voicectl is .venv/bin/voicectl (or: source .venv/bin/activate)"
 if [ "$run_tests" = 1 ]; then
-  # two workers (pytest-xdist): most of the suite waits on real time (audio at 1x, servers, subprocesses), so
-  # two cores run it in about half the time; --dist loadgroup keeps each xdist_group on one worker, and tests
-  # marked `serial` run alone (tests/conftest.py). Pytest arguments that follow override these (-n 0: one process).
-  exec "$py" -m pytest -n 2 --dist loadgroup "$@"
+  # three workers (pytest-xdist) on CI's two cores: most of the suite waits on real time (audio at 1x, servers,
+  # subprocesses), so a third worker fills the cores while the others wait; --dist loadgroup keeps each xdist_group
+  # on one worker, and tests marked `serial` run alone (tests/conftest.py). Pytest arguments that follow override
+  # these (-n 0: one process).
+  exec "$py" -m pytest -n 3 --dist loadgroup "$@"
 fi

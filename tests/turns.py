@@ -13,8 +13,8 @@ import pytest
 class Turns:
     """Under xdist, a `serial` test runs alone and every other test shares the machine: a readers-writer lock over
     two files in the run's temporary folder, which only this run's workers share. A serial test first takes the
-    gate, so the other worker's next test waits for it rather than starving it; it then waits until the other
-    worker's current test has ended."""
+    gate, so the other workers' next tests wait for it rather than starving it; it then waits until the other
+    workers' current tests have ended."""
 
     def __init__(self, folder: Path) -> None:
         self.gate = open(folder / "serial.gate", "a+")
