@@ -25,7 +25,6 @@ ONE_LISTENER_DECODE_BATCHES = (1, 4)
 capture batching.DECODE_BATCHES), whose windows come from at most two sentences at once
 (two replay the batch-4 graph): fewer graphs to capture make a fresh `voicectl say` done sooner, with the same
 first audio."""
-"""How notices name a decoder precision (torch's names)."""
 SLOW_GPU_DECODE_S = 0.05
 """A GPU decode of a first window slower than this (a normal GPU takes a few ms) is timed against the CPU."""
 

@@ -91,6 +91,15 @@ class LaneShapes:
     row_buckets: tuple[int, ...]
     """Rows one decode step runs."""
 
+    def positions_short(self, prompt_ids: int, max_tokens: int) -> str | None:
+        """Why a row cannot hold a prompt of `prompt_ids` ids and a budget of `max_tokens` tokens (its steps would
+        write past the row's KV cache), in words; None where it can."""
+        need = prompt_ids + max_tokens
+        if need <= self.max_len:
+            return None
+        return (f"a prompt of {prompt_ids} ids and a budget of {max_tokens} tokens need {need} positions; its rows "
+                f"hold {self.max_len}")
+
     @classmethod
     def of(cls, rows: int, max_len: int, fixed: bool = False) -> LaneShapes:
         """The shapes of a lane of `rows` rows over `max_len` positions. `fixed`: one span (every position), one
@@ -207,10 +216,9 @@ class LaneScheduler:
     def add(self, job: LaneJob) -> None:
         """Queue a job for a row; a ValueError for one whose prompt and token budget exceed a row's positions
         (its steps would write past the row's KV cache)."""
-        if len(job.ids) + job.opts.max_tokens > self.shapes.max_len:
-            raise ValueError(f"a prompt of {len(job.ids)} ids with a budget of {job.opts.max_tokens} tokens needs "
-                             f"{len(job.ids) + job.opts.max_tokens} positions; the lane's rows hold "
-                             f"{self.shapes.max_len}")
+        short = self.shapes.positions_short(len(job.ids), job.opts.max_tokens)
+        if short:
+            raise ValueError(short)
         if self.deadlines is not None:
             job.queued_at = self.deadlines.clock()
         self.jobs.append(job)

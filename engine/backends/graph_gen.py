@@ -149,7 +149,7 @@ class GraphLane:
         """Whether this request fits the captured shapes and sampler."""
         allowed = prompt.allowed_ids
         return (bool(prompt.ids) and len(prompt.ids) <= self.shapes.prefills[-1]
-                and len(prompt.ids) + opts.max_tokens <= self.max_len
+                and self.shapes.positions_short(len(prompt.ids), opts.max_tokens) is None
                 and allowed is not None and 0 < len(allowed) <= self.runner.head_width
                 and (opts.temperature == 0 or 0 < opts.top_k <= CANDIDATES)
                 and (opts.repetition_penalty == 1.0 or self.runner.penalised)  # never silently unpenalised
@@ -159,10 +159,9 @@ class GraphLane:
 
     def _misfit(self, prompt: Prompt, opts: SamplingOptions) -> str:
         """Why `supports` refuses the request, in words: its positions first (a row's KV cache ends at max_len)."""
-        need = len(prompt.ids) + opts.max_tokens
-        if need > self.max_len:
-            return (f"a prompt of {len(prompt.ids)} ids and a budget of {opts.max_tokens} tokens need {need} "
-                    f"positions; its rows hold {self.max_len}")
+        short = self.shapes.positions_short(len(prompt.ids), opts.max_tokens)
+        if short:
+            return short
         if len(prompt.ids) > self.shapes.prefills[-1]:
             return f"a prompt of {len(prompt.ids)} ids; it prefills {self.shapes.prefills[-1]} at most"
         return "its sampling or ids"

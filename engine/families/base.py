@@ -182,7 +182,8 @@ class ModelFamily(Protocol):
 
     def decoder(self, checkpoint: Any, device: str, dtype: str, *, threads: int | None = None,
                 deterministic: bool = False, autotune: str = "none") -> Any:
-        """The codec decoder (engine.backends.base.CodecDecoder) on `device` in `dtype` (an engine.config.DECODER_DTYPES name)."""
+        """The codec decoder (engine.backends.base.CodecDecoder) on `device` in `dtype` (an
+        engine.config.DECODER_DTYPES name)."""
         ...
 
     def write_synthetic(self, out_dir: Path, size: str = "tiny", seed: int = 0, overwrite: bool = False) -> Path:

@@ -107,8 +107,8 @@ def run(lane: LaneScheduler, device: Rows) -> None:
 def test_a_job_needing_more_positions_than_a_row_holds_is_refused_before_it_queues() -> None:
     lane, inbox = scheduler(max_len=256), Inbox()
     lane.add(inbox.job("fits-0", max_tokens=248, prompt=8))  # 256 positions: the row's last is its last token's
-    with pytest.raises(ValueError, match="a prompt of 8 ids with a budget of 249 tokens needs 257 positions; the "
-                                         "lane's rows hold 256"):
+    with pytest.raises(ValueError, match="a prompt of 8 ids and a budget of 249 tokens need 257 positions; its "
+                                         "rows hold 256"):
         lane.add(inbox.job("long-0", max_tokens=249, prompt=8))
     assert [job.request_id for job in lane.waiting] == ["fits-0"]
 
