@@ -26,7 +26,7 @@ def _check(cond: bool, msg: str) -> None:
 DECODER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 """Codec decoder precisions by name, each with its torch dtype's name (`getattr(torch, ...)`). fp16 has 3 more
 mantissa bits than bf16 and a narrower range (up to 65,504); a GPU's tensor cores have the same peak rate for both.
-Which one a GPU runs by default is engine.factory.GPU_DECODER_DTYPE."""
+Which one a GPU runs by default is the family's (ModelFamily.gpu_decoder_dtype)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +124,9 @@ class EngineConfig:
     decoder_device: str = "auto"
     """Codec decoder device: auto (the engine's GPU if present and not slower than the CPU) | cpu | cuda | cuda:N."""
     decoder_dtype: str = "auto"
-    """Codec decoder precision: auto or a DECODER_DTYPES name. auto: GPU_DECODER_DTYPE on CUDA; on the CPU bf16 where
-    it multiplies bf16 natively (`cpu_decodes_bf16`) unless `quantize` is none, else fp32."""
+    """Codec decoder precision: auto or a DECODER_DTYPES name. auto: on CUDA the family's gpu_decoder_dtype (fp32
+    where deterministic); on the CPU bf16 where it multiplies bf16 natively (`cpu_decodes_bf16`) unless `quantize`
+    is none, else fp32."""
     threads: int | None = None
     """CPU threads for torch (None = torch's default)."""
     llm_threads: int | None = None

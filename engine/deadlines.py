@@ -294,6 +294,11 @@ class BatchCost:
     """Weight of the newest call in a batch size's average."""
     seconds: dict[int, float] = field(default_factory=dict)
     """Average seconds of a call, by its batch size."""
+    reach: int = 4
+    """How many times the largest measured batch the cost is extrapolated to. Proportional cost is an upper bound that
+    loosens with the distance (a GPU's call of many windows costs a fraction of as many single ones): past this, a
+    batch is unknown, as before any call, and goes uncut, so an engine that served only a few streams does not
+    cut a sudden crowd's first calls into small, slow ones (and so learns that crowd's real cost)."""
 
     def note(self, batch: int, seconds: float) -> None:
         old = self.seconds.get(batch)
@@ -313,13 +318,13 @@ class BatchCost:
 
     def cap(self, slack_s: float, most: int, bound_s: float) -> int:
         """The most windows (1 to `most`) one call may take while the most pressing of them, due in `slack_s`,
-        waits no longer than max(slack_s, bound_s); `most` while nothing was measured, and `most` where that
-        window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a smaller batch
-        only slows every later window (an overloaded decoder makes up time only by its largest batches). The
+        waits no longer than max(slack_s, bound_s); `most` while nothing was measured within `reach` of it, and
+        `most` where that window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a
+        smaller batch only slows every later window (an overloaded decoder makes up time only by its largest batches). The
         estimate is constant between two measured sizes and linear past the largest, so only those edges are
         tried."""
         budget = max(slack_s, bound_s)
-        if not self.seconds or slack_s <= 0:
+        if not self.seconds or slack_s <= 0 or most > self.reach * max(self.seconds):
             return most
         largest = max(self.seconds)
         edges = [b for b in self.seconds if b < most] + [most]

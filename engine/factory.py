@@ -11,15 +11,21 @@ from engine.config import DECODER_DTYPES, EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
 from engine.errors import VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
+from engine.families.base import ModelFamily
 from engine.pacing import Pacer
 from engine.pipeline import Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
 from engine.windowing import WindowSchedule
 
 
-GPU_DECODER_DTYPE = "fp32"
-"""BiCodec precision on CUDA by default. fp32: bf16's error at the streaming seams is outside the seam tolerance;
-fp16's is within it, but whether it pays where fp32 is short (crowds of hundreds) is not measured on a GPU yet."""
+def gpu_decoder_dtype(config: EngineConfig, family: ModelFamily) -> str:
+    """The codec decoder's precision on a GPU: the one asked for, else fp32 for a deterministic engine (an export is
+    heard many times and has time for full precision), else the family's streaming one."""
+    if config.decoder_dtype != "auto":
+        return config.decoder_dtype
+    return "fp32" if config.deterministic else family.gpu_decoder_dtype
+
+
 ONE_LISTENER_DECODE_BATCHES = (1, 4)
 """Decoder graph batches captured for each window length for one listener (EngineConfig.one_listener; others
 capture batching.DECODE_BATCHES), whose windows come from at most two sentences at once
@@ -265,7 +271,7 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     from engine.batching import lengths_for
     from engine.errors import GenerationError
 
-    dtype = GPU_DECODER_DTYPE if config.decoder_dtype == "auto" else config.decoder_dtype
+    dtype = gpu_decoder_dtype(config, family)
     try:
         with phase("decoder", events):
             gpu = family.decoder(info, device, dtype, threads=config.threads, deterministic=config.deterministic,

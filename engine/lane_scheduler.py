@@ -33,10 +33,10 @@ prompts than for the same prompts one at a time."""
 BURST = 2
 """Steps per read-back: tokens reach the caller at most BURST - 1 steps late, and a read costs far less than a
 step."""
-CROWD_BURSTS = ((8, BURST), (None, 8))
-"""Steps per read-back by rows running (up to 8, more): each read hands every stream its tokens through the event
+CROWD_BURSTS = ((32, BURST), (None, 8))
+"""Steps per read-back by rows running (up to 32, more): each read hands every stream its tokens through the event
 loop, so a crowd gets fewer, larger deliveries (a first window needs ~20 tokens either way); larger bursts at
-fewer rows would delay a crowd's first audio."""
+fewer rows delay first audio, since a newcomer's prefill waits for the bursts already queued."""
 CROWD_MEMORY_SHARE = 0.20
 """Share of the GPU's memory the KV cache of a lane sized for a crowd may take, by default (LaneSizing; 50 MB a row
 for Spark's LLM at 4,096 positions, so 512 rows on a 141 GB card and 256 on an 80 GB one). The crowd's streams must

@@ -6,6 +6,7 @@
 #   new16     busy schedule: second window 16 codes like the first (windows 16, 16, 32, 64, 96)
 #   g15       windows grow by 1.5 (busy: 16, 32, 48, 72, 96)
 #   dec16     the decoder in fp16 on the GPU (GPU_DECODER_DTYPE)
+#   dec16b32  dec16 and burst32
 #   burst32   the lane reads back every 2 steps up to 32 busy rows (not 8): a newcomer's prefill waits for fewer
 #             steps already queued, at more read-backs
 VARIANT_FILES="engine/backends/bicodec.py engine/windowing.py engine/factory.py engine/lane_scheduler.py"
@@ -16,6 +17,7 @@ variant_patch() {
     dec_hi) sed -i 's/torch.cuda.Stream(self.device) if cuda else None/torch.cuda.Stream(self.device, priority=-2) if cuda else None/' engine/backends/bicodec.py ;;
     first32) sed -i 's/^    busy_first_new: int = 16/    busy_first_new: int = 32/; s/^    busy_new: int = 32/    busy_new: int = 48/' engine/windowing.py ;;
     both) variant_patch dec_hi; variant_patch first32 ;;
+    dec16b32) variant_patch dec16; variant_patch burst32 ;;
     new16) sed -i 's/^    busy_new: int = 32/    busy_new: int = 16/' engine/windowing.py ;;
     g15) sed -i 's/^    growth: float = 2.0/    growth: float = 1.5/' engine/windowing.py ;;
     dec16) sed -i 's/^GPU_DECODER_DTYPE = "fp32"/GPU_DECODER_DTYPE = "fp16"/' engine/factory.py ;;

@@ -169,7 +169,7 @@ class BiCodecDecoder:
     On CUDA every decode runs on the decoder's own stream (never the default stream, so it cannot serialize
     with other GPU work in this process); `warmup(lengths, batches)` captures CUDA graphs for those window
     shapes (a small decode is mostly kernel launches eagerly, a fraction of that as a graph replay); other shapes
-    run eagerly. `dtype=torch.bfloat16` halves memory traffic, at an error against fp32 (factory.GPU_DECODER_DTYPE).
+    run eagerly. `dtype=torch.bfloat16` halves memory traffic, at an error against fp32 (ModelFamily.gpu_decoder_dtype).
     """
 
     def __init__(

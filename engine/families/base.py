@@ -154,6 +154,10 @@ class ModelFamily(Protocol):
     lane: LaneSizing
     """How its graph lane on a GPU is sized: positions a row holds (the longest sentence it speaks), and the share of
     the GPU's memory their KV cache may take."""
+    gpu_decoder_dtype: str
+    """Its codec decoder's precision on a GPU where the engine streams (an engine.config.DECODER_DTYPES name): the
+    lowest whose streamed seams stay within the seam bound against a full-precision one-shot decode. A deterministic
+    engine (export) decodes in fp32 whatever the family."""
     sizes: tuple[str, ...]
     """Sizes `write_synthetic` knows ("tiny", "full")."""
     downloads: tuple[tuple[str, str], ...]

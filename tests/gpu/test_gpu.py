@@ -216,9 +216,10 @@ async def test_pipeline_end_to_end_on_gpu(vllm_gen, gpu_info, gpu_model, tmp_pat
 
     tok = AutoTokenizer.from_pretrained(str(gpu_info.llm_dir))
     schedule = WindowSchedule()
-    from engine.factory import GPU_DECODER_DTYPE
+    from engine.config import DECODER_DTYPES
+    from engine.families.spark import SparkFamily
 
-    dtype = {"fp32": __import__("torch").float32, "bf16": __import__("torch").bfloat16}[GPU_DECODER_DTYPE]
+    dtype = getattr(__import__("torch"), DECODER_DTYPES[SparkFamily.gpu_decoder_dtype])
     decoder = BiCodecDecoder(gpu_model / "BiCodec", device="cuda", dtype=dtype)  # what the factory builds
     decoder.warmup(lengths_for(schedule), batches=(1, 2, 4))
     rec = _Recorder(FixedLengthGenerator(vllm_gen, 150, gpu_info.token_ids.stop_ids))

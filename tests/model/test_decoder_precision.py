@@ -1,6 +1,6 @@
 """A bf16 CPU decoder against fp32 on the tiny checkpoint: within the SNR bound (and a coarser decoder is not);
 streaming in bf16 adds no error beyond bf16's own; the engine picks bf16 only where the CPU multiplies it natively
-and the user did not ask for full precision."""
+and the user did not ask for full precision; a GPU streams in the family's precision and exports in fp32."""
 import numpy as np
 import pytest
 import torch
@@ -11,7 +11,9 @@ from lab.decoder_agreement import TINY_BOUND_DB, compare, random_items
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import fade_edges
 from engine.cpu_pools import cpu_decodes_bf16, cpu_decoder_dtype
-from engine.factory import EngineConfig, build_synthesizer
+from engine.factory import EngineConfig, build_synthesizer, gpu_decoder_dtype
+from engine.families.orpheus import OrpheusFamily
+from engine.families.spark import SparkFamily
 from engine.pipeline import sentence_seed
 from engine.prompt import build_globals_prompt
 from engine.seams import seam_error_db
@@ -96,6 +98,14 @@ def test_fp16_is_closer_to_fp32_than_bf16_one_shot_and_in_windows(tiny_model, de
         half, brain = compare(fp32, fp16, batch), compare(fp32, bf16, batch)
         assert half.within(TINY_BOUND_DB), half
         assert half.snr_db_min > brain.snr_db_min + 10, (half, brain)
+
+
+@pytest.mark.parametrize("family, asked, deterministic, want", [
+    (SparkFamily, "auto", False, "fp16"), (SparkFamily, "auto", True, "fp32"), (SparkFamily, "bf16", True, "bf16"),
+    (OrpheusFamily, "auto", False, "fp32"), (OrpheusFamily, "fp16", False, "fp16"),
+])
+def test_the_gpu_decoder_streams_in_the_familys_precision_and_exports_in_fp32(family, asked, deterministic, want):
+    assert gpu_decoder_dtype(EngineConfig(decoder_dtype=asked, deterministic=deterministic), family()) == want
 
 
 async def test_an_engine_takes_fp16_by_name_and_refuses_an_unknown_precision(tiny_model, tmp_path):

@@ -362,6 +362,17 @@ def test_a_stream_whose_consumer_does_not_read_blocks_no_one():
     assert not board.admit().admit
 
 
+def test_a_batch_far_past_the_largest_measured_goes_uncut_as_before_any_call():
+    """A lone stream's calls (one window each) say little of a crowd's: extrapolated from them, a sudden 48 windows
+    would be cut to a handful per call."""
+    cost = BatchCost()
+    cost.note(1, 0.004)
+    assert cost.cap(slack_s=0.05, most=48, bound_s=0.1) == 48
+    assert cost.cap(slack_s=0.05, most=4, bound_s=0.1) == 4
+    cost.note(2, 0.05)
+    assert cost.cap(slack_s=0.05, most=8, bound_s=0.1) == 4  # within reach: 8 windows would take 200 ms
+
+
 def test_past_the_largest_measured_batch_the_cap_follows_its_rate():
     cost = BatchCost()
     cost.note(16, 0.1)

@@ -231,15 +231,19 @@ def test_a_steps_span_covers_the_positions_its_tokens_read() -> None:
 
 
 def test_bursts_are_longer_for_a_crowd_and_end_when_no_row_wants_a_step() -> None:
-    lane, device, inbox = scheduler(rows=16), Rows(16), Inbox()
+    lane, device, inbox = scheduler(rows=64), Rows(64), Inbox()
     assert lane.bursts == CROWD_BURSTS
     lane.add(inbox.job("one", max_tokens=100))
     prefill(lane, device)
     assert len(burst(lane, device)) == BURST
-    for i in range(8):
+    for i in range(31):
         lane.add(inbox.job(f"r{i}", max_tokens=100))
+    while lane.busy_rows < 32:
+        prefill(lane, device)
+    assert len(burst(lane, device)) == BURST  # up to 32 rows: short bursts, so a newcomer's prefill waits less
+    lane.add(inbox.job("r32", max_tokens=100))
     prefill(lane, device)
-    assert lane.busy_rows == 9 and len(burst(lane, device)) == 8  # past eight rows: bursts of eight
+    assert lane.busy_rows == 33 and len(burst(lane, device)) == 8  # past 32 rows: bursts of eight
     short, device = scheduler(rows=2), Rows(2)
     short.bursts = ((8, 5), (None, 8))
     short.add(inbox.job("s", max_tokens=3))

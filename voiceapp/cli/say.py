@@ -76,10 +76,14 @@ def say_lean(req, text: str, args: argparse.Namespace, metrics: SayMetrics, sent
 
     player: LeanPlayer | FloatWav
     try:
+        # the voice is the server's to refuse (the same VoiceNotFound), not checked here on every launch: the model
+        # family's voices and text rules would be imported while the first audio waits
         if args.out:
-            check_input(args, text, speakable=False)
+            from voiceapp.audio.wavout import check_output
+
+            check_output(Path(args.out))
             player = lean_say.open_file(sent.info, Path(args.out))
-        else:  # the voice is the server's to refuse (the same VoiceNotFound), not checked here on every launch
+        else:
             player = lean_say.open_player(sent.info, _device(args), args.latency, args.buffer)
     except lean_say.LeanDeclined:
         return False
