@@ -5,7 +5,7 @@ import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterator, MutableMapping
+from typing import Any, Callable, Iterator, MutableMapping
 
 from engine.config import DECODER_DTYPES, EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
@@ -272,10 +272,17 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     from engine.errors import GenerationError
 
     dtype = gpu_decoder_dtype(config, family)
+
+    def build(precision: str):
+        return family.decoder(info, device, precision, threads=config.threads, deterministic=config.deterministic,
+                              autotune=config.decoder_autotune)
+
     try:
         with phase("decoder", events):
-            gpu = family.decoder(info, device, dtype, threads=config.threads, deterministic=config.deterministic,
-                                 autotune=config.decoder_autotune)
+            gpu = build(dtype)
+            if dtype != "fp32" and config.decoder_dtype == "auto":  # before any graph is captured in it
+                gpu, dtype = full_precision_if_lost(gpu, dtype, build, family.probe_item(
+                    lengths_for(config.schedule)[-1]), events)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
         with phase("decoder_graphs", events):
             # a deterministic engine renders whole sentences, whose lengths no captured window matches
@@ -307,6 +314,22 @@ def _cpu_decoder(family, info, config: EngineConfig, events: EventSink):
     if dtype != "fp32":
         events(Notice(f"decoder on the CPU: {DECODER_DTYPES[dtype]} (float32 with --quantize none)"))
     return decoder
+
+
+def full_precision_if_lost(decoder: Any, dtype: str, build: Callable[[str], Any], probe: Any,
+                           events: EventSink) -> tuple[Any, str]:
+    """`decoder`, in the family's lower precision `dtype`, where it decodes the probe window to finite audio; else a
+    decoder `build` makes in fp32, said once. fp16's range ends at 65,504, and weights of one checkpoint may take a
+    layer past it where the synthetic ones did not: the engine then speaks in full precision rather than fail every
+    request on non-finite audio."""
+    from engine.errors import GenerationError
+
+    try:
+        decoder.decode([probe])
+        return decoder, dtype
+    except GenerationError:
+        events(Notice(f"the decoder's {dtype} overflows on this checkpoint (non-finite audio); decoding in fp32"))
+        return build("fp32"), "fp32"
 
 
 def probe_decoder(decoder, item, repeats: int = 3) -> float:

@@ -301,6 +301,10 @@ class BiCodecDecoder:
         """`audio`, unless it holds NaN or inf: that comes from broken weights, never from any codes, and must not
         reach a file or a speaker."""
         if not np.isfinite(audio).all():
+            if self.dtype == torch.float16:  # fp16's range (65,504), not the weights, may be what broke
+                raise GenerationError(f"the decoder produced non-finite audio (NaN/inf) in fp16: its range is too "
+                                      f"narrow for the BiCodec weights in {self.weights_path}, or they are broken; "
+                                      f"try --decoder-dtype fp32")
             raise GenerationError(f"the decoder produced non-finite audio (NaN/inf): the BiCodec weights in "
                                   f"{self.weights_path} are broken; download or convert the checkpoint again")
         return audio

@@ -11,7 +11,9 @@ from lab.decoder_agreement import TINY_BOUND_DB, compare, random_items
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.crossfade import fade_edges
 from engine.cpu_pools import cpu_decodes_bf16, cpu_decoder_dtype
-from engine.factory import EngineConfig, build_synthesizer, gpu_decoder_dtype
+from engine.errors import GenerationError
+from engine.events import Notice
+from engine.factory import EngineConfig, build_synthesizer, full_precision_if_lost, gpu_decoder_dtype
 from engine.families.orpheus import OrpheusFamily
 from engine.families.spark import SparkFamily
 from engine.pipeline import sentence_seed
@@ -106,6 +108,24 @@ def test_fp16_is_closer_to_fp32_than_bf16_one_shot_and_in_windows(tiny_model, de
 ])
 def test_the_gpu_decoder_streams_in_the_familys_precision_and_exports_in_fp32(family, asked, deterministic, want):
     assert gpu_decoder_dtype(EngineConfig(decoder_dtype=asked, deterministic=deterministic), family()) == want
+
+
+def test_a_lower_precision_that_overflows_on_the_checkpoint_gives_way_to_fp32(tiny_model):
+    """fp16 whose probe window decodes to NaN or inf (a checkpoint whose activations pass 65,504) is replaced by an
+    fp32 decoder, said once; one that decodes it to finite audio is kept."""
+    class Overflowing:
+        def decode(self, items):
+            raise GenerationError("the decoder produced non-finite audio (NaN/inf)")
+
+    built, events = [], []
+    fp16 = BiCodecDecoder(tiny_model / "BiCodec", device="cpu", dtype=torch.float16, num_threads=2)
+    probe = DecodeItem(tuple(range(40)), tuple([0] * fp16.global_count))
+    kept = full_precision_if_lost(fp16, "fp16", lambda p: built.append(p), probe, events.append)
+    assert kept == (fp16, "fp16") and built == [] and events == []
+    decoder, dtype = full_precision_if_lost(Overflowing(), "fp16", lambda p: built.append(p) or p, probe,
+                                            events.append)
+    assert (decoder, dtype, built) == ("fp32", "fp32", ["fp32"])
+    assert len(events) == 1 and isinstance(events[0], Notice) and "fp16 overflows" in events[0].message
 
 
 async def test_an_engine_takes_fp16_by_name_and_refuses_an_unknown_precision(tiny_model, tmp_path):
