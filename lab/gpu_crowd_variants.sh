@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 MODEL=${MODEL:-${TMPDIR:-/tmp}/voiceapp-gpu-model}
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
 source lab/variants.sh
-[ $# -gt 0 ] || set -- base dec16
+[ $# -gt 0 ] || set -- base noreach
 for v in "$@"; do
   variant_patch "$v" || continue
   timeout "${VARIANT_TIMEOUT:-300}" python3 -m voiceapp.cmd_bench --model "$MODEL" --backend torch --levels "${LEVELS:-1,384}" \
