@@ -1,7 +1,9 @@
 """`voicectl serve --ray` as a process, on a local Ray cluster with two CPU replicas of the fake engine: HTTP answers
 the samples the plain engine gives, concurrent requests spread over both replicas, a replica killed mid-stream cuts
-only its own stream (and Serve replaces it), a head that goes away stops the ingress with one line; no Ray, or a
-head nobody answers at, is one line."""
+only its own stream (and Serve replaces it), a replica whose engine refuses hands its streams to the other and both
+refusing is a 429 with Retry-After, a head that goes away stops the ingress with one line; no Ray, or a head nobody
+answers at, is one line. The router's ranking and the ingress's admission and retry rules on their own, without
+Ray's cluster."""
 from __future__ import annotations
 
 import http.client
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,16 +33,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 TEXT = "The first one. And a second, a little longer."
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while." for i in range(40))
 SEED, VOICE = 5, "mia"
+REFUSING = Path(__file__).parent / "refusing"
+"""The folder whose sitecustomize makes the fake engine of a listed process refuse (its docstring says how)."""
 
 
 class RayServed:
     """`voicectl serve ENGINE --ray --replicas N --http 127.0.0.1:0` (the fake engine, two replicas of half a CPU
-    by default), its stderr read as it comes."""
+    by default), its stderr read as it comes; its engines refuse where `refuse` says (tests/server/refusing)."""
 
     def __init__(self, *engine: str, replicas: int = 2, cpus: float = 0.5) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="vr-"))
         self.env = {**os.environ, "VOICEAPP_SOCKET": str(self.dir / "engine.sock"),
-                    "XDG_CACHE_HOME": str(self.dir / "cache"), "XDG_DATA_HOME": str(self.dir / "data")}
+                    "XDG_CACHE_HOME": str(self.dir / "cache"), "XDG_DATA_HOME": str(self.dir / "data"),
+                    "PYTHONPATH": os.pathsep.join([str(REFUSING), os.environ.get("PYTHONPATH", "")]),
+                    "VOICEAPP_TEST_REFUSE": str(self.dir / "refuse")}
         self.proc = subprocess.Popen([sys.executable, "-m", "voiceapp.cli", "serve", *(engine or ("--backend", "fake")),
                                       "--ray", "--replicas", str(replicas), "--replica-cpus", str(cpus),
                                       "--http", "127.0.0.1:0"],
@@ -62,15 +69,24 @@ class RayServed:
 
         return asyncio.run(server_status(Path(self.env["VOICEAPP_SOCKET"])))
 
-    def speech(self, text: str) -> http.client.HTTPResponse:
-        """A streamed pcm response at the engine's rate (float samples -> int16, as the API documents)."""
+    def speech(self, text: str, status: int = 200) -> http.client.HTTPResponse:
+        """A streamed pcm response at the engine's rate (float samples -> int16, as the API documents), of
+        `status`."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         body = {"model": "tts-1", "voice": VOICE, "input": text, "response_format": "pcm", "sample_rate": 16000,
                 "seed": SEED}
         conn.request("POST", "/v1/audio/speech", json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
-        assert response.status == 200, response.read()
+        assert response.status == status, response.read()
         return response
+
+    def refuse(self, *who: int | str) -> None:
+        """The engines of the replicas of these pids refuse every stream ("all": every replica's); none: none."""
+        (self.dir / "refuse").write_text(" ".join(map(str, who)))
+
+    def replica_pids(self) -> list[int]:
+        """The pids of the replicas running now (Ray names a replica's process after its class)."""
+        return [pid for pid, command in descendants(self.proc.pid) if command.startswith("ray::ServeReplica")]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -136,6 +152,43 @@ def test_streams_spread_over_both_replicas_and_a_killed_one_cuts_only_its_own(se
         return bool(set(replicas(served)) - before)
 
     assert wait_for(replaced, timeout=60, step=0.5), served.status()["replicas"]
+
+
+def test_a_replica_whose_engine_refuses_hands_its_streams_to_the_other_and_both_refusing_is_a_429(served):
+    """Each replica admits by its engine's deadlines (Synthesizer.admit, made to refuse here): the streams go to
+    the one that admits, whichever the router offered them to first; with both refusing, the request is offered to
+    each (the message names both) and is a 429 with Retry-After, and the next one is refused by the ingress at
+    once (it heard both refuse just now); once they admit again, requests are served."""
+    from voiceapp.cluster.serve import REPORT_FRESH_S
+
+    pids = served.replica_pids()
+    assert len(pids) == 2, descendants(served.proc.pid)
+    refusing, other = pids
+    served.refuse(refusing)
+    streams = [served.speech(LONG_TEXT) for _ in range(2)]
+    try:
+        for stream in streams:
+            assert len(stream.read(3200)) == 3200  # under way
+        live = {r["pid"]: r["live"] for r in replicas(served).values()}
+        assert live.get(other) == 2 and not live.get(refusing), live  # the emptier replica refused them both
+    finally:
+        for stream in streams:
+            stream.close()
+
+    served.refuse("all")
+    busy = served.speech(TEXT, status=429)
+    said = json.loads(busy.read())["error"]["message"]
+    assert int(busy.getheader("Retry-After")) >= 1
+    assert said.startswith("every engine replica asked refused the stream") and said.count("refuses") == 2, said
+    again = served.speech(TEXT, status=429)  # within REPORT_FRESH_S of both refusals: the ingress refuses
+    said = json.loads(again.read())["error"]["message"]
+    assert int(again.getheader("Retry-After")) >= 1
+    assert said.startswith("this server is at capacity (every engine replica refused a stream"), said
+    assert served.status()["rerouted_streams"] >= 1
+
+    served.refuse()
+    time.sleep(REPORT_FRESH_S)  # the replicas' refusals no longer stand: the next request is offered to one
+    assert len(served.speech(TEXT).read()) > 16000
 
 
 def test_a_head_that_goes_away_stops_the_ingress_with_one_line(served):
@@ -211,3 +264,4 @@ def test_the_router_ranks_replicas_by_the_share_of_their_capacity_in_use():
     shares = {name: load_share(stats, None, 32) for name, stats in
               {"big lane": {"live": 8, "capacity": 64}, "small lane": {"live": 4, "capacity": 8}}.items()}
     assert min(shares, key=shares.get) == "big lane"  # more streams, yet more room
+

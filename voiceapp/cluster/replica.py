@@ -1,11 +1,14 @@
 """Provides what runs inside a Ray cluster for `voicectl serve --ray` (voiceapp.cluster.serve): `EngineReplica`, the Ray
 Serve deployment's class (one engine on the GPU Ray gives its process, or on CPUs), and `CapacityRouter`, the
-deployment's request router (the replica with the most room for another stream, by the streams and capacity each
-replica reports). Imports Ray, so it is imported only once Ray is known to be installed.
+deployment's request router (replicas that admit another stream first, then the one with the most room, by the
+streams, capacity and admission each replica reports). Imports Ray, so it is imported only once Ray is known to be
+installed.
 
-A request's stream from a replica is a header ({"replica": its info}), then {"chunk": AudioChunk} items, or one
-{"error": class name, "message"} item: an engine error crosses as data and becomes the same engine.errors class on
-the other side, never a Ray traceback."""
+A request's stream from a replica is a header ({"replica": its info, with "admits": whether it takes this request}),
+then {"chunk": AudioChunk} items, or one {"error": class name, "message"} item: an engine error crosses as data and
+becomes the same engine.errors class on the other side, never a Ray traceback. A replica that does not admit the
+request (`EngineReplica.verdict`) sends the header and an EngineBusy item, before any audio: the ingress asks
+another replica (voiceapp.cluster.serve)."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +25,7 @@ from ray import serve
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
 from engine.config import EngineConfig, SynthesisRequest
+from engine.deadlines import Verdict
 from engine.errors import VoiceError, one_line
 from engine.events import Event, Notice
 from voiceapp.cluster.relay import TextFeed, relayed_text
@@ -80,24 +84,37 @@ class EngineReplica:
         own = rows if rows else CPU_LLM_ROWS if all(d == "cpu" for d in self.synth.devices) else self.plan.streams
         return max(1, min(own, self.plan.streams))
 
-    def info(self) -> dict[str, Any]:
-        """What the ingress learns from every stream's header (and at start-up)."""
+    def verdict(self) -> Verdict:
+        """Whether this replica takes one more stream now: below its capacity (its lane's rows) and admitted by its
+        engine's deadlines (Synthesizer.admit: no live stream pushed into an underrun), as the plain server
+        admits. Serve's max_ongoing_requests is only a ceiling; this is what keeps each stream in real time."""
+        if self.live >= self.capacity():
+            return Verdict(False, f"{self.live} streams live, the most it takes at once")
+        return self.synth.admit()
+
+    def info(self, verdict: Verdict | None = None) -> dict[str, Any]:
+        """What the ingress learns from every stream's header (and at start-up); "admits": `verdict`, where the
+        request's own was decided, else now's."""
+        admits = (verdict or self.verdict()).admit
         return {"replica": self.name, "pid": os.getpid(), "node": os.uname().nodename, "live": self.live,
-                "capacity": self.capacity(), "served": self.served, "build_s": self.build_s,
+                "capacity": self.capacity(), "admits": admits, "served": self.served, "build_s": self.build_s,
                 "ready_at": self.ready_at, "sample_rate": self.synth.sample_rate,
                 "voices": self.synth.voices.all(), "describe": self.synth.describe(), **self.synth.status()}
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """What CapacityRouter ranks replicas by (Serve polls it every request_routing_stats_period_s)."""
-        return {"live": self.live, "capacity": self.capacity()}
+        """What CapacityRouter ranks replicas by (Serve polls it every request_routing_stats_period_s): its live
+        streams, its capacity, and whether it admits one more now (`verdict`)."""
+        return {"live": self.live, "capacity": self.capacity(), "admits": self.verdict().admit}
 
-    async def synthesize(self, req: SynthesisRequest, feed: TextFeed | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def synthesize(self, req: SynthesisRequest, feed: TextFeed | None = None,
+                         avoid: tuple[str, ...] = ()) -> AsyncIterator[dict[str, Any]]:
         """The request's stream (the module's docstring says its items); `feed`: where its streamed text comes
-        from, as it arrives (voiceapp.cluster.relay)."""
-        yield {"replica": {k: v for k, v in self.info().items() if k != "voices"}}
-        if self.live >= self.capacity():
-            yield {"error": "EngineBusy", "message": f"replica {self.name} carries {self.live} streams, its "
-                                                     f"capacity"}
+        from, as it arrives (voiceapp.cluster.relay); `avoid`: the replicas that refused it already (read by
+        CapacityRouter, not here)."""
+        verdict = self.verdict()
+        yield {"replica": {k: v for k, v in self.info(verdict).items() if k != "voices"}}
+        if not verdict.admit:
+            yield {"error": "EngineBusy", "message": refusal(self.name, verdict)}
             return
         self._tune_once()
         self.live += 1
@@ -129,25 +146,36 @@ class EngineReplica:
                 LOG.warning("tuning failed: %s", one_line(err))
 
 
+def refusal(replica: str, verdict: Verdict) -> str:
+    """The EngineBusy message of a replica that does not admit a stream: the verdict's reason, worded as the plain
+    server's 429 words it (voiceapp.http.api)."""
+    return f"replica {replica} is at capacity ({verdict.reason})"
+
+
 class CapacityRouter(FIFOMixin, RequestRouter):
-    """Ranks replicas by the share of their capacity in use (fewest first; ties at random): the streams each
-    reported (`record_routing_stats`) or, fresher, the router's own count of what it sent, over the capacity it
-    reported (Serve's max_ongoing_requests before its first report). Serve then sends the request to the first
-    replica of the ranking that is not full."""
+    """Ranks replicas that admit another stream (as each last reported: `record_routing_stats`; a replica that has
+    not reported yet counts as admitting) before those that do not, and the replicas the request names in `avoid`
+    (they refused it already: voiceapp.cluster.serve) last of all; within each group by the share of their capacity
+    in use (fewest first; ties at random): the streams each reported or, fresher, the router's own count of what it
+    sent, over the capacity it reported (Serve's max_ongoing_requests before its first report). Serve then sends
+    the request to the first replica of the ranking that is not full."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         pass
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> Sequence[list[RunningReplica]]:
+        avoid: tuple[str, ...] = ()
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True  # no tight loop while every replica is full
-        return [[replica] for replica in sorted(candidate_replicas, key=self._load)]
+            avoid = tuple(pending_request.kwargs.get("avoid", ()))
+        return [[replica] for replica in sorted(candidate_replicas, key=lambda r: self._rank(r, avoid))]
 
-    def _load(self, replica: RunningReplica) -> tuple[float, float]:
+    def _rank(self, replica: RunningReplica, avoid: tuple[str, ...]) -> tuple[bool, bool, float, float]:
         stats = replica.routing_stats or {}
         sent = self.replica_queue_len_cache.get(replica.replica_id)
-        return load_share(stats, sent, replica.max_ongoing_requests), random.random()
+        share = load_share(stats, sent, replica.max_ongoing_requests)
+        return (*rank(stats, share, replica.replica_id.unique_id in avoid), random.random())
 
 
 def load_share(stats: dict[str, Any], sent: int | None, ceiling: int) -> float:
@@ -156,3 +184,9 @@ def load_share(stats: dict[str, Any], sent: int | None, ceiling: int) -> float:
     capacity = max(1, int(stats.get("capacity") or ceiling))
     live = sent if sent is not None else int(stats.get("live", 0))
     return live / capacity
+
+
+def rank(stats: dict[str, Any], share: float, avoided: bool) -> tuple[bool, bool, float]:
+    """A replica's place in CapacityRouter's ranking, smallest first: not avoided by the request, then admitting
+    (as it last reported; unknown counts as admitting), then the share of its capacity in use (`load_share`)."""
+    return avoided, not stats.get("admits", True), share

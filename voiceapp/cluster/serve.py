@@ -3,7 +3,10 @@ process's front ends (the Unix socket, the HTTP API, Wyoming) through `RayEngine
 
 This process is the ingress: it keeps voiceapp's own servers and forwards each request to one replica for its life,
 as one streaming call (`handle.options(stream=True)`); the replica is chosen by voiceapp.cluster.replica.CapacityRouter
-(the share of its capacity in use, as each replica reports it). Streamed text (`say -`) reaches the replica as it
+(replicas that admit first, then the share of capacity in use, as each replica reports them). Each replica admits by
+its engine's deadlines, as the plain server does: one that refuses a request (before any audio) gets it offered to
+another, up to ROUTE_TRIES, and only then is the request refused (EngineBusy: HTTP's 429 with Retry-After); while
+every replica refused within REPORT_FRESH_S, the ingress refuses at once (`RayEngine.admit`). Streamed text (`say -`) reaches the replica as it
 arrives, through the ingress's text relay (voiceapp.cluster.relay). Closing a request cancels its call, which aborts
 it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
 starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0 allowed), a request that arrives while
@@ -20,7 +23,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 
 from engine import errors
 from engine.config import SynthesisRequest
@@ -48,6 +51,15 @@ CONSTRUCTOR_TRIES = 2
 """Times Serve tries to build a replica's engine before the deployment fails (Serve's default is 20)."""
 CONNECT_TIMEOUT_S = 5.0
 """How long `connect` tries to reach a head's port before saying it cannot (ray.init itself retries for minutes)."""
+REPORT_FRESH_S = 1.0
+"""How long a replica's word that it does not admit another stream (its refusal, or its header saying so) stands
+for the ingress's own admission (`RayEngine.admit`): within it, a request every replica would refuse is refused at
+once, without a round trip to each; after it the replicas are asked again, so room that frees up is found within
+this. One routing-stats period (STATS_PERIOD_S): by then the router has each replica's newer word too."""
+ROUTE_TRIES = 3
+"""Most replicas one request is offered to: the first the router picks, then others while each refuses it before
+any audio (`retry_refusal`); bounded by the replicas known too, so a crowd past capacity costs a few round trips
+per request, not one per replica of a large cluster."""
 HEAD_CHECK_S = 2.0
 """How often the ingress checks that the cluster's head (its GCS port) still answers."""
 HEAD_LOST_AFTER_S = 10.0
@@ -234,6 +246,49 @@ class ReplicaVoices:
         return dict(self._voices)
 
 
+@dataclass(frozen=True)
+class AdmitReport:
+    """A replica's latest word on whether it admits another stream, as the ingress heard it."""
+
+    admits: bool
+    reason: str
+    """Why not (the replica's refusal); empty where it admits."""
+    at: float
+    """When the ingress heard it (time.monotonic)."""
+
+
+class ReplicaRefused(EngineBusy):
+    """One replica did not admit the request (before any audio): the ingress may offer it to another."""
+
+    def __init__(self, replica: str, message: str) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+def fleet_verdict(reports: Iterable[AdmitReport], now: float, fresh_s: float = REPORT_FRESH_S) -> Verdict:
+    """The ingress's admission: refused when the replicas heard from within `fresh_s` of `now` all said they do not
+    admit (their reasons given); admitted otherwise, as when none was heard from within it, so a replica decides.
+    A word older than `fresh_s` does not count either way: a replica that died, or that no request reached, says
+    nothing. Each request ends served by a replica (its header says it admits) or refused by every replica it was
+    offered to (`retry_refusal`), so the fresh words all say no only when recent requests found no room."""
+    fresh = [r for r in reports if now - r.at <= fresh_s]
+    if not fresh or any(r.admits for r in fresh):
+        return Verdict(True)
+    return Verdict(False, f"every engine replica refused a stream in the last {fresh_s:g} s: "
+                          + "; ".join(r.reason for r in fresh))
+
+
+def retry_refusal(audio_out: bool, refused_by: Sequence[str], known: int) -> bool:
+    """Whether a request the replicas in `refused_by` refused (in order) is offered to another: never once any of
+    its audio went out (the listener heard a voice; another replica would start over), nor once a replica refused
+    it twice (the router had no other to offer: CapacityRouter ranks those that refused last); else while fewer
+    than the bound refused it: the `known` replicas, at least two (a replica not heard from yet may be there), at
+    most ROUTE_TRIES."""
+    if audio_out or len(set(refused_by)) < len(refused_by):
+        return False
+    return len(refused_by) < min(ROUTE_TRIES, max(2, known))
+
+
 class RayEngine:
     """engine.engine_api.Engine over the replicas of a Ray Serve deployment (the module's docstring)."""
 
@@ -252,6 +307,10 @@ class RayEngine:
         """Streams cut short by a replica that died."""
         self.carrying: dict[str, int] = {}
         """Streams this ingress has under way on each replica, by name."""
+        self.reports: dict[str, AdmitReport] = {}
+        """Each replica's latest word on admission, by name (`admit`)."""
+        self.rerouted = 0
+        """Requests a replica refused that were offered to another."""
         self._note(info)
 
     @classmethod
@@ -263,8 +322,13 @@ class RayEngine:
         return {**self._describe, "ray": True}
 
     def admit(self) -> Verdict:
-        """Always: each replica admits or refuses its own streams (a full one raises EngineBusy, a 429)."""
-        return Verdict(True)
+        """Refused only while the replicas' fresh words (REPORT_FRESH_S) all say they do not admit (`fleet_verdict`);
+        else admitted, and the replica the router picks decides by its own engine's deadlines,
+        which only it knows from moment to moment (`synthesize` offers a refused request to another). Refusing here
+        spares a crowd past capacity a round trip to each replica per request, and lets the socket server's line
+        (voiceapp.server.engine_server.AdmissionLine) hold requests instead of failing them; the word goes stale
+        soon, so room that frees up on a replica is found by asking it."""
+        return fleet_verdict(self.reports.values(), time.monotonic())
 
     def capacity(self) -> float | None:
         """The streams the replicas last said they carry, summed (None before any said)."""
@@ -275,24 +339,50 @@ class RayEngine:
         return {"devices": [], "replicas": [{**{k: v for k, v in r.items() if k not in ("voices", "describe")},
                                              "live": self.carrying.get(name, 0)}
                                             for name, r in self.replicas.items()],
-                "cold_starts": list(self.cold_starts), "lost_streams": self.lost}
+                "cold_starts": list(self.cold_starts), "lost_streams": self.lost, "rerouted_streams": self.rerouted}
 
     async def synthesize(self, req: SynthesisRequest,
                          text_stream: AsyncIterable[str] | None = None) -> AsyncIterator[AudioChunk]:
-        """The request's audio from one replica. Streamed text follows the request's own through the relay as it
-        arrives (voiceapp.cluster.relay), so the replica speaks each sentence once it is complete."""
-        import ray
-        from ray.serve.exceptions import BackPressureError
-
+        """The request's audio from one replica: a replica that does not admit it (before any audio) gets it offered
+        to another (`retry_refusal`); refused by every one offered, it is EngineBusy. Streamed text follows the
+        request's own through the relay as it arrives (voiceapp.cluster.relay), so the replica speaks each sentence
+        once it is complete; a replica that refused took none of it, so the next one gets it all."""
         from voiceapp.cluster.relay import TextFeed, pump
 
         feed, feeding = None, None
         if text_stream is not None:  # its pieces go to the relay while the replica speaks
             feed = TextFeed(self.relay, uuid.uuid4().hex)
             feeding = asyncio.create_task(pump(feed, text_stream))
+        refused: list[ReplicaRefused] = []
+        try:
+            while True:
+                audio_out = False
+                try:
+                    avoid = tuple(r.replica for r in refused)
+                    async with contextlib.aclosing(self._from_replica(req, feed, feeding, avoid)) as chunks:
+                        async for chunk in chunks:
+                            audio_out = True
+                            yield chunk
+                    return
+                except ReplicaRefused as err:
+                    refused.append(err)
+                    if not retry_refusal(audio_out, [r.replica for r in refused], len(self.replicas)):
+                        raise EngineBusy(refused_by_all(refused)) from None
+                    self.rerouted += 1
+        finally:
+            if feed is not None and feeding is not None:
+                stop_feeding(feed, feeding)
+
+    async def _from_replica(self, req: SynthesisRequest, feed: Any, feeding: "asyncio.Task[None] | None",
+                            avoid: tuple[str, ...]) -> AsyncGenerator[AudioChunk, None]:
+        """The request's audio from the replica the router picks (those in `avoid` last); ReplicaRefused where it
+        does not admit the request."""
+        import ray
+        from ray.serve.exceptions import BackPressureError
+
         asked, t0 = time.time(), time.monotonic()
-        stream = self.handle.options(stream=True).synthesize.remote(req, feed)
-        finished, replica = False, None
+        stream = self.handle.options(stream=True).synthesize.remote(req, feed, avoid=avoid)
+        finished, replica, audio_out = False, None, False
         try:
             async for item in stream:
                 if "replica" in item:
@@ -300,8 +390,13 @@ class RayEngine:
                     self.carrying[replica] = self.carrying.get(replica, 0) + 1
                     self._note(item["replica"], asked, time.monotonic() - t0)
                 elif "error" in item:
-                    raise feeding_error(feeding) or engine_error(item["error"], item["message"])
+                    err = feeding_error(feeding) or engine_error(item["error"], item["message"])
+                    if isinstance(err, EngineBusy) and replica is not None and not audio_out:
+                        self.reports[replica] = AdmitReport(False, str(err), time.monotonic())
+                        raise ReplicaRefused(replica, str(err))
+                    raise err
                 else:
+                    audio_out = True
                     yield item["chunk"]
             finished = True
         except BackPressureError:  # every replica full and the handle's queue too
@@ -316,12 +411,14 @@ class RayEngine:
                 stream.cancel()
             if replica is not None:
                 self.carrying[replica] -= 1
-            if feed is not None and feeding is not None:
-                stop_feeding(feed, feeding)
 
     def _note(self, info: dict[str, Any], asked: float | None = None, wait_s: float = 0.0) -> None:
-        """Keep a replica's header; log a cold start (a replica that became ready after the request was asked)."""
+        """Keep a replica's header and its word on admission; log a cold start (a replica that became ready after
+        the request was asked)."""
         self.replicas[info["replica"]] = info
+        admits = bool(info.get("admits", True))
+        self.reports[info["replica"]] = AdmitReport(admits, "" if admits else f"replica {info['replica']} does not "
+                                                                              f"admit another stream", time.monotonic())
         if asked is not None and info["ready_at"] > asked and wait_s > COLD_START_S:
             start = {"wait_s": round(wait_s, 3), "replica": info["replica"], "build_s": round(info["build_s"], 3)}
             self.cold_starts = (self.cold_starts + [start])[-COLD_STARTS_KEPT:]
@@ -364,6 +461,12 @@ def stop_feeding(feed: Any, feeding: "asyncio.Task[None]") -> None:
     else:
         feeding_error(feeding)  # seen: a failure reported as the request's own is not logged again by asyncio
     feed.relay.drop.remote(feed.key)
+
+
+def refused_by_all(refused: Sequence[ReplicaRefused]) -> str:
+    """The EngineBusy message of a request every replica offered refused: each one's reason, once."""
+    reasons = {r.replica: str(r) for r in refused}
+    return f"every engine replica asked refused the stream: {'; '.join(reasons.values())}"
 
 
 def engine_error(name: str, message: str) -> VoiceError:
