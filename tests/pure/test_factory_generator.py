@@ -194,6 +194,10 @@ def test_one_listener_captures_decoder_graphs_for_two_windows_at_once_a_crowd_fo
             captured.update(lengths=tuple(lengths), batches=tuple(batches))
             return 0.1
 
+        def decode(self, items):  # the fp16 probe (factory.full_precision_if_lost), before any capture
+            captured.setdefault("probed", []).extend(len(item.codes) for item in items)
+            return [[0.0] * len(item.codes) for item in items]
+
     monkeypatch.setattr(bicodec, "BiCodecDecoder", FakeDecoder)
     monkeypatch.setattr(factory, "_cuda", lambda: True)
     monkeypatch.setattr(factory, "probe_decoder", lambda decoder, item: 0.001)
@@ -202,6 +206,7 @@ def test_one_listener_captures_decoder_graphs_for_two_windows_at_once_a_crowd_fo
     decoder = factory._build_decoder(SPARK, SimpleNamespace(bicodec_dir="unused"), config)  # noqa: SLF001
     assert decoder.device == "cuda" and captured["lengths"] == lengths_for(config.schedule)
     assert captured["batches"] == ((1, 4) if one_listener else (1, 4, 8, 16, 32, 64))
+    assert captured["probed"] == [lengths_for(config.schedule)[-1]]  # Spark streams in fp16: probed once
 
 
 def test_an_engine_on_a_named_gpu_puts_its_lane_and_llm_there_and_leaves_vllm_out(gpu, monkeypatch) -> None:
