@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -22,6 +23,8 @@ import numpy as np
 from engine.backends.base import CodecDecoder, DecodeItem
 from engine.deadlines import BatchCost, DeadlineBoard
 
+RECENT_CALLS = 4096
+"""Decoder calls whose sizes BatchStats keeps (a bound for a server that runs for weeks)."""
 DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
 """Window batches a decoder that replays CUDA graphs captures for each window length (a batch of B windows replays
 the smallest >= B): any family's decoder, and what a server's tuning captures for crowds."""
@@ -40,6 +43,8 @@ class BatchStats:
     """Windows re-decoded one by one after their batch failed (to find whose window was bad)."""
     capped: int = 0
     """Calls cut below max_batch so that the most pressing window waited less (engine.deadlines BatchCost)."""
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_CALLS))
+    """(call number, windows) of the latest RECENT_CALLS calls: how a benchmark level's first calls batched."""
     cost: BatchCost = field(default_factory=BatchCost)
     """Seconds a call took, by its batch size: what `capped` cuts by."""
 
@@ -117,6 +122,7 @@ class DecodeBatcher:
             self.stats.calls += 1
             self.stats.items += len(items)
             self.stats.max_batch = max(self.stats.max_batch, len(items))
+            self.stats.recent.append((self.stats.calls, len(items)))
             for (_, future), pcm in zip(batch, results):
                 _settle(future, pcm)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.bench.generator import FixedLengthGenerator, TokenTimes
 from engine.bench.playback import StreamRecord
-from engine.bench.summary import LevelResult, summarize
+from engine.bench.summary import FIRST_CALLS_REPORTED, LevelResult, summarize
 from engine.config import SamplingOptions, SynthesisRequest, request_of, sentence_id
 
 async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str,
@@ -81,7 +81,7 @@ async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: 
 
 async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int,
                          preroll_s: float, decodes: DecodeLog | None) -> LevelResult:
-    stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items)
+    stats0 = (synth.batcher.stats.calls, synth.batcher.stats.items, synth.batcher.stats.capped)
     router = lane_router(gen)
     lane = router.lane if router is not None else None
     lane0 = (lane.busy_ms, lane.idle_ms) if lane is not None else None
@@ -106,6 +106,9 @@ async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text:
             if decodes is not None and r.request_id in decodes.times}
     level = summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
                       items / calls if calls else 0.0, mine, right=schedule.right_context(0))
+    level.decode_calls, level.decode_capped = calls, synth.batcher.stats.capped - stats0[2]
+    level.decode_first_calls = [size for number, size in synth.batcher.stats.recent
+                                if stats0[0] < number <= stats0[0] + FIRST_CALLS_REPORTED]
     if lane is not None and lane0 is not None and lane.busy_ms > lane0[0]:
         level.lane_busy_ms, level.lane_idle_ms = lane.busy_ms - lane0[0], lane.idle_ms - lane0[1]
     return level

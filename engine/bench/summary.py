@@ -60,6 +60,13 @@ class LevelResult:
     """Full (generation 2) runs of the cyclic garbage collector during the level: every thread stops for each."""
     gc_pause_ms_max: float = 0.0
     """The longest collector run of any generation during the level."""
+    decode_calls: int = 0
+    """Decoder calls during the level."""
+    decode_capped: int = 0
+    """Of them, calls cut below the batch limit for the most pressing window (BatchStats.capped)."""
+    decode_first_calls: list[int] = field(default_factory=list)
+    """Windows in each of the level's first decoder calls (FIRST_CALLS_REPORTED): how a crowd's first windows were
+    batched, which the cost model learnt on earlier levels decides."""
 
     @property
     def realtime(self) -> bool:
@@ -71,6 +78,8 @@ class LevelResult:
         return self.underruns_fixed_delay == 0 and self.steady_rtf_max <= 0.5
 
 
+FIRST_CALLS_REPORTED = 12
+"""A level's first decoder calls whose sizes it reports (LevelResult.decode_first_calls)."""
 WINDOWS_REPORTED = 6
 """Windows of the first sentence whose decode latency a level reports (p50, p95 in ms)."""
 
@@ -139,7 +148,8 @@ def describe_level(level: LevelResult) -> str:
             f"{level.first_decode_ms_p50:.1f} ms), onset p50 {level.onset_ms_p50:.0f} ms, steady RTF p50 "
             f"{level.steady_rtf_p50:.3f} max {level.steady_rtf_max:.3f}, underruns {level.underruns} "
             f"({level.streams_with_underruns} streams; fixed-delay player {level.underruns_fixed_delay}), "
-            f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f}, "
+            f"LLM {level.llm_tok_s_per_stream_p50:.0f} tok/s/stream, decode batch {level.decode_batch_mean:.1f} "
+            f"({level.decode_calls} calls, {level.decode_capped} capped; first {level.decode_first_calls}), "
             f"decode ms by window {level.decode_ms_by_window}"
             + (f", lane GPU busy {level.lane_busy_ms:.0f} ms idle {level.lane_idle_ms:.0f} ms"
                if not math.isnan(level.lane_busy_ms) else "")

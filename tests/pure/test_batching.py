@@ -67,6 +67,7 @@ async def test_batches_form_under_concurrency(pool):
     await asyncio.gather(*(batcher.decode(item(i)) for i in range(40)))
     assert dec.batches == [16, 16, 8]  # all 40 queued before the worker ran: full batches
     assert batcher.stats.items == 40 and batcher.stats.max_batch == 16
+    assert list(batcher.stats.recent) == [(1, 16), (2, 16), (3, 8)]  # each call's number and size, for a bench
     assert dec.threads == {"decode_0"}
 
 
