@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.config import QUANTIZE
+from engine.config import DECODER_DTYPES, QUANTIZE
 from engine.errors import InputError
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
@@ -26,6 +26,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the LLM's weights on the CPU: int8 (default there; converted once per checkpoint, "
                         "faster), int4 (faster still; its fidelity to the model is not verified: docs/cpu.md) "
                         "or none (fp32). A GPU's LLM is never quantised")
+    g.add_argument("--decoder-dtype", choices=["auto", *DECODER_DTYPES], default="auto",
+                   help="the codec decoder's precision. auto: on a GPU the model family's for streaming (Spark fp16, "
+                        "Orpheus fp32; fp32 where it overflows, and for an export), on the CPU bf16 where the "
+                        "processor computes it natively (fp32 with --quantize none)")
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "
                         "CUDA-graph copy of the LLM (about 1 GB and its rows' KV cache less GPU memory, no graph "
@@ -103,6 +107,7 @@ def engine_config(args: argparse.Namespace, one_listener: bool = False):
                         device="auto" if args.compute == "auto" else args.compute,
                         decoder_device=args.compute, threads=checked_threads(args.threads),
                         quantize=getattr(args, "quantize", None) or "auto",
+                        decoder_dtype=getattr(args, "decoder_dtype", None) or "auto",
                         graph_lane=not getattr(args, "no_graph_lane", False), one_listener=one_listener,
                         warm_up=False if getattr(args, "no_warm_up", False) else None)
 

@@ -20,6 +20,7 @@ from voiceapp.common import engine_config
     ["--model", "/models/tiny", "--backend", "torch", "--compute", "cpu", "--threads", "3"],
     ["--backend", "torch", "--compute", "cpu", "--quantize", "none"],
     ["--backend", "vllm", "--compute", "cuda", "--no-graph-lane", "--no-warm-up"],
+    ["--compute", "cuda:1", "--decoder-dtype", "fp32"],
 ])
 def test_the_started_server_builds_the_engine_say_would_have_built(flags, tmp_path):
     wanted = engine_config(build_parser().parse_args(["say", "Hi.", *flags]), one_listener=True)

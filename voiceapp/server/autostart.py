@@ -85,6 +85,8 @@ def serve_command(path: Path, config: EngineConfig, idle_s: float) -> list[str]:
         cmd += ["--threads", str(config.threads)]
     if config.quantize != "auto":
         cmd += ["--quantize", config.quantize]
+    if config.decoder_dtype != "auto":
+        cmd += ["--decoder-dtype", config.decoder_dtype]
     if not config.graph_lane:
         cmd.append("--no-graph-lane")
     if config.warm_up is False:
