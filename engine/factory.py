@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 
 from engine.config import DECODER_DTYPES, EngineConfig
 from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pools, usable_cores
-from engine.errors import VoiceError, one_line
+from engine.errors import GenerationError, VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
 from engine.families.base import ModelFamily
 from engine.pacing import Pacer
@@ -269,7 +269,6 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     import torch
 
     from engine.batching import lengths_for
-    from engine.errors import GenerationError
 
     dtype = gpu_decoder_dtype(config, family)
 
@@ -322,8 +321,6 @@ def full_precision_if_lost(decoder: Any, dtype: str, build: Callable[[str], Any]
     decoder `build` makes in fp32, said once. fp16's range ends at 65,504, and weights of one checkpoint may take a
     layer past it where the synthetic ones did not: the engine then speaks in full precision rather than fail every
     request on non-finite audio."""
-    from engine.errors import GenerationError
-
     try:
         decoder.decode([probe])
         return decoder, dtype

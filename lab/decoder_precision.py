@@ -76,7 +76,8 @@ def main() -> None:
                 worst_snr = min(worst_snr, snr_db(out[:n], ref[:n]))
             rows[name] = {"max_err_db": round(worst_seam, 1), "snr_db": round(worst_snr, 1)}
             print(name, rows[name], flush=True)
-        print(json.dumps({"family": args.family, "size": args.size, "codes": args.codes, "seeds": args.seeds, "device": args.device,
+        print(json.dumps({"family": args.family, "size": args.size, "codes": args.codes, "seeds": args.seeds,
+                          "device": args.device,
                           "vs_fp32_one_shot": rows}))
 
 

@@ -27,8 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "faster), int4 (faster still; its fidelity to the model is not verified: docs/cpu.md) "
                         "or none (fp32). A GPU's LLM is never quantised")
     g.add_argument("--decoder-dtype", choices=["auto", *DECODER_DTYPES], default="auto",
-                   help="the codec decoder's precision. auto: on a GPU the model family's for streaming (Spark fp16, "
-                        "Orpheus fp32; fp32 where it overflows, and for an export), on the CPU bf16 where the "
+                   help="the codec decoder's precision. auto: on a GPU the model family's for streaming (fp32 "
+                        "where that overflows on the checkpoint, and for an export), on the CPU bf16 where the "
                         "processor computes it natively (fp32 with --quantize none)")
     g.add_argument("--no-graph-lane", action="store_true",
                    help="on a GPU, run every stream on vLLM (or the torch generator): no in-process "

@@ -49,8 +49,8 @@ sys.setprofile(exit_path)
 sys.exit(main())  # voicectl's own process: main() reads sys.argv, as the console script runs it
 """
 """`python -c INJECT say ...` with SIGINT_AT (the first call of the exit path to a function named
-`file:function`, or `C qualname` for a C function; `done` for none) and EVENTS_OUT (a file: one line per call of the exit path,
-the one the signal came at marked `!`)."""
+`file:function`, or `C qualname` for a C function; `done` for none) and EVENTS_OUT (a file: one line per call of
+the exit path, the one the signal came at marked `!`)."""
 
 FAKE = ["--backend", "fake", "--voice", "leo", "--seed", "1"]
 LEAN_OK = ["say", "Hi.", *FAKE, "--max-tokens", "5", "--json"]

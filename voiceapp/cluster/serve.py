@@ -7,8 +7,8 @@ as one streaming call (`handle.options(stream=True)`); the replica is chosen by 
 its engine's deadlines, as the plain server does: one that refuses a request (before any audio) gets it offered to
 another, up to ROUTE_TRIES, and only then is the request refused (EngineBusy: HTTP's 429 with Retry-After); while
 every replica refused within REPORT_FRESH_S, the ingress refuses at once (`RayEngine.admit`). Streamed text
-(`say -`) reaches the replica as it arrives, through the ingress's text relay (voiceapp.cluster.relay). Closing a request cancels its call, which aborts
-it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
+(`say -`) reaches the replica as it arrives, through the ingress's text relay (voiceapp.cluster.relay). Closing a
+request cancels its call, which aborts it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
 starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0 allowed), a request that arrives while
 no replica runs waits for one: the wait is logged and shown by status (`cold_starts`).
 
