@@ -23,6 +23,11 @@ import numpy as np
 from engine.backends.base import CodecDecoder, DecodeItem
 from engine.deadlines import BatchCost, DeadlineBoard
 
+SLOW_CALL_S = 0.05
+"""A decoder call at least this long is kept in BatchStats.slow (a window of a shape with no captured graph decodes
+eagerly, and its first time may build kernels for it)."""
+SLOW_CALLS = 64
+"""Slow calls kept, the latest."""
 RECENT_CALLS = 4096
 """Decoder calls whose sizes BatchStats keeps (a bound for a server that runs for weeks)."""
 DECODE_BATCHES = (1, 4, 8, 16, 32, 64)
@@ -47,6 +52,21 @@ class BatchStats:
     """(call number, windows) of the latest RECENT_CALLS calls: how a benchmark level's first calls batched."""
     cost: BatchCost = field(default_factory=BatchCost)
     """Seconds a call took, by its batch size: what `capped` cuts by."""
+    longest_s: float = 0.0
+    """The longest call."""
+    slow: deque[tuple[float, float, int, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=SLOW_CALLS))
+    """(started at, on time.perf_counter; seconds; windows; their code lengths) of the latest calls of at least
+    SLOW_CALL_S: whether a stall every stream heard at once was one decoder call, and of what shape."""
+
+    def note_call(self, items: Sequence[DecodeItem], started: float, took: float) -> None:
+        self.cost.note(len(items), took)
+        self.calls += 1
+        self.items += len(items)
+        self.max_batch = max(self.max_batch, len(items))
+        self.recent.append((self.calls, len(items)))
+        self.longest_s = max(self.longest_s, took)
+        if took >= SLOW_CALL_S:
+            self.slow.append((started, took, len(items), tuple(sorted({len(i.codes) for i in items}))))
 
     @property
     def mean_batch(self) -> float:
@@ -109,7 +129,7 @@ class DecodeBatcher:
                 continue
             items = [item for item, _ in batch]
             try:
-                results, took = await loop.run_in_executor(self.executor, self._timed_decode, items)
+                results, started, took = await loop.run_in_executor(self.executor, self._timed_decode, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"decoder returned {len(results)} results for {len(items)} windows")
             except Exception as err:  # noqa: BLE001 - handed to the callers
@@ -118,20 +138,16 @@ class DecodeBatcher:
                     continue
                 await self._one_by_one(loop, batch)
                 continue
-            self.stats.cost.note(len(items), took)
-            self.stats.calls += 1
-            self.stats.items += len(items)
-            self.stats.max_batch = max(self.stats.max_batch, len(items))
-            self.stats.recent.append((self.stats.calls, len(items)))
+            self.stats.note_call(items, started, took)
             for (_, future), pcm in zip(batch, results):
                 _settle(future, pcm)
 
-    def _timed_decode(self, items: list[DecodeItem]) -> tuple[list[np.ndarray], float]:
-        """The decoder's call and its seconds, timed on the executor's thread (so a wait for other work there, a
-        graph capture, is not counted as the call's cost)."""
+    def _timed_decode(self, items: list[DecodeItem]) -> tuple[list[np.ndarray], float, float]:
+        """The decoder's call, when it started and its seconds, timed on the executor's thread (so a wait for other
+        work there, a graph capture, is not counted as the call's cost)."""
         t = time.perf_counter()
         results = self.decoder.decode(items)
-        return results, time.perf_counter() - t
+        return results, t, time.perf_counter() - t
 
     async def _one_by_one(self, loop: asyncio.AbstractEventLoop,
                           batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]]) -> None:

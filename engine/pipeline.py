@@ -503,14 +503,21 @@ class Synthesizer(UtteranceFolds):
         return describe_engine(self)
 
     def status(self) -> dict[str, Any]:
-        """engine.engine_api.Engine.status: each device's memory and the graph lane's counters."""
-        return {"devices": [device_status(d) for d in self.devices], **lane_status(self.generator)}
+        """engine.engine_api.Engine.status: each device's memory, the decoder's calls (the longest, the latest slow
+        ones) and the graph lane's counters."""
+        stats = self.batcher.stats
+        decoder = {"calls": stats.calls, "windows": stats.items, "longest_ms": round(stats.longest_s * 1e3, 1),
+                   "slow": [[round(took * 1e3, 1), windows, list(lengths)]
+                            for _, took, windows, lengths in list(stats.slow)[-SLOW_SHOWN:]]}
+        return {"devices": [device_status(d) for d in self.devices], "decoder": decoder, **lane_status(self.generator)}
 
     async def close(self) -> None:
         await self.generator.close()
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
 
+SLOW_SHOWN = 8
+"""Slow decoder calls status lists (ms, windows, their code lengths), the latest."""
 WARM_UP_TEXT = "Warming up. Ready now."
 """`Synthesizer.warm_up`'s text: two short sentences."""
 

@@ -99,6 +99,9 @@ class Tuning:
     events: EventSink = ignore_events
     yielding: Yielding = field(default_factory=lambda: Yielding(never_pressing))
     """Waits for live streams before each step (its steps wait inside too, between graph captures)."""
+    settle: Callable[[], None] | None = None
+    """Runs on a worker thread once every step is over and no live stream is pressing: what the steps left behind is
+    tidied (a server freezes its heap again, so that the collector stops walking the lane and graphs they built)."""
     started: float | None = None
     finished: float | None = None
 
@@ -119,6 +122,9 @@ class Tuning:
         for step in self.steps:
             await self.yielding.wait_async()
             await self._run_step(loop, step)
+        if self.settle is not None:
+            await self.yielding.wait_async()
+            await loop.run_in_executor(None, self.settle)
         self.finished = time.monotonic()
         if self.steps:
             self.events(Notice(f"tuned in {self.finished - self.started:.1f} s: "
@@ -149,7 +155,8 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
     decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it where that lane
     is too small to hold a crowd, each swapped in when ready. Nothing on an engine without a GPU lane."""
-    from engine.factory import _build_lane, _current_gpu, _lane_in_front, _vllm_installed, gpu_device, holds_a_crowd
+    from engine.factory import (_build_lane, _current_gpu, _freeze_heap, _lane_in_front, _vllm_installed, gpu_device,
+                                holds_a_crowd)
 
     info = synth.model_info
     gate = Yielding(synth.deadlines.pressing)
@@ -170,7 +177,9 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
 
         vllm = TuningStep("vllm", build_vllm, lambda gen: _swap(synth, events, primary=gen))
         steps.append(vllm)
-    return Tuning(steps, events, gate)
+    # Loading froze the heap; what tuning built since (a lane of hundreds of rows and its graphs, vLLM) would
+    # otherwise be walked by every full collection, with every thread stopped, while crowds are served.
+    return Tuning(steps, events, gate, settle=_freeze_heap if config.freeze_heap else None)
 
 
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:

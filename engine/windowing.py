@@ -52,9 +52,10 @@ class WindowSchedule:
     busy_first_new: int = 16
     """`busy()`'s first window: under load the player waits for its pre-roll anyway, so a larger first window
     costs no first audio and saves decoder throughput."""
-    busy_new: int = 32
-    """`busy()`'s second window (later ones grow by `growth` as usual): the largest that still arrives before
-    the audio before it runs out."""
+    busy_new: int = 24
+    """`busy()`'s second window (later ones grow by `growth` as usual): small enough to follow the first chunk
+    before its audio runs out, even when a crowd's first decode calls are cut small and its first chunks come
+    early."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 

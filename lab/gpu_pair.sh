@@ -4,7 +4,7 @@
 # a variant patches files that the other job's processes would import.
 #   bash lab/gpu_pair.sh NAME0 'COMMAND0' NAME1 'COMMAND1'
 # Each job gets PAIR_S seconds (570), so that both archives come back inside the call's ten minutes.
-# e.g. bash lab/gpu_pair.sh variants 'bash lab/gpu_crowd_variants.sh base busy24' load 'bash lab/gpu_load.sh'
+# e.g. bash lab/gpu_pair.sh variants 'bash lab/gpu_crowd_variants.sh base busy32' load 'bash lab/gpu_load.sh'
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 run_on() {  # GPU NAME COMMAND: in a copy of the tree of its own, since variants patch files as they run

@@ -6,7 +6,7 @@
 #   fp32      Spark's streaming decoder in fp32 (the default before run 39: fp16)
 #   b8        the lane reads back every 2 steps up to 8 busy rows only (before run 39: up to 32)
 #   noreach   the decoder's cost model extrapolates to any batch (BatchCost.reach before run 39)
-#   busy24    busy schedule: second window 24 codes (not 32), so that it follows a 16-code first chunk sooner
+#   busy32    busy schedule: second window 32 codes (the default before run 40: 24)
 VARIANT_FILES="engine/backends/bicodec.py engine/windowing.py engine/families/spark.py engine/lane_scheduler.py engine/deadlines.py"
 mkdir -p /tmp/variant-orig && for f in $VARIANT_FILES; do cp "$f" /tmp/variant-orig/"$(basename "$f")"; done
 variant_patch() {
@@ -18,7 +18,7 @@ variant_patch() {
     fp32) sed -i 's/^    gpu_decoder_dtype = "fp16"/    gpu_decoder_dtype = "fp32"/' engine/families/spark.py ;;
     b8) sed -i 's/^CROWD_BURSTS = ((32, BURST), (None, 8))/CROWD_BURSTS = ((8, BURST), (None, 8))/' engine/lane_scheduler.py ;;
     noreach) sed -i 's/^    reach: int = 4$/    reach: int = 1 << 30/' engine/deadlines.py ;;
-    busy24) sed -i 's/^    busy_new: int = 32/    busy_new: int = 24/' engine/windowing.py ;;
+    busy32) sed -i 's/^    busy_new: int = 24/    busy_new: int = 32/' engine/windowing.py ;;
     *) echo "unknown variant $1"; return 1 ;;
   esac
   for f in $VARIANT_FILES; do cmp -s "$f" /tmp/variant-orig/"$(basename "$f")" || echo "variant $1: $f patched"; done

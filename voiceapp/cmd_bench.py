@@ -215,7 +215,7 @@ def run_load(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _load_run(target, sample_rate: int, plans) -> list:
+async def _load_run(target, sample_rate: int, plans, slow_calls=None) -> list:
     """One untimed request (first-use costs stay out), then the rates."""
     from engine.bench.load import SENTENCES, Arrival, StreamLog
     from voiceapp.load_bench import run_rates
@@ -226,7 +226,7 @@ async def _load_run(target, sample_rate: int, plans) -> list:
         from engine.errors import GenerationError
 
         raise GenerationError(f"the first request failed: {warm.error}")
-    return await run_rates(target, sample_rate, plans, log=log)
+    return await run_rates(target, sample_rate, plans, log=log, slow_calls=slow_calls)
 
 
 def _load_in_process(args: argparse.Namespace, plans) -> tuple[str, str, list]:
@@ -236,7 +236,8 @@ def _load_in_process(args: argparse.Namespace, plans) -> tuple[str, str, list]:
 
     async def go(synth, voice: str) -> list:
         try:
-            return await _load_run(engine_target(synth, voice), synth.sample_rate, plans)
+            return await _load_run(engine_target(synth, voice), synth.sample_rate, plans,
+                                   slow_calls=lambda: list(synth.batcher.stats.slow))
         finally:
             await synth.close()
 

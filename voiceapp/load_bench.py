@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import threading
 import time
 import urllib.parse
 from typing import Any, Callable, Coroutine, Sequence
 
 from engine.bench.load import PREROLL_S, Arrival, RateResult, StreamLog, summarize_rate
 from engine.errors import InputError
+from engine.pauses import GcPauses
 
 PCM_RATE = 24000
 """The rate asked of the HTTP API for its `pcm` responses (16-bit mono), so bytes convert to seconds."""
@@ -43,18 +46,75 @@ async def drive(target: Target, arrivals: Sequence[Arrival], clock: Callable[[],
     return logs
 
 
+class Pauses:
+    """This process's long pauses while it is on: runs of the cyclic garbage collector (engine.pauses), and each
+    time a timing thread woke late by the interpreter being held elsewhere, of at least `least_ms`."""
+
+    TICK_S = 0.005
+    """The timing thread's sleep; it wakes late by the time another thread held the interpreter."""
+
+    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.least_ms, self.clock = least_ms, clock
+        self.gc = GcPauses(least_ms, clock)
+        self.held: list[tuple[float, float]] = []
+        """(started at, ms) of each late wake."""
+        self.t0 = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="pause-watch", daemon=True)
+
+    def __enter__(self) -> "Pauses":
+        self.t0 = self.clock()
+        self.gc.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.gc.stop()
+
+    @property
+    def found(self) -> list[tuple[float, str, float]]:
+        """(s since on, "gc0".."gc2" or "held", ms), in time order."""
+        runs = [(at - self.t0, f"gc{gen}", ms) for at, gen, ms in self.gc.recent]
+        held = [(at - self.t0, "held", ms) for at, ms in self.held]
+        return [(round(at, 4), kind, round(ms, 1)) for at, kind, ms in sorted(runs + held)]
+
+    def _tick(self) -> None:
+        while not self._stop.is_set():
+            start = self.clock()
+            time.sleep(self.TICK_S)
+            late_ms = (self.clock() - start - self.TICK_S) * 1e3
+            if late_ms >= self.least_ms:
+                self.held.append((start, late_ms))
+
+
 async def run_rates(target: Target, sample_rate: int, plans: Sequence[tuple[float, float, list[Arrival]]],
-                    log: Callable[[str], None] = print, preroll_s: float = PREROLL_S) -> list[RateResult]:
-    """Each (rate, seconds, arrivals) in turn, the engine idle again between them."""
+                    log: Callable[[str], None] = print, preroll_s: float = PREROLL_S,
+                    slow_calls: Callable[[], Sequence[tuple[float, float, int, tuple[int, ...]]]] | None = None
+                    ) -> list[RateResult]:
+    """Each (rate, seconds, arrivals) in turn, the engine idle again between them. `slow_calls`: an engine in this
+    process, its slow decoder calls (engine.batching BatchStats.slow), listed among the rate's pauses as
+    "decode BxL"."""
     results = []
     for rate, seconds, arrivals in plans:
-        logs = await drive(target, arrivals)
+        with Pauses() as pauses:
+            logs = await drive(target, arrivals)
         result = summarize_rate(rate, seconds, logs, sample_rate, preroll_s)
+        first = min((g.start for g in logs), default=pauses.t0)
+        found = [(round(at - (first - pauses.t0), 4), kind, ms) for at, kind, ms in pauses.found]
+        end = max((g.end for g in logs if not math.isnan(g.end)), default=first)
+        calls = [(round(at - first, 4), f"decode {n}x{'/'.join(map(str, lengths))}", round(took * 1e3, 1))
+                 for at, took, n, lengths in (slow_calls() if slow_calls else ()) if first <= at <= end]
+        result.pauses = sorted(found + calls)
         log(f"  {rate:g} req/s: {result.streams} sent, {result.served} served, {result.refused} refused, first audio "
             f"p50 {result.first_ms_p50:.0f} ms p95 {result.first_ms_p95:.0f} ms, underran "
             f"{result.underran_share:.0%}, peak {result.peak_concurrency} in flight")
         for reason, count in result.refusal_reasons.items():
             log(f"    refused {count}: {reason}")
+        if result.pauses:
+            at, kind, ms = max(result.pauses, key=lambda p: p[2])
+            log(f"    {len(result.pauses)} pauses of this process, the longest {ms:.0f} ms ({kind}) at {at:.2f} s")
         results.append(result)
     return results
 

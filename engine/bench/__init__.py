@@ -30,14 +30,14 @@ what `voicectl bench`, the lab scripts and the tests use. Pure apart from the fu
 from engine.bench.decoder import (call_times, decoder_accuracy, decoder_algorithms, decoder_snake, decoder_speed,
                                   rel_error, stream_decode)
 from engine.bench.generator import BENCH_GLOBALS, SENTENCE, FixedLengthGenerator, TokenTimes
-from engine.bench.levels import DecodeLog, GcPauses, measure_level, run_streams
+from engine.bench.levels import DecodeLog, measure_level, run_streams
 from engine.bench.playback import Playback, StreamRecord, simulate_playback, simulate_player
 from engine.bench.reference import reference_pipeline
 from engine.bench.run import STREAM_LEVELS, BenchOptions, Variant, device_name, run_pipeline_bench, write_voice
 from engine.bench.summary import WINDOWS_REPORTED, LevelResult, format_table, headline, percentile, summarize
 
 __all__ = ["BENCH_GLOBALS", "SENTENCE", "STREAM_LEVELS", "WINDOWS_REPORTED", "BenchOptions", "DecodeLog",
-           "FixedLengthGenerator", "GcPauses", "LevelResult", "Playback", "StreamRecord", "TokenTimes", "Variant",
+           "FixedLengthGenerator", "LevelResult", "Playback", "StreamRecord", "TokenTimes", "Variant",
            "call_times", "decoder_accuracy", "decoder_algorithms", "decoder_snake", "decoder_speed", "device_name",
            "format_table", "headline", "measure_level", "percentile", "reference_pipeline", "rel_error",
            "run_pipeline_bench", "run_streams", "simulate_playback", "simulate_player", "stream_decode",

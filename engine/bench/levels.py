@@ -3,7 +3,6 @@ times recorded, and the collector's pauses meanwhile."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from typing import Any
 
@@ -11,6 +10,7 @@ from engine.bench.generator import FixedLengthGenerator, TokenTimes
 from engine.bench.playback import StreamRecord
 from engine.bench.summary import FIRST_CALLS_REPORTED, LevelResult, summarize
 from engine.config import SamplingOptions, SynthesisRequest, request_of, sentence_id
+from engine.pauses import GcPauses
 
 async def run_streams(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str,
                       preroll_s: float = 0.2, label: str = "s") -> tuple[
@@ -51,31 +51,13 @@ class DecodeLog:
             self.times.setdefault(event.request_id, []).append((event.t - event.decode_s, event.t, event.codes))
 
 
-class GcPauses:
-    """gc.callbacks entry: how long each collector run took, by generation (ms)."""
-
-    def __init__(self) -> None:
-        self.ms: dict[int, list[float]] = {0: [], 1: [], 2: []}
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.ms[info["generation"]].append((time.perf_counter() - self._t0) * 1000)
-
-
 async def measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text: str, voice: str, rounds: int = 1,
                         preroll_s: float = 0.2, decodes: DecodeLog | None = None) -> LevelResult:
-    pauses = GcPauses()
-    gc.callbacks.append(pauses)
-    try:
+    with GcPauses() as pauses:
         level = await _measure_level(synth, gen, n, text=text, voice=voice, rounds=rounds, preroll_s=preroll_s,
                                      decodes=decodes)
-    finally:
-        gc.callbacks.remove(pauses)
-    level.gc_full_collections = len(pauses.ms[2])
-    level.gc_pause_ms_max = max((t for ts in pauses.ms.values() for t in ts), default=0.0)
+    level.gc_full_collections = pauses.runs[2]
+    level.gc_pause_ms_max = max(pauses.longest_ms)
     return level
 
 

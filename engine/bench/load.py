@@ -173,6 +173,13 @@ class RateResult:
     """Refusals by the reason they gave (`refusal_kind`: its numbers written N), most frequent first."""
     errors: list[str] = field(default_factory=list)
     """The distinct errors of the failed requests (at most a few)."""
+    pauses: list[tuple[float, str, float]] = field(default_factory=list)
+    """The driver process's long pauses while the rate ran: (at, s from the rate's first request; "gc0".."gc2" for
+    a run of the cyclic garbage collector of that generation, "held" for the interpreter held from a timing thread;
+    ms). In process they are the engine's; over HTTP the client's."""
+    trace: list[tuple[float, float | None, float, str]] = field(default_factory=list)
+    """Each request in the order sent: (sent at, s from the rate's first; first audio, ms, None without audio;
+    silence from underruns, ms; "served", "refused" or "failed"), so that a tail can be traced to when it came."""
 
 
 def refusal_kind(reason: str) -> str:
@@ -193,6 +200,8 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
     """One rate's numbers from its streams' timelines."""
     heard = []
     failed, errors = 0, list[str]()
+    trace = list[tuple[float, float | None, float, str]]()
+    t0 = min((log.start for log in logs), default=0.0)
     for log in logs:
         h = None if log.refused or log.error else listen(log, sample_rate, preroll_s)
         if h is not None:
@@ -202,6 +211,9 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
             why = log.error or "no audio"
             if why not in errors and len(errors) < 5:
                 errors.append(why)
+        outcome = "refused" if log.refused else "served" if h is not None else "failed"
+        trace.append((round(log.start - t0, 4), None if h is None else round(h.first_s * 1e3, 1),
+                      0.0 if h is None else round(h.underrun_s * 1e3, 1), outcome))
     firsts = [h.first_s * 1e3 for h in heard]
     spans = [(log.start, log.end if not math.isnan(log.end) else (log.chunks[-1][0] if log.chunks else log.start))
              for log in logs if not log.refused]
@@ -213,7 +225,7 @@ def summarize_rate(rate: float, seconds: float, logs: Sequence[StreamLog], sampl
         underruns=sum(h.underruns for h in heard), underrun_s=sum(h.underrun_s for h in heard),
         peak_concurrency=peak_concurrency(spans),
         retry_after_s=sorted({g.retry_after_s for g in logs if g.refused and g.retry_after_s is not None}),
-        refusal_reasons=refusal_counts(logs), errors=errors)
+        refusal_reasons=refusal_counts(logs), errors=errors, trace=trace)
 
 
 def rate_json(result: RateResult) -> dict[str, Any]:

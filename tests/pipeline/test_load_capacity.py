@@ -73,3 +73,36 @@ def test_the_serial_fake_shares_one_throughput(streams):
 
     took = asyncio.run(main())
     assert took == pytest.approx(41 * 0.005 * streams, rel=0.35)
+
+
+def test_pauses_records_the_collector_and_a_held_interpreter():
+    import gc
+    import time
+
+    from voiceapp.load_bench import Pauses
+
+    with Pauses(least_ms=0.0) as pauses:
+        gc.collect()
+        time.sleep(0.05)  # the timing thread ticks meanwhile
+    kinds = {kind for _, kind, _ in pauses.found}
+    assert "gc2" in kinds
+    with Pauses(least_ms=40.0) as quiet:
+        time.sleep(0.1)
+    assert quiet.found == []  # a sleeping main thread holds nothing
+
+
+def test_run_rates_reports_each_rates_pauses_from_its_first_request():
+    from voiceapp.load_bench import run_rates
+
+    async def main():
+        synth = fake_engine(CAPACITY)
+        try:
+            return await run_rates(engine_target(synth, synth.voices.default), synth.sample_rate,
+                                   [(2.0, 0.5, [Arrival(0.0, SENTENCES[0])])], log=lines.append)
+        finally:
+            await synth.close()
+
+    lines: list[str] = []
+    (result,) = asyncio.run(main())
+    assert result.served == 1 and all(ms >= 20.0 and kind in ("gc0", "gc1", "gc2", "held")
+                                      for _, kind, ms in result.pauses)

@@ -61,6 +61,19 @@ async def test_results_identical_to_unbatched(pool):
     assert sum(dec.batches) == 40
 
 
+async def test_slow_calls_are_kept_with_their_shapes_and_the_longest_counted(pool):
+    from engine.batching import SLOW_CALL_S
+
+    batcher = DecodeBatcher(RecordingDecoder(delay_s=SLOW_CALL_S + 0.02), pool)
+    await asyncio.gather(*(batcher.decode(item(i, n=12)) for i in range(3)))
+    fast = DecodeBatcher(RecordingDecoder(), pool)
+    await fast.decode(item(0, n=12))
+    stats = batcher.stats
+    assert stats.slow and all(took >= SLOW_CALL_S and lengths == (12,) for _, took, _, lengths in stats.slow)
+    assert sum(n for _, _, n, _ in stats.slow) == stats.items == 3 and stats.longest_s >= SLOW_CALL_S
+    assert not fast.stats.slow and 0 < fast.stats.longest_s < SLOW_CALL_S
+
+
 async def test_batches_form_under_concurrency(pool):
     dec = RecordingDecoder(delay_s=0.02)
     batcher = DecodeBatcher(dec, pool, max_batch=16)
@@ -210,7 +223,7 @@ def test_rebinds_to_a_new_event_loop():
 
 def test_standard_lengths_match_the_planner():
     s = WindowSchedule()
-    assert lengths_for(s) == (20, 32, 56, 64, 80, 96, 128)  # the default schedule's and its busy variant's
+    assert lengths_for(s) == (20, 32, 56, 80, 128)  # the default schedule's and its busy variant's
     seen = set()
     for variant in (s, s.busy()):
         planner = WindowPlanner(variant)

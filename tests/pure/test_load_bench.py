@@ -90,6 +90,8 @@ def test_a_rate_summarized_from_scripted_streams():
     j = rate_json(r)
     assert j["underran_share"] == 0.2 and j["first_ms_p50"] == 200.0
     assert "| 4 | 9 | 5 | 3 (2, 5) | 1 |" in format_table([r])
+    assert r.trace[0] == (0.0, 100.0, 0.0, "served") and r.trace[4] == (0.5, 100.0, 1100.0, "served")
+    assert [t[3] for t in r.trace[5:]] == ["refused"] * 3 + ["failed"] and r.trace[-1][:3] == (0.8, None, 0.0)
 
 
 def test_a_rate_with_nothing_served_has_no_figures_but_a_table_row():

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from engine.events import Notice, StartupPhase
-from engine.tuning import Tuning, TuningStep
+from engine.tuning import Tuning, TuningStep, Yielding
 
 
 async def test_steps_run_in_order_off_the_loop_and_apply_on_it() -> None:
@@ -65,6 +65,22 @@ async def test_progress_is_visible_while_a_step_runs() -> None:
     release.set()
     await task
     assert tuning.status()["done"]
+
+
+async def test_settle_runs_once_after_every_step_when_nothing_presses() -> None:
+    order, looks = [], []
+
+    def pressing() -> int:  # one stream presses once both steps are done, for two more looks
+        looks.append(len(order))
+        return int(len(order) == 2 and looks.count(2) <= 3)
+
+    loop_thread = threading.get_ident()
+    gate = Yielding(pressing, poll_s=0.001)
+    tuning = Tuning([TuningStep("lane", lambda: order.append("lane") or "lane"),
+                     TuningStep("vllm", lambda: order.append("vllm") or "v")], yielding=gate,
+                    settle=lambda: order.append(("settle", threading.get_ident() != loop_thread)))
+    await tuning.run()
+    assert order == ["lane", "vllm", ("settle", True)] and tuning.done and gate.pauses >= 1
 
 
 def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) -> None:

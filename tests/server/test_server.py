@@ -341,6 +341,9 @@ async def test_status_lists_live_streams(fake_server):
     assert stream["voice"] == "mia" and stream["chars"] == len(LONG_TEXT) and stream["client_pid"] == os.getpid()
     assert stream["ttfa_ms"] is not None and stream["audio_s"] > 0
     assert "lane" not in status  # the fake engine has no graph lane
+    assert len(status["gc"]["runs"]) == len(status["gc"]["longest_ms"]) == 3 and status["gc"]["frozen"] >= 0
+    assert status["decoder"]["calls"] >= 1 and status["decoder"]["windows"] >= status["decoder"]["calls"]
+    assert status["decoder"]["longest_ms"] >= 0 and isinstance(status["decoder"]["slow"], list)
 
 
 # ---- one server per socket; stale sockets; other users -------------------------------------------------------

@@ -72,8 +72,8 @@ def add_parser(sub) -> None:
                    help="autoscale from N replicas (0: none while idle; the first request then waits for one)")
     r.add_argument("--max-replicas", type=int, metavar="N", help="autoscale up to N replicas (default: the GPUs)")
     r.add_argument("--replica-streams", type=int, metavar="N",
-                   help="most streams one replica takes at once (default 32; a replica's own capacity, its graph "
-                        "lane's rows, may be less: requests go to the replica with the most room)")
+                   help="most streams one replica takes at once (default 256 on a GPU, 32 on CPUs; a replica "
+                        "admits fewer while more would run late: requests go to the replica with the most room)")
     r.add_argument("--scale-down-after", type=float, metavar="SECONDS",
                    help="autoscaling: remove a replica once the others have had room to spare for SECONDS "
                         "(default 60)")
@@ -291,11 +291,13 @@ def ray_scaling(args: argparse.Namespace):
     """--replicas, --min-replicas, --max-replicas, --replica-streams and --replica-cpus against the cluster."""
     import ray
 
-    from voiceapp.cluster.serve import REPLICA_STREAMS, Scaling, check_scaling
+    from voiceapp.cluster.serve import GPU_REPLICA_STREAMS, REPLICA_STREAMS, Scaling, check_scaling
 
-    scaling = Scaling(gpus=int(ray.cluster_resources().get("GPU", 0)), replicas=args.replicas,
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    scaling = Scaling(gpus=gpus, replicas=args.replicas,
                       min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                      streams=args.replica_streams or REPLICA_STREAMS, cpus=args.replica_cpus or 1.0,
+                      streams=args.replica_streams or (GPU_REPLICA_STREAMS if gpus else REPLICA_STREAMS),
+                      cpus=args.replica_cpus or 1.0,
                       idle_s=60.0 if args.scale_down_after is None else args.scale_down_after)
     check_scaling(scaling)
     return scaling

@@ -36,8 +36,12 @@ RAY_EXTRA = "pip install 'voiceapp[ray]'"
 APP_NAME = "voiceapp"
 DEPLOYMENT_NAME = "voiceapp-engine"
 REPLICA_STREAMS = 32
-"""Default most streams one replica takes at once (Serve's max_ongoing_requests); a replica reports its own
-capacity below that (its graph lane's rows), which the router ranks by."""
+"""Default most streams one CPU replica takes at once (Serve's max_ongoing_requests); a replica reports its own
+capacity below that, which the router ranks by."""
+GPU_REPLICA_STREAMS = 256
+"""The same for a GPU replica: a ceiling above what one GPU's engine admits by deadline (its crowd lane has up to
+512 rows), so that its own admission refuses a stream, at once and with a reason, before Serve queues requests
+for a full replica in the ingress, where they wait unanswered."""
 STATS_PERIOD_S = 1.0
 """How often Serve asks each replica for its live streams and capacity (the router's data between its own
 counts)."""

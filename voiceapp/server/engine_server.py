@@ -27,6 +27,7 @@ from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
 from engine.pacing import Pacer
+from engine.pauses import GcPauses
 from engine.engine_api import Engine
 from engine.tuning import Tuning
 from engine.types import AudioChunk
@@ -323,6 +324,9 @@ class EngineServer:
         """Socket requests waiting for room (shown by status as `queued`)."""
         self.http: Any = None
         """The HTTP API serving this engine too (voiceapp.http.api.HttpApi), shown by status; None: none."""
+        self.gc = GcPauses()
+        """The collector's runs in this process while it serves (shown by status: a long full run stops every
+        stream at once)."""
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
@@ -346,6 +350,7 @@ class EngineServer:
         os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
+        self.gc.start()
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """Out of descriptors, asyncio logs a traceback for every refused accept, many a second: one line per
@@ -363,6 +368,7 @@ class EngineServer:
     async def close(self) -> None:
         """Stop listening, end in-flight requests (their clients get a "shutting down" error), remove the socket."""
         self._stopping = True
+        self.gc.stop()
         if self._server is not None:
             self._server.close()
         for live in list(self.requests.live.values()):
@@ -412,7 +418,7 @@ class EngineServer:
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "queued": len(self.line),
-                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
+                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started, "gc": self.gc.status(),
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 **({"http": self.http.status()} if self.http is not None else {}),
                 **self.synth.status(), **self.counts}

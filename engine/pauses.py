@@ -1,0 +1,55 @@
+"""Provides GcPauses: how long each run of Python's cyclic garbage collector held this process (every thread stops
+for it), for the benchmarks' reports and a server's status. A full (generation 2) collection walks every object not
+frozen, so its length is what tells whether a heap was left unfrozen."""
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from typing import Any, Callable
+
+RECENT = 256
+"""Collector runs of at least `least_ms` kept, newest last (a server runs for days)."""
+
+
+class GcPauses:
+    """A gc.callbacks entry, on while used as a context manager (or between `start` and `stop`): counts every run
+    by generation and keeps the recent ones of at least `least_ms` as (started at, on `clock`; generation; ms)."""
+
+    def __init__(self, least_ms: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.least_ms, self.clock = least_ms, clock
+        self.runs = [0, 0, 0]
+        """Runs by generation."""
+        self.longest_ms = [0.0, 0.0, 0.0]
+        """The longest run by generation."""
+        self.recent: deque[tuple[float, int, float]] = deque(maxlen=RECENT)
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = self.clock()
+            return
+        generation, ms = info["generation"], (self.clock() - self._t0) * 1e3
+        self.runs[generation] += 1
+        self.longest_ms[generation] = max(self.longest_ms[generation], ms)
+        if ms >= self.least_ms:
+            self.recent.append((self._t0, generation, ms))
+
+    def start(self) -> "GcPauses":
+        gc.callbacks.append(self)
+        return self
+
+    def stop(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def __enter__(self) -> "GcPauses":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def status(self) -> dict[str, Any]:
+        """What a server's status shows: runs and the longest by generation, the frozen objects' count."""
+        return {"runs": list(self.runs), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
+                "frozen": gc.get_freeze_count()}

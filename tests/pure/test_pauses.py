@@ -1,0 +1,35 @@
+"""engine.pauses: the collector's runs counted and timed by generation, recent long ones kept, and off again."""
+import gc
+
+from engine.pauses import GcPauses
+
+
+def _cycles(n: int = 1000) -> None:
+    junk = [[] for _ in range(n)]
+    for a, b in zip(junk, junk[1:]):  # cycles: only the collector frees them
+        a.append(b)
+        b.append(a)
+
+
+def test_gc_pauses_are_timed_by_generation() -> None:
+    with GcPauses() as pauses:
+        _cycles()
+        gc.collect()
+    assert pauses.runs[2] >= 1 and pauses.longest_ms[2] >= 0
+    assert any(gen == 2 for _, gen, _ in pauses.recent)
+    assert pauses not in gc.callbacks
+    full = pauses.runs[2]
+    gc.collect()  # off: not counted
+    assert pauses.runs[2] == full
+
+
+def test_only_runs_of_at_least_least_ms_are_kept_and_status_says_the_counts() -> None:
+    ticks = iter([0.0, 0.001, 1.0, 1.5])
+    pauses = GcPauses(least_ms=100.0, clock=lambda: next(ticks))
+    pauses("start", {"generation": 0})
+    pauses("stop", {"generation": 0})  # 1 ms: counted, not kept
+    pauses("start", {"generation": 2})
+    pauses("stop", {"generation": 2})  # 500 ms: kept
+    assert pauses.runs == [1, 0, 1] and list(pauses.recent) == [(1.0, 2, 500.0)]
+    status = pauses.status()
+    assert status["runs"] == [1, 0, 1] and status["longest_ms"] == [1.0, 0.0, 500.0] and status["frozen"] >= 0
