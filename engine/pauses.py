@@ -53,3 +53,52 @@ class GcPauses:
         """What a server's status shows: runs and the longest by generation, the frozen objects' count."""
         return {"runs": list(self.runs), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
                 "frozen": gc.get_freeze_count()}
+
+
+LOOP_TICK_S = 0.005
+"""LoopLag's sleep: it wakes late by the time the event loop spent elsewhere."""
+
+
+class LoopLag:
+    """How late an event loop answers: a task that sleeps LOOP_TICK_S again and again and keeps each wake at least
+    `least_ms` late as (started at, on `clock`; ms). A late wake is the loop held by one callback (a blocking call
+    on it, a long computation) or the interpreter held by another thread; either stops every stream's audio on
+    that loop from going out."""
+
+    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.least_ms, self.clock = least_ms, clock
+        self.longest_ms = 0.0
+        self.late = 0
+        """Wakes at least `least_ms` late."""
+        self.recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
+        self._task: Any = None
+
+    def start(self) -> "LoopLag":
+        import asyncio
+
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _watch(self) -> None:
+        import asyncio
+
+        while True:
+            start = self.clock()
+            await asyncio.sleep(LOOP_TICK_S)
+            self.note(start, self.clock())
+
+    def note(self, start: float, woke: float) -> None:
+        """One wake: at `woke` for a sleep begun at `start`."""
+        ms = (woke - start - LOOP_TICK_S) * 1e3
+        self.longest_ms = max(self.longest_ms, ms)
+        if ms >= self.least_ms:
+            self.late += 1
+            self.recent.append((start, ms))
+
+    def status(self) -> dict[str, Any]:
+        return {"late": self.late, "longest_ms": round(self.longest_ms, 1)}

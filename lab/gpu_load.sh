@@ -47,7 +47,7 @@ timeout 200 python3 -m voiceapp.cmd_bench --load "${LOAD_RATES:-10,20,40,80}" --
     --http $URL --json "$OUT/load_http.json" > "$OUT/load.log" 2>&1
 echo "load rc=$?"; tail -8 "$OUT/load.log"
 python3 -m voiceapp.cli status --json > "$OUT/status_after.json" 2>&1
-python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print('server gc', s.get('gc'), 'decoder', s.get('decoder'))" "$OUT/status_after.json"
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print('server gc', s.get('gc'), 'loop', s.get('loop'), 'decoder', s.get('decoder'))" "$OUT/status_after.json"
 kill $SERVE; wait $SERVE
 tail -3 "$OUT/serve.log"
 python3 lab/crowd_report.py "$OUT"

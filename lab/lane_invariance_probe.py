@@ -93,7 +93,7 @@ def step_times(model) -> dict:
         ids = torch.zeros(rows, dtype=torch.long, device="cuda")
         pos = torch.full((rows,), 500, dtype=torch.long, device="cuda")
         for span in (512, 1024, 2048, 4096):
-            fn = lambda: model.forward_rows(ids, pos, span, (k, v))  # noqa: E731
+            fn = lambda c=(k, v), s=span: model.forward_rows(ids, pos, s, c)  # noqa: E731
             fn()
             fn()
             graph = torch.cuda.CUDAGraph()

@@ -18,7 +18,7 @@ from typing import Any, Callable, Coroutine, Sequence
 
 from engine.bench.load import PREROLL_S, Arrival, RateResult, StreamLog, summarize_rate
 from engine.errors import InputError
-from engine.pauses import GcPauses
+from engine.pauses import GcPauses, LoopLag
 
 PCM_RATE = 24000
 """The rate asked of the HTTP API for its `pcm` responses (16-bit mono), so bytes convert to seconds."""
@@ -47,8 +47,9 @@ async def drive(target: Target, arrivals: Sequence[Arrival], clock: Callable[[],
 
 
 class Pauses:
-    """This process's long pauses while it is on: runs of the cyclic garbage collector (engine.pauses), and each
-    time a timing thread woke late by the interpreter being held elsewhere, of at least `least_ms`."""
+    """This process's long pauses while it is on, each of at least `least_ms`: runs of the cyclic garbage collector,
+    its event loop late to wake a sleeping task (engine.pauses), and a timing thread late to wake (the interpreter
+    held elsewhere). Entered on the event loop it watches."""
 
     TICK_S = 0.005
     """The timing thread's sleep; it wakes late by the time another thread held the interpreter."""
@@ -56,6 +57,7 @@ class Pauses:
     def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.least_ms, self.clock = least_ms, clock
         self.gc = GcPauses(least_ms, clock)
+        self.loop = LoopLag(least_ms, clock)
         self.held: list[tuple[float, float]] = []
         """(started at, ms) of each late wake."""
         self.t0 = 0.0
@@ -65,20 +67,23 @@ class Pauses:
     def __enter__(self) -> "Pauses":
         self.t0 = self.clock()
         self.gc.start()
+        self.loop.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.loop.stop()
         self.gc.stop()
 
     @property
     def found(self) -> list[tuple[float, str, float]]:
-        """(s since on, "gc0".."gc2" or "held", ms), in time order."""
+        """(s since on, "gc0".."gc2", "loop" or "held", ms), in time order."""
         runs = [(at - self.t0, f"gc{gen}", ms) for at, gen, ms in self.gc.recent]
+        late = [(at - self.t0, "loop", ms) for at, ms in self.loop.recent]
         held = [(at - self.t0, "held", ms) for at, ms in self.held]
-        return [(round(at, 4), kind, round(ms, 1)) for at, kind, ms in sorted(runs + held)]
+        return [(round(at, 4), kind, round(ms, 1)) for at, kind, ms in sorted(runs + late + held)]
 
     def _tick(self) -> None:
         while not self._stop.is_set():

@@ -175,8 +175,9 @@ class RateResult:
     """The distinct errors of the failed requests (at most a few)."""
     pauses: list[tuple[float, str, float]] = field(default_factory=list)
     """The driver process's long pauses while the rate ran: (at, s from the rate's first request; "gc0".."gc2" for
-    a run of the cyclic garbage collector of that generation, "held" for the interpreter held from a timing thread;
-    ms). In process they are the engine's; over HTTP the client's."""
+    a run of the cyclic garbage collector of that generation, "loop" for its event loop late to wake a task, "held"
+    for the interpreter held from a timing thread, "decode BxL" for a slow decoder call of B windows of L codes;
+    ms). In process they are the engine's; over HTTP the client's (and no decoder calls)."""
     trace: list[tuple[float, float | None, float, str]] = field(default_factory=list)
     """Each request in the order sent: (sent at, s from the rate's first; first audio, ms, None without audio;
     silence from underruns, ms; "served", "refused" or "failed"), so that a tail can be traced to when it came."""

@@ -75,20 +75,28 @@ def test_the_serial_fake_shares_one_throughput(streams):
     assert took == pytest.approx(41 * 0.005 * streams, rel=0.35)
 
 
-def test_pauses_records_the_collector_and_a_held_interpreter():
+def test_pauses_records_the_collector_a_held_loop_and_nothing_while_idle():
     import gc
     import time
 
     from voiceapp.load_bench import Pauses
 
-    with Pauses(least_ms=0.0) as pauses:
-        gc.collect()
-        time.sleep(0.05)  # the timing thread ticks meanwhile
-    kinds = {kind for _, kind, _ in pauses.found}
-    assert "gc2" in kinds
-    with Pauses(least_ms=40.0) as quiet:
-        time.sleep(0.1)
-    assert quiet.found == []  # a sleeping main thread holds nothing
+    async def main():
+        with Pauses(least_ms=0.0) as pauses:
+            gc.collect()
+            await asyncio.sleep(0.02)
+        with Pauses(least_ms=40.0) as blocked:
+            await asyncio.sleep(0.02)
+            time.sleep(0.1)  # a blocking call on the loop
+            await asyncio.sleep(0.02)
+        with Pauses(least_ms=40.0) as quiet:
+            await asyncio.sleep(0.1)
+        return pauses, blocked, quiet
+
+    pauses, blocked, quiet = asyncio.run(main())
+    assert "gc2" in {kind for _, kind, _ in pauses.found}
+    assert "loop" in {kind for _, kind, _ in blocked.found}
+    assert quiet.found == []  # an idle loop and a sleeping thread hold nothing
 
 
 def test_run_rates_reports_each_rates_pauses_from_its_first_request():

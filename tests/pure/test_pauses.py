@@ -1,6 +1,8 @@
 """engine.pauses: the collector's runs counted and timed by generation, recent long ones kept, and off again."""
 import gc
 
+import pytest
+
 from engine.pauses import GcPauses
 
 
@@ -33,3 +35,31 @@ def test_only_runs_of_at_least_least_ms_are_kept_and_status_says_the_counts() ->
     assert pauses.runs == [1, 0, 1] and list(pauses.recent) == [(1.0, 2, 500.0)]
     status = pauses.status()
     assert status["runs"] == [1, 0, 1] and status["longest_ms"] == [1.0, 0.0, 500.0] and status["frozen"] >= 0
+
+
+def test_loop_lag_keeps_late_wakes() -> None:
+    from engine.pauses import LOOP_TICK_S, LoopLag
+
+    lag = LoopLag(least_ms=20.0)
+    lag.note(1.0, 1.0 + LOOP_TICK_S + 0.001)  # 1 ms late: only the longest moves
+    lag.note(2.0, 2.0 + LOOP_TICK_S + 0.1)
+    assert lag.late == 1 and [at for at, _ in lag.recent] == [2.0] and lag.longest_ms == pytest.approx(100.0)
+    assert lag.status() == {"late": 1, "longest_ms": 100.0}
+
+
+def test_loop_lag_sees_a_callback_that_blocks_the_loop() -> None:
+    import asyncio
+    import time
+
+    from engine.pauses import LoopLag
+
+    async def main() -> LoopLag:
+        lag = LoopLag(least_ms=30.0).start()
+        await asyncio.sleep(0.02)
+        time.sleep(0.08)  # a blocking call on the loop
+        await asyncio.sleep(0.02)
+        lag.stop()
+        return lag
+
+    lag = asyncio.run(main())
+    assert lag.late >= 1 and lag.longest_ms >= 50

@@ -344,6 +344,7 @@ async def test_status_lists_live_streams(fake_server):
     assert len(status["gc"]["runs"]) == len(status["gc"]["longest_ms"]) == 3 and status["gc"]["frozen"] >= 0
     assert status["decoder"]["calls"] >= 1 and status["decoder"]["windows"] >= status["decoder"]["calls"]
     assert status["decoder"]["longest_ms"] >= 0 and isinstance(status["decoder"]["slow"], list)
+    assert status["loop"]["late"] >= 0 and status["loop"]["longest_ms"] >= 0
 
 
 # ---- one server per socket; stale sockets; other users -------------------------------------------------------

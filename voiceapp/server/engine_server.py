@@ -27,7 +27,7 @@ from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.events import Event, Notice
 from engine.metrics import RequestMetrics
 from engine.pacing import Pacer
-from engine.pauses import GcPauses
+from engine.pauses import GcPauses, LoopLag
 from engine.engine_api import Engine
 from engine.tuning import Tuning
 from engine.types import AudioChunk
@@ -327,6 +327,8 @@ class EngineServer:
         self.gc = GcPauses()
         """The collector's runs in this process while it serves (shown by status: a long full run stops every
         stream at once)."""
+        self.loop_lag = LoopLag()
+        """How late its event loop woke a sleeping task (shown by status: a held loop holds every stream's audio)."""
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
@@ -351,6 +353,7 @@ class EngineServer:
         self._inode = os.stat(self.path).st_ino
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
         self.gc.start()
+        self.loop_lag.start()
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """Out of descriptors, asyncio logs a traceback for every refused accept, many a second: one line per
@@ -369,6 +372,7 @@ class EngineServer:
         """Stop listening, end in-flight requests (their clients get a "shutting down" error), remove the socket."""
         self._stopping = True
         self.gc.stop()
+        self.loop_lag.stop()
         if self._server is not None:
             self._server.close()
         for live in list(self.requests.live.values()):
@@ -418,7 +422,7 @@ class EngineServer:
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "queued": len(self.line),
-                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started, "gc": self.gc.status(),
+                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started, "gc": self.gc.status(), "loop": self.loop_lag.status(),
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 **({"http": self.http.status()} if self.http is not None else {}),
                 **self.synth.status(), **self.counts}
