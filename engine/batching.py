@@ -249,14 +249,24 @@ def lengths_for(schedule) -> tuple[int, ...]:
                                                    s.first_right)}))
 
 
-def widen_left(item: DecodeItem, codes: Sequence[int], start: int, lengths: Sequence[int]) -> DecodeItem:
+def widen_left(item: DecodeItem, codes: Sequence[int], start: int, lengths: Sequence[int],
+               pad_after: int | None = None) -> DecodeItem:
     """`item` (which starts at absolute code `start` of `codes`) widened leftwards to the smallest standard
-    length >= its own, using codes before `start`; unchanged if no standard length fits."""
+    length >= its own, using codes before `start`; unchanged if no standard length fits.
+
+    Where the sentence has fewer codes before the window than that takes (its short last window), the rest is the
+    sentence's first code repeated, but only when the window's own left context is at least `pad_after` codes:
+    what it keeps then lies as far from the filler as from the left edge of any mid-sentence window, and the
+    window replays a captured graph instead of an eager pass of a shape of its own (None: never pad)."""
     n = len(item.codes)
     target = next((length for length in sorted(lengths) if length >= n), None)
-    if target is None or target == n or target - n > start:
+    if target is None or target == n:
         return item
     extra = target - n
+    fill = max(0, extra - start)
+    if fill and (pad_after is None or item.keep_start < pad_after or not codes):
+        return item
     stop = item.keep_stop if item.keep_stop is not None else n
-    return replace(item, codes=tuple(codes[start - extra: start]) + tuple(item.codes),
+    before = (codes[0],) * fill + tuple(codes[start - (extra - fill): start])
+    return replace(item, codes=before + tuple(item.codes),
                    keep_start=item.keep_start + extra, keep_stop=stop + extra, start=start - extra)

@@ -37,7 +37,9 @@ class WindowedDecode:
         """The decoder input for `window` of the sentence's `codes`: its codes and the span whose audio it keeps."""
         item = DecodeItem(tuple(codes[window.start:window.stop]), self.globals, window.emit_start - window.start,
                           window.emit_stop - window.start, window.start)
-        return widen_left(item, codes, window.start, self.lengths) if self.lengths else item
+        if not self.lengths:
+            return item
+        return widen_left(item, codes, window.start, self.lengths, pad_after=self.planner.schedule.left)
 
     def join(self, window: Window, pcm: np.ndarray) -> np.ndarray:
         """The window's decoded audio ready to play: its head blended over the previous window's held-back tail,

@@ -54,7 +54,8 @@ class DecodeItem:
     """Index into `codes` one past the last code whose samples are returned (None = len(codes))."""
     start: int = 0
     """Position of `codes[0]` in its sentence: a decoder whose output depends on the position (SNAC's noise,
-    keyed to it so that overlapping windows agree) reads it; others ignore it."""
+    keyed to it so that overlapping windows agree) reads it; others ignore it. Negative where a short last window
+    was padded on the left to a standard length (engine.batching widen_left): those codes are filler."""
 
 
 @runtime_checkable

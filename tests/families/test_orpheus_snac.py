@@ -208,3 +208,21 @@ def test_legacy_weight_norm_names_load_the_same(snac_copy, snac_decoder):
     rewrite(snac_copy, legacy)
     out = SnacDecoder(snac_copy).decode([DecodeItem(FRAMES[:4], ())])[0]
     assert np.array_equal(out, snac_decoder.decode([DecodeItem(FRAMES[:4], ())])[0])
+
+
+def test_a_short_last_window_padded_before_the_sentence_keeps_its_audio(snac_decoder):
+    """Orpheus's short last window padded on the left (widen_left) starts before its sentence: the noise of the
+    frames it keeps stays keyed to their own positions, so they match the one-shot decode."""
+    from engine.batching import lengths_for, widen_left
+    from engine.families.orpheus import SCHEDULE
+
+    rng = np.random.default_rng(1)
+    frames = tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(9))
+    last = DecodeItem(frames, (), SCHEDULE.left, 9, 0)
+    wide = widen_left(last, frames, 0, lengths_for(SCHEDULE), pad_after=SCHEDULE.left)
+    assert len(wide.codes) > 9 and wide.start < 0
+    padded, = snac_decoder.decode([wide])
+    one = snac_decoder.decode([DecodeItem(frames, ())])[0][SCHEDULE.left * g.SAMPLES_PER_FRAME:]
+    assert seam_error_db(padded, one) < -80
+    with pytest.raises(ValueError, match="before the sentence"):
+        snac_decoder.decode([DecodeItem(frames, (), 0, 9, -1)])  # keeping a frame that is not the sentence's

@@ -236,6 +236,18 @@ def test_standard_lengths_match_the_planner():
     assert standard_lengths(16, 16, 2.0, 96, 16, 16) == (32, 48, 64, 96, 128)  # second window = first
 
 
+def test_widen_left_pads_a_short_last_window_only_past_its_own_left_context():
+    codes = list(range(500, 540))  # a 40-code sentence
+    last = DecodeItem(tuple(codes[4:40]), GLOBALS, 12, 36, 4)  # 12 codes of context, then the sentence's end
+    wide = widen_left(last, codes, 4, (24, 48), pad_after=12)
+    assert len(wide.codes) == 48 and wide.codes == (500,) * 8 + tuple(codes[:4]) + last.codes
+    assert (wide.keep_start, wide.keep_stop, wide.start) == (24, 48, -8)
+    out_a, out_b = ToneDecoder().decode([last, wide])
+    assert np.array_equal(out_a, out_b)  # each code's tone is its own: the kept audio is the same
+    assert widen_left(last, codes, 4, (24, 48), pad_after=13) is last  # less own context than asked: eager
+    assert widen_left(last, codes, 4, (24, 48)) is last  # no pad_after: never padded
+
+
 def test_widen_left_takes_existing_context():
     codes = list(range(100, 300))
     it = DecodeItem(tuple(codes[150:170]), GLOBALS, 5, 20)  # a final window of 20 codes at absolute 150

@@ -407,8 +407,8 @@ class SnacDecoder:
         for frame in item.codes:
             if len(frame) != g.FRAME_TOKENS or not all(0 <= c < g.CODEBOOK for c in frame):
                 raise ValueError(f"each frame must be {g.FRAME_TOKENS} codes in 0..{g.CODEBOOK - 1}, got {frame!r}")
-        if item.start < 0:
-            raise ValueError(f"a window cannot start before the sentence (start {item.start})")
+        if item.start + item.keep_start < 0:
+            raise ValueError(f"a window cannot keep frames before the sentence (start {item.start})")
         return item.keep_start, stop
 
 
