@@ -16,7 +16,8 @@ from tests.server.conftest import same_audio
 from voiceapp.server.rendezvous import send_say
 
 FAKE = ["--backend", "fake", "--seed", "3", "--voice", "leo"]
-HEAVY = ("numpy", "asyncio", "engine.text", "engine.factory", "engine.pipeline", "soundfile", "sounddevice")
+HEAVY = ("numpy", "asyncio", "engine.text", "engine.factory", "engine.pipeline", "soundfile", "sounddevice", "uuid",
+         "platform")
 """What must not be imported yet when the request goes out."""
 
 SPY = textwrap.dedent("""

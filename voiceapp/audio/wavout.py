@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -44,7 +43,7 @@ def create_partial(out: Path) -> Path:
     parent = out.parent if str(out.parent) else Path(".")
     remove_orphaned_partials(parent, out.name)
     while True:
-        tmp = parent / f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial"
+        tmp = parent / f".{out.name}.{os.getpid()}-{os.urandom(4).hex()}.partial"
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
             return tmp
