@@ -53,14 +53,19 @@ class WindowSchedule:
     """`busy()`'s first window: under load the player waits for its pre-roll anyway, so a larger first window
     costs no first audio and saves decoder throughput."""
     busy_new: int = 24
-    """`busy()`'s second window (later ones grow by `growth` as usual): small enough to follow the first chunk
+    """`busy()`'s second window (later ones grow by `busy_growth`): small enough to follow the first chunk
     before its audio runs out, even when a crowd's first decode calls are cut small and its first chunks come
     early."""
+    busy_growth: float | None = None
+    """`busy()`'s growth (None: `growth`). A window comes whole, so a stream whose LLM makes its codes at s x real
+    time plays without a gap only while its windows grow by no more than about s each: the busy schedule of a
+    family whose crowds run near real time grows by less (engine.bench.playback `window_arrivals`)."""
     crossfade: int = 2
     """Codes at each seam whose audio is crossfaded between the two windows; must be < right."""
 
     def __post_init__(self) -> None:
-        if not (self.first_new >= 1 and self.new >= 1 and self.max_new >= self.new and self.growth >= 1):
+        if not (self.first_new >= 1 and self.new >= 1 and self.max_new >= self.new and self.growth >= 1
+                and (self.busy_growth is None or self.busy_growth >= 1)):
             raise ValueError("window sizes must be >= 1, max_new >= new, growth >= 1")
         # right >= 1 guarantees that every sentence ends with a final window (where its fade-out goes).
         rights = (self.right, self.right if self.first_right is None else self.first_right)
@@ -81,10 +86,11 @@ class WindowSchedule:
         return cls(first_new=codes, new=codes, growth=1.0, max_new=codes, busy_streams=1 << 30)
 
     def busy(self) -> "WindowSchedule":
-        """The schedule for a loaded engine: larger first windows (`busy_first_new`, `busy_new`), same context
-        and seams."""
+        """The schedule for a loaded engine: larger first windows (`busy_first_new`, `busy_new`) growing by
+        `busy_growth`, same context and seams."""
         return replace(self, first_new=max(self.first_new, self.busy_first_new), new=max(self.new, self.busy_new),
-                       max_new=max(self.max_new, self.busy_new))
+                       max_new=max(self.max_new, self.busy_new),
+                       growth=self.growth if self.busy_growth is None else self.busy_growth)
 
     def finer(self) -> "WindowSchedule":
         """For an engine that makes speech at one to a few times real time with the decoder on cores of its own (a

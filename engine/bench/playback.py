@@ -8,6 +8,7 @@ from typing import Sequence
 
 from engine.pacing import RequestPace
 from engine.player_gate import may_play, rebuffers_after
+from engine.windowing import WindowPlanner, WindowSchedule
 
 @dataclass
 class StreamRecord:
@@ -117,3 +118,18 @@ def paced_sentence(pace: RequestPace, chunks: Sequence[tuple[float, float, bool,
     for at, seconds, _, _ in chunks:
         slack, played = min(slack, start + played - at), played + seconds
     return start, slack
+
+
+def window_arrivals(schedule: WindowSchedule, codes_per_s: float, speed: float, codes: int, samples_per_code: int,
+                    decode_s: float = 0.0) -> list[tuple[float, int]]:
+    """(arrival, samples) of each window's audio for one sentence of `codes` codes whose LLM makes them at `speed`
+    x real time, a window's audio out `decode_s` after its last code (right context included): the pipeline's own
+    engine.windowing WindowPlanner, with no model. `simulate_player` of it says whether a schedule keeps up at
+    that speed."""
+    planner, out = WindowPlanner(schedule), []
+    for available in range(1, codes + 1):
+        made_at = available / (codes_per_s * speed)
+        while (window := planner.next_window(available, available == codes)) is not None:
+            out.append((made_at + decode_s, (window.emit_stop - window.emit_start) * samples_per_code))
+    return out
+

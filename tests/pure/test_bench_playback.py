@@ -65,3 +65,25 @@ def test_summarize_splits_the_first_window_per_stream():
     assert math.isclose(lv.first_submit_ms_p50, 1.0) and math.isclose(lv.first_decode_ms_p50, (7 + 30) / 2)
     assert lv.decode_ms_by_window[0] == [round((7 + 30) / 2, 1), round(7 + 0.95 * 23, 1)]
     assert lv.decode_ms_by_window[1] == [4.0, 4.0] and lv.first_underrun_chunks == {}
+
+
+def test_a_schedule_keeps_up_only_while_its_windows_grow_by_no_more_than_the_streams_speed():
+    """A window comes whole: windows growing by 2 run dry below 2x real time, Orpheus's busy windows (8, 8 frames,
+    growth 1.25) keep up at the 1.3x a crowd's streams get."""
+    from dataclasses import replace
+
+    from engine.bench.playback import simulate_player, window_arrivals
+    from engine.families.orpheus import FRAMES_PER_S, SAMPLES_PER_FRAME, SCHEDULE
+
+    def underruns(schedule, speed: float) -> int:
+        chunks = window_arrivals(schedule, FRAMES_PER_S, speed, round(8 * FRAMES_PER_S), SAMPLES_PER_FRAME, 0.1)
+        return simulate_player(chunks, 24000).underruns
+
+    busy = SCHEDULE.busy()
+    doubling = replace(busy, first_new=4, growth=2.0)
+    assert underruns(busy, 1.3) == 0 and underruns(busy, 2.5) == 0
+    assert underruns(doubling, 1.5) > 0 and underruns(doubling, 2.1) == 0
+    assert underruns(busy, 1.1) > 0  # below its own growth it runs dry too
+    arrivals = window_arrivals(busy, FRAMES_PER_S, 2.0, 40, SAMPLES_PER_FRAME)
+    assert sum(n for _, n in arrivals) == 40 * SAMPLES_PER_FRAME and [t for t, _ in arrivals] == sorted(
+        t for t, _ in arrivals)

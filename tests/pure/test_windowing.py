@@ -80,3 +80,10 @@ def test_busy_schedule_only_enlarges_the_first_windows():
     assert (b.left, b.right, b.crossfade) == (s.left, s.right, s.crossfade)
     assert WindowSchedule(first_new=24, new=48).busy().first_new == 24
     assert WindowSchedule(busy_first_new=8, busy_new=24).busy().new == 24
+    assert b.growth == s.growth  # Spark's busy windows grow as its others
+    assert WindowSchedule(busy_growth=1.25).busy().growth == 1.25 and WindowSchedule(busy_growth=1.25).growth == 2.0
+
+
+def test_busy_growth_below_one_is_rejected():
+    with pytest.raises(ValueError):
+        WindowSchedule(busy_growth=0.9)
