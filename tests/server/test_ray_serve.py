@@ -249,6 +249,9 @@ def test_replicas_are_one_per_gpu_or_autoscaled_between_the_bounds():
     auto = Scaling(gpus=2, min_replicas=0, streams=32, idle_s=5).options()["autoscaling_config"]
     assert (auto["min_replicas"], auto["max_replicas"], auto["initial_replicas"]) == (0, 2, 1)
     assert auto["target_ongoing_requests"] == 16 and auto["downscale_delay_s"] == 5
+    gpu = Scaling(gpus=2, min_replicas=0, streams=256).options()
+    assert gpu["max_ongoing_requests"] == 256 and gpu["autoscaling_config"]["target_ongoing_requests"] == 16
+    assert Scaling(gpus=0, min_replicas=0, streams=8).options()["autoscaling_config"]["target_ongoing_requests"] == 4
     for bad, says in [(Scaling(gpus=1, min_replicas=3, max_replicas=2), "is more than --max-replicas"),
                       (Scaling(gpus=1, replicas=2, max_replicas=2), "--replicas is a fixed count")]:
         with pytest.raises(InputError, match=says):

@@ -42,6 +42,10 @@ GPU_REPLICA_STREAMS = 256
 """The same for a GPU replica: a ceiling above what one GPU's engine admits by deadline (its crowd lane has up to
 512 rows), so that its own admission refuses a stream, at once and with a reason, before Serve queues requests
 for a full replica in the ingress, where they wait unanswered."""
+AUTOSCALE_STREAMS = 16
+"""Streams on each replica past which Serve's autoscaler adds one (half the ceiling where that is less): the next
+replica loads (tens of seconds) while the others still have room. Far below what a GPU admits by deadline, so a
+replica that refuses past its capacity never hides the need for another (the autoscaler counts admitted streams)."""
 STATS_PERIOD_S = 1.0
 """How often Serve asks each replica for its live streams and capacity (the router's data between its own
 counts)."""
@@ -188,9 +192,7 @@ class Scaling:
         high = self.max_replicas if self.max_replicas is not None else max(self.gpus, low, 1)
         return {**opts, "autoscaling_config": {
             "min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
-            # a replica takes more streams once this many run on each: half its ceiling, so the next replica
-            # loads (tens of seconds) while the others still have room
-            "target_ongoing_requests": max(1, self.streams // 2), "upscale_delay_s": 1.0,
+            "target_ongoing_requests": max(1, min(self.streams // 2, AUTOSCALE_STREAMS)), "upscale_delay_s": 1.0,
             "downscale_delay_s": self.idle_s}}
 
     def describe(self) -> str:
