@@ -321,8 +321,8 @@ class BatchCost:
         waits no longer than max(slack_s, bound_s); `most` while nothing was measured within `reach` of it, and
         `most` where that window is late already (slack_s <= 0): its listener has run dry whatever the batch, and a
         smaller batch only slows every later window (an overloaded decoder makes up time only by its largest
-        batches). The estimate is constant between two measured sizes and linear past the largest, so only those edges are
-        tried."""
+        batches). The estimate is constant between two measured sizes and linear past the largest, so only those
+        edges are tried."""
         budget = max(slack_s, bound_s)
         if not self.seconds or slack_s <= 0 or most > self.reach * max(self.seconds):
             return most

@@ -1,9 +1,11 @@
 """Provides GcPauses: how long each run of Python's cyclic garbage collector held this process (every thread stops
 for it), for the benchmarks' reports and a server's status. A full (generation 2) collection walks every object not
-frozen, so its length is what tells whether a heap was left unfrozen."""
+frozen, so its length is what tells whether a heap was left unfrozen. LoopLag and HeldInterpreter time the other two
+ways a process stops all its streams at once: its event loop held, the interpreter held by one thread."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections import deque
 from typing import Any, Callable
@@ -55,15 +57,13 @@ class GcPauses:
                 "frozen": gc.get_freeze_count()}
 
 
-LOOP_TICK_S = 0.005
-"""LoopLag's sleep: it wakes late by the time the event loop spent elsewhere."""
+TICK_S = 0.005
+"""A watcher's sleep (LateWakes): it wakes late by the time what it watches was held elsewhere."""
 
 
-class LoopLag:
-    """How late an event loop answers: a task that sleeps LOOP_TICK_S again and again and keeps each wake at least
-    `least_ms` late as (started at, on `clock`; ms). A late wake is the loop held by one callback (a blocking call
-    on it, a long computation) or the interpreter held by another thread; either stops every stream's audio on
-    that loop from going out."""
+class LateWakes:
+    """The wakes of a watcher that sleeps TICK_S again and again: the longest lateness, and each wake at least
+    `least_ms` late, counted and kept as (started at, on `clock`; ms)."""
 
     def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.least_ms, self.clock = least_ms, clock
@@ -71,6 +71,26 @@ class LoopLag:
         self.late = 0
         """Wakes at least `least_ms` late."""
         self.recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
+
+    def note(self, start: float, woke: float) -> None:
+        """One wake: at `woke` for a sleep begun at `start`."""
+        ms = (woke - start - TICK_S) * 1e3
+        self.longest_ms = max(self.longest_ms, ms)
+        if ms >= self.least_ms:
+            self.late += 1
+            self.recent.append((start, ms))
+
+    def status(self) -> dict[str, Any]:
+        return {"late": self.late, "longest_ms": round(self.longest_ms, 1)}
+
+
+class LoopLag(LateWakes):
+    """How late an event loop answers: a task on it is the watcher. A late wake is the loop held by one callback (a
+    blocking call on it, a long computation) or the interpreter held by another thread; either stops every stream's
+    audio on that loop from going out."""
+
+    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(least_ms, clock)
         self._task: Any = None
 
     def start(self) -> "LoopLag":
@@ -89,16 +109,30 @@ class LoopLag:
 
         while True:
             start = self.clock()
-            await asyncio.sleep(LOOP_TICK_S)
+            await asyncio.sleep(TICK_S)
             self.note(start, self.clock())
 
-    def note(self, start: float, woke: float) -> None:
-        """One wake: at `woke` for a sleep begun at `start`."""
-        ms = (woke - start - LOOP_TICK_S) * 1e3
-        self.longest_ms = max(self.longest_ms, ms)
-        if ms >= self.least_ms:
-            self.late += 1
-            self.recent.append((start, ms))
 
-    def status(self) -> dict[str, Any]:
-        return {"late": self.late, "longest_ms": round(self.longest_ms, 1)}
+class HeldInterpreter(LateWakes):
+    """How long other threads held the interpreter: a thread of its own is the watcher (time.sleep lets the GIL go,
+    and the thread wakes only once it has it back)."""
+
+    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(least_ms, clock)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="held-interpreter", daemon=True)
+
+    def start(self) -> "HeldInterpreter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            start = self.clock()
+            time.sleep(TICK_S)
+            self.note(start, self.clock())

@@ -11,14 +11,13 @@ import asyncio
 import json
 import math
 import os
-import threading
 import time
 import urllib.parse
 from typing import Any, Callable, Coroutine, Sequence
 
 from engine.bench.load import PREROLL_S, Arrival, RateResult, StreamLog, summarize_rate
 from engine.errors import InputError
-from engine.pauses import GcPauses, LoopLag
+from engine.pauses import GcPauses, HeldInterpreter, LoopLag
 
 PCM_RATE = 24000
 """The rate asked of the HTTP API for its `pcm` responses (16-bit mono), so bytes convert to seconds."""
@@ -48,50 +47,34 @@ async def drive(target: Target, arrivals: Sequence[Arrival], clock: Callable[[],
 
 class Pauses:
     """This process's long pauses while it is on, each of at least `least_ms`: runs of the cyclic garbage collector,
-    its event loop late to wake a sleeping task (engine.pauses), and a timing thread late to wake (the interpreter
-    held elsewhere). Entered on the event loop it watches."""
-
-    TICK_S = 0.005
-    """The timing thread's sleep; it wakes late by the time another thread held the interpreter."""
+    its event loop late to wake a sleeping task, the interpreter held by another thread (engine.pauses). Entered on
+    the event loop it watches."""
 
     def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.least_ms, self.clock = least_ms, clock
+        self.clock, self.t0 = clock, 0.0
+        """`t0`: when it was entered."""
         self.gc = GcPauses(least_ms, clock)
         self.loop = LoopLag(least_ms, clock)
-        self.held: list[tuple[float, float]] = []
-        """(started at, ms) of each late wake."""
-        self.t0 = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="pause-watch", daemon=True)
+        self.held = HeldInterpreter(least_ms, clock)
 
     def __enter__(self) -> "Pauses":
         self.t0 = self.clock()
         self.gc.start()
         self.loop.start()
-        self._thread.start()
+        self.held.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.held.stop()
         self.loop.stop()
         self.gc.stop()
 
-    @property
-    def found(self) -> list[tuple[float, str, float]]:
-        """(s since on, "gc0".."gc2", "loop" or "held", ms), in time order."""
-        runs = [(at - self.t0, f"gc{gen}", ms) for at, gen, ms in self.gc.recent]
-        late = [(at - self.t0, "loop", ms) for at, ms in self.loop.recent]
-        held = [(at - self.t0, "held", ms) for at, ms in self.held]
-        return [(round(at, 4), kind, round(ms, 1)) for at, kind, ms in sorted(runs + late + held)]
-
-    def _tick(self) -> None:
-        while not self._stop.is_set():
-            start = self.clock()
-            time.sleep(self.TICK_S)
-            late_ms = (self.clock() - start - self.TICK_S) * 1e3
-            if late_ms >= self.least_ms:
-                self.held.append((start, late_ms))
+    def since(self, t0: float) -> list[tuple[float, str, float]]:
+        """(s since `t0`, on the clock's scale; "gc0".."gc2", "loop" or "held"; ms), in time order."""
+        runs = [(at, f"gc{gen}", ms) for at, gen, ms in self.gc.recent]
+        late = [(at, "loop", ms) for at, ms in self.loop.recent]
+        held = [(at, "held", ms) for at, ms in self.held.recent]
+        return [(round(at - t0, 4), kind, round(ms, 1)) for at, kind, ms in sorted(runs + late + held)]
 
 
 async def run_rates(target: Target, sample_rate: int, plans: Sequence[tuple[float, float, list[Arrival]]],
@@ -107,7 +90,7 @@ async def run_rates(target: Target, sample_rate: int, plans: Sequence[tuple[floa
             logs = await drive(target, arrivals)
         result = summarize_rate(rate, seconds, logs, sample_rate, preroll_s)
         first = min((g.start for g in logs), default=pauses.t0)
-        found = [(round(at - (first - pauses.t0), 4), kind, ms) for at, kind, ms in pauses.found]
+        found = pauses.since(first)
         end = max((g.end for g in logs if not math.isnan(g.end)), default=first)
         calls = [(round(at - first, 4), f"decode {n}x{'/'.join(map(str, lengths))}", round(took * 1e3, 1))
                  for at, took, n, lengths in (slow_calls() if slow_calls else ()) if first <= at <= end]

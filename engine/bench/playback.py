@@ -132,4 +132,3 @@ def window_arrivals(schedule: WindowSchedule, codes_per_s: float, speed: float, 
         while (window := planner.next_window(available, available == codes)) is not None:
             out.append((made_at + decode_s, (window.emit_stop - window.emit_start) * samples_per_code))
     return out
-

@@ -75,8 +75,9 @@ def test_the_serial_fake_shares_one_throughput(streams):
     assert took == pytest.approx(41 * 0.005 * streams, rel=0.35)
 
 
-def test_pauses_records_the_collector_a_held_loop_and_nothing_while_idle():
+def test_pauses_records_the_collector_a_held_loop_a_held_interpreter_and_nothing_while_idle():
     import gc
+    import random
     import time
 
     from voiceapp.load_bench import Pauses
@@ -89,28 +90,48 @@ def test_pauses_records_the_collector_a_held_loop_and_nothing_while_idle():
             await asyncio.sleep(0.02)
             time.sleep(0.1)  # a blocking call on the loop
             await asyncio.sleep(0.02)
+        rng = random.Random(0)
+        numbers = [rng.random() for _ in range(10**6)]
+        with Pauses(least_ms=40.0) as held:
+            await asyncio.sleep(0.02)
+            sorted(numbers)  # C code that keeps the interpreter the whole time
+            await asyncio.sleep(0.02)
         with Pauses(least_ms=40.0) as quiet:
             await asyncio.sleep(0.1)
-        return pauses, blocked, quiet
+        return pauses, blocked, held, quiet
 
-    pauses, blocked, quiet = asyncio.run(main())
-    assert "gc2" in {kind for _, kind, _ in pauses.found}
-    assert "loop" in {kind for _, kind, _ in blocked.found}
-    assert quiet.found == []  # an idle loop and a sleeping thread hold nothing
+    pauses, blocked, held, quiet = asyncio.run(main())
+    assert "gc2" in {kind for _, kind, _ in pauses.since(pauses.t0)}
+    assert "loop" in {kind for _, kind, _ in blocked.since(blocked.t0)}
+    assert "held" in {kind for _, kind, _ in held.since(held.t0)}
+    assert quiet.since(quiet.t0) == []  # an idle loop and a sleeping thread hold nothing
 
 
 def test_run_rates_reports_each_rates_pauses_from_its_first_request():
+    """The engine's slow decoder calls made while a rate ran are among its pauses, timed from its first request;
+    one from before it is not."""
+    import time
+
     from voiceapp.load_bench import run_rates
+
+    calls: list[tuple[float, float, int, tuple[int, ...]]] = [(time.perf_counter() - 60.0, 0.5, 1, (20,))]
 
     async def main():
         synth = fake_engine(CAPACITY)
+        target = engine_target(synth, synth.voices.default)
+
+        async def send(arrival, log):
+            await target(arrival, log)
+            calls.append((log.start + 0.01, 0.08, 3, (20, 32)))  # as a decoder call of the request would be
+
         try:
-            return await run_rates(engine_target(synth, synth.voices.default), synth.sample_rate,
-                                   [(2.0, 0.5, [Arrival(0.0, SENTENCES[0])])], log=lines.append)
+            return await run_rates(send, synth.sample_rate, [(2.0, 0.5, [Arrival(0.0, SENTENCES[0])])],
+                                   log=lines.append, slow_calls=lambda: calls)
         finally:
             await synth.close()
 
     lines: list[str] = []
     (result,) = asyncio.run(main())
-    assert result.served == 1 and all(ms >= 20.0 and kind in ("gc0", "gc1", "gc2", "held")
-                                      for _, kind, ms in result.pauses)
+    decodes = [p for p in result.pauses if p[1].startswith("decode")]
+    assert result.served == 1 and decodes == [(0.01, "decode 3x20/32", 80.0)]
+    assert any("pauses of this process" in line for line in lines)

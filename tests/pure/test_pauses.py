@@ -38,11 +38,11 @@ def test_only_runs_of_at_least_least_ms_are_kept_and_status_says_the_counts() ->
 
 
 def test_loop_lag_keeps_late_wakes() -> None:
-    from engine.pauses import LOOP_TICK_S, LoopLag
+    from engine.pauses import TICK_S, LoopLag
 
     lag = LoopLag(least_ms=20.0)
-    lag.note(1.0, 1.0 + LOOP_TICK_S + 0.001)  # 1 ms late: only the longest moves
-    lag.note(2.0, 2.0 + LOOP_TICK_S + 0.1)
+    lag.note(1.0, 1.0 + TICK_S + 0.001)  # 1 ms late: only the longest moves
+    lag.note(2.0, 2.0 + TICK_S + 0.1)
     assert lag.late == 1 and [at for at, _ in lag.recent] == [2.0] and lag.longest_ms == pytest.approx(100.0)
     assert lag.status() == {"late": 1, "longest_ms": 100.0}
 

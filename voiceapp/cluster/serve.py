@@ -8,9 +8,10 @@ its engine's deadlines, as the plain server does: one that refuses a request (be
 another, up to ROUTE_TRIES, and only then is the request refused (EngineBusy: HTTP's 429 with Retry-After); while
 every replica refused within REPORT_FRESH_S, the ingress refuses at once (`RayEngine.admit`). Streamed text
 (`say -`) reaches the replica as it arrives, through the ingress's text relay (voiceapp.cluster.relay). Closing a
-request cancels its call, which aborts it on the replica. A replica that dies fails only the streams it carried (GenerationError, one line) and Serve
-starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0 allowed), a request that arrives while
-no replica runs waits for one: the wait is logged and shown by status (`cold_starts`).
+request cancels its call, which aborts it on the replica. A replica that dies fails only the streams it carried
+(GenerationError, one line) and Serve starts another. With autoscaling (`--min-replicas`, `--max-replicas`; 0
+allowed), a request that arrives while no replica runs waits for one: the wait is logged and shown by status
+(`cold_starts`).
 
 Ray is an optional extra (`pip install 'voiceapp[ray]'`), imported only here and in voiceapp.cluster.replica.
 """

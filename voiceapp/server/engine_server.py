@@ -422,7 +422,8 @@ class EngineServer:
         return {**self.hello(), "type": "status", "socket": str(self.path), "started": self.started_at,
                 "uptime_s": time.time() - self.started_at, "clients": len(self._handlers), "streams": streams,
                 "queued": len(self.line),
-                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started, "gc": self.gc.status(), "loop": self.loop_lag.status(),
+                "idle_timeout_s": self.idle_timeout_s, "auto_started": self.auto_started,
+                "gc": self.gc.status(), "loop": self.loop_lag.status(),
                 **({"tuning": self.tuning.status()} if self.tuning is not None else {}),
                 **({"http": self.http.status()} if self.http is not None else {}),
                 **self.synth.status(), **self.counts}
