@@ -454,14 +454,15 @@ def test_sentence_token_cap_allows_slow_speech_and_scales_for_wide_scripts():
 @pytest.mark.parametrize("gap", [" ", "\n", "\t", " \n", "\u00a0", "\u3000"])
 def test_normalize_is_linear_in_a_run_of_whitespace(gap):
     """A rule that tried `\\s*` before a symbol at every place of a whitespace run read the run once per place:
-    20,000 spaces took seconds and a megabyte blocked the HTTP API's loop for hours. A megabyte now takes well
-    under a second, and reads the same as one space."""
+    20,000 spaces took seconds and a megabyte blocked the HTTP API's loop for hours. A megabyte now reads in one
+    pass, the same as one space. The bound is loose on purpose: a loaded 2-core CI machine is slow, but a
+    quadratic read of a megabyte is slower by hours, not by seconds."""
     import time
 
     run = gap * (1_000_000 // len(gap))
     t0 = time.perf_counter()
     said = normalize(f"Tom{run}& Jerry + friends went home.")
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0
     assert said == normalize("Tom & Jerry + friends went home.") == "Tom and Jerry plus friends went home."
 
 
