@@ -58,7 +58,7 @@ def build_synthesizer(config: EngineConfig = EngineConfig(), events: EventSink =
     schedule = _schedule(config, may_lag, family.schedule)
     synth = Synthesizer(generator, decoder, family.grammar(info, encode), voices, cache, schedule=schedule,
                         join=config.join, events=events,
-                        eager_lookahead=getattr(generator, "concurrent_streams", False),
+                        eager_lookahead=generator.concurrent_streams,
                         decode_batch=_decode_batch(config), model_info=info,
                         pacer=Pacer(probe_first=may_lag, windows_s=windows_s(schedule, decoder),
                                     ahead_windows_s=windows_s(schedule.ahead(), decoder)),
@@ -165,7 +165,7 @@ def _init_torch(events: EventSink, device: str = "cuda") -> None:
 
 def _warm_up_if_asked(synth: Synthesizer, config: EngineConfig, events: EventSink) -> None:
     """`_warm_up` where EngineConfig.warm_up asks for it: True, or None and the decoder on the GPU."""
-    if config.warm_up or (config.warm_up is None and str(getattr(synth.decoder, "device", "cpu")).startswith("cuda")):
+    if config.warm_up or (config.warm_up is None and str(synth.decoder.device).startswith("cuda")):
         _warm_up(synth, events)
 
 

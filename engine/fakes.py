@@ -25,6 +25,9 @@ class ScriptedGenerator:
     every stream, so it keeps up with a known number of streams (the load benchmark's tests).
     """
 
+    concurrent_streams = False
+    """Its streams do not share a batch: each request's sentences go one after another."""
+
     def __init__(self, token_ids: TokenIds, tokens_per_sentence: int = 60, delay_s: float = 0.0,
                  serial: bool = False) -> None:
         self.token_ids, self.tokens_per_sentence, self.delay_s = token_ids, tokens_per_sentence, delay_s

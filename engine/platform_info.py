@@ -26,7 +26,7 @@ def describe_platform(synth: Any) -> str:
         major, minor = torch.cuda.get_device_capability()
         parts += [f"cuda {torch.cuda.get_device_name()} sm{major}{minor}", f"driver {_nvidia_driver()}",
                   f"CUDA {torch.version.cuda}", f"cuDNN {torch.backends.cudnn.version()}"]
-    if not gpu or not str(getattr(synth.decoder, "device", "cpu")).startswith("cuda"):  # the CPU computes too
+    if not gpu or not str(synth.decoder.device).startswith("cuda"):  # the CPU computes too
         parts += [f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
                   f"{torch.get_num_threads()} threads"]
         decoder_dtype = _decoder_dtype(synth)

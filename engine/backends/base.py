@@ -16,6 +16,12 @@ from engine.prompt import Prompt
 class TokenGenerator(Protocol):
     """Streams generated token ids for a prompt, as they are sampled."""
 
+    @property
+    def concurrent_streams(self) -> bool:
+        """Streams step together (one batch), so a second one costs the first little: the pipeline may start a
+        request's next sentence beside its current one (Synthesizer's eager_lookahead)."""
+        ...
+
     def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
         """Yield lists of new token ids (deltas) until a stop id (included) or opts.max_tokens."""
         ...

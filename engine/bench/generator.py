@@ -53,6 +53,10 @@ class FixedLengthGenerator:
         filtering the ~8k ids per sentence would load the event loop the streams share, and give the
         generator a new tuple each time instead of the one it has checked."""
 
+    @property
+    def concurrent_streams(self) -> bool:
+        return self.inner.concurrent_streams
+
     def _without_stops(self, allowed: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if allowed is None:
             return None

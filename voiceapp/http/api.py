@@ -260,11 +260,11 @@ class HttpApi:
                        headers={"Retry-After": str(wait)})
 
     def _synthesis_request(self, params: SpeechParams) -> tuple[SynthesisRequest, list[str]]:
-        """The engine's request for `params`, and the names of the fields it leaves unused. The hook for a model
-        family that takes instructions (emotion, style): its synthesizer says so with `takes_instructions`, and this
-        is where they would be handed on; today's families have no such knob, so they are named as ignored."""
+        """The engine's request for `params`, and the names of the fields it leaves unused. No family takes a
+        style instruction (Orpheus renders emotion tags written in the input itself), so `instructions` is named as
+        ignored; a family that takes one would hand it on here."""
         ignored = list(params.unused)
-        if params.instructions and not getattr(self.server.synth, "takes_instructions", False):
+        if params.instructions:
             ignored.insert(0, "instructions")
         for name in ignored:
             if name in self._fields_logged or len(self._fields_logged) > LOGGED_FIELDS_MAX:
