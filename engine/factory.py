@@ -480,10 +480,11 @@ def _quantize(config: EngineConfig, device) -> str:
 
 
 def _build_lane(info, events: EventSink, device=None, rows: int | None = None, background: bool = False,
-                between: Callable[[], None] | None = None):
+                between: Callable[[str], None] | None = None):
     """The CUDA-graph lane on `device` (default: the current GPU), or None with a notice. Built before vLLM,
     which sizes its memory around what is left. The lane is optional: whatever goes wrong here is a notice.
-    `between`: called before each graph capture (background tuning waits there for live streams)."""
+    `between`: called before each graph capture with what it captures (background tuning waits there for live
+    streams)."""
     import torch
 
     device = torch.device(device or "cuda")
@@ -523,7 +524,7 @@ def _lane_runs_on(device, events: EventSink, then: str = "") -> bool:
 
 
 def _new_lane(info, device, most_rows: int | None, compiled: bool, background: bool = False,
-              between: Callable[[], None] | None = None):
+              between: Callable[[str], None] | None = None):
     """`compiled`: Inductor-compiled layers and the fused Triton decode kernels (where Triton is there); without
     it, the plain tensor code in CUDA graphs, which needs neither compiler. `background`: built while the engine
     serves (its graph captures must not forbid other threads' CUDA calls)."""

@@ -26,6 +26,44 @@ YIELD_POLL_S = 0.02
 MAX_YIELD_S = 5.0
 """The longest one pause waits: under a crowd that is always pressing, tuning still goes on, a piece at a time (the
 larger lane and vLLM it builds are what carry that crowd)."""
+LONGEST_PIECES = 8
+"""Pieces of background work a server's status lists, the longest first."""
+
+
+@dataclass
+class PieceLog:
+    """Background work timed piece by piece: a piece runs from one yield to the next (a graph capture, its warm-up
+    calls included). A request that arrives mid-piece waits for its end, so the longest pieces bound the first audio
+    of a request served while tuning."""
+
+    clock: Callable[[], float] = time.monotonic
+    keep: int = LONGEST_PIECES
+    count: int = 0
+    seconds: float = 0.0
+    """Seconds of all pieces ended so far."""
+    longest: list[tuple[float, str]] = field(default_factory=list)
+    """(seconds, what) of the `keep` longest pieces, longest first."""
+    _open: tuple[float, str] | None = None
+
+    def begin(self, what: str) -> None:
+        """A piece called `what` starts now (the one before it, if any, ends)."""
+        self.end()
+        self._open = (self.clock(), what)
+
+    def end(self) -> None:
+        """The open piece, if any, ends now."""
+        if self._open is None:
+            return
+        began, what = self._open
+        self._open = None
+        took = self.clock() - began
+        self.count += 1
+        self.seconds += took
+        self.longest = sorted([*self.longest, (took, what)], key=lambda piece: -piece[0])[:self.keep]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "seconds": round(self.seconds, 3),
+                "longest_ms": [[round(took * 1e3, 1), what] for took, what in self.longest]}
 
 
 @dataclass
@@ -43,15 +81,18 @@ class Yielding:
     """Times it waited."""
     paused_s: float = 0.0
     """Seconds it waited, in all."""
+    pieces: PieceLog = field(default_factory=PieceLog)
+    """The work between waits (`wait`'s `what`), timed."""
 
-    def wait(self) -> None:
-        """Block while a live stream is pressing (at most max_s)."""
+    def wait(self, what: str = "") -> None:
+        """Block while a live stream is pressing (at most max_s); then the piece of work called `what` begins."""
+        self.pieces.end()
         t0 = self.clock()
-        if not self.pressing():
-            return
-        while self.pressing() and self.clock() - t0 < self.max_s:
-            self.sleep(self.poll_s)
-        self._count(t0)
+        if self.pressing():
+            while self.pressing() and self.clock() - t0 < self.max_s:
+                self.sleep(self.poll_s)
+            self._count(t0)
+        self.pieces.begin(what)
 
     async def wait_async(self) -> None:
         """`wait` on the event loop."""
@@ -113,7 +154,8 @@ class Tuning:
         """What `voicectl status` shows: done, seconds since the start, each step."""
         end = self.finished if self.finished is not None else time.monotonic()
         return {"done": self.done, "seconds": None if self.started is None else end - self.started,
-                "steps": [step.as_dict() for step in self.steps], "yielded_s": round(self.yielding.paused_s, 3)}
+                "steps": [step.as_dict() for step in self.steps], "yielded_s": round(self.yielding.paused_s, 3),
+                "pieces": self.yielding.pieces.as_dict()}
 
     async def run(self) -> None:
         """Run every step. A failing step is a notice and the engine keeps what it had; the others go on."""
@@ -144,6 +186,7 @@ class Tuning:
             step.state, step.detail = "failed", one_line(err)
             self.events(Notice(f"background {step.name} failed ({step.detail}); serving without it"))
         finally:
+            self.yielding.pieces.end()  # a step's last piece ends with it
             step.seconds = time.monotonic() - t
             if step.state == "done":
                 self.events(StartupPhase(f"tuning_{step.name}", step.seconds))
@@ -191,7 +234,7 @@ def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
     for batch in DECODE_BATCHES:
         for length in lengths_for(synth.schedule):
             if gate is not None:
-                gate.wait()
+                gate.wait(f"decoder {batch}x{length}")
             synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
     return True
 

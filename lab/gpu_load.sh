@@ -34,6 +34,8 @@ step "first audio at 1 client while tuning"
 python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 20 --text "The train leaves at seven tonight." \
     > "$OUT/tuning_1.json"
 python3 -m voiceapp.cli status --json > "$OUT/tuning_status.json" 2>/dev/null
+python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('tuning', {}); print('tuning pieces', t.get('pieces'))" \
+    "$OUT/tuning_status.json"
 
 step "waiting for tuning"
 for _ in $(seq "${LOAD_TUNE_WAIT:-240}"); do

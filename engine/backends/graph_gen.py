@@ -107,7 +107,7 @@ class GraphLane:
                  capture: bool | None = None, fused: bool | None = None, fuse_rows: int = FUSE_ROWS,
                  plan: decode_kernels.FusedPlan | None = None, compile_prefill: bool | None = None,
                  capture_mode: str = "global", fixed_shapes: bool = False,
-                 between: Callable[[], None] | None = None, repetition_penalty: bool = False) -> None:
+                 between: Callable[[str], None] | None = None, repetition_penalty: bool = False) -> None:
         """`fused`: decode steps of up to `fuse_rows` rows run the fused kernels (default: on CUDA when Triton is
         there); more rows, prefills and `fused=False` run StaticQwen2's tensor code. `plan`: which variant of the
         fused step (default decode_kernels.PLAN, less what this GPU cannot run). `compile_prefill` (with
@@ -116,7 +116,7 @@ class GraphLane:
         `capture_mode`: torch.cuda.graph's capture_error_mode (thread_local for a lane built while other threads
         use the GPU). `fixed_shapes`: every decode step runs all `rows` over a span of `max_len`, and every prefill
         holds one prompt, so a row's arithmetic never depends on what else the lane runs (see FIXED_SHAPES).
-        `between`: called before each graph capture (LaneRunner). `repetition_penalty`: the steps apply each
+        `between`: called before each graph capture, with what it captures (LaneRunner). `repetition_penalty`: the steps apply each
         request's repetition penalty (a lane for a family whose sampling has one: the extra ops are captured only
         then); a lane without takes no request that asks for one (`supports`)."""
         if fixed_shapes and (fused or compile_layers):

@@ -139,7 +139,7 @@ class LaneRunner:
                  compile_layers: bool = False, capture: bool | None = None, fused: bool | None = None,
                  fuse_rows: int = FUSE_ROWS, plan: decode_kernels.FusedPlan | None = None,
                  compile_prefill: bool | None = None, capture_mode: str = "global",
-                 between: Callable[[], None] | None = None, repetition_penalty: bool = False) -> None:
+                 between: Callable[[str], None] | None = None, repetition_penalty: bool = False) -> None:
         """The arguments are GraphLane's (which documents them), less the scheduler's."""
         self.between = between
         """Called before each graph capture: a lane built in the background waits there for live streams."""
@@ -395,7 +395,7 @@ class LaneRunner:
                     self.graphs[(kind, a, b)] = self.graphs[(kind, a, self.shapes.spans[0])]  # the same step
                     continue
                 if self.between is not None:
-                    self.between()
+                    self.between(f"lane {kind} {a}x{b}")
                 self.graphs[(kind, a, b)] = self._capture(kind, a, b, pool)
             self.positions.zero_()
             self.steps.zero_()

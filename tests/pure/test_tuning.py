@@ -225,3 +225,48 @@ def test_background_tuning_starts_no_vllm_behind_a_lane_that_holds_the_crowd(mon
         step = crowd_tuning(synth, EngineConfig(backend="auto")).steps[-1]
         assert step.name == "vllm" and step.build() == built
         assert ("holds the crowd" in step.detail) == (built is None)
+
+
+def test_pieces_of_background_work_are_timed_between_yields_without_the_waits() -> None:
+    """A request that arrives mid-piece waits for its end: the server's status lists the longest pieces, named,
+    and neither a pause for live streams nor the idle time after a step's last piece counts as work."""
+    from engine.tuning import PieceLog, Yielding
+
+    script = Script(pressing_until=0.5)
+    gate = Yielding(script.pressing, script.sleep, script.clock, poll_s=0.1, max_s=5.0, pieces=PieceLog(script.clock))
+    gate.wait("decoder 64x48")  # pressing: waits 0.5 s first
+    script.t += 0.25
+    gate.wait("decoder 64x56")
+    script.t += 0.75
+    gate.wait("lane decode 512x1")
+    script.t += 0.125
+    gate.pieces.end()  # its step ended
+    script.t += 9.0  # nothing runs
+    gate.pieces.end()
+    log = gate.pieces.as_dict()
+    assert log["count"] == 3 and log["seconds"] == 1.125
+    assert log["longest_ms"] == [[750.0, "decoder 64x56"], [250.0, "decoder 64x48"], [125.0, "lane decode 512x1"]]
+
+
+def test_a_tuning_status_keeps_only_the_longest_pieces() -> None:
+    from engine.tuning import PieceLog
+
+    t = [0.0]
+    log = PieceLog(lambda: t[0], keep=2)
+    for ms in (30, 10, 50, 20):
+        log.begin(f"{ms} ms")
+        t[0] += ms / 1e3
+    log.end()
+    assert log.count == 4 and [what for _, what in log.longest] == ["50 ms", "30 ms"]
+    assert Tuning([]).status()["pieces"] == {"count": 0, "seconds": 0.0, "longest_ms": []}
+
+
+def test_voicectl_status_names_the_longest_piece() -> None:
+    from voiceapp.cli.status import describe_tuning
+
+    status = {"done": False, "seconds": 12.0, "steps": [{"name": "decoder", "state": "running", "seconds": None,
+                                                          "detail": ""}], "yielded_s": 0.0,
+              "pieces": {"count": 3, "seconds": 0.9, "longest_ms": [[412.3, "decoder 64x48"], [20.0, "decoder 1x8"]]}}
+    assert describe_tuning(status) == ("tuning: in progress after 12 s (decoder running); "
+                                       "longest piece 412 ms (decoder 64x48)")
+    assert "longest" not in describe_tuning({**status, "pieces": {"count": 0, "seconds": 0.0, "longest_ms": []}})

@@ -58,7 +58,7 @@ def test_status_shows_tuning_and_an_engine_without_a_gpu_has_none_to_do(sock_pat
     try:
         status = json.loads(voicectl("status", "--json", env=env).stdout)
         assert status["tuning"] == {"done": True, "seconds": status["tuning"]["seconds"], "steps": [],
-                                    "yielded_s": 0.0}
+                                    "yielded_s": 0.0, "pieces": {"count": 0, "seconds": 0.0, "longest_ms": []}}
         text = voicectl("status", env=env).stdout.decode()
         assert "tuning: done" in text
     finally:

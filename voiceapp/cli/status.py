@@ -100,7 +100,8 @@ def describe_http(http: dict) -> str:
 
 
 def describe_tuning(tuning: dict) -> str:
-    """One line: what the server builds in the background, each step's state and time."""
+    """One line: what the server builds in the background, each step's state and time, and its longest piece of
+    work (what a request arriving mid-piece waited for)."""
     def step(s: dict) -> str:
         took = "" if s["seconds"] is None else f" {s['seconds']:.0f} s"
         why = f" ({s['detail']})" if s["state"] == "failed" and s["detail"] else ""
@@ -109,8 +110,10 @@ def describe_tuning(tuning: dict) -> str:
     head = "done" if tuning["done"] else "in progress"
     took = "" if tuning["seconds"] is None else f" after {tuning['seconds']:.0f} s"
     yielded = tuning.get("yielded_s") or 0
+    longest = (tuning.get("pieces") or {}).get("longest_ms") or []
     return (f"tuning: {head}{took}" + (f" ({', '.join(step(s) for s in tuning['steps'])})" if tuning["steps"] else "")
-            + (f"; waited {yielded:.1f} s for live streams" if yielded else ""))
+            + (f"; waited {yielded:.1f} s for live streams" if yielded else "")
+            + (f"; longest piece {longest[0][0]:.0f} ms ({longest[0][1]})" if longest else ""))
 
 
 def _duration(seconds: float) -> str:
