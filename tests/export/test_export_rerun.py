@@ -1,5 +1,7 @@
 """A finished export run again: it renders nothing, says it is complete and with which settings, and exits 0;
 a changed setting or a changed output file is named, and --restart renders it again."""
+import subprocess
+import sys
 import time
 
 import pytest
@@ -85,5 +87,10 @@ def test_a_finished_export_rerun_is_quick_as_a_process(finished):
     proc = voicectl("export", str(src), "-o", str(out), "--backend", "fake")
     took = time.monotonic() - t0
     assert proc.returncode == 0 and "is already complete" in proc.stderr.decode(), proc.stderr.decode()
-    assert took < 2.0, took
+    assert took < 5.0, took  # loose: a loaded CI machine launches slowly; what keeps it quick is checked below
+    probe = ("import sys; from voiceapp.cli import main; code = main(sys.argv[1:]); "
+             "print(code, 'torch' in sys.modules)")
+    quick = subprocess.run([sys.executable, "-c", probe, "export", str(src), "-o", str(out), "--backend", "fake"],
+                           capture_output=True, text=True, timeout=120)
+    assert quick.stdout.split() == ["0", "False"], quick.stderr  # no engine, not even torch, for a finished book
     one_line_error(voicectl("export", str(src), "-o", str(out), "--backend", "fake", "--seed", "3"))

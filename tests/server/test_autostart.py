@@ -184,7 +184,8 @@ def test_a_server_started_under_a_blocked_signal_mask_still_stops_at_once(sock_p
     t0 = time.monotonic()
     stop = voicectl("stop", env=env)
     assert stop.returncode == 0, stop.stderr.decode()
-    assert time.monotonic() - t0 < 2.0 and wait_for(lambda: gone(sock_path), timeout=2)
+    # a loaded CI machine launches voicectl slowly; a server deaf to SIGTERM made stop give up after 10 s
+    assert time.monotonic() - t0 < 5.0 and wait_for(lambda: gone(sock_path), timeout=2)
 
 
 def test_serve_run_under_a_blocked_signal_mask_stops_on_sigterm(sock_path):
