@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.backends.base import CodecDecoder, DecodeItem
 from engine.deadlines import BatchCost, DeadlineBoard
+from engine.windowing import WindowSchedule
 
 SLOW_CALL_S = 0.05
 """A decoder call at least this long is kept in BatchStats.slow (a window of a shape with no captured graph decodes
@@ -240,10 +241,10 @@ def standard_lengths(first_new: int, new: int, growth: float, max_new: int, left
     return tuple(sorted(lengths))
 
 
-def lengths_for(schedule) -> tuple[int, ...]:
-    """`standard_lengths` of an engine.windowing.WindowSchedule and of its busy variant (which the pipeline
-    switches to under load, exactly when batching and CUDA graphs matter most) and its ahead variant."""
-    variants = [schedule] + ([schedule.busy(), schedule.ahead()] if hasattr(schedule, "busy") else [])
+def lengths_for(schedule: WindowSchedule) -> tuple[int, ...]:
+    """`standard_lengths` of a schedule and of its busy variant (which the pipeline switches to under load, exactly
+    when batching and CUDA graphs matter most) and its ahead variant."""
+    variants = [schedule, schedule.busy(), schedule.ahead()]
     return tuple(sorted({n for s in variants
                          for n in standard_lengths(s.first_new, s.new, s.growth, s.max_new, s.left, s.right,
                                                    s.first_right)}))

@@ -271,6 +271,7 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     from engine.batching import lengths_for
 
     dtype = gpu_decoder_dtype(config, family)
+    lengths = lengths_for(config.schedule or family.schedule)  # build_synthesizer set the family's where none was
 
     def build(precision: str):
         return family.decoder(info, device, precision, threads=config.threads, deterministic=config.deterministic,
@@ -280,12 +281,11 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
         with phase("decoder", events):
             gpu = build(dtype)
             if dtype != "fp32" and config.decoder_dtype == "auto":  # before any graph is captured in it
-                gpu, dtype = full_precision_if_lost(gpu, dtype, build, family.probe_item(
-                    lengths_for(config.schedule)[-1]), events)
+                gpu, dtype = full_precision_if_lost(gpu, dtype, build, family.probe_item(lengths[-1]), events)
         batches = ONE_LISTENER_DECODE_BATCHES if config.one_listener else DECODE_BATCHES
         with phase("decoder_graphs", events):
             # a deterministic engine renders whole sentences, whose lengths no captured window matches
-            seconds = 0.0 if config.deterministic else gpu.warmup(lengths_for(config.schedule), batches)
+            seconds = 0.0 if config.deterministic else gpu.warmup(lengths, batches)
     except RuntimeError as err:  # out of memory, driver trouble
         if config.decoder_device.startswith("cuda"):
             raise GenerationError(f"cannot run the decoder on the GPU: {str(err).splitlines()[0]}") from err
@@ -294,7 +294,7 @@ def _build_decoder(family, info, config: EngineConfig, events: EventSink = ignor
     graphs = "no CUDA graphs" if config.deterministic or not seconds else f"CUDA graphs captured in {seconds:.1f} s"
     events(Notice(f"decoder on {torch.cuda.get_device_name(device)} ({device}, {DECODER_DTYPES[dtype]}, {graphs})"))
     if config.decoder_device == "auto":
-        probe = family.probe_item(lengths_for(config.schedule)[0])
+        probe = family.probe_item(lengths[0])
         gpu_s = probe_decoder(gpu, probe)
         if gpu_s > SLOW_GPU_DECODE_S:
             cpu = _cpu_decoder(family, info, config, events)
