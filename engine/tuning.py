@@ -228,14 +228,19 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
     """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes (and, with a
     `gate`, only while no live stream is pressing); for the window lengths of the schedule the engine runs (a config
-    may leave it to the model family)."""
+    may leave it to the model family). Then one window's graph for each length that short sentences decode at and no
+    standard length covers: such a window otherwise runs eagerly at a shape of its own, planned by cuDNN on the
+    decode thread the first time it comes, while every stream's windows wait."""
     from engine.batching import DECODE_BATCHES, lengths_for
+    from engine.windowed_decode import uncovered_lengths
 
-    for batch in DECODE_BATCHES:
-        for length in lengths_for(synth.schedule):
-            if gate is not None:
-                gate.wait(f"decoder {batch}x{length}")
-            synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
+    standard = lengths_for(synth.schedule)
+    shapes = [(batch, length) for batch in DECODE_BATCHES for length in standard]
+    shapes += [(1, length) for length in uncovered_lengths(synth.schedule, standard)]
+    for batch, length in shapes:
+        if gate is not None:
+            gate.wait(f"decoder {batch}x{length}")
+        synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
     return True
 
 

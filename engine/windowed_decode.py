@@ -46,3 +46,22 @@ class WindowedDecode:
         its own tail held back for the next window."""
         spc = self.samples_per_code
         return self._fader.push(pcm, window.head * spc, window.tail * spc)
+
+
+def uncovered_lengths(schedule: WindowSchedule, lengths: Sequence[int]) -> tuple[int, ...]:
+    """Window lengths that no standard length in `lengths` covers, over every sentence length under `schedule` and
+    its busy and ahead variants: the first windows of short sentences, which have too few codes before them to be
+    widened (`widen_left` pads only a window that holds a whole left context). Beyond twice the longest standard
+    length every window holds one, so longer sentences add none."""
+    odd: set[int] = set()
+    for variant in (schedule, schedule.busy(), schedule.ahead()):
+        for count in range(1, 2 * max(lengths) + 1):
+            decode, codes, available = WindowedDecode(variant, (), 1, lengths), list(range(count)), 0
+            while (window := decode.next_window(available, available >= count)) is not None or available < count:
+                if window is None:
+                    available += 1
+                    continue
+                odd.add(len(decode.item(window, codes).codes))
+                if window.final:
+                    break
+    return tuple(sorted(odd - set(lengths)))

@@ -95,7 +95,8 @@ def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) 
 
 def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
     """A server's config leaves the schedule to the model family (None): the crowd decoder graphs are captured for
-    the lengths of the schedule the engine runs, every batch, on the decode thread."""
+    the lengths of the schedule the engine runs, every batch, on the decode thread; then one window at each length
+    no standard one covers."""
     from concurrent.futures import Future
 
     from engine.batching import DECODE_BATCHES, lengths_for
@@ -118,7 +119,10 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
             return done
 
     assert _capture_decoder_batches(Synth())
-    assert captured == [((n,), (b,), True) for b in DECODE_BATCHES for n in lengths_for(SCHEDULE)]
+    standard = [((n,), (b,), True) for b in DECODE_BATCHES for n in lengths_for(SCHEDULE)]
+    assert captured[:len(standard)] == standard
+    # then batch 1 at each length a short sentence's first windows have: Orpheus's of 1-12 frames but the standard
+    assert captured[len(standard):] == [((n,), (1,), True) for n in (1, 2, 4, 5, 6, 8, 9, 11, 12)]
 
 
 class Script:
@@ -167,6 +171,7 @@ async def test_steps_and_the_captures_inside_them_yield_to_live_streams() -> Non
 
     from engine.batching import DECODE_BATCHES, lengths_for
     from engine.tuning import Yielding, _capture_decoder_batches
+    from engine.windowed_decode import uncovered_lengths
     from engine.windowing import WindowSchedule
 
     pressing = {"now": 1}
@@ -198,7 +203,9 @@ async def test_steps_and_the_captures_inside_them_yield_to_live_streams() -> Non
     await tuning.run()
     assert 0.1 <= time.monotonic() - t0 < 2.0  # the step waited for the first stream, not for MAX_YIELD_S
     assert log[:3] == ["capture", "waited", "capture"] and "capture while pressing" not in log
-    assert log.count("capture") == len(DECODE_BATCHES) * len(lengths_for(WindowSchedule()))
+    standard = lengths_for(WindowSchedule())
+    assert log.count("capture") == len(DECODE_BATCHES) * len(standard) + len(uncovered_lengths(WindowSchedule(),
+                                                                                                 standard))
     assert gate.pauses == 2 and tuning.status()["yielded_s"] >= 0.1
 
 

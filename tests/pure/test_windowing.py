@@ -87,3 +87,17 @@ def test_busy_schedule_only_enlarges_the_first_windows():
 def test_busy_growth_below_one_is_rejected():
     with pytest.raises(ValueError):
         WindowSchedule(busy_growth=0.9)
+
+
+def test_the_lengths_no_standard_one_covers_are_short_sentences_first_windows():
+    """A window is widened to a standard length when the sentence has the codes before it, or holds a whole left
+    context of its own (then padded); only a short sentence's first windows have neither. Spark's: every length up
+    to the ahead schedule's first window but the standard ones; none is a whole-context window's."""
+    from engine.batching import lengths_for
+    from engine.windowed_decode import uncovered_lengths
+
+    s = WindowSchedule()
+    standard = lengths_for(s)
+    odd = uncovered_lengths(s, standard)
+    assert odd == tuple(n for n in range(1, 56) if n not in standard)
+    assert max(odd) + 1 == s.ahead().first_new + s.right == 56  # the ahead schedule's first window, standard
