@@ -7,7 +7,8 @@
 #   3. lab/crowd_report.py -> $OUT/load.json (the keys of docs/benchmarks/load.json)
 #   run (carry [".devcarry/vllm-extra/deps.tar.xz", ".devcarry/http"]): bash lab/gpu_load.sh
 # VARIANT: an engine variant of lab/variants.sh served instead of the tree as committed (default base).
-# CUDA_VISIBLE_DEVICES picks the GPU (another job may hold the other one). LOAD_RATES (default 10,20,40,80),
+# CUDA_VISIBLE_DEVICES picks the GPU (another job may hold the other one); PORT, the server's (default 8000 + the GPU's
+# index, so that a pair of these runs side by side). LOAD_RATES (default 10,20,40,80),
 # LOAD_SECONDS (default 10 s per rate), LOAD_TUNE_WAIT (default 240 s: a fresh machine captures graphs for minutes).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,7 +18,7 @@ if ! python3 -c "import yaml, soundfile" 2>/dev/null && [ ! -d /tmp/site/yaml ];
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/.devcarry/http PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export VOICEAPP_SOCKET=/tmp/load-$$.sock
-PORT=${PORT:-8000}; URL=http://127.0.0.1:$PORT
+GPU=${CUDA_VISIBLE_DEVICES:-0}; PORT=${PORT:-$((8000 + ${GPU%%,*}))}; URL=http://127.0.0.1:$PORT
 MODEL=${MODEL:-${TMPDIR:-/tmp}/voiceapp-gpu-model}
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv -i "${CUDA_VISIBLE_DEVICES:-0}" > "$OUT/env.txt"
