@@ -244,8 +244,7 @@ def standard_lengths(first_new: int, new: int, growth: float, max_new: int, left
 def lengths_for(schedule: WindowSchedule) -> tuple[int, ...]:
     """`standard_lengths` of a schedule and of its busy variant (which the pipeline switches to under load, exactly
     when batching and CUDA graphs matter most) and its ahead variant."""
-    variants = [schedule, schedule.busy(), schedule.ahead()]
-    return tuple(sorted({n for s in variants
+    return tuple(sorted({n for s in schedule.variants()
                          for n in standard_lengths(s.first_new, s.new, s.growth, s.max_new, s.left, s.right,
                                                    s.first_right)}))
 

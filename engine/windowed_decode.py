@@ -14,7 +14,7 @@ import numpy as np
 from engine.backends.base import DecodeItem
 from engine.batching import widen_left
 from engine.crossfade import Crossfader
-from engine.windowing import Window, WindowPlanner, WindowSchedule
+from engine.windowing import Window, WindowPlanner, WindowSchedule, planned_windows
 
 
 class WindowedDecode:
@@ -54,14 +54,8 @@ def uncovered_lengths(schedule: WindowSchedule, lengths: Sequence[int]) -> tuple
     widened (`widen_left` pads only a window that holds a whole left context). Beyond twice the longest standard
     length every window holds one, so longer sentences add none."""
     odd: set[int] = set()
-    for variant in (schedule, schedule.busy(), schedule.ahead()):
+    for variant in schedule.variants():
         for count in range(1, 2 * max(lengths) + 1):
-            decode, codes, available = WindowedDecode(variant, (), 1, lengths), list(range(count)), 0
-            while (window := decode.next_window(available, available >= count)) is not None or available < count:
-                if window is None:
-                    available += 1
-                    continue
-                odd.add(len(decode.item(window, codes).codes))
-                if window.final:
-                    break
+            decode, codes = WindowedDecode(variant, (), 1, lengths), list(range(count))
+            odd.update(len(decode.item(window, codes).codes) for _, window in planned_windows(decode.planner, count))
     return tuple(sorted(odd - set(lengths)))

@@ -7,6 +7,7 @@ samples of the new codes plus a `crossfade` tail that the next window's head ble
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 
 WHOLE_CODES = 750
@@ -110,6 +111,11 @@ class WindowSchedule:
         return replace(self, first_new=max(self.first_new, later + self.left), new=max(self.new, later),
                        max_new=max(self.max_new, later), first_right=None)
 
+    def variants(self) -> tuple["WindowSchedule", ...]:
+        """This schedule and those the pipeline switches a sentence to (`busy`, `ahead`): every window shape it
+        decodes comes from one of them."""
+        return self, self.busy(), self.ahead()
+
     def new_codes(self, window_index: int) -> int:
         """New codes emitted by window number `window_index` (0-based)."""
         if window_index == 0:
@@ -176,3 +182,11 @@ class WindowPlanner:
         self._pending_head = tail
         self.windows += 1
         return window
+
+
+def planned_windows(planner: WindowPlanner, codes: int) -> Iterator[tuple[int, Window]]:
+    """Each window `planner` plans for a sentence of `codes` codes that come one at a time, with how many had come
+    when it was planned (the last one ends the sentence)."""
+    for available in range(1, codes + 1):
+        while (window := planner.next_window(available, available == codes)) is not None:
+            yield available, window

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from engine.pacing import RequestPace
 from engine.player_gate import may_play, rebuffers_after
-from engine.windowing import WindowPlanner, WindowSchedule
+from engine.windowing import WindowPlanner, WindowSchedule, planned_windows
 
 @dataclass
 class StreamRecord:
@@ -126,9 +126,5 @@ def window_arrivals(schedule: WindowSchedule, codes_per_s: float, speed: float, 
     x real time, a window's audio out `decode_s` after its last code (right context included): the pipeline's own
     engine.windowing WindowPlanner, with no model. `simulate_player` of it says whether a schedule keeps up at
     that speed."""
-    planner, out = WindowPlanner(schedule), []
-    for available in range(1, codes + 1):
-        made_at = available / (codes_per_s * speed)
-        while (window := planner.next_window(available, available == codes)) is not None:
-            out.append((made_at + decode_s, (window.emit_stop - window.emit_start) * samples_per_code))
-    return out
+    return [(available / (codes_per_s * speed) + decode_s, (window.emit_stop - window.emit_start) * samples_per_code)
+            for available, window in planned_windows(WindowPlanner(schedule), codes)]
