@@ -59,6 +59,9 @@ class GcPauses:
 
 TICK_S = 0.005
 """A watcher's sleep (LateWakes): it wakes late by the time what it watches was held elsewhere."""
+IDLE_TICK_S = 0.25
+"""LoopLag's sleep while nothing it watches for is under way (`busy`): a server idle for hours should not wake
+200 times a second to time a loop that holds no stream's audio."""
 
 
 class LateWakes:
@@ -87,10 +90,13 @@ class LateWakes:
 class LoopLag(LateWakes):
     """How late an event loop answers: a task on it is the watcher. A late wake is the loop held by one callback (a
     blocking call on it, a long computation) or the interpreter held by another thread; either stops every stream's
-    audio on that loop from going out."""
+    audio on that loop from going out. With `busy`, it times the loop only while that says streams are live, and
+    otherwise looks again every IDLE_TICK_S."""
 
-    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, least_ms: float = 20.0, clock: Callable[[], float] = time.perf_counter,
+                 busy: Callable[[], bool] | None = None) -> None:
         super().__init__(least_ms, clock)
+        self.busy = busy
         self._task: Any = None
 
     def start(self) -> "LoopLag":
@@ -108,6 +114,9 @@ class LoopLag(LateWakes):
         import asyncio
 
         while True:
+            if self.busy is not None and not self.busy():
+                await asyncio.sleep(IDLE_TICK_S)
+                continue
             start = self.clock()
             await asyncio.sleep(TICK_S)
             self.note(start, self.clock())

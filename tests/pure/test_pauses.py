@@ -63,3 +63,30 @@ def test_loop_lag_sees_a_callback_that_blocks_the_loop() -> None:
 
     lag = asyncio.run(main())
     assert lag.late >= 1 and lag.longest_ms >= 50
+
+
+def test_loop_lag_times_the_loop_only_while_streams_are_live() -> None:
+    """A server idle for hours does not wake 200 times a second: with `busy` false the watcher only looks again
+    now and then, and a loop held meanwhile (no stream's audio waits on it) is not counted."""
+    import asyncio
+    import time
+
+    from engine.pauses import LoopLag
+
+    live = {"now": False}
+
+    async def main() -> tuple[int, int]:
+        lag = LoopLag(least_ms=30.0, busy=lambda: live["now"]).start()
+        await asyncio.sleep(0.02)
+        time.sleep(0.08)  # held while idle
+        await asyncio.sleep(0.02)
+        idle = lag.late
+        live["now"] = True
+        await asyncio.sleep(0.3)  # the watcher's idle look comes round and it starts timing
+        time.sleep(0.08)  # held while a stream is live
+        await asyncio.sleep(0.02)
+        lag.stop()
+        return idle, lag.late
+
+    idle, busy = asyncio.run(main())
+    assert idle == 0 and busy >= 1

@@ -327,8 +327,9 @@ class EngineServer:
         self.gc = GcPauses()
         """The collector's runs in this process while it serves (shown by status: a long full run stops every
         stream at once)."""
-        self.loop_lag = LoopLag()
-        """How late its event loop woke a sleeping task (shown by status: a held loop holds every stream's audio)."""
+        self.loop_lag = LoopLag(busy=lambda: bool(self.requests.live))
+        """How late its event loop woke a sleeping task while streams were live (shown by status: a held loop holds
+        every stream's audio)."""
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
