@@ -9,7 +9,7 @@ import hashlib
 import time
 from collections import deque
 from contextlib import aclosing, contextmanager
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator, AsyncIterable, Callable, Iterator, Literal
 
@@ -493,10 +493,6 @@ class Synthesizer(UtteranceFolds):
         finally:
             self.events = events
         return time.perf_counter() - t0
-
-    def on_decode_thread(self, fn: Callable[[], object]) -> Future:
-        """Run `fn` on the decoder's thread, between two decodes (work that must not overlap one: graph capture)."""
-        return self._decode_pool.submit(fn)
 
     def describe(self) -> dict[str, Any]:
         """engine.engine_api.Engine.describe: backend, checkpoint and pacing."""

@@ -226,8 +226,9 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
 
 
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
-    """The decoder's graphs for crowds' batches, one at a time on the decode thread, between decodes (and, with a
-    `gate`, only while no live stream is pressing); for the window lengths of the schedule the engine runs (a config
+    """The decoder's graphs for crowds' batches, one at a time on this (the tuning) thread while the decode thread
+    goes on serving (engine.backends.cuda_graphs), and with a `gate` only while no live stream is pressing; for the
+    window lengths of the schedule the engine runs (a config
     may leave it to the model family). Then one window's graph for each length that short sentences decode at and no
     standard length covers: such a window otherwise runs eagerly at a shape of its own, planned by cuDNN on the
     decode thread the first time it comes, while every stream's windows wait."""
@@ -240,7 +241,7 @@ def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
     for batch, length in shapes:
         if gate is not None:
             gate.wait(f"decoder {batch}x{length}")
-        synth.on_decode_thread(lambda: synth.decoder.warmup([length], [batch], background=True)).result()
+        synth.decoder.warmup([length], [batch], background=True)
     return True
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device call: open-loop load over HTTP (issue 42) on the synthetic full Spark checkpoint, the engine as it ships
 # (`--backend auto`: a crowd lane sized to the GPU and no vLLM behind it), so no vLLM carry is needed:
-#   1. `voicectl serve --http`, and at once, while it tunes itself in the background, first audio at 1 client
-#      (lab/http_latency.py) -> $OUT/tuning_1.json, $OUT/tuning_status.json
+#   1. `voicectl serve --http`, and at once, while it tunes itself in the background, first audio at 1 client for
+#      TUNING_1_S seconds (default 150: about a fresh machine's tuning; lab/http_latency.py) -> $OUT/tuning_1.json,
+#      $OUT/tuning_status.json
 #   2. once tuned (or LOAD_TUNE_WAIT s passed), `voicectl bench --load $LOAD_RATES --http` -> $OUT/load_http.json
 #   3. lab/crowd_report.py -> $OUT/load.json (the keys of docs/benchmarks/load.json)
 #   run (carry [".devcarry/vllm-extra/deps.tar.xz", ".devcarry/http"]): bash lab/gpu_load.sh
@@ -32,8 +33,9 @@ python3 -m voiceapp.cli serve --model "$MODEL" --http 127.0.0.1:$PORT --http-max
 SERVE=$!
 for _ in $(seq 1800); do curl -s -o /dev/null $URL/health && break; sleep 0.1; done
 step "first audio at 1 client while tuning"
-python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 20 --text "The train leaves at seven tonight." \
-    > "$OUT/tuning_1.json"
+python3 lab/http_latency.py $URL/v1 --clients 1 --rounds 100000 --seconds "${TUNING_1_S:-150}" \
+    --text "The train leaves at seven tonight." > "$OUT/tuning_1.json"
+python3 -c "import json, sys; print('while tuning', json.load(open(sys.argv[1]))['first_byte_ms'])" "$OUT/tuning_1.json"
 python3 -m voiceapp.cli status --json > "$OUT/tuning_status.json" 2>/dev/null
 python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('tuning', {}); print('tuning pieces', t.get('pieces'))" \
     "$OUT/tuning_status.json"
@@ -44,6 +46,8 @@ for _ in $(seq "${LOAD_TUNE_WAIT:-240}"); do
   sleep 1
 done
 python3 -m voiceapp.cli status --json > "$OUT/status_tuned.json" 2>&1
+python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('tuning', {}); print('all pieces', t.get('pieces'))" \
+    "$OUT/status_tuned.json"
 
 step "bench --load over HTTP"
 timeout 200 python3 -m voiceapp.cmd_bench --load "${LOAD_RATES:-10,20,40,80}" --load-seconds "${LOAD_SECONDS:-10}" \

@@ -76,9 +76,11 @@ async def run(args: argparse.Namespace) -> dict:
     async def client() -> list[dict]:
         results = []
         for _ in range(args.rounds):
-            if start is not None:
+            if args.seconds is not None and time.perf_counter() - t0 > args.seconds:
+                break
+            if start is not None and args.seconds is None:
                 await start.wait()
-            results.append(await one_request(args.url, payload))
+            results.append({**await one_request(args.url, payload), "at_s": round(time.perf_counter() - t0, 3)})
         return results
 
     t0 = time.perf_counter()
@@ -88,7 +90,8 @@ async def run(args: argparse.Namespace) -> dict:
             "voice": args.voice, "text_chars": len(args.text), "wall_s": round(time.perf_counter() - t0, 3),
             "warm_up": warm, "first_byte_ms": summary([r["first_byte_ms"] for r in ok]),
             "total_ms": summary([r["total_ms"] for r in ok]),
-            "errors": [r for r in results if r["status"] != 200][:5], "failed": len(results) - len(ok)}
+            "errors": [r for r in results if r["status"] != 200][:5], "failed": len(results) - len(ok),
+            "series": [[r["at_s"], round(r["first_byte_ms"], 1)] for r in ok]}
 
 
 def main() -> None:
@@ -96,6 +99,8 @@ def main() -> None:
     p.add_argument("url", help="the API's base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--clients", type=int, default=1, help="requests at once (default 1)")
     p.add_argument("--rounds", type=int, default=5, help="requests per client, one after another (default 5)")
+    p.add_argument("--seconds", type=float, help="stop sending after this long (each client's rounds are then at most "
+                   "--rounds; e.g. for as long as a server tunes)")
     p.add_argument("--format", default="pcm", help="response_format (default pcm)")
     p.add_argument("--voice", default="alloy")
     p.add_argument("--text", default=TEXT)

@@ -7,8 +7,6 @@
 #   b8        the lane reads back every 2 steps up to 8 busy rows only (before run 39: up to 32)
 #   noreach   the decoder's cost model extrapolates to any batch (BatchCost.reach before run 39)
 #   busy32    busy schedule: second window 32 codes (the default before run 40: 24)
-#   tuneplain  a server's background decoder captures take cuDNN's fixed algorithms, not timed ones: a request that
-#             arrives mid-capture waits for no autotuning on the decode thread (first audio while tuning, issue 42)
 #   tuneswitch  while a server tunes, the interpreter switches threads every 0.5 ms (not 5): the live streams' threads
 #             wait less for the GIL beside the thread capturing graphs (first audio while tuning, issue 42)
 VARIANT_FILES="engine/backends/bicodec.py engine/windowing.py engine/families/spark.py engine/lane_scheduler.py engine/deadlines.py engine/tuning.py"
@@ -25,7 +23,6 @@ variant_patch() {
     busy32) sed -i 's/^    busy_new: int = 24/    busy_new: int = 32/' engine/windowing.py ;;
     tuneswitch) sed -i -e 's/^        self.started = time.monotonic()$/        self.started = time.monotonic(); import sys; sys.setswitchinterval(0.0005)/' \
                        -e 's/^        self.finished = time.monotonic()$/        sys.setswitchinterval(0.005); self.finished = time.monotonic()/' engine/tuning.py ;;
-    tuneplain) sed -i 's/self._pick_algorithms(autotune=self.autotune == "all" or (self.autotune == "batch1" and b == 1))/self._pick_algorithms(autotune=not background and (self.autotune == "all" or (self.autotune == "batch1" and b == 1)))/' engine/backends/bicodec.py ;;
     *) echo "unknown variant $1"; return 1 ;;
   esac
   for f in $VARIANT_FILES; do cmp -s "$f" /tmp/variant-orig/"$(basename "$f")" || echo "variant $1: $f patched"; done

@@ -17,6 +17,7 @@ import yaml
 from safetensors import safe_open
 
 from engine.backends.base import DecodeItem
+from engine.backends.cuda_graphs import capture_graph
 from engine.config import DECODER_AUTOTUNE
 from engine.backends.bicodec_modules import BiCodecModel, fold_weight_norm, mel_spectrogram, weight_normed_keys
 from engine.batching import DECODE_BATCHES
@@ -226,8 +227,8 @@ class BiCodecDecoder:
     def warmup(self, lengths: Sequence[int], batches: Sequence[int] = DECODE_BATCHES,
                background: bool = False) -> float:
         """Capture CUDA graphs for every (batch, length) (CPU: one eager decode per length). Returns seconds.
-        `background`: while other threads use the GPU (a serving engine's tuning), whose CUDA calls must not
-        invalidate the capture.
+        `background`: from a serving engine's tuning thread, while the decoder's own thread decodes (see
+        engine.backends.cuda_graphs).
 
         No batch-2 graph: two windows replay the batch-4 one (small batches are launch-bound, so it costs little)."""
         import time
@@ -240,11 +241,12 @@ class BiCodecDecoder:
             return time.perf_counter() - t
         flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
         try:
-            with torch.inference_mode():
-                for n in sorted(set(lengths)):
-                    for b in sorted(set(batches)):
+            for n in sorted(set(lengths)):
+                for b in sorted(set(batches)):
+                    if not background:  # a background capture keeps cuDNN's fixed algorithms: timing them would
+                        # flip process-wide flags under the serving threads' own decodes
                         self._pick_algorithms(autotune=self.autotune == "all" or (self.autotune == "batch1" and b == 1))
-                        self._graphs.capture(b, n, self.global_count, "thread_local" if background else "global")
+                    self._graphs.capture(b, n, self.global_count, background)
         finally:
             # eager (odd) shapes: no per-shape autotuning stalls
             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
@@ -347,25 +349,22 @@ class _GraphCache:
     def __init__(self, model: BiCodecModel, device: torch.device, stream: Any) -> None:
         self.model, self.device, self.stream = model, device, stream
         self.pool = torch.cuda.graph_pool_handle()
+        self.aside: Any = None
+        """The stream background captures run on (created by the first)."""
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.batches: list[int] = []
 
-    def capture(self, batch: int, length: int, global_count: int, mode: str = "global") -> None:
-        """`mode`: torch.cuda.graph's capture_error_mode (thread_local: other threads may use the GPU meanwhile)."""
+    def capture(self, batch: int, length: int, global_count: int, background: bool = False) -> None:
+        """`background`: from the tuning thread while the decoder's thread serves (engine.backends.cuda_graphs), on a
+        stream of the cache's own; the graph is published for the decoder's thread once captured."""
         if (batch, length) in self.graphs:
             return
+        if background and self.aside is None:
+            self.aside = torch.cuda.Stream(self.device)
         codes = torch.zeros((batch, length), dtype=torch.long, device=self.device)
         globs = torch.zeros((batch, global_count), dtype=torch.long, device=self.device)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            for _ in range(2):  # cudnn autotuning and lazy init happen outside the capture
-                self.model.decode(codes, globs)
-        self.stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=mode):
-            out = self.model.decode(codes, globs)
-        with torch.cuda.stream(self.stream):
-            graph.replay()  # a graph's first launch uploads it to the GPU: here, not in a request
+        graph, out = capture_graph(lambda: self.model.decode(codes, globs), pool=self.pool,
+                                   stream=self.aside if background else self.stream, background=background)
         self.graphs[(batch, length)] = (graph, codes, globs, out)
         if batch not in self.batches:
             self.batches = sorted([*self.batches, batch])

@@ -307,6 +307,43 @@ def test_decoder_warmup_picks_algorithms_per_policy_and_restores_cudnn(gpu_model
         BiCodecDecoder(gpu_model / "BiCodec", device="cuda", autotune="fast")
 
 
+def test_a_background_capture_beside_live_decodes_replays_the_eager_audio(gpu_model):
+    """A serving engine's tuning captures on its own thread while the decode thread serves: the live decodes go on
+    and stay right, the new graph replays the eager audio, and no process-wide cuDNN flag is touched."""
+    import threading
+
+    import torch
+
+    from engine.backends.bicodec import BiCodecDecoder
+
+    rng = np.random.default_rng(3)
+    items = [DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, 48)),
+                        tuple(int(g) for g in rng.integers(0, 4096, 32)), 8, 40) for _ in range(5)]
+    live_item = DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, 20)), items[0].global_tokens, 4, 16)
+    dec = BiCodecDecoder(gpu_model / "BiCodec", device="cuda")
+    eager, live_ref = dec.decode(items), dec.decode([live_item])[0]
+    flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    dec._pick_algorithms = lambda autotune: pytest.fail("a background capture picked cuDNN algorithms")
+    stop, live = threading.Event(), []
+
+    def serve() -> None:
+        while not stop.is_set():
+            live.append(dec.decode([live_item])[0])
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        dec.warmup([48, 20], (1, 8), background=True)
+    finally:
+        stop.set()
+        server.join()
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == flags
+    assert live and all(_max_rel(out, live_ref) <= 1e-2 for out in live)
+    assert {(8, 48), (1, 20)} <= set(dec._graphs.graphs)
+    for g, e in zip(dec.decode(items), eager):  # batch 5 replays the background batch-8 graph
+        assert _max_rel(g, e) <= 1e-2
+
+
 # ---- graph lane ------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

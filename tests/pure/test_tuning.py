@@ -97,8 +97,6 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
     """A server's config leaves the schedule to the model family (None): the crowd decoder graphs are captured for
     the lengths of the schedule the engine runs, every batch, on the decode thread; then one window at each length
     no standard one covers."""
-    from concurrent.futures import Future
-
     from engine.batching import DECODE_BATCHES, lengths_for
     from engine.families.orpheus import SCHEDULE
     from engine.tuning import _capture_decoder_batches
@@ -112,11 +110,6 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
 
     class Synth:
         schedule, decoder = SCHEDULE, Decoder()
-
-        def on_decode_thread(self, fn):
-            done: Future = Future()
-            done.set_result(fn())
-            return done
 
     assert _capture_decoder_batches(Synth())
     standard = [((n,), (b,), True) for b in DECODE_BATCHES for n in lengths_for(SCHEDULE)]

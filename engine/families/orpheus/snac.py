@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from engine.backends.base import DecodeItem
+from engine.backends.cuda_graphs import capture_graph
 from engine.batching import DECODE_BATCHES
 from engine.errors import GenerationError, ModelFormatError
 from engine.families.orpheus import grammar as g
@@ -310,6 +311,8 @@ class SnacDecoder:
         self.graphs: dict[tuple[int, int], tuple[Any, list[torch.Tensor], torch.Tensor, torch.Tensor]] = {}
         """CUDA graphs by (batch, frames): the window's codes and start in static inputs, its audio out."""
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.aside: Any = None
+        """The stream background captures run on (engine.backends.cuda_graphs; created by the first)."""
         self.fixed_shapes = self.device.type == "cuda"
         """On a GPU windows are widened to the schedule's standard lengths and replay a captured graph (eager SNAC
         is hundreds of small kernels a window, launched from Python beside the LLM's thread)."""
@@ -335,34 +338,29 @@ class SnacDecoder:
 
     def warmup(self, lengths: Sequence[int], batches: Sequence[int] = (), background: bool = False) -> float:
         """Capture a graph for each window length and batch (GPU only; each batch rounded up to DECODE_BATCHES).
-        Returns the seconds it took."""
+        `background`: from a serving engine's tuning thread (engine.backends.cuda_graphs). Returns the seconds it
+        took."""
         if self.stream is None:
             return 0.0
         t0 = time.perf_counter()
-        mode = "thread_local" if background else "global"
         for batch in sorted({next((b for b in DECODE_BATCHES if b >= n), DECODE_BATCHES[-1]) for n in batches} or
                             {DECODE_BATCHES[0]}):
             for length in lengths:
-                self._capture(batch, length, mode)
+                self._capture(batch, length, background)
         return time.perf_counter() - t0
 
-    def _capture(self, batch: int, length: int, mode: str) -> None:
+    def _capture(self, batch: int, length: int, background: bool) -> None:
         if (batch, length) in self.graphs:
             return
         if self.stream is None:
             raise RuntimeError("CUDA graphs are captured on a GPU only")
+        if background and self.aside is None:
+            self.aside = torch.cuda.Stream(self.device)
         sizes = [length * k for k in (1, 2, 4)]  # frames' codes at levels 0, 1, 2
         levels = [torch.zeros((batch, n), dtype=torch.long, device=self.device) for n in sizes]
         starts = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.inference_mode(), torch.cuda.stream(self.stream):
-            for _ in range(2):  # cuDNN's algorithm choice and lazy initialisation happen outside the capture
-                self.net(levels, starts, self.seed)
-            self.stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=mode):
-                out = self.net(levels, starts, self.seed)
-            graph.replay()  # a graph's first launch uploads it: here, not in a request
+        graph, out = capture_graph(lambda: self.net(levels, starts, self.seed), pool=self.pool,
+                                   stream=self.aside if background else self.stream, background=background)
         self.graphs[(batch, length)] = (graph, levels, starts, out)
 
     def _forward(self, items: Sequence[DecodeItem]) -> np.ndarray:
