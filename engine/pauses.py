@@ -8,10 +8,29 @@ import gc
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 RECENT = 256
 """Collector runs of at least `least_ms` kept, newest last (a server runs for days)."""
+
+
+NO_FULL_COLLECTION = 2 ** 30
+"""A third threshold no run of young collections reaches."""
+
+
+@contextmanager
+def full_collections_held() -> Iterator[None]:
+    """Inside, the collector runs no full (generation 2) collection of its own accord; the young generations are
+    collected as before. Background work that builds much (a graph lane compiled shape by shape) would otherwise set
+    off full collections that walk all it built while every thread, the live streams' too, stands still. Whoever
+    holds them collects once after (a server's tuning freezes its heap)."""
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(young, middle, NO_FULL_COLLECTION)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*gc.get_threshold()[:2], full)
 
 
 class GcPauses:

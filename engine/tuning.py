@@ -8,7 +8,8 @@ engine. Its progress is what `voicectl status` and the TUI show.
 
 Tuning never hurts a live request: it yields (`Yielding`) before each step and before each graph capture inside
 the lane and decoder steps while a live stream is pressing (its next audio due within engine.deadlines
-PRESSING_S), so the GPU and the decode thread are the live streams' while they need them.
+PRESSING_S), so the GPU and the decode thread are the live streams' while they need them; and no full garbage
+collection, which stops every thread, runs while it builds (engine.pauses `full_collections_held`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from engine.errors import one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
+from engine.pauses import full_collections_held
 
 
 YIELD_POLL_S = 0.02
@@ -161,9 +163,10 @@ class Tuning:
         """Run every step. A failing step is a notice and the engine keeps what it had; the others go on."""
         loop = asyncio.get_running_loop()
         self.started = time.monotonic()
-        for step in self.steps:
-            await self.yielding.wait_async()
-            await self._run_step(loop, step)
+        with full_collections_held():
+            for step in self.steps:
+                await self.yielding.wait_async()
+                await self._run_step(loop, step)
         if self.settle is not None:
             await self.yielding.wait_async()
             await loop.run_in_executor(None, self.settle)

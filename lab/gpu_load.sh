@@ -46,7 +46,7 @@ for _ in $(seq "${LOAD_TUNE_WAIT:-240}"); do
   sleep 1
 done
 python3 -m voiceapp.cli status --json > "$OUT/status_tuned.json" 2>&1
-python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('tuning', {}); print('all pieces', t.get('pieces'))" \
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print('all pieces', s.get('tuning', {}).get('pieces'), 'gc', s.get('gc'), 'loop', s.get('loop'))" \
     "$OUT/status_tuned.json"
 
 step "bench --load over HTTP"

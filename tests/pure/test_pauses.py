@@ -90,3 +90,19 @@ def test_loop_lag_times_the_loop_only_while_streams_are_live() -> None:
 
     idle, busy = asyncio.run(main())
     assert idle == 0 and busy >= 1
+
+
+def test_full_collections_are_held_while_young_ones_run_and_come_back_after() -> None:
+    from engine.pauses import full_collections_held
+
+    before, built = gc.get_threshold(), []
+    with GcPauses() as pauses, full_collections_held():
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > before[2]
+        for _ in range(before[1] * before[2] + 5):  # young collections enough to set off a full one without
+            _cycles(before[0] + 1)  # the hold, and survivors enough for it to be worth it
+            built.append([[] for _ in range(50)])
+    assert pauses.runs[0] > 0 and pauses.runs[2] == 0
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), full_collections_held():
+        raise RuntimeError("a failing step")
+    assert gc.get_threshold() == before

@@ -270,3 +270,11 @@ def test_voicectl_status_names_the_longest_piece() -> None:
     assert describe_tuning(status) == ("tuning: in progress after 12 s (decoder running); "
                                        "longest piece 412 ms (decoder 64x48)")
     assert "longest" not in describe_tuning({**status, "pieces": {"count": 0, "seconds": 0.0, "longest_ms": []}})
+
+
+async def test_no_full_collection_runs_while_steps_build_and_the_threshold_comes_back() -> None:
+    import gc
+
+    before, seen = gc.get_threshold(), []
+    await Tuning([TuningStep("lane", lambda: seen.append(gc.get_threshold()[2]) or "built")]).run()
+    assert seen[0] > before[2] and gc.get_threshold() == before
