@@ -405,6 +405,11 @@ class Synthesizer(UtteranceFolds):
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
+                if first_chunk and not (busy or ahead) and self.active_requests > self.schedule.busy_streams:
+                    # no window planned yet, and a crowd came meanwhile (requests that arrive together start one
+                    # by one): this sentence is one of it, on the windows that keep up with a crowd's slower steps
+                    busy, windows = True, WindowedDecode(self.schedule.busy(), globals_, self.decoder.samples_per_code,
+                                                         self._shape_lengths)
                 at_first_audio = self.eager_lookahead and not busy and not first_chunk and not alone_first
                 if start_next is not None and (done or early or at_first_audio):
                     start_next()

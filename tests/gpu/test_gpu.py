@@ -326,9 +326,10 @@ def test_a_background_capture_beside_live_decodes_replays_the_eager_audio(gpu_mo
     dec._pick_algorithms = lambda autotune: pytest.fail("a background capture picked cuDNN algorithms")
     stop, live = threading.Event(), []
 
-    def serve() -> None:
+    def serve() -> None:  # a stream being served: a window, then a short wait for the next one's codes
         while not stop.is_set():
             live.append(dec.decode([live_item])[0])
+            stop.wait(0.005)
 
     server = threading.Thread(target=serve)
     server.start()

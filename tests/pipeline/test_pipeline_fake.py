@@ -246,6 +246,23 @@ async def test_many_concurrent_requests_use_the_busy_schedule():
     assert next(e.codes for e in events if isinstance(e, ChunkDecoded)) == 4
 
 
+async def test_a_crowd_that_comes_before_a_sentences_first_window_puts_it_on_the_busy_windows():
+    """Requests that arrive together start one by one: the first sees no crowd yet, but it has planned no window when
+    the rest are there, and the crowd's windows are what keep up with the crowd's slower steps."""
+    from engine.windowing import WindowSchedule
+
+    events = []
+    synth, _ = make(tokens=60, delay=0.002, events=events, schedule=WindowSchedule(busy_streams=2))
+    first = asyncio.ensure_future(synth.render(SynthesisRequest("The first one.", options=SamplingOptions(seed=1))))
+    while not any(isinstance(e, FirstToken) for e in events):
+        await asyncio.sleep(0.001)
+    crowd = [synth.render(SynthesisRequest(f"Then number {i}.", options=SamplingOptions(seed=i))) for i in range(3)]
+    await asyncio.gather(first, *crowd)
+    opening = next(e for e in events if isinstance(e, ChunkDecoded))
+    assert opening.request_id == next(e.request_id for e in events if isinstance(e, FirstToken))
+    assert opening.codes == WindowSchedule().busy_first_new
+
+
 async def test_a_sentence_that_never_stops_is_cut_at_its_length_cap():
     from engine.text import sentence_token_cap
 
