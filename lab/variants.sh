@@ -7,8 +7,10 @@
 #   b8        the lane reads back every 2 steps up to 8 busy rows only (before run 39: up to 32)
 #   noreach   the decoder's cost model extrapolates to any batch (BatchCost.reach before run 39)
 #   busy32    busy schedule: second window 32 codes (the default before run 40: 24)
-#   tuneswitch  while a server tunes, the interpreter switches threads every 0.5 ms (not 5): the live streams' threads
-#             wait less for the GIL beside the thread capturing graphs (first audio while tuning, issue 42)
+#   tunenice  while a server tunes, Inductor's compile workers (a process pool that compiles the lane's kernels on
+#             every core at once) run at nice 10, spawned from a throwaway thread: the live streams' threads keep
+#             their cores (first audio while tuning, issue 42)
+#   tunecap4  the same pool, 4 workers (not one per core, up to 32), at the usual priority
 VARIANT_FILES="engine/backends/bicodec.py engine/windowing.py engine/families/spark.py engine/lane_scheduler.py engine/deadlines.py engine/tuning.py"
 mkdir -p /tmp/variant-orig && for f in $VARIANT_FILES; do cp "$f" /tmp/variant-orig/"$(basename "$f")"; done
 variant_patch() {
@@ -21,8 +23,14 @@ variant_patch() {
     b8) sed -i 's/^CROWD_BURSTS = ((32, BURST), (None, 8))/CROWD_BURSTS = ((8, BURST), (None, 8))/' engine/lane_scheduler.py ;;
     noreach) sed -i 's/^    reach: int = 4$/    reach: int = 1 << 30/' engine/deadlines.py ;;
     busy32) sed -i 's/^    busy_new: int = 24/    busy_new: int = 32/' engine/windowing.py ;;
-    tuneswitch) sed -i -e 's/^        self.started = time.monotonic()$/        self.started = time.monotonic(); import sys; sys.setswitchinterval(0.0005)/' \
-                       -e 's/^        self.finished = time.monotonic()$/        sys.setswitchinterval(0.005); self.finished = time.monotonic()/' engine/tuning.py ;;
+    tunenice|tunecap4) local nice=10 cap=None; [ "$1" = tunecap4 ] && nice=0 cap=4
+      sed -i 's/^        self.started = time.monotonic()$/        self.started = time.monotonic(); await asyncio.get_running_loop().run_in_executor(None, _compile_pool)/' engine/tuning.py
+      printf '%s\n' '' '' "def _compile_pool(nice=$nice, cap=$cap):" '    import os, threading' \
+          '    from torch._inductor import config' '    from torch._inductor.async_compile import AsyncCompile' \
+          '    if cap is not None:' '        config.compile_threads = cap' '' '    def spawn():' \
+          '        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)' '        AsyncCompile.warm_pool()' '' \
+          '    worker = threading.Thread(target=spawn, name="compile-pool")' '    worker.start()' '    worker.join()' \
+          >> engine/tuning.py ;;
     *) echo "unknown variant $1"; return 1 ;;
   esac
   for f in $VARIANT_FILES; do cmp -s "$f" /tmp/variant-orig/"$(basename "$f")" || echo "variant $1: $f patched"; done
