@@ -19,18 +19,33 @@ NO_FULL_COLLECTION = 2 ** 30
 """A third threshold no run of young collections reaches."""
 
 
+class _Holds:
+    """How many holds are on, and the third threshold from before the first (holds may overlap and end in any
+    order: the last to end puts it back)."""
+
+    count = 0
+    saved = 0
+    lock = threading.Lock()
+
+
 @contextmanager
 def full_collections_held() -> Iterator[None]:
     """Inside, the collector runs no full (generation 2) collection of its own accord; the young generations are
     collected as before. Background work that builds much (a graph lane compiled shape by shape) would otherwise set
     off full collections that walk all it built while every thread, the live streams' too, stands still. Whoever
     holds them collects once after (a server's tuning freezes its heap)."""
-    young, middle, full = gc.get_threshold()
-    gc.set_threshold(young, middle, NO_FULL_COLLECTION)
+    with _Holds.lock:
+        if _Holds.count == 0:
+            _Holds.saved = gc.get_threshold()[2]
+            gc.set_threshold(*gc.get_threshold()[:2], NO_FULL_COLLECTION)
+        _Holds.count += 1
     try:
         yield
     finally:
-        gc.set_threshold(*gc.get_threshold()[:2], full)
+        with _Holds.lock:
+            _Holds.count -= 1
+            if _Holds.count == 0:
+                gc.set_threshold(*gc.get_threshold()[:2], _Holds.saved)
 
 
 class GcPauses:

@@ -106,3 +106,18 @@ def test_full_collections_are_held_while_young_ones_run_and_come_back_after() ->
     with pytest.raises(RuntimeError), full_collections_held():
         raise RuntimeError("a failing step")
     assert gc.get_threshold() == before
+
+
+def test_overlapping_holds_that_end_out_of_order_put_the_threshold_back_once_both_end() -> None:
+    from contextlib import ExitStack
+
+    from engine.pauses import NO_FULL_COLLECTION, full_collections_held
+
+    before = gc.get_threshold()
+    first, second = ExitStack(), ExitStack()
+    first.enter_context(full_collections_held())
+    second.enter_context(full_collections_held())
+    first.close()  # the first to start ends first: the second still holds
+    assert gc.get_threshold()[2] == NO_FULL_COLLECTION
+    second.close()
+    assert gc.get_threshold() == before
