@@ -7,6 +7,8 @@
 #   b8        the lane reads back every 2 steps up to 8 busy rows only (before run 39: up to 32)
 #   noreach   the decoder's cost model extrapolates to any batch (BatchCost.reach before run 39)
 #   busy32    busy schedule: second window 32 codes (the default before run 40: 24)
+#   second8   the second window 8 codes (today 12): first sound sooner for a lone listener (speechd, issue 37), at
+#             10 standard window lengths instead of 5 (start-up's and tuning's graphs)
 #   tunenice  while a server tunes, Inductor's compile workers (a process pool that compiles the lane's kernels on
 #             every core at once) run at nice 10, spawned from a throwaway thread: the live streams' threads keep
 #             their cores (first audio while tuning, issue 42)
@@ -23,6 +25,7 @@ variant_patch() {
     b8) sed -i 's/^CROWD_BURSTS = ((32, BURST), (None, 8))/CROWD_BURSTS = ((8, BURST), (None, 8))/' engine/lane_scheduler.py ;;
     noreach) sed -i 's/^    reach: int = 4$/    reach: int = 1 << 30/' engine/deadlines.py ;;
     busy32) sed -i 's/^    busy_new: int = 24/    busy_new: int = 32/' engine/windowing.py ;;
+    second8) sed -i 's/^    new: int = 12$/    new: int = 8/' engine/windowing.py ;;
     tunenice|tunecap4) local nice=10 cap=None; [ "$1" = tunecap4 ] && nice=0 cap=4
       sed -i 's/^        self.started = time.monotonic()$/        self.started = time.monotonic(); await asyncio.get_running_loop().run_in_executor(None, _compile_pool)/' engine/tuning.py
       printf '%s\n' '' '' "def _compile_pool(nice=$nice, cap=$cap):" '    import os, threading' \
