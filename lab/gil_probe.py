@@ -1,19 +1,21 @@
-"""Probe: how much a thread that holds the interpreter (as a server's tuning does, capturing graphs op by op)
-delays a live request's first audio, and how much a shorter thread switch interval gives back (issue 42, first
-audio while tuning; `lab/variants.sh tuneswitch` is the same switch on a GPU server).
+"""Probe: what a neighbour in the server's process costs a live request's first audio (issue 42, first audio while
+a server tunes): a thread that holds the interpreter (as graph captures op by op do), or Inductor compiling shape
+after shape (as the lane step does), its compile workers at the usual priority or at nice 10 (`lab/variants.sh
+tunenice` is the same on a GPU server).
 
-    python -m lab.gil_probe --model MODEL [--requests 15] [--json OUT]
+    python -m lab.gil_probe --model MODEL --neighbour none|python|compile|compile-nice [--seconds 30] [--json OUT]
 
-One engine in this process (the CPU engine of the checkpoint, as `voicectl serve` builds it); requests one after
-another, each timed from its start to its first chunk. Three conditions: alone; beside a busy thread at the
-interpreter's default switch interval (5 ms); beside it at 0.5 ms. The busy thread dispatches tiny torch ops in a
-Python loop, which holds the interpreter almost all the time as a graph capture's Python does.
+One engine in this process (the CPU engine of the checkpoint, as `voicectl serve` builds it), one neighbour per run
+(a compile pool's priority is set when it starts, once a process); requests one after another for `--seconds`, each
+timed from its start to its first chunk, from the moment the neighbour starts (a compile's imports and pool start
+included, as in a server's lane step).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import threading
@@ -23,9 +25,10 @@ from engine.config import EngineConfig, SamplingOptions, SynthesisRequest
 from engine.factory import build_synthesizer
 
 TEXT = "The train leaves at seven tonight."
+NEIGHBOURS = ("none", "python", "compile", "compile-nice")
 
 
-def busy(stop: threading.Event, ops: list[int]) -> None:
+def python_bound(stop: threading.Event, work: list[int]) -> None:
     """Dispatch tiny torch ops until `stop`: Python-bound work that rarely lets the interpreter go."""
     import torch
 
@@ -33,7 +36,30 @@ def busy(stop: threading.Event, ops: list[int]) -> None:
     while not stop.is_set():
         for _ in range(100):
             x = x + 1
-        ops[0] += 100
+        work[0] += 100
+
+
+def compiling(stop: threading.Event, work: list[int], nice: int | None) -> None:
+    """Inductor compiles one small function for a new shape after another until `stop` (each a compile of its own,
+    as the lane's steps are); with `nice`, its worker pool is spawned at that niceness first."""
+    import torch
+
+    if nice is not None:
+        from torch._inductor.async_compile import AsyncCompile
+
+        def spawn() -> None:  # a thread's niceness is inherited by the processes it starts
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            AsyncCompile.warm_pool()
+
+        spawner = threading.Thread(target=spawn)
+        spawner.start()
+        spawner.join()
+    torch._dynamo.config.recompile_limit = 1 << 12
+    step = torch.compile(lambda x: (x.sin() * 2 + x.cos()).softmax(-1).sum(-1), dynamic=False)
+    width = 8
+    while not stop.is_set():
+        step(torch.randn(4, width))
+        width, work[0] = width + 8, work[0] + 1
 
 
 async def first_audio_ms(synth, seed: int) -> float:
@@ -48,35 +74,33 @@ async def first_audio_ms(synth, seed: int) -> float:
     raise RuntimeError("no audio")
 
 
-async def condition(synth, requests: int, hog: bool, switch_s: float) -> dict:
-    stop, ops = threading.Event(), [0]
-    thread = threading.Thread(target=busy, args=(stop, ops), daemon=True) if hog else None
-    default = sys.getswitchinterval()
-    sys.setswitchinterval(switch_s)
+async def condition(synth, neighbour: str, seconds: float) -> dict:
+    stop, work = threading.Event(), [0]
+    target = {"python": (python_bound, (stop, work)), "compile": (compiling, (stop, work, None)),
+              "compile-nice": (compiling, (stop, work, 10))}.get(neighbour)
+    thread = threading.Thread(target=target[0], args=target[1], daemon=True) if target else None
     if thread:
         thread.start()
+    times, seed, end = [], 0, time.perf_counter() + seconds
     try:
-        times = [await first_audio_ms(synth, seed) for seed in range(requests)]
+        while time.perf_counter() < end:
+            times.append(await first_audio_ms(synth, seed))
+            seed += 1
     finally:
         stop.set()
         if thread:
             thread.join()
-        sys.setswitchinterval(default)
     times.sort()
-    return {"busy_thread": hog, "switch_interval_ms": switch_s * 1e3, "first_ms_p50": round(statistics.median(times), 1),
+    return {"neighbour": neighbour, "requests": len(times), "first_ms_p50": round(statistics.median(times), 1),
             "first_ms_p95": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1),
-            "first_ms_max": round(times[-1], 1), "busy_ops": ops[0]}
+            "first_ms_max": round(times[-1], 1), "neighbour_work": work[0], "load": os.getloadavg()[0]}
 
 
-async def run(args: argparse.Namespace) -> list[dict]:
+async def run(args: argparse.Namespace) -> dict:
     synth = build_synthesizer(EngineConfig(model=args.model, backend="torch", device="cpu"))
     try:
         await first_audio_ms(synth, 99)  # first request: lazy set-up, not timed
-        out = []
-        for hog, switch_s in ((False, 0.005), (True, 0.005), (True, 0.0005), (False, 0.005)):
-            out.append(await condition(synth, args.requests, hog, switch_s))
-            print(json.dumps(out[-1]), flush=True)
-        return out
+        return await condition(synth, args.neighbour, args.seconds)
     finally:
         await synth.close()
 
@@ -84,13 +108,15 @@ async def run(args: argparse.Namespace) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
-    p.add_argument("--requests", type=int, default=15)
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--neighbour", choices=NEIGHBOURS, default="python")
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--json", help="write the result here")
     args = p.parse_args()
-    results = asyncio.run(run(args))
+    result = asyncio.run(run(args))
+    print(json.dumps(result), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "results": results}, f, indent=1)
+            json.dump({"command": " ".join(sys.argv), "result": result}, f, indent=1)
     return 0
 
 
