@@ -28,6 +28,10 @@ YIELD_POLL_S = 0.02
 MAX_YIELD_S = 5.0
 """The longest one pause waits: under a crowd that is always pressing, tuning still goes on, a piece at a time (the
 larger lane and vLLM it builds are what carry that crowd)."""
+SETTLE_WAIT_S = 60.0
+"""The longest the settle waits for a moment with no live stream: it stops every thread for a second or so (a full
+collection of what tuning built), which no one hears when no one is listening; under steady traffic it runs after
+this wait anyway."""
 LONGEST_PIECES = 8
 """Pieces of background work a server's status lists, the longest first."""
 
@@ -143,8 +147,12 @@ class Tuning:
     yielding: Yielding = field(default_factory=lambda: Yielding(never_pressing))
     """Waits for live streams before each step (its steps wait inside too, between graph captures)."""
     settle: Callable[[], None] | None = None
-    """Runs on a worker thread once every step is over and no live stream is pressing: what the steps left behind is
-    tidied (a server freezes its heap again, so that the collector stops walking the lane and graphs they built)."""
+    """Runs on a worker thread once every step is over, no stream is live (or SETTLE_WAIT_S passed) and none is
+    pressing: what the steps left behind is tidied (a server freezes its heap again, so that the collector stops
+    walking the lane and graphs they built)."""
+    idle: Callable[[], bool] = lambda: True
+    """Whether no stream is live now (the settle waits for it)."""
+    settle_wait_s: float = SETTLE_WAIT_S
     started: float | None = None
     finished: float | None = None
 
@@ -168,6 +176,10 @@ class Tuning:
                 await self.yielding.wait_async()
                 await self._run_step(loop, step)
         if self.settle is not None:
+            waited = 0.0
+            while not self.idle() and waited < self.settle_wait_s:
+                await asyncio.sleep(self.yielding.poll_s)
+                waited += self.yielding.poll_s
             await self.yielding.wait_async()
             await loop.run_in_executor(None, self.settle)
         self.finished = time.monotonic()
@@ -225,7 +237,8 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
         steps.append(vllm)
     # Loading froze the heap; what tuning built since (a lane of hundreds of rows and its graphs, vLLM) would
     # otherwise be walked by every full collection, with every thread stopped, while crowds are served.
-    return Tuning(steps, events, gate, settle=_freeze_heap if config.freeze_heap else None)
+    return Tuning(steps, events, gate, settle=_freeze_heap if config.freeze_heap else None,
+                  idle=lambda: synth.active_requests == 0)
 
 
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:

@@ -278,3 +278,20 @@ async def test_no_full_collection_runs_while_steps_build_and_the_threshold_comes
     before, seen = gc.get_threshold(), []
     await Tuning([TuningStep("lane", lambda: seen.append(gc.get_threshold()[2]) or "built")]).run()
     assert seen[0] > before[2] and gc.get_threshold() == before
+
+
+async def test_the_settle_waits_for_a_moment_with_no_live_stream_but_not_for_ever() -> None:
+    looks, settled = [], []
+
+    def idle() -> bool:  # streams are live for the first five looks
+        looks.append(None)
+        return len(looks) > 5
+
+    gate = Yielding(lambda: 0, poll_s=0.001)
+    await Tuning([TuningStep("lane", lambda: "lane")], yielding=gate, settle=lambda: settled.append(len(looks)),
+                 idle=idle).run()
+    assert settled == [6]
+    looks.clear()
+    await Tuning([TuningStep("lane", lambda: "lane")], yielding=gate, settle=lambda: settled.append("anyway"),
+                 idle=lambda: looks.append(None) or False, settle_wait_s=0.01).run()
+    assert settled[-1] == "anyway" and 5 <= len(looks) <= 12
