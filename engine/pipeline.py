@@ -367,6 +367,13 @@ class Synthesizer(UtteranceFolds):
                 await feed.stop()
             await sentences.close()
 
+    def _crowded(self) -> bool:
+        """More requests than `WindowSchedule.busy_streams`: a sentence takes the busy windows."""
+        return self.active_requests > self.schedule.busy_streams
+
+    def _windows(self, schedule: WindowSchedule, globals_: tuple[int, ...]) -> WindowedDecode:
+        return WindowedDecode(schedule, globals_, self.decoder.samples_per_code, self._shape_lengths)
+
     def _alone(self) -> bool:
         """A lone listener on a batching backend (`WindowSchedule.solo_streams`): its next sentence generates
         and decodes side by side with the current one."""
@@ -391,25 +398,24 @@ class Synthesizer(UtteranceFolds):
         Not when busy: generation is then the shared bottleneck, and every stream's next sentence would compete
         with the first sentences that still need their next windows."""
         parser = self.grammar.parser()
-        busy = self.active_requests > self.schedule.busy_streams
+        busy = self._crowded()
         # A request's first sentence on an engine that may lag (the pacer probes it) generates alone: its own speed
         # decides when it plays, and a sentence stepping beside it would slow it just then; its next one starts
         # once it is generated.
         alone_first = index == 0 and self.pacer.probe_first
         early = self._alone() and not alone_first
         schedule = self.schedule.ahead() if ahead else self.schedule.busy() if busy else self.schedule
-        windows = WindowedDecode(schedule, globals_, self.decoder.samples_per_code, self._shape_lengths)
+        windows = self._windows(schedule, globals_)
         codes: list[Any] = []
         done, first_chunk = False, True
         fade = int(self.join.fade_s * self.sample_rate)
         try:
             while True:
                 done = self._take_queued(feed, parser, codes, progress, done, req.request_id)
-                if first_chunk and not (busy or ahead) and self.active_requests > self.schedule.busy_streams:
+                if first_chunk and not (busy or ahead) and self._crowded():
                     # no window planned yet, and a crowd came meanwhile (requests that arrive together start one
                     # by one): this sentence is one of it, on the windows that keep up with a crowd's slower steps
-                    busy, windows = True, WindowedDecode(self.schedule.busy(), globals_, self.decoder.samples_per_code,
-                                                         self._shape_lengths)
+                    busy, windows = True, self._windows(self.schedule.busy(), globals_)
                 at_first_audio = self.eager_lookahead and not busy and not first_chunk and not alone_first
                 if start_next is not None and (done or early or at_first_audio):
                     start_next()

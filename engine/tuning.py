@@ -29,9 +29,8 @@ MAX_YIELD_S = 5.0
 """The longest one pause waits: under a crowd that is always pressing, tuning still goes on, a piece at a time (the
 larger lane and vLLM it builds are what carry that crowd)."""
 SETTLE_WAIT_S = 60.0
-"""The longest the settle waits for a moment with no live stream: it stops every thread for a second or so (a full
-collection of what tuning built), which no one hears when no one is listening; under steady traffic it runs after
-this wait anyway."""
+"""The longest the settle waits for a moment with no live stream: it stops every thread while it collects all tuning
+built, which no one hears when no one is listening; under steady traffic it runs after this wait anyway."""
 LONGEST_PIECES = 8
 """Pieces of background work a server's status lists, the longest first."""
 
@@ -244,10 +243,10 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
     """The decoder's graphs for crowds' batches, one at a time on this (the tuning) thread while the decode thread
     goes on serving (engine.backends.cuda_graphs), and with a `gate` only while no live stream is pressing; for the
-    window lengths of the schedule the engine runs (a config
-    may leave it to the model family). Then one window's graph for each length that short sentences decode at and no
-    standard length covers: such a window otherwise runs eagerly at a shape of its own, planned by cuDNN on the
-    decode thread the first time it comes, while every stream's windows wait."""
+    window lengths of the schedule the engine runs (a config may leave it to the model family). Then one window's
+    graph for each length that short sentences decode at and no standard length covers: such a window otherwise runs
+    eagerly at a shape of its own, planned by cuDNN on the decode thread the first time it comes, while every
+    stream's windows wait."""
     from engine.batching import DECODE_BATCHES, lengths_for
     from engine.windowed_decode import uncovered_lengths
 

@@ -1,8 +1,9 @@
-"""Provides capture_graph: one CUDA graph of a step (a codec decoder's window batch), captured the same way
-wherever the engine captures one, in the foreground before it serves or in the background while it serves.
+"""Provides capture_graph: one CUDA graph of a codec decoder's window batch, captured the same way by every decoder,
+in the foreground before the engine serves or in the background while it serves (the graph lane captures its steps
+in engine.backends.lane_runner, on a lane of its own that serves nothing yet).
 
 A background capture runs on the tuning thread, not on the thread that serves decodes: building a new shape's kernels
-(cuDNN plans the first time it sees a convolution shape, on the thread that runs it) takes hundreds of milliseconds,
+(cuDNN plans the first time it sees a convolution shape, on the thread that runs it) is the slow part of a capture,
 and a live stream's windows must not wait for it. So it warms up and captures on a stream of its own, in
 thread_local mode (the serving threads' CUDA calls go on meanwhile), and does not replay: graphs that share a memory
 pool must never run at the same time, and the serving thread replays the others.

@@ -95,8 +95,8 @@ def test_an_engine_without_a_gpu_lane_has_nothing_to_tune(tiny_model, tmp_path) 
 
 def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
     """A server's config leaves the schedule to the model family (None): the crowd decoder graphs are captured for
-    the lengths of the schedule the engine runs, every batch, on the decode thread; then one window at each length
-    no standard one covers."""
+    the lengths of the schedule the engine runs, every batch, in the background; then one window at each length no
+    standard one covers."""
     from engine.batching import DECODE_BATCHES, lengths_for
     from engine.families.orpheus import SCHEDULE
     from engine.tuning import _capture_decoder_batches
