@@ -491,6 +491,10 @@ def _build_lane(info, events: EventSink, device=None, rows: int | None = None, b
     if not _lane_runs_on(device, events):
         return None
     t0 = time.perf_counter()
+    if background:  # the live streams keep their cores while Inductor compiles this lane's steps
+        from engine.backends.compile_pool import start_compile_pool
+
+        start_compile_pool()
     try:
         lane = _new_lane(info, device, rows, compiled=True, background=background, between=between)
     except Exception as err:  # noqa: BLE001 - Inductor/Triton trouble: plain graphs may still work

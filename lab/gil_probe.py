@@ -1,7 +1,7 @@
 """Probe: what a neighbour in the server's process costs a live request's first audio (issue 42, first audio while
 a server tunes): a thread that holds the interpreter (as graph captures op by op do), or Inductor compiling shape
-after shape (as the lane step does), its compile workers at the usual priority or at nice 10 (`lab/variants.sh
-tunenice` is the same on a GPU server).
+after shape (as the lane step does), its compile workers at the usual priority or at nice 10 (as a server's
+background lane build starts them: engine.backends.compile_pool).
 
     python -m lab.gil_probe --model MODEL --neighbour none|python|compile|compile-nice [--seconds 30] [--json OUT]
 
@@ -45,15 +45,9 @@ def compiling(stop: threading.Event, work: list[int], nice: int | None) -> None:
     import torch
 
     if nice is not None:
-        from torch._inductor.async_compile import AsyncCompile
+        from engine.backends.compile_pool import start_compile_pool
 
-        def spawn() -> None:  # a thread's niceness is inherited by the processes it starts
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            AsyncCompile.warm_pool()
-
-        spawner = threading.Thread(target=spawn)
-        spawner.start()
-        spawner.join()
+        start_compile_pool(nice)
     torch._dynamo.config.recompile_limit = 1 << 12
     step = torch.compile(lambda x: (x.sin() * 2 + x.cos()).softmax(-1).sum(-1), dynamic=False)
     width = 8

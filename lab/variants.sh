@@ -9,12 +9,6 @@
 #   busy32    busy schedule: second window 32 codes (the default before run 40: 24)
 #   second8   the second window 8 codes (today 12): first sound sooner for a lone listener (speechd, issue 37), at
 #             10 standard window lengths instead of 5 (start-up's and tuning's graphs)
-#   tunenice  while a server tunes, Inductor's compile workers (a process pool that compiles the lane's kernels on
-#             every core at once) run at nice 10, spawned from a throwaway thread: the live streams' threads keep
-#             their cores (first audio while tuning, issue 42)
-#   tunecap4  the same pool, 4 workers (not one per core, up to 32), at the usual priority
-#   lanedyn   the lane's layer steps compiled with dynamic shapes: a few compiles instead of one per (rows, span),
-#             so a tuning lane step is shorter; its steps may be slower (the crowd's figures decide)
 VARIANT_FILES="engine/backends/qwen2_static.py engine/backends/bicodec.py engine/windowing.py engine/families/spark.py engine/lane_scheduler.py engine/deadlines.py engine/tuning.py"
 mkdir -p /tmp/variant-orig && for f in $VARIANT_FILES; do cp "$f" /tmp/variant-orig/"$(basename "$f")"; done
 variant_patch() {
@@ -27,16 +21,7 @@ variant_patch() {
     b8) sed -i 's/^CROWD_BURSTS = ((32, BURST), (None, 8))/CROWD_BURSTS = ((8, BURST), (None, 8))/' engine/lane_scheduler.py ;;
     noreach) sed -i 's/^    reach: int = 4$/    reach: int = 1 << 30/' engine/deadlines.py ;;
     busy32) sed -i 's/^    busy_new: int = 24/    busy_new: int = 32/' engine/windowing.py ;;
-    lanedyn) sed -i 's/fullgraph=True, dynamic=False)/fullgraph=True, dynamic=True)/' engine/backends/qwen2_static.py ;;
     second8) sed -i 's/^    new: int = 12$/    new: int = 8/' engine/windowing.py ;;
-    tunenice|tunecap4) local nice=10 cap=None; [ "$1" = tunecap4 ] && nice=0 cap=4
-      sed -i 's/^        self.started = time.monotonic()$/        self.started = time.monotonic(); await asyncio.get_running_loop().run_in_executor(None, _compile_pool)/' engine/tuning.py
-      printf '%s\n' '' '' "def _compile_pool(nice=$nice, cap=$cap):" '    import os, threading' \
-          '    from torch._inductor import config' '    from torch._inductor.async_compile import AsyncCompile' \
-          '    if cap is not None:' '        config.compile_threads = cap' '' '    def spawn():' \
-          '        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)' '        AsyncCompile.warm_pool()' '' \
-          '    worker = threading.Thread(target=spawn, name="compile-pool")' '    worker.start()' '    worker.join()' \
-          >> engine/tuning.py ;;
     *) echo "unknown variant $1"; return 1 ;;
   esac
   for f in $VARIANT_FILES; do cmp -s "$f" /tmp/variant-orig/"$(basename "$f")" || echo "variant $1: $f patched"; done
