@@ -12,8 +12,8 @@ import os
 import threading
 
 COMPILE_NICE = 10
-"""The compile workers' nice value: below every thread that serves (0), above nothing the user runs at idle
-priority (19). Measured in docs/performance.md (first audio while a fresh server tunes)."""
+"""The compile workers' nice value: behind every thread that serves (0), ahead of what the user runs at idle
+priority (19)."""
 
 
 def start_compile_pool(nice: int = COMPILE_NICE) -> bool:

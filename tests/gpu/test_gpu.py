@@ -333,11 +333,13 @@ def test_a_background_capture_beside_live_decodes_replays_the_eager_audio(gpu_mo
 
     server = threading.Thread(target=serve)
     server.start()
-    try:
-        dec.warmup([48, 20], (1, 8), background=True)
-    finally:
-        stop.set()
-        server.join()
+    # on the tuning thread's side, in a daemon: run 42 saw it stop for good in its capture stream's synchronize
+    tuner = threading.Thread(target=dec.warmup, args=([48, 20], (1, 8)), kwargs={"background": True}, daemon=True)
+    tuner.start()
+    tuner.join(timeout=120)
+    stop.set()
+    server.join()
+    assert not tuner.is_alive(), f"the background capture did not finish in 120 s; graphs {sorted(dec._graphs.graphs)}"
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == flags
     assert live and all(_max_rel(out, live_ref) <= 1e-2 for out in live)
     assert {(8, 48), (1, 20)} <= set(dec._graphs.graphs)
