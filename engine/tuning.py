@@ -14,6 +14,7 @@ collection, which stops every thread, runs while it builds (engine.pauses `full_
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -71,6 +72,13 @@ class PieceLog:
                 "longest_ms": [[round(took * 1e3, 1), what] for took, what in self.longest]}
 
 
+class TuningStopped(BaseException):
+    """Raised at a background step's next yield once its tuning was cancelled (the server stops): the step's thread
+    ends there instead of building the rest, which nothing would use, while the process waits for it to exit. A
+    BaseException, as asyncio's CancelledError is, so that no `except Exception` of a build (the lane's retry without
+    the compiler) takes it for a failure."""
+
+
 @dataclass
 class Yielding:
     """Background work's pauses for live streams: `wait` (a worker thread) or `wait_async` (the event loop) returns
@@ -88,15 +96,20 @@ class Yielding:
     """Seconds it waited, in all."""
     pieces: PieceLog = field(default_factory=PieceLog)
     """The work between waits (`wait`'s `what`), timed."""
+    stopped: threading.Event = field(default_factory=threading.Event)
+    """Set once the work is called off: `wait` raises TuningStopped from then on."""
 
     def wait(self, what: str = "") -> None:
-        """Block while a live stream is pressing (at most max_s); then the piece of work called `what` begins."""
+        """Block while a live stream is pressing (at most max_s); then the piece of work called `what` begins.
+        TuningStopped once the work was called off (`stopped`)."""
         self.pieces.end()
         t0 = self.clock()
         if self.pressing():
-            while self.pressing() and self.clock() - t0 < self.max_s:
+            while self.pressing() and self.clock() - t0 < self.max_s and not self.stopped.is_set():
                 self.sleep(self.poll_s)
             self._count(t0)
+        if self.stopped.is_set():
+            raise TuningStopped(what)
         self.pieces.begin(what)
 
     async def wait_async(self) -> None:
@@ -195,6 +208,7 @@ class Tuning:
             step.state = "done" if built is not None or step.apply is None else "skipped"
         except asyncio.CancelledError:
             step.state, step.detail = "failed", "cancelled"
+            self.yielding.stopped.set()  # its thread ends at its next yield
             raise
         except Exception as err:  # noqa: BLE001 - the engine keeps serving with what it had
             step.state, step.detail = "failed", one_line(err)

@@ -295,3 +295,37 @@ async def test_the_settle_waits_for_a_moment_with_no_live_stream_but_not_for_eve
     await Tuning([TuningStep("lane", lambda: "lane")], yielding=gate, settle=lambda: settled.append("anyway"),
                  idle=lambda: looks.append(None) or False, settle_wait_s=0.01).run()
     assert settled[-1] == "anyway" and 5 <= len(looks) <= 12
+
+
+def test_a_stopped_server_ends_its_tuning_at_the_next_piece() -> None:
+    """A server stopped while it tunes (`voicectl stop` in the first minutes of a fresh server) does not wait for the
+    rest of the step's build: the step's thread ends at its next yield, and the process exits at once."""
+    import time
+
+    gate = Yielding(lambda: 0)
+    pieces, started = [], threading.Event()
+
+    def build() -> str:  # a lane build: many pieces, each behind the gate
+        for i in range(500):
+            gate.wait(f"piece {i}")
+            pieces.append(i)
+            started.set()
+            time.sleep(0.01)
+        return "lane"
+
+    tuning = Tuning([TuningStep("lane", build, lambda lane: asyncio.sleep(0))], yielding=gate)
+
+    async def serve_then_stop() -> None:
+        task = asyncio.create_task(tuning.run())
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    t0 = time.monotonic()
+    asyncio.run(serve_then_stop())  # its end waits for the executor's threads, as the server's does
+    assert time.monotonic() - t0 < 2.0 and len(pieces) < 100, len(pieces)
+    step = tuning.status()["steps"][0]
+    assert step["state"] == "failed" and step["detail"] == "cancelled"
