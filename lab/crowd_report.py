@@ -55,6 +55,7 @@ def streams_report(out: Path) -> dict[str, Any]:
     levels = (bench.get("pipeline") or {}).get("levels", [])
     return {"device": device_of(out), "max_realtime_streams": bench.get("max_realtime_streams"),
             "max_realtime_streams_fixed_delay": bench.get("max_realtime_streams_fixed_delay"),
+            "max_streams_0_underruns": bench.get("max_streams_0_underruns"),
             "ttfa_ms_p50_1": bench.get("ttfa_ms_p50_1"),
             "levels": [{k: level.get(k) for k in LEVEL_KEYS} for level in levels]}
 

@@ -12,7 +12,8 @@ Metrics (per stream = one request of `sentences` sentences):
 - steady RTF: (last chunk time - first chunk time) / (audio after the first chunk); <1 is faster than real time.
 - underruns: a virtual copy of our player per stream (`simulate_player`) starts once it holds `preroll_s` of
   audio and plays at real time; each moment it runs out before the last chunk is one underrun (it then waits for
-  `preroll_s` of audio again). `max_realtime_streams` counts on it. The stricter fixed-delay player of the
+  `preroll_s` of audio again). `max_realtime_streams` counts on it, at levels whose streams were also made at RTF
+  <= 0.5 (`max_streams_0_underruns`: on it alone). The stricter fixed-delay player of the
   earliest runs (`simulate_playback`: starts `preroll_s` after the first chunk, whatever it holds) is reported
   beside it.
 - onset: when that player starts playing (TTFA plus the wait for the pre-roll): the first sound a user hears.

@@ -3,7 +3,7 @@ fixed-delay player, and how the headline picks the largest real-time level."""
 import math
 
 from engine import bench
-from engine.bench.summary import _max_realtime
+from engine.bench.summary import _max_realtime, level_json
 
 SR = 1000  # 1 sample = 1 ms keeps the arithmetic readable
 
@@ -49,6 +49,24 @@ def test_max_realtime_is_the_largest_level_with_every_smaller_one_real_time():
     assert _max_realtime(levels, "realtime") == 8
     assert _max_realtime(levels, "f") == 1
     assert _max_realtime({1: {}}, "realtime") == 0
+
+
+def _level_fields() -> dict:
+    """A level's required numbers, all zero: a clean level of one stream."""
+    return dict(streams=1, ttfa_ms_p50=0.0, ttfa_ms_p95=0.0, steady_rtf_p50=0.0, steady_rtf_max=0.0, rtf_p50=0.0,
+                rtf_max=0.0, underruns=0, streams_with_underruns=0, silence_s=0.0, audio_s=0.0, wall_s=0.0,
+                llm_tok_s_per_stream_p50=0.0, ttft_ms_p50=0.0, first_window_tokens_ms_p50=0.0, decode_batch_mean=0.0)
+
+
+def test_a_level_that_played_through_near_real_time_is_not_real_time_by_the_bench():
+    """0 underruns at RTF 0.8 counts for max_streams_0_underruns, not for max_realtime_streams (RTF <= 0.5)."""
+    close = bench.LevelResult(**{**_level_fields(), "streams": 216, "steady_rtf_max": 0.8})
+    fast = bench.LevelResult(**{**_level_fields(), "streams": 32, "steady_rtf_max": 0.2})
+    levels = {lv.streams: level_json(lv) for lv in (fast, close)}
+    assert close.played_through and not close.realtime and fast.realtime
+    assert _max_realtime(levels, "played_through") == 216 and _max_realtime(levels, "realtime") == 32
+    late = bench.LevelResult(**{**_level_fields(), "streams": 216, "steady_rtf_max": 0.2, "underruns": 1})
+    assert not late.played_through and not late.realtime
 
 
 def test_summarize_splits_the_first_window_per_stream():
