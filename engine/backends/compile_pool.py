@@ -31,8 +31,11 @@ def start_compile_pool(nice: int = COMPILE_NICE) -> bool:
     started: list[bool] = []
 
     def spawn() -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # this thread only, on Linux
-        AsyncCompile.warm_pool()
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # this thread only, on Linux
+            AsyncCompile.warm_pool()
+        except Exception:  # noqa: BLE001 - no pool now: Inductor starts its own on the first compile, as before
+            return
         started.append(True)
 
     worker = threading.Thread(target=spawn, name="compile-pool", daemon=True)

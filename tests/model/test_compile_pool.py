@@ -44,3 +44,17 @@ def test_one_compile_thread_starts_no_pool(monkeypatch):
 
     monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 1)
     assert start_compile_pool() is False
+
+
+def test_a_pool_that_cannot_start_is_no_error(monkeypatch):
+    """Inductor failing to start its workers leaves the compile as it was (its pool started on first use)."""
+    from torch._inductor import async_compile
+
+    from engine.backends.compile_pool import start_compile_pool
+
+    def broken() -> None:
+        raise OSError("no subprocess here")
+
+    monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 2)
+    monkeypatch.setattr(async_compile.AsyncCompile, "warm_pool", broken)
+    assert start_compile_pool() is False
