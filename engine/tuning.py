@@ -254,18 +254,30 @@ def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
                   idle=lambda: synth.active_requests == 0)
 
 
-def _capture_decoder_batches(synth: Any, gate: Yielding | None = None) -> bool:
-    """The decoder's graphs for crowds' batches, one at a time on this (the tuning) thread while the decode thread
-    goes on serving (engine.backends.cuda_graphs), and with a `gate` only while no live stream is pressing; for the
-    window lengths of the schedule the engine runs (a config may leave it to the model family). Then one window's
-    graph for each length that short sentences decode at and no standard length covers: such a window otherwise runs
-    eagerly at a shape of its own, planned by cuDNN on the decode thread the first time it comes, while every
-    stream's windows wait."""
+def short_window_tuning(synth: Any, events: EventSink = ignore_events) -> Tuning:
+    """What a server that builds nothing for crowds (an explicit backend, or one started for `say` and the TUI)
+    builds after it answers: the decoder's graph for each length that short sentences decode at and no standard
+    length covers (`_capture_decoder_batches` without the crowd's batches). Nothing where the decoder takes any
+    shape (on the CPU). No settle: the few objects its graphs add are not worth a collection that stops every
+    thread."""
+    gate = Yielding(synth.deadlines.pressing)
+    if not synth.decoder.fixed_shapes:
+        return Tuning([], events, gate)
+    return Tuning([TuningStep("decoder", lambda: _capture_decoder_batches(synth, gate, crowd=False))], events, gate)
+
+
+def _capture_decoder_batches(synth: Any, gate: Yielding | None = None, crowd: bool = True) -> bool:
+    """With `crowd`, the decoder's graphs for crowds' batches, one at a time on this (the tuning) thread while the
+    decode thread goes on serving (engine.backends.cuda_graphs), and with a `gate` only while no live stream is
+    pressing; for the window lengths of the schedule the engine runs (a config may leave it to the model family).
+    Then one window's graph for each length that short sentences decode at and no standard length covers: such a
+    window otherwise runs eagerly at a shape of its own, planned by cuDNN on the decode thread the first time it
+    comes, while every stream's windows wait."""
     from engine.batching import DECODE_BATCHES, lengths_for
     from engine.windowed_decode import uncovered_lengths
 
     standard = lengths_for(synth.schedule)
-    shapes = [(batch, length) for batch in DECODE_BATCHES for length in standard]
+    shapes = [(batch, length) for batch in DECODE_BATCHES for length in standard] if crowd else []
     shapes += [(1, length) for length in uncovered_lengths(synth.schedule, standard)]
     for batch, length in shapes:
         if gate is not None:

@@ -118,6 +118,38 @@ def test_the_decoder_step_captures_the_engines_own_window_lengths() -> None:
     assert captured[len(standard):] == [((n,), (1,), True) for n in (1, 2, 4, 5, 6, 8, 9, 11, 12)]
 
 
+def test_a_server_that_builds_nothing_for_crowds_still_captures_its_short_windows() -> None:
+    """An explicit backend or a server started for `say`: no crowd batches, but one graph for each length a short
+    sentence's windows decode at (each would otherwise be planned by cuDNN on the decode thread as it first comes);
+    nothing where the decoder takes any shape."""
+    from engine.families.orpheus import SCHEDULE
+    from engine.tuning import _capture_decoder_batches, short_window_tuning
+
+    captured = []
+
+    class Decoder:
+        fixed_shapes = True
+
+        def warmup(self, lengths, batches, background=False):
+            captured.append((tuple(lengths), tuple(batches), background))
+            return 0.0
+
+    class Deadlines:
+        pressing = staticmethod(lambda: 0)
+
+    class Synth:
+        schedule, decoder, deadlines, active_requests = SCHEDULE, Decoder(), Deadlines(), 0
+
+    assert _capture_decoder_batches(Synth(), crowd=False)
+    assert captured == [((n,), (1,), True) for n in (1, 2, 4, 5, 6, 8, 9, 11, 12)]
+    tuning = short_window_tuning(Synth())
+    assert [step.name for step in tuning.steps] == ["decoder"]
+    asyncio.run(tuning.run())
+    assert tuning.done and captured[9:] == captured[:9]
+    Synth.decoder.fixed_shapes = False
+    assert short_window_tuning(Synth()).steps == []
+
+
 class Script:
     """A scripted timeline for Yielding: a clock that sleeping advances, and live streams pressing until a time."""
 

@@ -170,7 +170,7 @@ def log(line: str) -> None:
 async def serve(args: argparse.Namespace, http=None) -> None:
     """`http`: the HTTP API's voiceapp.http.rules.HttpSettings (None: no HTTP API)."""
     from engine.factory import build_synthesizer
-    from engine.tuning import crowd_tuning
+    from engine.tuning import crowd_tuning, short_window_tuning
     from voiceapp.server.client import is_default_location, socket_path
     from voiceapp.server.engine_server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
 
@@ -201,7 +201,10 @@ async def serve(args: argparse.Namespace, http=None) -> None:
                 sock.close()
         lock.release()
         raise
-    tuning = crowd_tuning(synth, crowd, requests.route) if tunes(args) and args.ray is None else None
+    tuning = None
+    if args.ray is None and not args.no_tune:
+        tuning = (crowd_tuning(synth, crowd, requests.route) if tunes(args)
+                  else short_window_tuning(synth, requests.route))
     server = EngineServer(synth, path, requests, lock=lock, private_dir=private, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     if listener is not None:
@@ -278,7 +281,7 @@ async def ray_engine(args: argparse.Namespace, first, crowd):
     t0 = time.monotonic()
     await loop.run_in_executor(None, ray_serve.connect, args.ray or None, log)
     scaling = ray_scaling(args)
-    plan = ReplicaPlan(first, crowd, tunes(args), scaling.streams)
+    plan = ReplicaPlan(first, crowd, tunes(args), scaling.streams, short_windows=not args.no_tune)
     log(f"deploying the engine ({describe_flags(args)})")
     handle = await loop.run_in_executor(None, ray_serve.deploy, plan, scaling, log)
     engine = await ray_serve.RayEngine.start(handle, log)

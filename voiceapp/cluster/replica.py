@@ -45,6 +45,9 @@ class ReplicaPlan:
     """Build the crowd's parts after the first request (cmd_serve.tunes)."""
     streams: int
     """Most streams a replica takes at once (Serve's max_ongoing_requests); its own capacity may be less."""
+    short_windows: bool = True
+    """Where it does not `tune`: capture the short sentences' window graphs after the first request
+    (engine.tuning short_window_tuning; not with --no-tune)."""
 
 
 class EngineReplica:
@@ -131,11 +134,12 @@ class EngineReplica:
 
     def _tune_once(self) -> None:
         """Start the background tuning (engine.tuning) with the first request, on the replica's event loop."""
-        if not self.plan.tune or self.tuning_task is not None:
+        if not (self.plan.tune or self.plan.short_windows) or self.tuning_task is not None:
             return
-        from engine.tuning import crowd_tuning
+        from engine.tuning import crowd_tuning, short_window_tuning
 
-        tuning = crowd_tuning(self.synth, self.plan.crowd, self._event)
+        tuning = (crowd_tuning(self.synth, self.plan.crowd, self._event) if self.plan.tune
+                  else short_window_tuning(self.synth, self._event))
         self.tuning_task = asyncio.get_running_loop().create_task(tuning.run())
 
     async def check_health(self) -> None:
