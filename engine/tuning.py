@@ -1,7 +1,7 @@
 """Provides Tuning: the work a server does after it has started answering (a larger graph lane, vLLM, more decoder
 graphs), run step by step in the background and swapped in between sentences, never in the middle of one. The
-`Tuning` runner is pure; `crowd_tuning` builds its steps from the composition root's parts (engine.factory), which
-it imports when called.
+`Tuning` runner is pure; `crowd_tuning` (a server tuning for crowds) and `short_window_tuning` (any other server)
+build its steps from the composition root's parts (engine.factory), which they import when called.
 
 Each step runs on a worker thread; what it returns is handed to `apply` on the event loop, which swaps it into the
 engine. Its progress is what `voicectl status` and the TUI show.
