@@ -121,6 +121,18 @@ def align(heard: np.ndarray, ref: np.ndarray) -> int:
     return int(np.argmax(xcorr[:len(heard)]))
 
 
+def first_difference(played: np.ndarray, ref: np.ndarray) -> str:
+    """Where the capture first differs from the reference, and whether silence was heard there while the reference
+    sounds (a gap: the device ran dry), for a failure's message."""
+    differ = np.flatnonzero(played != ref)
+    if not len(differ):
+        return "no difference"
+    at = int(differ[0])
+    quiet = played[at:at + RATE // 100]
+    gap = not quiet.any() and ref[at:at + RATE // 100].any()
+    return f"first difference at {at / RATE:.3f} s of {len(ref) / RATE:.3f} s" + (" (silence heard: a gap)" if gap else "")
+
+
 @pytest.mark.audio
 @pytest.mark.parametrize("voice_type, preset, language", [("female2", "mia", "en"), ("female1", "ava", None)])
 def test_spd_say_plays_exactly_what_say_out_writes(speechd, record_monitor, tiny_model, tmp_path, voice_type, preset,
@@ -143,7 +155,8 @@ def test_spd_say_plays_exactly_what_say_out_writes(speechd, record_monitor, tiny
     start = align(heard, ref)
     played = heard[start:start + len(ref)]
     assert len(played) == len(ref), "the capture ends before the utterance does"
-    assert np.corrcoef(played, ref)[0, 1] > 0.999, f"-t {voice_type} did not speak {preset}"
+    assert np.corrcoef(played, ref)[0, 1] > 0.999, f"-t {voice_type} did not speak {preset}: " + \
+        first_difference(played, ref)
     np.testing.assert_array_equal(played, ref)  # the path is bit-exact: gapless, one request for both sentences
     assert not heard[:start].any() and not heard[start + len(ref):].any(), "sound besides the message"
 
