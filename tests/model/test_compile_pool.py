@@ -47,7 +47,10 @@ def test_one_compile_thread_starts_no_pool(monkeypatch):
 
 
 def test_a_pool_that_cannot_start_is_no_error(monkeypatch):
-    """Inductor failing to start its workers leaves the compile as it was (its pool started on first use)."""
+    """Inductor failing to start its workers leaves the compile as it was (its pool started on first use), and
+    nothing escapes the throwaway thread to be printed as its traceback."""
+    import threading
+
     from torch._inductor import async_compile
 
     from engine.backends.compile_pool import start_compile_pool
@@ -55,6 +58,9 @@ def test_a_pool_that_cannot_start_is_no_error(monkeypatch):
     def broken() -> None:
         raise OSError("no subprocess here")
 
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
     monkeypatch.setattr(async_compile, "get_compile_threads", lambda: 2)
     monkeypatch.setattr(async_compile.AsyncCompile, "warm_pool", broken)
     assert start_compile_pool() is False
+    assert escaped == []

@@ -64,3 +64,19 @@ def test_status_shows_tuning_and_an_engine_without_a_gpu_has_none_to_do(sock_pat
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_on_an_explicit_backend_runs_its_short_window_step_and_no_tune_none(sock_path, tiny_model) -> None:
+    """`--backend torch` builds nothing for crowds, yet runs the short windows' step (engine.tuning
+    short_window_tuning: empty here, on a CPU decoder that takes any shape); `--no-tune` runs no step at all."""
+    env = {"VOICEAPP_SOCKET": sock_path}
+    for flags, tunes in ((), True), (("--no-tune",), False):
+        proc = start_serve("--model", str(tiny_model), "--threads", "2", "--backend", "torch", *flags, env=env)
+        try:
+            status = json.loads(voicectl("status", "--json", env=env).stdout)
+            assert ("tuning" in status) == tunes, flags
+            if tunes:
+                assert status["tuning"]["done"] and status["tuning"]["steps"] == []
+        finally:
+            proc.kill()
+            proc.wait()
