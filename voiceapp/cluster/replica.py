@@ -119,9 +119,9 @@ class EngineReplica:
         if not verdict.admit:
             yield {"error": "EngineBusy", "message": refusal(self.name, verdict)}
             return
-        self._tune_once()
-        self.live += 1
+        self.live += 1  # before anything else: the router ranks replicas by what they report live
         try:
+            self._tune_once()
             text = None if feed is None else relayed_text(feed)
             async with aclosing(self.synth.synthesize(req, text)) as chunks:
                 async for chunk in chunks:
