@@ -24,6 +24,15 @@ from engine.backends.base import CodecDecoder, DecodeItem
 from engine.deadlines import BatchCost, DeadlineBoard
 from engine.windowing import WindowSchedule
 
+FIRST_AUDIO_HOLD_S = 0.03
+"""How long the decoder holds back other streams' windows while a stream waits for its first audio (0: never): a
+call under way when its first window comes makes that window wait for it. Longer than a first window's tokens
+take on a GPU, so the hold usually ends when that window comes."""
+FIRST_AUDIO_STREAMS = 16
+"""Live streams up to which a stream waiting for its first audio goes first (and may hold the others back): with
+few streams each one is made far ahead of its listener; in a crowd, deadlines alone decide."""
+HOLD_POLL_S = 0.002
+"""How often a held queue looks again whether the stream it waits for still waits (it also wakes on arrivals)."""
 SLOW_CALL_S = 0.05
 """A decoder call at least this long is kept in BatchStats.slow (a window of a shape with no captured graph decodes
 eagerly, and its first time may build kernels for it)."""
@@ -88,18 +97,29 @@ class DecodeBatcher:
       audio soonest: engine.deadlines), and a call takes no more windows than the most pressing one can wait for
       (BatchCost.cap, from the calls measured so far). Without one, or with one window queued, first come first
       served.
+    - Among few live streams (`first_audio_streams`), a window of a stream still waiting for its first audio goes
+      before the others; on a GPU the queue also waits a little for such a stream's first window
+      (`_first_audio_turn`).
     Bound to the event loop that uses it; it re-binds when idle on a new loop (tests make one per test).
     """
 
     def __init__(self, decoder: CodecDecoder, executor: Executor | None = None, *, max_batch: int = 64,
                  max_codes: int | None = None, one_length: bool = False,
-                 deadlines: DeadlineBoard | None = None) -> None:
+                 deadlines: DeadlineBoard | None = None, first_audio_hold_s: float = FIRST_AUDIO_HOLD_S,
+                 first_audio_streams: int = FIRST_AUDIO_STREAMS) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.decoder, self.executor = decoder, executor
         self.max_batch, self.max_codes, self.one_length = max_batch, max_codes, one_length
         self.deadlines = deadlines
         """Orders the queue by the streams' due times (None: arrival order, batches of max_batch)."""
+        self.first_audio_hold_s, self.first_audio_streams = first_audio_hold_s, first_audio_streams
+        """With `deadlines`, up to `first_audio_streams` live streams: a stream's window before its first audio goes
+        first, and while one such stream has no window queued, the others' wait for it at most
+        `first_audio_hold_s` (`_first_audio_turn`)."""
+        self.held_s = 0.0
+        """Seconds the queue was held for first audio, in all."""
+        self._arrived: asyncio.Event | None = None
         self.stats = BatchStats()
         self._pending: list[_Entry] = []
         self._worker: asyncio.Task[None] | None = None
@@ -113,11 +133,13 @@ class DecodeBatcher:
             if self._worker is not None and not self._worker.done() and self._loop is not None \
                     and not self._loop.is_closed():
                 raise RuntimeError("DecodeBatcher is in use on another event loop")
-            self._loop, self._worker, self._pending = loop, None, []
+            self._loop, self._worker, self._pending, self._arrived = loop, None, [], None
         future: asyncio.Future[np.ndarray] = loop.create_future()
         board = self.deadlines
         key = 0.0 if board is None else board.key(stream or "", board.clock())
-        self._pending.append((item, future, key))
+        self._pending.append((item, future, key, stream or ""))
+        if self._arrived is not None:
+            self._arrived.set()
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         return await future
@@ -125,6 +147,7 @@ class DecodeBatcher:
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
+            await self._first_audio_turn()
             batch = self._take()
             if not batch:
                 continue
@@ -142,6 +165,33 @@ class DecodeBatcher:
             self.stats.note_call(items, started, took)
             for (_, future), pcm in zip(batch, results):
                 _settle(future, pcm)
+
+    def _first_audio_first(self) -> bool:
+        board = self.deadlines
+        return board is not None and board.live <= self.first_audio_streams and board.awaiting_first() > 0
+
+    async def _first_audio_turn(self) -> None:
+        """While a stream waits for its first audio and none of the queued windows is its, hold the queue (at most
+        `first_audio_hold_s`, and not while any live stream is close to running dry): its first window is being
+        generated, and a call under way when it comes would make it wait for that call."""
+        board, loop = self.deadlines, asyncio.get_running_loop()
+        if board is None or self.first_audio_hold_s <= 0:
+            return
+        t0 = loop.time()
+        until = t0 + self.first_audio_hold_s
+        while self._first_audio_first() and not board.at_risk():
+            if any(board.awaiting_first(e[3]) for e in self._pending if not e[1].done()):
+                break
+            left = until - loop.time()
+            if left <= 0 or not self._pending:
+                break
+            self._arrived = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(left, HOLD_POLL_S))
+            except asyncio.TimeoutError:
+                pass
+        self._arrived = None
+        self.held_s += loop.time() - t0
 
     def _timed_decode(self, items: list[DecodeItem]) -> tuple[list[np.ndarray], float, float]:
         """The decoder's call, when it started and its seconds, timed on the executor's thread (so a wait for other
@@ -168,14 +218,17 @@ class DecodeBatcher:
         front of the queue (most pressing first, where it is ordered by deadline), in order; cancelled ones
         dropped; the rest keep their order."""
         pending = [entry for entry in self._pending if not entry[1].done()]  # cancelled while queued: dropped
-        if self.deadlines is not None and len(pending) > 1:
-            pending = [pending[i] for i in self.deadlines.policy.order(pending, _key)]
+        board = self.deadlines
+        if board is not None and len(pending) > 1:
+            pending = [pending[i] for i in board.policy.order(pending, _key)]
+            if self._first_audio_first():  # stable: the first windows in deadline order, then the rest
+                pending.sort(key=lambda e: not board.awaiting_first(e[3]))
         most = self._most(pending)
         batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
         codes = 0
         rest: list[_Entry] = []
         for entry in pending:
-            item, future, _ = entry
+            item, future = entry[0], entry[1]
             n = len(item.codes)
             full = len(batch) >= most or (
                 self.max_codes is not None and batch and codes + n > self.max_codes) or (
@@ -202,8 +255,9 @@ class DecodeBatcher:
         return most
 
 
-_Entry = tuple[DecodeItem, "asyncio.Future[np.ndarray]", float]
-"""A queued window: its item, its caller's future, and its deadline key (engine.deadlines DeadlinePolicy.key)."""
+_Entry = tuple[DecodeItem, "asyncio.Future[np.ndarray]", float, str]
+"""A queued window: its item, its caller's future, its deadline key (engine.deadlines DeadlinePolicy.key) and its
+stream's request id ("" for none)."""
 
 
 def _key(entry: _Entry) -> float:

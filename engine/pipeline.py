@@ -16,7 +16,7 @@ from typing import Any, AsyncGenerator, AsyncIterable, Callable, Iterator, Liter
 import numpy as np
 
 from engine.backends.base import CodecDecoder, DeadlineScheduled, DecodeItem, TokenGenerator
-from engine.batching import DecodeBatcher, lengths_for
+from engine.batching import FIRST_AUDIO_HOLD_S, DecodeBatcher, lengths_for
 from engine.config import JoinConfig, SamplingOptions, SynthesisRequest, sentence_id
 from engine.crossfade import fade_edges
 from engine.engine_api import describe_engine, device_status, lane_status
@@ -192,8 +192,11 @@ class Synthesizer(UtteranceFolds):
         """When each live request's next audio is due (engine.deadlines): the decoder batcher and the generator
         order their queues by it, and the front ends ask it whether one more stream fits (`admit`)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        # The hold for a first window is for a GPU's decoder (fixed shapes), which shares the card with the LLM
+        # steps that window waits for; a CPU decoder's calls are the real-time budget of the streams it holds back.
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
-                                     one_length=decoder.fixed_shapes, deadlines=self.deadlines)
+                                     one_length=decoder.fixed_shapes, deadlines=self.deadlines,
+                                     first_audio_hold_s=FIRST_AUDIO_HOLD_S if decoder.fixed_shapes else 0.0)
         """Gathers windows of concurrent streams into one decoder call (engine.batching)."""
         self._shape_lengths: tuple[int, ...] = ()
         """Standard window lengths to widen windows to (decoders that batch or graph-capture equal shapes)."""

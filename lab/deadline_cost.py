@@ -51,7 +51,8 @@ def batcher_take(board: DeadlineBoard, pending: int) -> float:
     for batch, seconds in ((1, 0.005), (8, 0.02), (32, 0.1), (64, 0.25)):
         batcher.stats.cost.note(batch, seconds)
     item = DecodeItem(tuple(range(24)), (0,) * 32)
-    entries = [(item, loop.create_future(), board.key(f"s{k % max(1, board.live)}", 0.0)) for k in range(pending)]
+    entries = [(item, loop.create_future(), board.key(f"s{k % max(1, board.live)}", 0.0),
+                f"s{k % max(1, board.live)}") for k in range(pending)]
 
     def take() -> None:
         batcher._pending = list(entries)

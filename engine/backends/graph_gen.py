@@ -34,8 +34,9 @@ from engine.lane_scheduler import (CROWD_MEMORY_SHARE, ROW_BUCKETS, SPAN_BUCKETS
                                    LaneShapes)
 from engine.prompt import Prompt
 
-AHEAD = 2
-"""Bursts in flight while the host reads one: the GPU never idles on Python."""
+AHEAD = 1
+"""Bursts in flight while the host reads one: the GPU never idles on Python. One, not more: a new stream's prefill
+is launched behind every burst in flight, so each one more is a burst of steps added to its first audio."""
 ROWS = 8
 """Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). A step over 8 rows
 takes about as long as over 1: the weights are read once whatever the rows."""

@@ -294,6 +294,69 @@ async def test_the_batcher_cuts_a_batch_for_a_pressing_window():
     assert dec.calls[0] == [0, 1] and sum(map(len, dec.calls)) == 8 and batcher.stats.capped == 1, dec.calls
 
 
+def live_and_new(clock: Clock) -> DeadlineBoard:
+    """"live" plays (its next audio overdue by the strict count); "new" waits for its first audio."""
+    board = DeadlineBoard(POLICY, clock)
+    board.open("live")
+    board.heard("live", 0.1)
+    board.open("new")
+    assert board.awaiting_first() == 1 and board.awaiting_first("new") and not board.awaiting_first("live")
+    return board
+
+
+@pytest.mark.parametrize("streams, first", [(16, [9, 1, 2]), (0, [1, 2, 9])])
+async def test_a_window_before_its_streams_first_audio_goes_first_among_few_streams(streams, first):
+    board = live_and_new(Clock(0.0))  # live is due before new by deadline: only the first-audio rule puts new first
+    dec = SlowDecoder(0.0)
+    with ThreadPoolExecutor(1) as pool:
+        batcher = DecodeBatcher(dec, pool, max_batch=1, deadlines=board, first_audio_hold_s=0.0,
+                                first_audio_streams=streams)
+        await asyncio.gather(batcher.decode(window(1), "live"), batcher.decode(window(2), "live"),
+                             batcher.decode(window(9), "new"))
+    assert [c[0] for c in dec.calls] == first, dec.calls
+
+
+async def test_the_decoder_holds_other_windows_until_the_first_window_comes():
+    board = live_and_new(Clock(0.0))
+    dec = SlowDecoder(0.0)
+    with ThreadPoolExecutor(1) as pool:
+        batcher = DecodeBatcher(dec, pool, max_batch=1, deadlines=board, first_audio_hold_s=5.0)
+
+        async def first_window_later() -> None:
+            await asyncio.sleep(0.1)
+            assert dec.calls == []  # live's window is held while new's first window is made
+            await batcher.decode(window(9), "new")
+            board.heard("new", 0.08)  # as the pipeline does once the chunk is handed on
+
+        t = time.perf_counter()
+        await asyncio.gather(batcher.decode(window(1), "live"), first_window_later())
+    assert [c[0] for c in dec.calls] == [9, 1] and time.perf_counter() - t < 2.0
+    assert 0.08 < batcher.held_s < 2.0
+
+
+@pytest.mark.parametrize("case", ["bound", "crowd", "at risk", "no first audio pending"])
+async def test_the_hold_is_bounded_and_off_in_crowds_at_risk_or_with_no_new_stream(case):
+    clock = Clock(0.0)
+    board = live_and_new(clock)
+    hold = 0.3 if case == "bound" else 5.0
+    if case == "at risk":
+        clock.t = 0.5  # live's 0.1 s of audio ran out: it is close to running dry
+        assert board.at_risk()
+    if case == "no first audio pending":
+        board.heard("new", 0.1)
+    dec = SlowDecoder(0.0)
+    with ThreadPoolExecutor(1) as pool:
+        batcher = DecodeBatcher(dec, pool, deadlines=board, first_audio_hold_s=hold,
+                                first_audio_streams=1 if case == "crowd" else 16)
+        t = time.perf_counter()
+        await batcher.decode(window(1), "live")
+        took = time.perf_counter() - t
+    if case == "bound":
+        assert 0.25 < took < 2.0 and batcher.held_s >= 0.25
+    else:
+        assert took < 1.0 and batcher.held_s < 1.0
+
+
 # ---- the graph lane's admission -------------------------------------------------------------------------------
 
 def lane_job(request_id: str) -> LaneJob:
