@@ -50,6 +50,19 @@ def package_error(snac_dir: Path, decoder: SnacDecoder, frames, device: str = "c
     return float(np.abs(ours - ref).max())
 
 
+def first_chunk_table(decoder: SnacDecoder, frames, rights=(1, 2), keeps=(512, 1024, 1536, 2048)
+                      ) -> dict[int, dict[int, float]]:
+    """A sentence's first window (one kept frame, no left context, `right` frames of right context) against the
+    one-shot decode of `frames`: dB of its error over its first `keep` samples, per right context."""
+    ref = decoder.decode([DecodeItem(tuple(frames), ())])[0]
+    rms = float(np.sqrt(np.mean(ref ** 2)))
+    table = {}
+    for right in rights:
+        first = decoder.decode([DecodeItem(tuple(frames[:1 + right]), ())])[0]
+        table[right] = {keep: 20 * float(np.log10(np.abs(first[:keep] - ref[:keep]).max() / rms)) for keep in keeps}
+    return table
+
+
 def row(label: str, table: dict[int, float]) -> str:
     return f"| {label} | " + " | ".join(f"{db:.1f}" for db in table.values()) + " |"
 
@@ -61,6 +74,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--new", type=int, default=4, help="kept frames per window")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--first-chunk", action="store_true",
+                        help="instead: where in a sentence's first window the error sits (8 frames)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -69,6 +84,10 @@ def main() -> None:
         write_snac(snac_dir, args.size, args.seed)
         decoder = SnacDecoder(snac_dir, seed=args.seed)
         frames = random_frames(args.frames, args.seed)
+        if args.first_chunk:
+            for right, errs in first_chunk_table(decoder, frames[:8]).items():
+                print(row(f"right {right}, first N samples {tuple(errs)}", errs))
+            return
         full = decoder.decode([DecodeItem(frames, ())])[0]
         contexts = [0, 1, 2, 3, 4, 6]
         print(f"{args.size} SNAC, seed {args.seed}, {args.frames} random frames, windows of {args.new} kept frames; "
