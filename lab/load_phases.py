@@ -24,16 +24,30 @@ from engine.bench.load import SENTENCES, Arrival, schedule
 from engine.events import ChunkDecoded, FirstAudio, FirstToken, RequestStarted
 
 PHASES = ("queue", "prefill", "tokens", "decode", "handoff")
-VARIANTS = {  # name: (the graph lane's AHEAD, the batcher's first_audio_hold_s, its first_audio_streams)
-    "base": (2, 0.0, 0), "first": (2, 0.0, 16), "hold15": (2, 0.015, 16), "hold30": (2, 0.03, 16),
-    "ahead1": (1, 0.0, 0), "ahead1_hold30": (1, 0.03, 16), "ahead1_hold30_8": (1, 0.03, 8)}
+VARIANTS = {  # name: (the graph lane's AHEAD, the batcher's first_audio_hold_s, its first_audio_streams,
+    # the interpreter's switch interval in s)
+    "base": (2, 0.0, 0, 0.005), "first": (2, 0.0, 16, 0.005), "hold15": (2, 0.015, 16, 0.005),
+    "hold30": (2, 0.03, 16, 0.005), "ahead1": (1, 0.0, 0, 0.005), "ahead1_hold30": (1, 0.03, 16, 0.005),
+    "ahead1_hold30_8": (1, 0.03, 8, 0.005), "today": (1, 0.03, 16, 0.005), "switch1ms": (1, 0.03, 16, 0.001)}
+"""`today`: the engine as committed (run 43's choice); `switch1ms`: the same with the interpreter handing the GIL
+over every 1 ms instead of Python's 5 (does the lane thread wait for it?)."""
 
 
 def set_variant(synth, name: str) -> None:
     """Switch the running engine to a variant of VARIANTS (module and batcher settings read at each step)."""
     from engine.backends import graph_gen
 
-    graph_gen.AHEAD, synth.batcher.first_audio_hold_s, synth.batcher.first_audio_streams = VARIANTS[name]
+    ahead, hold, streams, switch = VARIANTS[name]
+    graph_gen.AHEAD, synth.batcher.first_audio_hold_s, synth.batcher.first_audio_streams = ahead, hold, streams
+    sys.setswitchinterval(switch)
+
+
+def lane_gpu_ms(synth) -> tuple[float, float]:
+    """(busy, idle) ms of the graph lanes' streams so far: idle is the stream empty between reads, the host late."""
+    from engine.factory import _lanes  # a probe's look inside the engine
+
+    lanes = _lanes(synth.generator)
+    return sum(lane.busy_ms for lane in lanes), sum(lane.idle_ms for lane in lanes)
 
 
 class Recorder:
@@ -139,10 +153,14 @@ async def main_async(args) -> dict:
                 set_variant(synth, variant)
                 held = synth.batcher.held_s
                 for seed in args.seeds:
+                    busy, idle = lane_gpu_ms(synth)
                     rows = await run_rate(synth, voice, rec, rate, args.seconds, seed, variant)
                     s = summary(rows)
+                    busy2, idle2 = lane_gpu_ms(synth)
+                    s["lane_busy_ms"], s["lane_idle_ms"] = round(busy2 - busy, 1), round(idle2 - idle, 1)
                     print(f"{variant} {rate:g} req/s seed {seed}: p50 {s['first_ms_p50']} p95 {s['first_ms_p95']} "
-                          f"phases p50 {s['phase_p50']}", file=sys.stderr, flush=True)
+                          f"phases p50 {s['phase_p50']}, lane busy/idle {s['lane_busy_ms']}/{s['lane_idle_ms']} ms",
+                          file=sys.stderr, flush=True)
                     for r in s["tail"][-3:]:
                         print("   tail", r, file=sys.stderr, flush=True)
                     report["runs"].append({"variant": variant, "rate": rate, "seed": seed, **s, "rows": rows})
