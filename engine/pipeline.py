@@ -514,9 +514,10 @@ class Synthesizer(UtteranceFolds):
 
     def status(self) -> dict[str, Any]:
         """engine.engine_api.Engine.status: each device's memory, the decoder's calls (the longest, the latest slow
-        ones) and the graph lane's counters."""
+        ones, the time its queue waited for first windows) and the graph lane's counters."""
         stats = self.batcher.stats
         decoder = {"calls": stats.calls, "windows": stats.items, "longest_ms": round(stats.longest_s * 1e3, 1),
+                   "held_for_first_audio_ms": round(self.batcher.held_s * 1e3, 1),
                    "slow": [[round(took * 1e3, 1), windows, list(lengths)]
                             for _, took, windows, lengths in list(stats.slow)[-SLOW_SHOWN:]]}
         return {"devices": [device_status(d) for d in self.devices], "decoder": decoder, **lane_status(self.generator)}
