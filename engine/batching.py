@@ -26,8 +26,9 @@ from engine.windowing import WindowSchedule
 
 FIRST_AUDIO_HOLD_S = 0.03
 """How long the decoder holds back other streams' windows while a stream waits for its first audio (0: never): a
-call under way when its first window comes makes that window wait for it. Longer than a first window's tokens
-take on a GPU, so the hold usually ends when that window comes."""
+call under way when its first window comes makes that window wait for it. Longer than Spark's first window takes to
+generate on a GPU, so there the hold usually ends as that window comes (Orpheus's takes longer: it then only goes
+first)."""
 FIRST_AUDIO_STREAMS = 16
 """Live streams up to which a stream waiting for its first audio goes first (and may hold the others back): with
 few streams each one is made far ahead of its listener; in a crowd, deadlines alone decide."""
@@ -180,7 +181,7 @@ class DecodeBatcher:
         t0 = loop.time()
         until = t0 + self.first_audio_hold_s
         while self._first_audio_first() and not board.at_risk():
-            if any(board.awaiting_first(e[3]) for e in self._pending if not e[1].done()):
+            if any(board.awaits_first(e[3]) for e in self._pending if not e[1].done()):
                 break
             left = until - loop.time()
             if left <= 0 or not self._pending:
@@ -222,7 +223,7 @@ class DecodeBatcher:
         if board is not None and len(pending) > 1:
             pending = [pending[i] for i in board.policy.order(pending, _key)]
             if self._first_audio_first():  # stable: the first windows in deadline order, then the rest
-                pending.sort(key=lambda e: not board.awaiting_first(e[3]))
+                pending.sort(key=lambda e: not board.awaits_first(e[3]))
         most = self._most(pending)
         batch: list[tuple[DecodeItem, asyncio.Future[np.ndarray]]] = []
         codes = 0

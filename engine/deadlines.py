@@ -243,13 +243,14 @@ class DeadlineBoard:
         return sum(not s.held and self.policy.pressing(s.due_at(self.policy), now)
                    for s in list(self._clocks.values()))
 
-    def awaiting_first(self, request_id: str | None = None) -> int:
-        """Live streams still waiting for their first audio (their consumer not holding them); with `request_id`,
-        1 if that stream is one of them, else 0."""
-        if request_id is not None:
-            stream = self._clocks.get(request_id)
-            return int(stream is not None and stream.first_audio_at is None and not stream.held)
+    def awaiting_first(self) -> int:
+        """Live streams still waiting for their first audio (their consumer not holding them)."""
         return sum(s.first_audio_at is None and not s.held for s in list(self._clocks.values()))
+
+    def awaits_first(self, request_id: str) -> bool:
+        """Whether this live stream still waits for its first audio (its consumer not holding it)."""
+        stream = self._clocks.get(request_id)
+        return stream is not None and stream.first_audio_at is None and not stream.held
 
     def at_risk(self, now: float | None = None) -> int:
         """Live streams whose listener the engine is letting down (StreamClock.at_risk)."""

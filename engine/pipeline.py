@@ -192,8 +192,8 @@ class Synthesizer(UtteranceFolds):
         """When each live request's next audio is due (engine.deadlines): the decoder batcher and the generator
         order their queues by it, and the front ends ask it whether one more stream fits (`admit`)."""
         self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
-        # The hold for a first window is for a GPU's decoder (fixed shapes), which shares the card with the LLM
-        # steps that window waits for; a CPU decoder's calls are the real-time budget of the streams it holds back.
+        # Only a GPU's decoder (fixed shapes) holds its queue for a first window: its calls take milliseconds where
+        # the streams it holds back are made seconds ahead; a CPU decoder's calls are those streams' real-time budget.
         self.batcher = DecodeBatcher(decoder, self._decode_pool, max_batch=decode_batch or decoder.batch_limit,
                                      one_length=decoder.fixed_shapes, deadlines=self.deadlines,
                                      first_audio_hold_s=FIRST_AUDIO_HOLD_S if decoder.fixed_shapes else 0.0)

@@ -300,7 +300,7 @@ def live_and_new(clock: Clock) -> DeadlineBoard:
     board.open("live")
     board.heard("live", 0.1)
     board.open("new")
-    assert board.awaiting_first() == 1 and board.awaiting_first("new") and not board.awaiting_first("live")
+    assert board.awaiting_first() == 1 and board.awaits_first("new") and not board.awaits_first("live")
     return board
 
 
