@@ -266,6 +266,12 @@ def short_window_tuning(synth: Any, events: EventSink = ignore_events) -> Tuning
     return Tuning([TuningStep("decoder", lambda: _capture_decoder_batches(synth, gate, crowd=False))], events, gate)
 
 
+def server_tuning(synth: Any, config: Any, events: EventSink = ignore_events, crowd: bool = True) -> Tuning:
+    """What a serving engine (a server, a Ray replica) builds after it answers: the crowd's parts where it tunes for
+    crowds (`crowd`, built as `config`), else the short sentences' window graphs alone."""
+    return crowd_tuning(synth, config, events) if crowd else short_window_tuning(synth, events)
+
+
 def _capture_decoder_batches(synth: Any, gate: Yielding | None = None, crowd: bool = True) -> bool:
     """With `crowd`, the decoder's graphs for crowds' batches, one at a time on this (the tuning) thread while the
     decode thread goes on serving (engine.backends.cuda_graphs), and with a `gate` only while no live stream is

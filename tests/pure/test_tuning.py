@@ -123,7 +123,7 @@ def test_a_server_that_builds_nothing_for_crowds_still_captures_its_short_window
     sentence's windows decode at (each would otherwise be planned by cuDNN on the decode thread as it first comes);
     nothing where the decoder takes any shape."""
     from engine.families.orpheus import SCHEDULE
-    from engine.tuning import _capture_decoder_batches, short_window_tuning
+    from engine.tuning import _capture_decoder_batches, server_tuning, short_window_tuning
 
     captured = []
 
@@ -144,6 +144,8 @@ def test_a_server_that_builds_nothing_for_crowds_still_captures_its_short_window
     assert captured == [((n,), (1,), True) for n in (1, 2, 4, 5, 6, 8, 9, 11, 12)]
     tuning = short_window_tuning(Synth())
     assert [step.name for step in tuning.steps] == ["decoder"]
+    # what a server or a Ray replica that does not tune for crowds runs (the crowd's config is never read)
+    assert [step.name for step in server_tuning(Synth(), None, crowd=False).steps] == ["decoder"]
     asyncio.run(tuning.run())
     assert tuning.done and captured[9:] == captured[:9]
     Synth.decoder.fixed_shapes = False

@@ -170,7 +170,7 @@ def log(line: str) -> None:
 async def serve(args: argparse.Namespace, http=None) -> None:
     """`http`: the HTTP API's voiceapp.http.rules.HttpSettings (None: no HTTP API)."""
     from engine.factory import build_synthesizer
-    from engine.tuning import crowd_tuning, short_window_tuning
+    from engine.tuning import server_tuning
     from voiceapp.server.client import is_default_location, socket_path
     from voiceapp.server.engine_server import EngineServer, LiveRequests, SocketLock, prepare_socket_dir
 
@@ -201,10 +201,8 @@ async def serve(args: argparse.Namespace, http=None) -> None:
                 sock.close()
         lock.release()
         raise
-    tuning = None
-    if args.ray is None and not args.no_tune:
-        tuning = (crowd_tuning(synth, crowd, requests.route) if tunes(args)
-                  else short_window_tuning(synth, requests.route))
+    tuning = (server_tuning(synth, crowd, requests.route, crowd=tunes(args))
+              if args.ray is None and not args.no_tune else None)
     server = EngineServer(synth, path, requests, lock=lock, private_dir=private, idle_timeout_s=args.idle_timeout,
                           auto_started=args.auto_started, tuning=tuning)
     if listener is not None:

@@ -136,10 +136,9 @@ class EngineReplica:
         """Start the background tuning (engine.tuning) with the first request, on the replica's event loop."""
         if not (self.plan.tune or self.plan.short_windows) or self.tuning_task is not None:
             return
-        from engine.tuning import crowd_tuning, short_window_tuning
+        from engine.tuning import server_tuning
 
-        tuning = (crowd_tuning(self.synth, self.plan.crowd, self._event) if self.plan.tune
-                  else short_window_tuning(self.synth, self._event))
+        tuning = server_tuning(self.synth, self.plan.crowd, self._event, crowd=self.plan.tune)
         self.tuning_task = asyncio.get_running_loop().create_task(tuning.run())
 
     async def check_health(self) -> None:
