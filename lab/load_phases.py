@@ -73,15 +73,17 @@ class Recorder:
 
 async def run_rate(synth, voice: str, rec: Recorder, rate: float, seconds: float, seed: int,
                    variant: str = "base") -> list[dict]:
+    """`voicectl bench --load`'s arrivals at `rate` (voiceapp.load_bench `drive`: each sent on time, open loop),
+    each request's phases from its events."""
     from engine.config import SamplingOptions, SynthesisRequest
+    from voiceapp.load_bench import drive
 
-    arrivals = schedule(rate, seconds, seed)
     rows: list[dict] = []
     live = 0
 
-    async def one(i: int, arrival: Arrival) -> None:
+    async def send(arrival: Arrival, _log) -> None:
         nonlocal live
-        rid = f"{variant}-r{rate:g}-{seed}-{i}"
+        rid = f"{variant}-r{rate:g}-{seed}-{len(rows)}"
         row = {"id": rid, "at": time.perf_counter(), "in_flight": live, "words": len(arrival.text.split())}
         rows.append(row)
         live += 1
@@ -93,13 +95,7 @@ async def run_rate(synth, voice: str, rec: Recorder, rate: float, seconds: float
             live -= 1
 
     t0 = time.perf_counter()
-    tasks = []
-    for i, arrival in enumerate(arrivals):
-        wait = t0 + arrival.t - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        tasks.append(asyncio.create_task(one(i, arrival)))
-    await asyncio.gather(*tasks)
+    await drive(send, schedule(rate, seconds, seed))
     for row in rows:
         ev = rec.by_id.get(row["id"], {})
         try:
