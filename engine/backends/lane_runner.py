@@ -164,6 +164,8 @@ class LaneRunner:
             self.plan = plan if plan is not None else decode_kernels.plan_for()
             self._buffers(-(-len(allowed) // TOPK_CHUNKS) * TOPK_CHUNKS)
         self.allowed_now: tuple[int, ...] = ()
+        self.allowed_at: dict[int, int] = {}
+        """Each allowed id's place in the head (a prompt's `seen` row is built on the host from it)."""
         self.set_allowed(allowed)
         self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
         """The captured launches by (kind, a, b): ("prefill", prompts, size) and ("decode", rows, span)."""
@@ -250,6 +252,7 @@ class LaneRunner:
             self.head_bias.zero_()
             self.head_bias[len(allowed):] = float("-inf")
         self.allowed_now = allowed
+        self.allowed_at = {token: place for place, token in enumerate(allowed)}
 
     def on_stream(self):
         """The lane's CUDA stream as the current one (nothing off CUDA)."""
@@ -260,30 +263,38 @@ class LaneRunner:
     def prefill(self, rows: list[int], prompts: list[tuple[int, ...]], options: list[SamplingOptions],
                 size: int) -> None:
         """Launch one prefill of these prompts (a captured batch size), padded to `size`, each into its row with
-        its sampling options."""
-        batch = torch.zeros(len(prompts), size, dtype=torch.long)
+        its sampling options. Nothing here waits for the GPU: the lane's stream may still hold a burst, and a copy
+        from pageable memory (or an indexed write) would wait for it before the new stream's prefill is queued."""
+        batch = self._host(torch.zeros(len(prompts), size, dtype=torch.long))
         for i, (row, ids, opts) in enumerate(zip(rows, prompts, options)):
             batch[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            self._sampling(row, opts, batch[i, :len(ids)])
-        self.prompts[:len(prompts), :size].copy_(batch)
-        self.lengths[:len(prompts)].copy_(torch.tensor([len(ids) for ids in prompts]))
-        self.admit_rows[:len(prompts)].copy_(torch.tensor(rows))
+            self._sampling(row, opts, ids)
+        self.prompts[:len(prompts), :size].copy_(batch, non_blocking=True)
+        self.lengths[:len(prompts)].copy_(self._host(torch.tensor([len(ids) for ids in prompts])), non_blocking=True)
+        self.admit_rows[:len(prompts)].copy_(self._host(torch.tensor(rows)), non_blocking=True)
         self._launch("prefill", len(prompts), size)
 
     def decode(self, rows: int, span: int) -> None:
         """Launch one decode step of rows [0, rows) over `span` positions."""
         self._launch("decode", rows, span)
 
-    def _sampling(self, row: int, opts: SamplingOptions, prompt: torch.Tensor) -> None:
+    def _host(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` in page-locked memory on CUDA, so a copy from it to the GPU is queued without waiting."""
+        return values.pin_memory() if self.device.type == "cuda" else values
+
+    def _sampling(self, row: int, opts: SamplingOptions, prompt: tuple[int, ...]) -> None:
         """A request's temperature, top-k, top-p and noise into its row; on a penalised lane its penalty, and its
-        prompt's ids as the row's `seen` (what the row's last job drew is forgotten)."""
+        prompt's ids as the row's `seen` (what the row's last job drew is forgotten). The writes are kernels and
+        copies queued on the lane's stream (fill_, not an indexed store; `seen` built on the host: `isin` syncs)."""
         greedy = opts.temperature == 0
-        self.temperature[row] = 1.0 if greedy else opts.temperature
-        self.top_k[row] = 1 if greedy else opts.top_k
-        self.top_p[row] = 1.0 if greedy else opts.top_p
+        self.temperature[row].fill_(1.0 if greedy else opts.temperature)
+        self.top_k[row].fill_(1 if greedy else opts.top_k)
+        self.top_p[row].fill_(1.0 if greedy else opts.top_p)
         if self.penalties is not None:
-            self.penalties.penalty[row] = opts.repetition_penalty
-            self.penalties.seen[row].copy_(torch.isin(self.allowed, prompt.to(self.device)))
+            self.penalties.penalty[row].fill_(opts.repetition_penalty)
+            seen = torch.zeros(self.head_width, dtype=torch.bool)
+            seen[[self.allowed_at[token] for token in prompt if token in self.allowed_at]] = True
+            self.penalties.seen[row].copy_(self._host(seen), non_blocking=True)
         steps = opts.max_tokens
         if greedy:
             self.noise[row, :steps].zero_()

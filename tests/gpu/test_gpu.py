@@ -498,6 +498,39 @@ async def test_a_penalised_lane_replays_its_eager_steps_fp32(gpu_info):
     assert await run(1.0, repetition_penalty=True) == plain and all(a != b for a, b in zip(captured, plain))
 
 
+async def test_a_prefill_is_launched_without_waiting_for_the_gpu(lanes, gpu_info):
+    """A new stream's prefill is queued behind the bursts on the lane's stream, not waited for: with a long kernel
+    on that stream, `LaneRunner.prefill` (sampling rows, prompt copies, a penalised row's seen ids) returns at once,
+    on the captured lane as the factory builds it and on a penalised one."""
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.backends.graph_gen import GraphLane
+    from engine.prompt import semantic_allowed_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.float32)
+    penalised = GraphLane(model, gpu_info.token_ids, semantic_allowed_ids(gpu_info.token_ids), dtype=torch.float32,
+                          max_len=512, rows=2, fused=False, repetition_penalty=True)
+    prompt = _prompt(gpu_info, n_text=20).ids
+    opts = SamplingOptions(max_tokens=100, seed=1, repetition_penalty=1.3)
+    try:
+        for runner in (lanes[0].runner, penalised.runner):
+            size = min(p for p in runner.shapes.prefills if p >= len(prompt))
+            waited = []
+            for _ in range(3):  # the first call also fills the pinned-memory cache
+                with runner.on_stream():
+                    torch.cuda._sleep(1_000_000_000)  # about half a second of the lane's stream
+                    t0 = time.perf_counter()
+                    runner.prefill([1], [prompt], [opts], size)
+                    waited.append(time.perf_counter() - t0)
+                runner.cuda_stream.synchronize()
+            assert min(waited[1:]) < 0.05, waited
+    finally:
+        await penalised.close()
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_preloaded_projections_equal_the_looped_ones_bf16(cuda, rows):
     """The lane's preloading projections (FusedPlan.preload: weights read before the PDL wait, each row's products
