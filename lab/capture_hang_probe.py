@@ -10,11 +10,12 @@ as a server's start-up does); a thread decoding a 20-code window every 5 ms (`--
 is installed, every thread's native stack, then exits 3.
 
     python -m lab.capture_hang_probe --model DIR --json OUT.json [--live] [--eager-first] [--foreground-first]
-        [--dtype fp16|fp32] [--timeout 60]
+        [--background-first] [--live-eager] [--apart none|all|warmups] [--dtype fp16|fp32] [--timeout 60]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import os
@@ -43,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager-first", action="store_true", help="eager decodes on this thread first (as the test)")
     p.add_argument("--foreground-first", action="store_true",
                    help="capture the live window's shape in the foreground first (as a server's start-up)")
+    p.add_argument("--background-first", action="store_true",
+                   help="capture the live window's shape in the background before the live thread starts (its graph "
+                        "never launched before the live thread replays it)")
+    p.add_argument("--live-eager", action="store_true", help="the live thread runs the decoder eagerly, never a graph")
+    p.add_argument("--apart", choices=("none", "all", "warmups"), default="none",
+                   help="a lock keeps the live thread's decodes apart from the background captures (all: warm-ups "
+                        "and capture; warmups: only the eager warm-ups, where cuDNN loads a new shape's kernels)")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
@@ -59,11 +67,41 @@ def main(argv: list[str] | None = None) -> int:
         reference = dec.decode([live_item])[0]
     if args.foreground_first:
         dec.warmup([20], [1])
+    if args.background_first:
+        dec.warmup([20], [1], background=True)
+    apart = threading.Lock() if args.apart != "none" else contextlib.nullcontext()
+    if args.apart == "all":
+        from engine.backends import bicodec
+        plain = bicodec.capture_graph
+
+        def capture_apart(*a, **kw):
+            with apart:
+                return plain(*a, **kw)
+        bicodec.capture_graph = capture_apart
+    if args.apart == "warmups":
+        model_decode = dec.model.decode
+
+        def decode_apart(*a, **kw):  # the tuning thread's eager warm-ups, not the decode it captures
+            if threading.current_thread().name != "tune" or torch.cuda.is_current_stream_capturing():
+                return model_decode(*a, **kw)
+            with apart:
+                return model_decode(*a, **kw)
+        dec.model.decode = decode_apart
+    live_codes = torch.tensor([live_item.codes], device="cuda")
+    live_globs = torch.tensor([live_item.global_tokens], device="cuda")
+
+    def decode_live() -> np.ndarray:
+        if not args.live_eager:
+            return dec.decode([live_item])[0]
+        with torch.inference_mode(), torch.cuda.stream(dec._stream):
+            audio = dec.model.decode(live_codes, live_globs).float().cpu().numpy()[0]
+        return audio[live_item.keep_start * dec.samples_per_code: live_item.keep_stop * dec.samples_per_code]
     stop, live, worst, log = threading.Event(), [0], [0.0], []
 
     def serve() -> None:  # a stream being served; with a reference, how far its audio strays from the eager one
         while not stop.is_set():
-            out = dec.decode([live_item])[0]
+            with apart:
+                out = decode_live()
             live[0] += 1
             if reference is not None:
                 worst[0] = max(worst[0], float(np.abs(out - reference).max() / (np.abs(reference).max() + 1e-9)))
@@ -80,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.live:
         server.start()
     t0 = time.perf_counter()
-    tuner = threading.Thread(target=tune, daemon=True)
+    tuner = threading.Thread(target=tune, name="tune", daemon=True)
     tuner.start()
     tuner.join(args.timeout)
     stuck = tuner.is_alive()

@@ -11,15 +11,16 @@ pip install -q --no-deps --target /tmp/spy .whl2/py_spy-*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/spy/bin:$PATH PYTHONUNBUFFERED=1
 MODEL=${MODEL:-/tmp/voiceapp-gpu-model}
 [ -f "$MODEL/config.yaml" ] || python3 -c "import sys; from engine.synthetic import write_checkpoint; write_checkpoint(sys.argv[1], size='full', seed=0)" "$MODEL"
-# NAME:FLAG,FLAG,...[:VAR=VALUE]: the test's case first, then one switch off at a time, then a server's order (a
-# foreground capture first), then the test's case with CUDA's modules loaded up front (is it lazy loading, a kernel
-# first needed by the capture's warm-ups while the other thread decodes?)
-CASES=${CASES:-"test:--live,--eager-first quiet:--eager-first fresh:--live fp16:--live,--eager-first,--dtype,fp16 server:--live,--foreground-first,--dtype,fp16 eagerload:--live,--eager-first:CUDA_MODULE_LOADING=EAGER"}
+# NAME:FLAG,FLAG,...[:VAR=VALUE]. Run 44 (docs/lab/run-log.md): the test's case and `fresh` fault or stop; the
+# tuning thread sits in cuKernelGetFunction (cuDNN loading a new shape's kernels in an eager warm-up) while the live
+# thread waits on its graph's replay. Default: those two cases, then the same with the warm-ups kept apart from the
+# live decodes (the candidate fix), then everything apart (passed 2 of 2 in run 44).
+CASES=${CASES:-"test:--live,--eager-first fresh:--live warm:--live,--eager-first,--apart,warmups warmfresh:--live,--apart,warmups warm2:--live,--eager-first,--apart,warmups all:--live,--eager-first,--apart,all"}
 for case in $CASES; do
   name=${case%%:*}; rest=${case#*:}; flags=${rest%%:*}; flags=${flags//,/ }
   envs=(); [ "$rest" != "${rest#*:}" ] && envs=("${rest#*:}")
   echo "== $name ($flags${envs[*]:+; ${envs[*]}})"
   env "${envs[@]}" timeout 150 python3 -m lab.capture_hang_probe --model "$MODEL" --json "$OUT/$name.json" \
-      --timeout 60 $flags > "$OUT/$name.txt" 2>&1
+      --timeout "${PROBE_TIMEOUT:-60}" $flags > "$OUT/$name.txt" 2>&1
   echo "rc=$?"; tail -3 "$OUT/$name.txt"
 done

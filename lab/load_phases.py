@@ -24,22 +24,18 @@ from engine.bench.load import SENTENCES, Arrival, schedule
 from engine.events import ChunkDecoded, FirstAudio, FirstToken, RequestStarted
 
 PHASES = ("queue", "prefill", "tokens", "decode", "handoff")
-VARIANTS = {  # name: (the graph lane's AHEAD, the batcher's first_audio_hold_s, its first_audio_streams,
-    # the interpreter's switch interval in s)
-    "base": (2, 0.0, 0, 0.005), "first": (2, 0.0, 16, 0.005), "hold15": (2, 0.015, 16, 0.005),
-    "hold30": (2, 0.03, 16, 0.005), "ahead1": (1, 0.0, 0, 0.005), "ahead1_hold30": (1, 0.03, 16, 0.005),
-    "ahead1_hold30_8": (1, 0.03, 8, 0.005), "today": (1, 0.03, 16, 0.005), "switch1ms": (1, 0.03, 16, 0.001)}
-"""`today`: the engine as committed (run 43's choice); `switch1ms`: the same with the interpreter handing the GIL
-over every 1 ms instead of Python's 5 (does the lane thread wait for it?)."""
+VARIANTS = {  # name: (the graph lane's AHEAD, the batcher's first_audio_hold_s, its first_audio_streams)
+    "base": (2, 0.0, 0), "first": (2, 0.0, 16), "hold15": (2, 0.015, 16), "hold30": (2, 0.03, 16),
+    "ahead1": (1, 0.0, 0), "ahead1_hold30": (1, 0.03, 16), "ahead1_hold30_8": (1, 0.03, 8), "today": (1, 0.03, 16)}
+"""`today`: the engine as committed (run 43's choice). A 1 ms switch interval was a variant too (run 44: no gain)."""
 
 
 def set_variant(synth, name: str) -> None:
     """Switch the running engine to a variant of VARIANTS (module and batcher settings read at each step)."""
     from engine.backends import graph_gen
 
-    ahead, hold, streams, switch = VARIANTS[name]
+    ahead, hold, streams = VARIANTS[name]
     graph_gen.AHEAD, synth.batcher.first_audio_hold_s, synth.batcher.first_audio_streams = ahead, hold, streams
-    sys.setswitchinterval(switch)
 
 
 def lane_gpu_ms(synth) -> tuple[float, float]:

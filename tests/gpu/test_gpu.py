@@ -498,10 +498,10 @@ async def test_a_penalised_lane_replays_its_eager_steps_fp32(gpu_info):
     assert await run(1.0, repetition_penalty=True) == plain and all(a != b for a, b in zip(captured, plain))
 
 
-async def test_a_prefill_is_launched_without_waiting_for_the_gpu(lanes, gpu_info):
+async def test_a_prefill_is_launched_without_waiting_for_the_gpu(gpu_info):
     """A new stream's prefill is queued behind the bursts on the lane's stream, not waited for: with a long kernel
     on that stream, `LaneRunner.prefill` (sampling rows, prompt copies, a penalised row's seen ids) returns at once,
-    on the captured lane as the factory builds it and on a penalised one."""
+    on a captured bf16 lane with the fused steps and on a penalised one."""
     import time
 
     import torch
@@ -510,13 +510,15 @@ async def test_a_prefill_is_launched_without_waiting_for_the_gpu(lanes, gpu_info
     from engine.backends.graph_gen import GraphLane
     from engine.prompt import semantic_allowed_ids
 
-    model = AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=torch.float32)
-    penalised = GraphLane(model, gpu_info.token_ids, semantic_allowed_ids(gpu_info.token_ids), dtype=torch.float32,
-                          max_len=512, rows=2, fused=False, repetition_penalty=True)
+    allowed = semantic_allowed_ids(gpu_info.token_ids)
+    built = [GraphLane(AutoModelForCausalLM.from_pretrained(str(gpu_info.llm_dir), dtype=dtype), gpu_info.token_ids,
+                       allowed, dtype=dtype, max_len=512, rows=2, repetition_penalty=penalised)
+             for dtype, penalised in ((torch.bfloat16, False), (torch.float32, True))]
     prompt = _prompt(gpu_info, n_text=20).ids
     opts = SamplingOptions(max_tokens=100, seed=1, repetition_penalty=1.3)
     try:
-        for runner in (lanes[0].runner, penalised.runner):
+        for lane in built:
+            runner = lane.runner
             size = min(p for p in runner.shapes.prefills if p >= len(prompt))
             waited = []
             for _ in range(3):  # the first call also fills the pinned-memory cache
@@ -526,9 +528,10 @@ async def test_a_prefill_is_launched_without_waiting_for_the_gpu(lanes, gpu_info
                     runner.prefill([1], [prompt], [opts], size)
                     waited.append(time.perf_counter() - t0)
                 runner.cuda_stream.synchronize()
-            assert min(waited[1:]) < 0.05, waited
+            assert min(waited[1:]) < 0.05, (lane.runner.penalised, waited)
     finally:
-        await penalised.close()
+        for lane in built:
+            await lane.close()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
