@@ -71,3 +71,47 @@ def test_version():
     proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", "--version"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("voicectl ") and proc.stdout.split()[1][0].isdigit()
+
+
+RAISES = """import sys, time
+from voiceapp import cli
+parser = cli.build_parser('status')
+def run(args):
+    time.sleep(float(sys.argv[2]))  # the parent closes its end of stdout meanwhile, where it means to
+    {raise_it}
+parser._subparsers._group_actions[0].choices['status'].set_defaults(run=run)
+cli.build_parser = lambda only=None: parser
+sys.exit(cli.main(['status']))
+"""
+
+
+def _raising(raise_it: str, wait_s: float = 0.0, close_stdout: bool = False) -> tuple[int, str]:
+    """voicectl's exit code and stderr when its command raises `raise_it` (after `wait_s`); `close_stdout`: the
+    reader of its stdout has gone by then (`voicectl ... | head`)."""
+    script = RAISES.format(raise_it=raise_it)
+    proc = subprocess.Popen([sys.executable, "-c", script, "x", str(wait_s)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    if close_stdout:
+        proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err.decode()
+
+
+def test_a_broken_pipe_is_said_unless_it_is_stdouts_reader_leaving():
+    """A reader of voicectl's output that goes away ends it quietly; a pipe to another process that breaks (a worker
+    gone) is said in one line, with where it broke."""
+    code, err = _raising("raise BrokenPipeError(32, 'Broken pipe')")
+    assert code == 1 and err.count("\n") == 1 and err.startswith("voicectl: a pipe to another process broke (")
+    code, err = _raising("raise BrokenPipeError(32, 'Broken pipe')", wait_s=0.5, close_stdout=True)
+    assert code == 1 and "voicectl:" not in err, err
+
+
+def test_a_librarys_exit_is_said_with_where_it_came_from():
+    """A library that ends the process with sys.exit(1) (Ray's signal handlers) leaves a line naming the status and
+    the place; argparse's own exits stay as they are."""
+    code, err = _raising("sys.exit(1)")
+    assert code == 1 and err.strip().startswith("voicectl: stopped with status 1 by "), err
+    assert "<string>:" in err
+    proc = subprocess.run([sys.executable, "-m", "voiceapp.cli", "status", "--no-such-flag"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "stopped with status" not in proc.stderr

@@ -125,6 +125,30 @@ def main(argv: list[str] | None = None) -> int:
     return quiet_exit.INTERRUPTED if quiet_exit.interrupted() else code
 
 
+def stdout_gone() -> bool:
+    """Whether stdout's reader has gone (a pipe or socket whose far end closed: poll reports an error on it), so a
+    BrokenPipeError is the reader leaving, not a failure to report; True where it cannot tell (no poll, no fd)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
+def raised_at(err: BaseException) -> str:
+    """Where `err` was raised: the innermost frame's file (its last two path parts) and line."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "an unknown place"
+    where = frames[-1]
+    return f"{'/'.join(where.filename.replace(chr(92), '/').split('/')[-2:])}:{where.lineno}"
+
+
 def run_command(parser: argparse.ArgumentParser, argv: list[str], outcome: list[int | BaseException]) -> None:
     """Parse `argv` and run its command: its exit code, or the error to report, appended to `outcome` (kept there as
     soon as it is known: a Ctrl-C landing as this returns cannot lose it)."""
@@ -147,15 +171,19 @@ def render(outcome: list[int | BaseException]) -> int:
     from voiceapp.cli import quiet_exit
 
     first = outcome[0]
-    code = first if isinstance(first, int) else 1  # 1: a reader of our output went away (BrokenPipeError)
+    code = first if isinstance(first, int) else 1
     if isinstance(first, KeyboardInterrupt):
         print("voicectl: interrupted", file=sys.stderr)
         code = quiet_exit.INTERRUPTED
     elif isinstance(first, VoiceError):
         print(f"voicectl: {first}", file=sys.stderr)
         code = first.exit_code
+    elif isinstance(first, BrokenPipeError) and not stdout_gone():  # gone: `voicectl ... | head`, nothing to say
+        print(f"voicectl: a pipe to another process broke ({raised_at(first)}): {first}", file=sys.stderr)
     elif isinstance(first, SystemExit):  # as the interpreter would end on it: a message goes to stderr, status 1
         if first.code is not None and not isinstance(first.code, int):
             print(first.code, file=sys.stderr)
+        elif first.code not in (None, 0, 2):  # argparse's own exits are 0 (help) and 2 (after its line)
+            print(f"voicectl: stopped with status {first.code} by {raised_at(first)}", file=sys.stderr)
         code = first.code if isinstance(first.code, int) else int(first.code is not None)
     return quiet_exit.INTERRUPTED if len(outcome) > 1 else code
