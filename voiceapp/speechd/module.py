@@ -361,12 +361,18 @@ class Speaker:
         the next SPEAK as soon as it reads that event, before the task has quite returned)."""
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
-        self._voices: dict | None = None
+        self._bank = None
+        """The model family's VoiceBank, kept: each message asks it for the voices on disk now (a voice cloned since
+        counts), and it reads again only the files that changed."""
         self.output = WarmPlayer(self.args, self.loop)
         """The output stream, kept open between messages."""
         self._kept = None
         """The last message's server connection (a RemoteSynthesizer after a whole request), kept for the next: no
         connect and hello before its request goes out."""
+        self._connecting: asyncio.Task | None = None
+        """After a stopped message (whose connection closed: the server aborts a request whose client hung up), a
+        connection being made for the next one while none plays: a screen reader stops a message at every
+        keystroke, and the next one should not wait for a connect and hello."""
         self._idle: asyncio.TimerHandle | None = None
         """Closes the stream and the kept connection WARM_S after the last message."""
         self._rate: int | None = None
@@ -374,12 +380,13 @@ class Speaker:
         family's."""
 
     def bank(self) -> dict:
-        """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names)."""
-        from engine.families import family_of
+        """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names), as
+        they are on disk now."""
+        if self._bank is None:
+            from engine.families import family_of
 
-        if self._voices is None:
-            self._voices = family_of(self.config.model).voices().all()
-        return self._voices
+            self._bank = family_of(self.config.model).voices()
+        return self._bank.all()
 
     def voices(self) -> list[tuple[str, str]]:
         from voiceapp.speechd.install import VOICE_LANGUAGES
@@ -390,7 +397,6 @@ class Speaker:
         """Start speaking (the caller holds the output lock and replies); False while a message still plays."""
         if self._active:
             return False
-        self._voices = None  # voices cloned since the last message count
         voice = choose_voice(settings, self.config, self.bank())
         self._ending = None
         self._active = True
@@ -442,6 +448,8 @@ class Speaker:
         finally:
             progress.stop()  # (a stopped message's audio was dropped by the player's clear: silent already)
             self._idle = self.loop.call_later(WARM_S, lambda: self.loop.create_task(self._rest()))
+            if ending != "702 END":
+                self._connect_ahead()
             self._active = False
             progress.finish(ending)
 
@@ -451,8 +459,10 @@ class Speaker:
             self._idle.cancel()
             self._idle = None
         kept, self._kept = self._kept, None
-        if kept is not None:
-            await kept.close()
+        connecting, self._connecting = self._connecting, None
+        for remote in (kept, await connecting if connecting is not None else None):
+            if remote is not None:
+                await remote.close()
         await self.output.close()
 
     async def _play(self, pieces: list[Segment], voice: str, progress: "_Progress") -> None:
@@ -470,6 +480,9 @@ class Speaker:
             return  # nothing speakable: the marks are reported as the message ends
         self.output.open_ahead(self._rate or self._family_rate())  # the stream opens while the request goes out
         remote, self._kept = self._kept, None
+        connecting, self._connecting = self._connecting, None
+        if remote is None and connecting is not None:
+            remote = await connecting
         reused = remote is not None
         if remote is None:
             remote = await self._connect()
@@ -498,7 +511,20 @@ class Speaker:
         speaker = counted(remote)
         await speaker.speak(req, MarkingSink(player, speaker, progress))
 
-    async def _connect(self):
+    def _connect_ahead(self) -> None:
+        """Start making the next message's connection (see `_connecting`), unless one is kept or on its way."""
+        if self._kept is None and self._connecting is None:
+            self._connecting = self.loop.create_task(self._connect_quietly())
+
+    async def _connect_quietly(self):
+        """A connection to the server that runs now, or None (none runs, or it failed: the next message connects,
+        or starts one, itself and says what fails)."""
+        try:
+            return await self._connect(start=False, notices=False)
+        except Exception:  # noqa: BLE001 - see the docstring
+            return None
+
+    async def _connect(self, start: bool = True, notices: bool = True):
         from engine.errors import VoiceError
         from voiceapp.server.autostart import connect_or_start
         from voiceapp.common import engine_config
@@ -506,7 +532,7 @@ class Speaker:
 
         remote = await connect_or_start(socket_path(self.args.socket), engine_config(self.args, one_listener=True),
                                         lambda event: self.log(f"{getattr(event, 'message', event)}")
-                                        if type(event).__name__ == "Notice" else None)
+                                        if notices and type(event).__name__ == "Notice" else None, start=start)
         if remote is None:
             raise VoiceError("no engine server could be used or started (see the notices above)")
         pid = remote.info.get("pid")
