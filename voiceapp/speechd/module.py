@@ -353,8 +353,8 @@ class Speaker:
         self.thread = threading.Thread(target=self.loop.run_forever, name="speechd-speaker", daemon=True)
         self.thread.start()
         self._pacer: tuple | None = None
-        """(server pid, its engine.pacing.Pacer) of the server last spoken with: what it learnt of the engine.pacing.Pacer of the server last spoken with: what it learnt of the engine's speed carries over
-        from message to message (a fresh one would hold every message back to measure it again)."""
+        """(server pid, its engine.pacing.Pacer) of the server last spoken with: what it learnt of the engine's speed
+        carries over from message to message (a fresh one would hold every message back to measure it again)."""
         self._task: concurrent.futures.Future[None] | None = None
         self._active = False
         """A message is being spoken: from its SPEAK until just before its closing event goes out (speechd may send
