@@ -35,6 +35,7 @@ from voiceapp.speechd.ssml import Segment, segments
 
 if TYPE_CHECKING:
     from engine.backends.sounddevice_sink import Player
+    from engine.voices import VoiceBank
 
 SPEAK_COMMANDS = {"SPEAK": "text", "CHAR": "char", "KEY": "key", "SOUND_ICON": "icon"}
 """Commands that carry a message body, and what the body is."""
@@ -361,7 +362,7 @@ class Speaker:
         the next SPEAK as soon as it reads that event, before the task has quite returned)."""
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
-        self._bank = None
+        self._bank: VoiceBank | None = None
         """The model family's VoiceBank, kept: each message asks it for the voices on disk now (a voice cloned since
         counts), and it reads again only the files that changed."""
         self.output = WarmPlayer(self.args, self.loop)
