@@ -460,8 +460,7 @@ class Speaker:
             self._idle.cancel()
             self._idle = None
         kept, self._kept = self._kept, None
-        connecting, self._connecting = self._connecting, None
-        for remote in (kept, await connecting if connecting is not None else None):
+        for remote in (kept, self._made_ahead()):
             if remote is not None:
                 await remote.close()
         await self.output.close()
@@ -481,9 +480,11 @@ class Speaker:
             return  # nothing speakable: the marks are reported as the message ends
         self.output.open_ahead(self._rate or self._family_rate())  # the stream opens while the request goes out
         remote, self._kept = self._kept, None
-        connecting, self._connecting = self._connecting, None
-        if remote is None and connecting is not None:
-            remote = await connecting
+        made = self._made_ahead()
+        if remote is None:
+            remote = made
+        elif made is not None:
+            await made.close()
         reused = remote is not None
         if remote is None:
             remote = await self._connect()
@@ -516,6 +517,17 @@ class Speaker:
         """Start making the next message's connection (see `_connecting`), unless one is kept or on its way."""
         if self._kept is None and self._connecting is None:
             self._connecting = self.loop.create_task(self._connect_quietly())
+
+    def _made_ahead(self):
+        """The connection made ahead, if it is there by now (else it is given up: a server slow to answer is
+        connected to by the message itself, not waited on twice)."""
+        connecting, self._connecting = self._connecting, None
+        if connecting is None:
+            return None
+        if not connecting.done():
+            connecting.cancel()
+            return None
+        return connecting.result()
 
     async def _connect_quietly(self):
         """A connection to the server that runs now, or None (none runs, or it failed: the next message connects,
