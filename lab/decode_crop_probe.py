@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.backends.bicodec import BiCodecDecoder
+from engine.backends.cuda_graphs import capture_graph
 
 WINDOWS = {  # name: (window length in codes, first kept code, one past the last): the default schedule's windows of
     # a 250-code sentence widened to the standard lengths (engine.windowed_decode; kept spans include the crossfade)
@@ -47,18 +48,6 @@ def timed(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream) -> float:
     return start.elapsed_time(end) / REPLAYS
 
 
-def captured(step, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph, stream=stream):
-        out = step()
-    return graph, out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Spark checkpoint (its BiCodec/): the synthetic full one will do")
@@ -75,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             codes = torch.randint(0, 8192, (batch, length), device="cuda", generator=gen)
             globs = torch.randint(0, 4096, (batch, dec.global_count), device="cuda", generator=gen)
-            whole, whole_out = captured(lambda: model.decode(codes, globs), stream)
-            kept, kept_out = captured(lambda: model.decode_kept(codes, globs, start, stop), stream)
+            whole, whole_out = capture_graph(lambda: model.decode(codes, globs), pool=torch.cuda.graph_pool_handle(),
+                                             stream=stream)
+            kept, kept_out = capture_graph(lambda: model.decode_kept(codes, globs, start, stop),
+                                           pool=torch.cuda.graph_pool_handle(), stream=stream)
             whole_ms, kept_ms = timed(whole, stream), timed(kept, stream)
             spc = dec.samples_per_code
             ref = whole_out[:, start * spc: stop * spc].float()

@@ -312,10 +312,7 @@ import sys, threading
 import numpy as np, torch
 from engine.backends.base import DecodeItem
 from engine.backends.bicodec import BiCodecDecoder
-
-def max_rel(x, ref):
-    r = np.asarray(ref, np.float64)
-    return float(np.max(np.abs(np.asarray(x, np.float64) - r)) / np.sqrt(np.mean(r ** 2)))
+from tests.gpu.test_gpu import _max_rel as max_rel
 
 rng = np.random.default_rng(3)
 items = [DecodeItem(tuple(int(c) for c in rng.integers(0, 8192, 48)),
