@@ -225,15 +225,29 @@ class Tuning:
 def crowd_tuning(synth: Any, config: Any, events: EventSink = ignore_events):
     """What a server started as one listener's engine (`one_listener`, backend auto) builds after it answers:
     decoder graphs for batched windows, a lane sized to the GPU, and vLLM for the streams beyond it where that lane
-    is too small to hold a crowd, each swapped in when ready. Nothing on an engine without a GPU lane."""
-    from engine.factory import (_build_lane, _current_gpu, _freeze_heap, _lane_in_front, _vllm_installed, gpu_device,
-                                holds_a_crowd)
+    is too small to hold a crowd, each swapped in when ready. The lane is compiled in a child process first
+    (engine.compile_ahead), so that the server's own build of it, beside live streams, finds its kernels cached.
+    Nothing on an engine without a GPU lane."""
+    from engine.factory import (_build_lane, _current_gpu, _freeze_heap, _lane_in_front, _lane_runs_on, _vllm_installed,
+                                gpu_device, holds_a_crowd)
 
     info = synth.model_info
     gate = Yielding(synth.deadlines.pressing)
     if info is None or not _lane_in_front(synth.generator):
         return Tuning([], events, gate)
-    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, gate)),
+
+    def compile_ahead() -> bool:
+        import torch
+
+        from engine.compile_ahead import compile_lane_ahead
+
+        device = gpu_device(config)
+        runs = _lane_runs_on(torch.device(device), ignore_events)  # else the lane step says why there is none
+        ahead.detail = compile_lane_ahead(info, device, gate.stopped) if runs else "no lane on this GPU"
+        return True
+
+    ahead = TuningStep("compile", compile_ahead)
+    steps = [TuningStep("decoder", lambda: _capture_decoder_batches(synth, gate)), ahead,
              TuningStep("lane", lambda: _build_lane(info, events, gpu_device(config), rows=None, background=True,
                                                     between=gate.wait),
                         lambda lane: _swap(synth, events, lane=lane))]

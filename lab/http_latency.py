@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from urllib.parse import urlsplit
 
@@ -78,6 +79,8 @@ async def run(args: argparse.Namespace) -> dict:
         for _ in range(args.rounds):
             if args.seconds is not None and time.perf_counter() - t0 > args.seconds:
                 break
+            if args.stop_file and os.path.exists(args.stop_file):
+                break
             if start is not None and args.seconds is None:
                 await start.wait()
             results.append({**await one_request(args.url, payload), "at_s": round(time.perf_counter() - t0, 3)})
@@ -101,6 +104,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="requests per client, one after another (default 5)")
     p.add_argument("--seconds", type=float, help="stop sending after this long (each client's rounds are then at most "
                    "--rounds; e.g. for as long as a server tunes)")
+    p.add_argument("--stop-file", help="stop sending once this file exists (e.g. made when the server is tuned)")
     p.add_argument("--format", default="pcm", help="response_format (default pcm)")
     p.add_argument("--voice", default="alloy")
     p.add_argument("--text", default=TEXT)
