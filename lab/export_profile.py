@@ -2,7 +2,7 @@
 
     python lab/export_profile.py MODEL_DIR OUT.json [SENTENCES]
 
-Start-up phases; then the decoder alone (whole-sentence decodes one after another, ms each); then the sentences
+Any family. Start-up phases; then the decoder alone (whole-sentence decodes one after another, ms each); then the sentences
 rendered with the decoder replaced by silence of the right length (the lane and the pipeline alone); then the
 real render. x real time = audio seconds / wall seconds.
 """
@@ -18,12 +18,13 @@ import time
 async def main(model: str, out: str, n: int) -> None:
     import numpy as np
 
-    from engine.backends.base import DecodeItem
+    from engine.backends.graph_gen import LaneRouter
     from engine.book import book_sentences, read_book
     from engine.config import SamplingOptions
     from engine.events import StartupPhase
     from engine.export_plan import ExportPlan, ExportSettings, Parts, render_parts
     from engine.factory import EngineConfig, build_synthesizer, lane_rows
+    from engine.families import family
     from voiceapp.cli.export import GPU_SPARE_JOBS, export_config
     from lab.startup_bench import book_text
 
@@ -38,18 +39,19 @@ async def main(model: str, out: str, n: int) -> None:
     result = {"build_s": round(time.perf_counter() - t0, 2), "phases": phases}
     book = read_book("b.txt", book_text(n))
     sentences = tuple(book_sentences(book, 280))
-    settings = ExportSettings(input_sha256="x", voice="ava", voice_fingerprint="x", seed=0, sampling="x", join="x",
+    settings = ExportSettings(input_sha256="x", voice="default", voice_fingerprint="x", seed=0, sampling="x", join="x",
                               schedule="x")
     plan = ExportPlan(book, sentences, settings, SamplingOptions(seed=0))
     jobs = lane_rows(synth.generator) + GPU_SPARE_JOBS  # as voicectl export
 
-    globals_ = await synth.voice_globals("ava")
-    item = DecodeItem(tuple((7 * k) % 8192 for k in range(482)), tuple(globals_))
+    kind = family(synth.model_info.family)
+    item = kind.probe_item(kind.whole_codes)  # a whole-sentence decode, as export runs them
     synth.decoder.decode([item])
     t = time.perf_counter()
     for _ in range(40):
         synth.decoder.decode([item])
-    result["decode_482_codes_ms"] = round((time.perf_counter() - t) / 40 * 1e3, 2)
+    result["decode_whole_ms"] = round((time.perf_counter() - t) / 40 * 1e3, 2)
+    result["whole_codes"] = kind.whole_codes
 
     async def timed(name: str) -> None:
         with tempfile.TemporaryDirectory() as d:
@@ -69,8 +71,12 @@ async def main(model: str, out: str, n: int) -> None:
                                           for i in items]
     await timed("render_without_decoder")
     synth.decoder.decode = real
-    result["lane_busy_ms"] = round(synth.generator.lane.busy_ms, 1)  # the short lane, which takes this book
-    result["lane_idle_ms"] = round(synth.generator.lane.idle_ms, 1)
+    lanes, generator = [], synth.generator
+    while isinstance(generator, LaneRouter):  # the fixed lanes, shortest first, in front of the fallback
+        lanes.append({"rows": generator.lane.rows, "max_len": generator.lane.max_len,
+                      "busy_ms": round(generator.lane.busy_ms, 1), "idle_ms": round(generator.lane.idle_ms, 1)})
+        generator = generator.primary
+    result["lanes"] = lanes
     await synth.close()
     print(json.dumps(result, indent=1))
     with open(out, "w") as f:

@@ -1,6 +1,6 @@
 """Time of one captured step of a fixed-shape lane (GraphLane `fixed_shapes`), by rows and positions.
 
-    python lab/fixed_lane_steps.py MODEL_DIR OUT.json
+    python lab/fixed_lane_steps.py MODEL_DIR OUT.json [ROWSxPOSITIONS,...]
 
 For each (rows, max_len): ms per decode step (the whole captured step: forward, logits, draw), ms per one-prompt
 prefill at each prompt bucket, and the tokens per second the decode steps alone allow.
@@ -24,19 +24,22 @@ def replay_ms(graph, n: int = 50) -> float:
     return round((time.perf_counter() - t) / n * 1e3, 3)
 
 
-def main(model_dir: str, out: str) -> None:
+SHAPES = "128x2048,128x1024,192x2048,256x2048,256x1024"
+
+
+def main(model_dir: str, out: str, shapes: str = SHAPES) -> None:
     from engine.backends.graph_gen import GraphLane
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    from engine.model import load_model_info
-    from engine.prompt import semantic_allowed_ids
+    from engine.factory import penalised
+    from engine.families import detect
 
-    info = load_model_info(model_dir)
+    info = detect(model_dir).read(model_dir)
     weights = Qwen2Weights.from_checkpoint(info.llm_dir)
-    result = {"device": torch.cuda.get_device_name(), "lanes": []}
-    for rows, max_len in ((128, 2048), (128, 1024), (192, 2048), (256, 2048), (256, 1024)):
+    result = {"device": torch.cuda.get_device_name(), "family": info.family, "lanes": []}
+    for rows, max_len in (tuple(int(n) for n in shape.split("x")) for shape in shapes.split(",")):
         t = time.perf_counter()
-        lane = GraphLane(weights, info.token_ids, semantic_allowed_ids(info.token_ids), device="cuda", rows=rows,
-                         max_len=max_len, fixed_shapes=True)
+        lane = GraphLane(weights, info.token_ids, info.token_ids.audio_ids, device="cuda", rows=rows,
+                         max_len=max_len, fixed_shapes=True, repetition_penalty=penalised(info))
         build = time.perf_counter() - t
         graphs = lane.runner.graphs
         with torch.inference_mode(), torch.cuda.stream(lane.runner.cuda_stream):
@@ -53,4 +56,4 @@ def main(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
