@@ -412,23 +412,26 @@ def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events):
 
 
 def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
-    """The fixed-shape lanes of FIXED_LANES (GraphLane `fixed_shapes`), each sized to the GPU; none, with a notice,
-    where they cannot run."""
+    """The fixed-shape lanes of the family's LaneSizing.fixed (GraphLane `fixed_shapes`), each sized to the GPU;
+    none, with a notice, where they cannot run."""
     import torch
 
-    from engine.backends.graph_gen import FIXED_LANES, GraphLane, fixed_rows_for, row_bytes
+    from engine.backends.graph_gen import GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    
+    from engine.families import family
+
     gpu = torch.device(device)
     if not _lane_runs_on(gpu, events, "; the torch generator renders one step per sentence"):
         return []
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     memory = torch.cuda.get_device_properties(gpu).total_memory
+    sizing = family(info.family).lane
     lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=gpu,
-                       rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most),
+                       rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most,
+                                           sizing.fixed_share),
                        max_len=positions, fixed_shapes=True, repetition_penalty=penalised(info))
-             for positions, most in FIXED_LANES]
+             for positions, most in sizing.fixed]
     events(Notice(f"graph lanes of fixed shapes ready in {time.perf_counter() - t0:.1f} s ("
                   f"{', '.join(f'{lane.rows} rows x {lane.max_len} positions' for lane in lanes)}; CUDA graphs "
                   f"captured in {sum(lane.capture_s for lane in lanes):.1f} s)"))

@@ -42,6 +42,15 @@ CROWD_MEMORY_SHARE = 0.20
 for Spark's LLM at 4,096 positions, so 512 rows on a 141 GB card and 256 on an 80 GB one). The crowd's streams must
 fit the lane: one that overflows to vLLM runs in vLLM's process, and two processes on one GPU take turns (time
 slices) instead of overlapping, which stalls this process's decoder and lane for every stream."""
+FIXED_LANES = ((1024, 256), (2048, 64))
+"""(positions, most rows) of each fixed-shape lane of a deterministic engine (export), shortest first, by default
+(LaneSizing.fixed): a sentence runs on the first whose positions hold its prompt and token budget. Every step attends
+over all of a lane's positions and runs all its rows, so most sentences take the short lane and the long ones (up to
+the longest sentence the pipeline cuts, JoinConfig.max_sentence_chars) the other; what fits neither runs on the
+router's last generator, whose arithmetic is per request too. More rows cost a step less than they add;
+FIXED_MEMORY_SHARE caps each lane on smaller GPUs."""
+FIXED_MEMORY_SHARE = 0.10
+"""Share of the GPU's memory each fixed-shape lane's KV cache may take, by default (LaneSizing.fixed_share)."""
 ADMIT = 8
 """Later sentences (of requests that already have a row) prefilled between two bursts: they are not waited on."""
 ADMIT_NEW = 32
@@ -67,6 +76,10 @@ class LaneSizing:
     that needs more runs on the generator behind the lane (GraphLane.supports), never past the cache."""
     memory_share: float = CROWD_MEMORY_SHARE
     """Share of the GPU's memory the KV cache of a lane sized for a crowd may take (graph_gen.rows_for)."""
+    fixed: tuple[tuple[int, int], ...] = FIXED_LANES
+    """(positions, most rows) of each fixed-shape lane of its deterministic engine (export), shortest first."""
+    fixed_share: float = FIXED_MEMORY_SHARE
+    """Share of the GPU's memory each of those lanes' KV cache may take (graph_gen.fixed_rows_for)."""
 
 
 def sentence_positions(token_budget: int) -> int:

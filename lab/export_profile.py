@@ -65,7 +65,17 @@ async def main(model: str, out: str, n: int) -> None:
         result[name] = {"wall_s": round(wall, 2), "audio_s": round(audio, 1), "xrt": round(audio / wall, 1)}
         print(name, result[name], flush=True)
 
+    asked: dict[str, int] = {}
+    outer = synth.generator.stream
+
+    def counted(prompt, opts, request_id):  # what the sentences ask of the lanes: prompt ids + token budget
+        key = f"{len(prompt.ids)}+{opts.max_tokens}"
+        asked[key] = asked.get(key, 0) + 1
+        return outer(prompt, opts, request_id)
+
+    synth.generator.stream = counted
     await timed("render")
+    result["asked"] = dict(sorted(asked.items(), key=lambda kv: -kv[1])[:12])
     real = synth.decoder.decode
     synth.decoder.decode = lambda items: [np.zeros(len(i.codes) * synth.decoder.samples_per_code, np.float32)
                                           for i in items]
@@ -74,7 +84,8 @@ async def main(model: str, out: str, n: int) -> None:
     lanes, generator = [], synth.generator
     while isinstance(generator, LaneRouter):  # the fixed lanes, shortest first, in front of the fallback
         lanes.append({"rows": generator.lane.rows, "max_len": generator.lane.max_len,
-                      "busy_ms": round(generator.lane.busy_ms, 1), "idle_ms": round(generator.lane.idle_ms, 1)})
+                      "busy_ms": round(generator.lane.busy_ms, 1), "idle_ms": round(generator.lane.idle_ms, 1),
+                      "streams": generator.lane_streams, "handoffs": generator.handoffs})
         generator = generator.primary
     result["lanes"] = lanes
     await synth.close()

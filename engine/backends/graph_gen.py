@@ -30,8 +30,8 @@ from engine.config import SamplingOptions, request_of
 from engine.deadlines import DeadlineBoard
 from engine.errors import GenerationError
 from engine.events import EventSink, Notice, ignore_events
-from engine.lane_scheduler import (CROWD_MEMORY_SHARE, ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob, LaneScheduler,
-                                   LaneShapes)
+from engine.lane_scheduler import (CROWD_MEMORY_SHARE, FIXED_MEMORY_SHARE, ROW_BUCKETS, SPAN_BUCKETS, Launch, LaneJob,
+                                   LaneScheduler, LaneShapes)
 from engine.prompt import Prompt
 
 AHEAD = 1
@@ -40,8 +40,6 @@ is launched behind every burst in flight, so each one more is a burst of steps a
 ROWS = 8
 """Streams the lane steps at once, by default (the factory sizes it to the GPU: `rows_for`). A step over 8 rows
 takes about as long as over 1: the weights are read once whatever the rows."""
-ROW_MEMORY_SHARE = 0.10
-"""Share of the GPU's memory a fixed-shape lane's KV cache may take (engine.factory's deterministic lanes)."""
 OTHERS_LIMIT = 1
 """The lane takes a stream only while vLLM runs fewer than this many (1: only when vLLM is idle)."""
 HANDOFF_AT = 2
@@ -54,13 +52,6 @@ bitwise the same whatever the other rows held, how many rows ran and in which or
 a prompt prefilled alone differed from the same prompt packed with others (the probe named). So a
 fixed-shape lane runs one span, one row count and one prompt per prefill; the per-request Gumbel noise already
 made the draws independent of the row."""
-FIXED_LANES = ((1024, 256), (2048, 64))
-"""(positions, most rows) of each fixed-shape lane of a deterministic engine, shortest first: a sentence runs on the
-first whose positions hold its prompt and token budget. Every step attends over all of a lane's positions and runs
-all its rows, so most sentences take the short lane and the long ones (up to the longest sentence the pipeline
-cuts, JoinConfig.max_sentence_chars) the other; what fits neither runs on the router's last generator, whose
-arithmetic is per request too. More rows cost a step less than they add; ROW_MEMORY_SHARE caps each lane on
-smaller GPUs."""
 
 
 def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -> int:
@@ -69,10 +60,10 @@ def row_bytes(cfg: Any, max_len: int = SPAN_BUCKETS[-1], dtype_bytes: int = 2) -
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * max_len * head_dim * dtype_bytes
 
 
-def fixed_rows_for(gpu_bytes: int, row_bytes: int, most: int) -> int:
-    """Rows of a fixed-shape lane: `most` where ROW_MEMORY_SHARE of the GPU holds their KV cache, else as many as it
-    holds (at least 1)."""
-    return max(1, min(most, int(ROW_MEMORY_SHARE * gpu_bytes // row_bytes)))
+def fixed_rows_for(gpu_bytes: int, row_bytes: int, most: int, share: float = FIXED_MEMORY_SHARE) -> int:
+    """Rows of a fixed-shape lane: `most` where `share` of the GPU holds their KV cache, else as many as it holds
+    (at least 1; the share is the family's LaneSizing.fixed_share)."""
+    return max(1, min(most, int(share * gpu_bytes // row_bytes)))
 
 
 def rows_for(gpu_bytes: int, row_bytes: int, most: int | None = None, share: float = CROWD_MEMORY_SHARE) -> int:

@@ -443,6 +443,29 @@ def test_fixed_lane_rows_fit_a_share_of_the_gpu() -> None:
     assert fixed_rows_for(24 * gib, row, 256) == 102 and fixed_rows_for(gib // 8, row, 256) == 1
 
 
+def test_export_lanes_are_the_familys() -> None:
+    """Spark's export lanes are as they were (their row counts are part of its bytes); Orpheus's long lane, which most
+    of a book takes, gets twice the rows on a card that holds them."""
+    from transformers import LlamaConfig
+
+    from engine.backends.graph_gen import fixed_rows_for, row_bytes
+    from engine.families import family
+
+    def rows(name: str, cfg, gpu_bytes: int) -> list[int]:
+        sizing = family(name).lane
+        return [fixed_rows_for(gpu_bytes, row_bytes(cfg, max_len=positions), most, sizing.fixed_share)
+                for positions, most in sizing.fixed]
+
+    spark = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+    orpheus = LlamaConfig(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, num_hidden_layers=28)
+    gib = 1 << 30
+    assert family("spark").lane.fixed == ((1024, 256), (2048, 64)) and family("spark").lane.fixed_share == 0.10
+    assert rows("spark", spark, 140 * gib) == [256, 64]
+    assert rows("orpheus", orpheus, 140 * gib) == [256, 128]
+    assert rows("orpheus", orpheus, 80 * gib) == [146, 73]
+    assert rows("orpheus", orpheus, 140 * gib)[1] == 2 * fixed_rows_for(140 * gib, row_bytes(orpheus, max_len=2048), 128)
+
+
 def test_lane_rows_by_front_end() -> None:
     """In-process front ends get a 2-row lane (one listener); `voicectl serve` one sized to the GPU."""
     import argparse
