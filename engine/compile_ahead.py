@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,25 @@ def run_child(argv: list[str], stopped: threading.Event, timeout_s: float) -> bo
     return True
 
 
+def leave_with_parent(poll_s: float = 1.0) -> threading.Thread:
+    """Exit this process once its parent is gone (it was killed, not stopped: a stopped server kills the child
+    itself), so that no orphan goes on compiling, holding GPU memory, for minutes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    watcher = threading.Thread(target=watch, name="leave-with-parent", daemon=True)
+    watcher.start()
+    return watcher
+
+
 def main(argv: list[str]) -> int:
     """The child: build the crowd lane of the checkpoint at argv[0] on GPU argv[1], as the server's tuning will."""
     os.nice(AHEAD_NICE)
+    leave_with_parent()
     root, index = Path(argv[0]), int(argv[1])
     try:
         from engine.factory import _new_lane, keep_compile_caches

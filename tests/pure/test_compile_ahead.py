@@ -55,3 +55,43 @@ def test_the_key_changes_with_what_the_kernels_depend_on_and_the_stamp_lives_in_
                          150 << 30)}) == 5
     assert stamp_path(key, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}) == tmp_path / "voiceapp-lanes-ahead" / key
     assert stamp_path(key, {}) is None
+
+
+def test_a_child_whose_server_was_killed_leaves_too(tmp_path) -> None:
+    """A server killed (SIGKILL) mid-tuning cannot kill its compile child: the child sees its parent gone and exits."""
+    import os
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "child.pid"
+    child = (f"import os, time; from engine.compile_ahead import leave_with_parent; leave_with_parent(0.05); "
+             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)")
+    server = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        grandchild = int(pid_file.read_text())
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        deadline = time.monotonic() + 10
+        while _alive(grandchild):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        server.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped by init, counts as gone)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.exists(f"/proc/{pid}")
