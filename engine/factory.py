@@ -395,19 +395,22 @@ def _deterministic_generator(info, config: EngineConfig, events: EventSink, gpu:
         return _torch_generator(info, config, events)
     import torch
 
+    from engine.families import family
+
     fallback = _plain_torch_generator(info, config, events, torch.device(gpu_device(config)), lazy=True)
-    return fixed_lane_chain(fallback, lanes, events)
+    return fixed_lane_chain(fallback, lanes, events, fit_budget=family(info.family).lane.fit_budget)
 
 
-def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events):
+def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events, fit_budget: bool = False):
     """`lanes` (shortest first) in front of `fallback`: a request runs on the first lane that holds it, else on
-    `fallback`; decided by the request alone (never by load), and a lane's failure is the request's error."""
+    `fallback`; decided by the request alone (never by load), and a lane's failure is the request's error. With
+    `fit_budget` (LaneSizing.fit_budget) the longest lane takes every prompt it holds, its budget cut to fit."""
     from engine.backends.graph_gen import LaneRouter
 
     generator = fallback
-    for lane in reversed(lanes):
+    for n, lane in reversed(list(enumerate(lanes))):
         generator = LaneRouter(generator, lane, others_limit=None, handoff_at=None, overflow=False, failover=False,
-                               events=events)
+                               fit_budget=fit_budget and n == len(lanes) - 1, events=events)
     return generator
 
 

@@ -80,6 +80,9 @@ class LaneSizing:
     """(positions, most rows) of each fixed-shape lane of its deterministic engine (export), shortest first."""
     fixed_share: float = FIXED_MEMORY_SHARE
     """Share of the GPU's memory each of those lanes' KV cache may take (graph_gen.fixed_rows_for)."""
+    fit_budget: bool = False
+    """A sentence whose budget outgrows the longest of those lanes runs there with its budget cut to the positions
+    left after its prompt, not on the torch generator behind them (which steps one request at a time)."""
 
 
 def sentence_positions(token_budget: int) -> int:

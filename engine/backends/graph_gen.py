@@ -293,8 +293,12 @@ class LaneRouter:
 
     def __init__(self, primary: Any, lane: GraphLane, others_limit: int | None = OTHERS_LIMIT,
                  handoff_at: int | None = HANDOFF_AT, overflow: bool = True, failover: bool = True,
-                 events: EventSink = ignore_events) -> None:
+                 fit_budget: bool = False, events: EventSink = ignore_events) -> None:
         self.primary, self.lane, self.events = primary, lane, events
+        self.fit_budget = fit_budget
+        """A request whose prompt the lane holds but whose budget runs past its positions runs here with the budget
+        cut to them, instead of on the primary (the longest lane of a deterministic engine whose family's budgets
+        outgrow its spans: LaneSizing.fit_budget)."""
         self.others_limit, self.handoff_at = others_limit, handoff_at
         """None: the lane takes a stream whatever the primary runs / never hands a stream over (a lane that holds
         a crowd itself, or a primary slower than the lane)."""
@@ -329,7 +333,13 @@ class LaneRouter:
         room = not self.overflow or group in groups or len(groups) < self.lane.rows
         return room and self.lane.supports(prompt, opts)
 
+    def _fitted(self, prompt: Prompt, opts: SamplingOptions) -> SamplingOptions:
+        """`opts` with its budget cut to the positions the lane's rows leave after the prompt, where `fit_budget`."""
+        room = self.lane.max_len - len(prompt.ids)
+        return replace(opts, max_tokens=room) if self.fit_budget and 0 < room < opts.max_tokens else opts
+
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
+        opts = self._fitted(prompt, opts)
         if self._use_lane(prompt, opts, request_id_group := request_of(request_id)):
             self.lane_streams += 1
             done: list[int] = []

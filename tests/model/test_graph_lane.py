@@ -321,6 +321,26 @@ async def test_a_chain_of_fixed_lanes_routes_by_the_request_alone(model) -> None
     await chain.close()
 
 
+async def test_a_chain_that_fits_budgets_keeps_every_prompt_it_holds_on_its_longest_lane(model) -> None:
+    """fit_budget (Orpheus's export): a budget past the long lane's positions runs there, cut to fit; a short budget
+    still takes the short lane, and only a prompt no lane holds reaches the fallback."""
+    from engine.factory import fixed_lane_chain
+
+    short, long = (GraphLane(model, IDS, semantic_allowed_ids(IDS), device="cpu", dtype=torch.float32, max_len=n,
+                             rows=r, fixed_shapes=True) for n, r in ((64, 3), (160, 2)))
+    fallback = ScriptedGenerator(IDS, delay_s=0.001)
+    chain = fixed_lane_chain(fallback, [short, long], fit_budget=True)
+    budgets = [20, 100, 200, 500]  # prompt (8 ids) + budget: short lane, long lane, long lane cut to 152 (twice)
+    got = await asyncio.gather(*(collect(chain, PROMPT, SamplingOptions(max_tokens=n, seed=i), f"r{i}-0")
+                                 for i, n in enumerate(budgets)))
+    assert [len(g) for g in got] == [20, 100, 160 - len(PROMPT.ids), 160 - len(PROMPT.ids)]
+    assert fallback.started == [] and (short.served, long.served) == (1, 3)
+    huge = Prompt(PROMPT.ids[:2] + (9906,) * 600 + PROMPT.ids[-2:], SEMANTIC_ONLY)  # more than any lane prefills
+    assert len(await collect(chain, huge, SamplingOptions(max_tokens=10, seed=0), "r9-0")) == 10
+    assert fallback.started == ["r9-0"]
+    await chain.close()
+
+
 def test_a_fixed_shape_lane_refuses_fused_or_compiled_steps(model) -> None:
     for extra in ({"fused": True}, {"compile_layers": True}):
         with pytest.raises(ValueError, match="fixed shapes"):

@@ -56,7 +56,9 @@ EXPORT_LANES = ((1024, 256), (2048, 128))
 """Export's fixed-shape lanes (LaneSizing.fixed): Spark's spans (the ones whose rows were checked batch invariant),
 with twice the long lane's rows. A sentence's token budget is 1.64 times Spark's (82 tokens a second of audio against
 50), so one of more than ~67 letters (about 80 characters) outgrows the 1,024 positions: much of a book takes the long
-lane."""
+lane. One of more than ~140 letters outgrows the long lane too, and runs there with its budget cut to fit
+(LaneSizing.fit_budget): ~22 s, about 1.2 times the longest sentence the pipeline cuts read aloud, where the torch
+generator behind the lanes would step it alone."""
 EXPORT_LANE_SHARE = 0.20
 """Share of the GPU's memory each of those lanes' KV cache may take: a 3B row over 2,048 positions is 224 MiB, so
 Spark's 10% would hold 64 rows of the long lane on a 141 GB card."""
@@ -118,13 +120,14 @@ class OrpheusFamily:
         """Positions for the longest sentence the pipeline cuts (JoinConfig.max_sentence_chars, none of them
         spaces) at its token cap, at most the engine-wide max_tokens (the bound that binds: 82 tokens a second of
         audio allows such a sentence more than 3,000), after the longest prompt a lane prefills; at
-        LANE_MEMORY_SHARE. Export's lanes: EXPORT_LANES at EXPORT_LANE_SHARE."""
+        LANE_MEMORY_SHARE. Export's lanes: EXPORT_LANES at EXPORT_LANE_SHARE, the longest fitting every budget."""
         from engine.config import JoinConfig
         from engine.text import sentence_token_cap
 
         longest = sentence_token_cap("x" * JoinConfig().max_sentence_chars, FRAMES_PER_S * TOKENS_PER_FRAME)
         return LaneSizing(sentence_positions(min(longest, SamplingOptions().max_tokens)), LANE_MEMORY_SHARE,
-                          fixed=EXPORT_LANES, fixed_share=EXPORT_LANE_SHARE)
+                          fixed=EXPORT_LANES, fixed_share=EXPORT_LANE_SHARE,
+                          fit_budget=True)
 
     def looks_like(self, root: Path) -> bool:
         if (root / "snac").is_dir():
