@@ -40,11 +40,12 @@ STAMPS = "voiceapp-lanes-ahead"
 
 def lane_key(info: Any, device_name: str, device_bytes: int) -> str:
     """What the lane's compiled kernels depend on: the LLM's config, the GPU (its memory sizes the lane's rows),
-    torch, and the code of the backends that build it."""
+    torch, and the code that builds and sizes it (the backends, the lane's shapes, the families)."""
     import torch
 
+    engine = Path(__file__).parent
     code = hashlib.sha256()
-    for path in sorted((Path(__file__).parent / "backends").glob("*.py")):
+    for path in sorted([*engine.glob("backends/*.py"), *engine.glob("families/**/*.py"), engine / "lane_scheduler.py"]):
         code.update(path.read_bytes())
     parts = {"family": info.family, "llm": info.llm_config, "gpu": device_name, "bytes": device_bytes,
              "torch": torch.__version__, "code": code.hexdigest()}
@@ -60,9 +61,9 @@ def stamp_path(key: str, env: dict[str, str] | os._Environ[str] | None = None) -
 def compile_lane_ahead(info: Any, device: str, stopped: threading.Event,
                        timeout_s: float = AHEAD_TIMEOUT_S) -> str:
     """Build the lane of checkpoint `info` on `device` in a child process and wait for it (the caller is a tuning
-    thread). What it did, for the tuning's status: "compiled", or "caches warm" where a stamp says so. GenerationError
-    when the child failed or took longer than `timeout_s`; TuningStopped (engine.tuning) once `stopped` is set, the
-    child stopped first."""
+    thread). What it did, for the tuning's status: "compiled", "caches warm" where a stamp says so, or "called off"
+    once `stopped` was set (the child killed). GenerationError when the child failed or took longer than
+    `timeout_s`."""
     import torch
 
     index = torch.device(device).index
