@@ -430,16 +430,30 @@ def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     memory = torch.cuda.get_device_properties(gpu).total_memory
     sizing = family(info.family).lane
-    lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=gpu,
-                       rows=fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most,
-                                           sizing.fixed_share),
-                       max_len=positions, fixed_shapes=True, repetition_penalty=penalised(info))
-             for positions, most in sizing.fixed]
+    shapes = [(fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most, sizing.fixed_share), positions)
+              for positions, most in sizing.fixed]
+    try:
+        lanes = [GraphLane(model, info.token_ids, info.token_ids.audio_ids, device=gpu, rows=rows, max_len=positions,
+                           fixed_shapes=True, repetition_penalty=penalised(info))
+                 for rows, positions in shapes]
+    except torch.OutOfMemoryError as err:
+        raise fixed_lanes_too_big(shapes, row_bytes(model.config, max_len=1), torch.cuda.mem_get_info(gpu)) from err
     events(Notice(f"graph lanes of fixed shapes ready in {time.perf_counter() - t0:.1f} s ("
                   f"{', '.join(f'{lane.rows} rows x {lane.max_len} positions' for lane in lanes)}; CUDA graphs "
                   f"captured in {sum(lane.capture_s for lane in lanes):.1f} s)"))
     events(StartupPhase("lane", time.perf_counter() - t0))
     return lanes
+
+
+def fixed_lanes_too_big(shapes: list[tuple[int, int]], position_bytes: int, memory: tuple[int, int]) -> GenerationError:
+    """The one line for fixed-shape lanes (rows, positions) that the GPU's free memory (free, total bytes) cannot
+    hold. Their rows follow the card's total memory, not what is free, so that a sentence's bytes never depend on
+    what else runs; the user frees the card instead."""
+    need = sum(rows * positions for rows, positions in shapes) * position_bytes
+    free, total = memory
+    return GenerationError(f"out of GPU memory for the export's lanes ({need / 2**30:.1f} GiB of KV cache; "
+                           f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free): stop what else runs on this GPU "
+                           f"(a `voicectl serve`?) and run it again, or use --compute cpu")
 
 
 def _torch_generator(info, config: EngineConfig, events: EventSink, lane=None, build_lane: bool = False):

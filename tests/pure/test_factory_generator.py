@@ -242,3 +242,32 @@ def test_compute_takes_a_gpu_index_and_refuses_anything_else(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--compute", "cuda:x"])
     assert "--compute: invalid" in capsys.readouterr().err
+
+
+def test_export_lanes_the_gpu_cannot_hold_are_one_line_naming_what_to_free(monkeypatch) -> None:
+    """The fixed lanes' rows follow the card's total memory (a sentence's bytes must not depend on what else runs):
+    where another process holds the memory (a server of the same 3B model), the export ends with one line that says
+    what to do, not CUDA's traceback."""
+    import torch
+    from transformers import LlamaConfig
+
+    from engine.backends import graph_gen, qwen2_checkpoint
+    from engine.errors import GenerationError
+
+    gib = 1 << 30
+    model = SimpleNamespace(config=LlamaConfig(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8,
+                                               num_hidden_layers=28))
+    monkeypatch.setattr(factory, "_lane_runs_on", lambda gpu, events, then="": True)
+    monkeypatch.setattr(qwen2_checkpoint.Qwen2Weights, "from_checkpoint", staticmethod(lambda path: model))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda gpu: SimpleNamespace(total_memory=140 * gib))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda gpu: (7 * gib, 140 * gib))
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 13.95 GiB.")
+
+    monkeypatch.setattr(graph_gen, "GraphLane", no_room)
+    info = SimpleNamespace(family="orpheus", llm_dir="unused", token_ids=SimpleNamespace(audio_ids=()))
+    with pytest.raises(GenerationError) as err:
+        factory._build_fixed_lanes(info, lambda event: None, "cuda:0")
+    line = str(err.value)
+    assert "\n" not in line and "56.0 GiB of KV cache; 7.0 of 140.0 GiB free" in line and "--compute cpu" in line
