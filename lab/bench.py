@@ -130,6 +130,13 @@ def _bench(args: argparse.Namespace, opts, checkpoint: str) -> dict:
     if args.export_sentences:
         from lab.export_check import export_speed
 
+        if cuda:  # the streams' engine is closed, but torch's allocator still holds its memory: the export needs it
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
         log(f"export: a fresh `voicectl export` of {args.export_sentences} sentences")
         result["pipeline"]["export"] = _guard(lambda: export_speed(model, args.export_sentences, STARTUP_TIMEOUT_S,
                                                                    log))
