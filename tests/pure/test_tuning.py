@@ -304,6 +304,12 @@ def test_voicectl_status_names_the_longest_piece() -> None:
     assert describe_tuning(status) == ("tuning: in progress after 12 s (decoder running); "
                                        "longest piece 412 ms (decoder 64x48)")
     assert "longest" not in describe_tuning({**status, "pieces": {"count": 0, "seconds": 0.0, "longest_ms": []}})
+    done = {**status, "done": True, "steps": [{"name": "compile", "state": "done", "seconds": 0.4,
+                                               "detail": "caches warm"},
+                                              {"name": "vllm", "state": "skipped", "seconds": 0.0,
+                                               "detail": "the graph lane holds the crowd"}]}
+    assert describe_tuning(done).startswith("tuning: done after 12 s (compile done 0 s (caches warm), vllm skipped 0 s "
+                                            "(the graph lane holds the crowd))")
 
 
 async def test_no_full_collection_runs_while_steps_build_and_the_threshold_comes_back() -> None:

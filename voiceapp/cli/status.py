@@ -104,7 +104,7 @@ def describe_tuning(tuning: dict) -> str:
     work (what a request arriving mid-piece waited for)."""
     def step(s: dict) -> str:
         took = "" if s["seconds"] is None else f" {s['seconds']:.0f} s"
-        why = f" ({s['detail']})" if s["state"] == "failed" and s["detail"] else ""
+        why = f" ({s['detail']})" if s["detail"] else ""  # why it failed or was skipped, or what it did
         return f"{s['name']} {s['state']}{took}{why}"
 
     head = "done" if tuning["done"] else "in progress"
