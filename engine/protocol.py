@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,12 @@ PROTOCOL_VERSION = 2
 """Bumped on any incompatible change; client and server must agree exactly."""
 MAX_FRAME_BYTES = 1 << 20
 """Largest payload accepted (1 MiB): bounds what a peer can make us buffer per frame."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a message may have (real ones nest two or three deep): deeper is refused
+before the JSON parser recurses into it, so a hostile frame never takes the server's thread near the interpreter's
+recursion limit."""
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
 MAX_TEXT_PIECE = 65536
 """Characters per text message the client sends (4 bytes each at worst in UTF-8: far below the frame limit)."""
 
@@ -190,15 +197,29 @@ def parse_payload(kind: bytes, payload: bytes) -> dict[str, Any] | AudioFrame:
     """The message or audio a payload holds; ProtocolError on anything malformed (nesting too deep included)."""
     if kind == KIND_AUDIO:
         return _parse_audio(payload)
+    if _nesting(payload) > MAX_JSON_DEPTH:
+        raise ProtocolError("bad-json", "frame payload nests JSON too deeply")
     try:
         message = json.loads(payload.decode())
-    except RecursionError:
+    except RecursionError:  # MAX_JSON_DEPTH is far below the interpreter's limit; kept for a caller already deep
         raise ProtocolError("bad-json", "frame payload nests JSON too deeply") from None
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("bad-json", "frame payload is not valid UTF-8 JSON") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError("bad-json", "a message must be a JSON object with a string \"type\"")
     return message
+
+
+def _nesting(payload: bytes) -> int:
+    """How deep the payload's arrays and objects nest, strings left out; a payload with few brackets (every real
+    message) is not scanned."""
+    if payload.count(b"[") + payload.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b"", payload)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _parse_audio(payload: bytes) -> AudioFrame:

@@ -335,8 +335,10 @@ class LaneRouter:
 
     def _fitted(self, prompt: Prompt, opts: SamplingOptions) -> SamplingOptions:
         """`opts` with its budget cut to the positions the lane's rows leave after the prompt, where `fit_budget`."""
+        if not self.fit_budget:
+            return opts
         room = self.lane.max_len - len(prompt.ids)
-        return replace(opts, max_tokens=room) if self.fit_budget and 0 < room < opts.max_tokens else opts
+        return replace(opts, max_tokens=room) if 0 < room < opts.max_tokens else opts
 
     async def stream(self, prompt: Prompt, opts: SamplingOptions, request_id: str) -> AsyncIterator[list[int]]:
         opts = self._fitted(prompt, opts)

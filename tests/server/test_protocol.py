@@ -62,6 +62,24 @@ async def test_malformed_frames_raise_protocol_errors(data, code):
     assert err.value.code == code
 
 
+def test_deep_nesting_is_refused_before_the_json_parser_recurses(monkeypatch):
+    """A hostile frame of deep nesting never reaches json.loads (whose recursion would take the server's thread to
+    the interpreter's limit, where any finalizer that runs then fails); a message as deep as MAX_JSON_DEPTH, and
+    brackets inside strings, still parse."""
+    from engine import protocol
+    from engine.protocol import MAX_JSON_DEPTH, parse_payload
+
+    deep_enough = {"type": "say", "x": json.loads("[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)),
+                   "text": '"[[{' * 100}
+    assert parse_payload(b"J", json.dumps(deep_enough).encode()) == deep_enough
+    parsed = []
+    monkeypatch.setattr(protocol.json, "loads", lambda text: parsed.append(text))
+    for hostile in (b"[" * 200_000, b'{"type": "say", "x": ' + b"[" * (MAX_JSON_DEPTH + 1)):
+        with pytest.raises(ProtocolError, match="too deeply"):
+            parse_payload(b"J", hostile)
+    assert parsed == []
+
+
 def test_oversized_messages_are_refused_when_encoding():
     with pytest.raises(ValueError):
         encode_message({"type": "text", "text": "x" * MAX_FRAME_BYTES})
