@@ -1,11 +1,12 @@
 """Is a graph-lane row's arithmetic independent of its neighbours? (What a deterministic export on the lane needs.)
 
-    python lab/lane_invariance_probe.py --model DIR --out results.json
+    python lab/lane_invariance_probe.py --model DIR --out results.json [--spans 1024,2048,4096]
 
-On StaticQwen2's tensor code (no compile, no fused kernels), one decode step of 128 rows with random caches and
-positions, then the same rows again with: another attention span, the rows in another order, fewer rows beside
-them, other neighbours' contents. Each variant reports how many rows' hidden states are bitwise equal to the
-reference. Also prefills: one prompt alone against the same prompt packed with three others. Then the time of one
+Any family. On StaticQwen2's tensor code (no compile, no fused kernels), one decode step of 128 rows with random
+caches and positions, then the same rows again with: another attention span, the rows in another order, fewer rows
+beside them, other neighbours' contents. Each variant reports how many rows' hidden states are bitwise equal to the
+reference. `by_span`: the variants at each span of --spans against that span's own reference (a fixed-shape lane
+runs one span: what its determinism needs is this, not agreement across spans). Also prefills: one prompt alone against the same prompt packed with three others. Then the time of one
 captured step at each (rows, span) a fixed-shape lane could use.
 """
 from __future__ import annotations
@@ -21,16 +22,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--spans", default="1024,2048,4096", help="spans whose own variants to check (default %(default)s)")
+    p.add_argument("--rows", type=int, default=128, help="rows of the reference step (default %(default)s; the 3B's "
+                   "cache is 8 times Spark's a row, and each variant copies it: 32 there)")
     args = p.parse_args()
     from engine.backends.qwen2_checkpoint import Qwen2Weights
     from engine.backends.qwen2_static import StaticQwen2
-    from engine.model import load_model_info
+    from engine.families import detect
 
-    info = load_model_info(args.model)
-    model = StaticQwen2(Qwen2Weights.from_checkpoint(info.llm_dir), 4096, "cuda", torch.bfloat16, own_cache=False)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    info = detect(args.model).read(args.model)
+    spans = [int(span) for span in args.spans.split(",")]
+    model = StaticQwen2(Qwen2Weights.from_checkpoint(info.llm_dir), max(4096, *spans), "cuda", torch.bfloat16,
+                        own_cache=False)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "family": info.family}
     with torch.inference_mode():
-        result["decode"] = decode_variants(model)
+        result["decode"] = decode_variants(model, rows=args.rows)
+        result["by_span"] = {span: decode_variants(model, span, args.rows) for span in spans}
         result["prefill"] = prefill_variants(model)
         result["step_ms"] = step_times(model)
     print(json.dumps(result, indent=1))
@@ -38,13 +45,15 @@ def main() -> None:
         json.dump(result, f, indent=1)
 
 
-def decode_variants(model) -> dict:
+def decode_variants(model, span: int | None = None, rows: int = 128) -> dict:
+    """Rows bitwise equal to a reference step of `rows` rows: with `span`, the variants at that span against its own
+    reference; without, against span 1024, spans included."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    rows = 128
-    k, v = model.new_rows_cache(rows, 4096)
+    at = span or 1024
+    k, v = model.new_rows_cache(rows, max(4096, at))
     k.normal_(generator=g)
     v.normal_(generator=g)
-    ids = torch.randint(0, 150000, (rows,), device="cuda", generator=g)
+    ids = torch.randint(0, model.vocab_size, (rows,), device="cuda", generator=g)
     pos = torch.randint(20, 900, (rows,), device="cuda", generator=g)
 
     def step(order, n, span, cache=None):
@@ -55,29 +64,29 @@ def decode_variants(model) -> dict:
         back = {int(r): out[i] for i, r in enumerate(order[:n])}
         return back
 
-    base = step(list(range(rows)), rows, 1024)
+    base = step(list(range(rows)), rows, at)
 
     def same(other) -> str:
         hits = sum(bool(torch.equal(base[r], other[r])) for r in other)
         return f"{hits}/{len(other)}"
 
-    out = {"span2048": same(step(list(range(rows)), rows, 2048)),
-           "span4096": same(step(list(range(rows)), rows, 4096)),
-           "reversed": same(step(list(range(rows))[::-1], rows, 1024)),
-           "rows16": same(step(list(range(16)), 16, 1024)),
-           "rows1": same(step([5], 1, 1024)),
-           "repeat": same(step(list(range(rows)), rows, 1024))}
+    out = {} if span else {"span2048": same(step(list(range(rows)), rows, 2048)),
+                           "span4096": same(step(list(range(rows)), rows, 4096))}
+    out.update({"reversed": same(step(list(range(rows))[::-1], rows, at)),
+                "rows16": same(step(list(range(16)), 16, at)),
+                "rows1": same(step([5], 1, at)),
+                "repeat": same(step(list(range(rows)), rows, at))})
     k2, v2 = k.clone(), v.clone()
-    k2[:, 64:].normal_(generator=g)
-    v2[:, 64:].normal_(generator=g)
-    other = step(list(range(rows)), rows, 1024, (k2, v2))
-    out["other_neighbours_first64"] = same({r: other[r] for r in range(64)})
+    k2[:, rows // 2:].normal_(generator=g)
+    v2[:, rows // 2:].normal_(generator=g)
+    other = step(list(range(rows)), rows, at, (k2, v2))
+    out["other_neighbours_first_half"] = same({r: other[r] for r in range(rows // 2)})
     return out
 
 
 def prefill_variants(model) -> dict:
     g = torch.Generator(device="cuda").manual_seed(1)
-    prompts = torch.randint(0, 150000, (4, 128), device="cuda", generator=g)
+    prompts = torch.randint(0, model.vocab_size, (4, 128), device="cuda", generator=g)
     out = {}
     for size in (64, 128):
         one = model.prefill_rows(prompts[:1, :size], model.new_rows_cache(1, size))
