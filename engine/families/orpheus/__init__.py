@@ -53,7 +53,7 @@ GB): a quarter of the card is room for all of them. Rows are a power of two, so 
 share and often less (256 rows of 3,512 positions are 103 GB of a 141 GB card, 128 rows 52 GB of an 80 GB one)."""
 
 EXPORT_LANES = ((1024, 256), (2048, 128))
-"""Export's fixed-shape lanes (LaneSizing.fixed): Spark's spans (the ones whose rows were checked batch invariant),
+"""Export's fixed-shape lanes (LaneSizing.fixed): Spark's spans (the ones the invariance probe passed),
 with twice the long lane's rows. A sentence's token budget is 1.64 times Spark's (82 tokens a second of audio against
 50), so one of more than ~67 letters (about 80 characters) outgrows the 1,024 positions: much of a book takes the long
 lane. One of more than ~140 letters outgrows the long lane too, and runs there with its budget cut to fit
