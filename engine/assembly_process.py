@@ -27,9 +27,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from engine.child_env import engine_env
 from engine.errors import OutputError
 from engine.export_plan import Assembled, FollowingAssembly
 
@@ -53,10 +53,8 @@ class AssemblyProcess:
         self.last_part_at = time.perf_counter()
 
     def start(self) -> None:
-        root = str(Path(__file__).resolve().parents[1])  # where `engine` is imported from, whatever the cwd
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self._proc = subprocess.Popen([sys.executable, "-m", "engine.assembly_process"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+                                      stdout=subprocess.PIPE, env=engine_env(), close_fds=True, start_new_session=True)
         self._queue.put(pickle.dumps(self._arguments, protocol=pickle.HIGHEST_PROTOCOL))
         self._feeder = threading.Thread(target=self._feed, name="export-encoder-feed", daemon=True)
         self._feeder.start()

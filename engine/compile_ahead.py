@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.child_env import engine_env
 from engine.errors import GenerationError
 
 AHEAD_NICE = 10
@@ -89,10 +90,8 @@ def build_ahead(stamp: Path | None, argv: list[str], stopped: threading.Event, t
 def run_child(argv: list[str], stopped: threading.Event, timeout_s: float) -> bool:
     """Run the child to its end (True), or kill it once `stopped` is set (False). GenerationError with its last
     stderr line where it failed, or where it ran past `timeout_s` (killed)."""
-    engine_root = str(Path(__file__).resolve().parents[1])  # where `engine` is imported from, whatever the cwd
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (engine_root, os.environ.get("PYTHONPATH")) if p)}
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env=env, close_fds=True, start_new_session=True)  # a terminal's Ctrl-C reaches the server
+                             env=engine_env(), close_fds=True, start_new_session=True)  # Ctrl-C reaches the server only
     waited = 0.0
     while True:
         try:

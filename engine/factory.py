@@ -408,9 +408,9 @@ def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events, f
     from engine.backends.graph_gen import LaneRouter
 
     generator = fallback
-    for n, lane in reversed(list(enumerate(lanes))):
+    for lane in reversed(lanes):
         generator = LaneRouter(generator, lane, others_limit=None, handoff_at=None, overflow=False, failover=False,
-                               fit_budget=fit_budget and n == len(lanes) - 1, events=events)
+                               fit_budget=fit_budget and lane is lanes[-1], events=events)
     return generator
 
 
