@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-variants", action="store_true",
                    help="skip the TTFA runs with other first-window schedules")
     p.add_argument("--variants", metavar="NAMES", help=f"only these variants (comma-separated: {', '.join(VARIANTS)})")
+    p.add_argument("--lane-trace", metavar="PATH", help="write the graph lane's timeline to PATH (lab/lane_trace.py)")
     return p
 
 
@@ -84,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
     from engine import bench
 
     levels = parse_levels(args.levels)
-    variants = _variants(args)  # a bad name fails before minutes of checkpoint writing and model loading
+    variants = _variants(args)
+    if args.lane_trace:
+        from lab.lane_trace import install
+
+        install(args.lane_trace)  # a bad name fails before minutes of checkpoint writing and model loading
     started = datetime.datetime.now().astimezone()
     with checkpoint_for(args, log) as (model, checkpoint):
         opts = bench.BenchOptions(model=model, tokens=args.tokens, sentences=args.sentences, levels=levels,
