@@ -83,11 +83,12 @@ async def _measure_level(synth: Any, gen: FixedLengthGenerator, n: int, *, text:
     calls = synth.batcher.stats.calls - stats0[0]
     items = synth.batcher.stats.items - stats0[1]
     schedule = synth.schedule.busy() if n > synth.schedule.busy_streams else synth.schedule
-    first_tokens = schedule.first_new + schedule.right_context(0)
+    per_code = synth.grammar.tokens_per_code
+    first_tokens = (schedule.first_new + schedule.right_context(0)) * per_code
     mine = {r.request_id: decodes.times[r.request_id] for r in records
             if decodes is not None and r.request_id in decodes.times}
     level = summarize(n, records, times, firsts, synth.sample_rate, preroll_s, first_tokens, wall,
-                      items / calls if calls else 0.0, mine, right=schedule.right_context(0))
+                      items / calls if calls else 0.0, mine, right=schedule.right_context(0), tokens_per_code=per_code)
     level.decode_calls, level.decode_capped = calls, synth.batcher.stats.capped - stats0[2]
     level.decode_first_calls = [size for number, size in synth.batcher.stats.recent
                                 if stats0[0] < number <= stats0[0] + FIRST_CALLS_REPORTED]

@@ -92,10 +92,12 @@ WINDOWS_REPORTED = 6
 
 def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firsts: dict[str, TokenTimes],
               sample_rate: int, preroll_s: float, first_tokens: int, wall_s: float, batch_mean: float,
-              decodes: dict[str, list[tuple[float, float, int]]] | None = None, right: int = 0) -> LevelResult:
+              decodes: dict[str, list[tuple[float, float, int]]] | None = None, right: int = 0,
+              tokens_per_code: int = 1) -> LevelResult:
     """One level's numbers. `first_tokens`: tokens the first window needs; where `decodes` knows a stream's first
-    window, its own size + `right` is used instead (under load, streams that started before the engine counted
-    as busy got the small first window, later ones the busy one)."""
+    window, its own size + `right` codes is used instead (under load, streams that started before the engine counted
+    as busy got the small first window, later ones the busy one), at `tokens_per_code` LLM tokens a code (Orpheus:
+    seven a SNAC frame)."""
     ttfa = [r.ttfa() * 1e3 for r in records]
     steady = [r.steady_rtf(sample_rate) for r in records]
     fixed = [simulate_playback(r.chunks, sample_rate, preroll_s) for r in records]
@@ -106,7 +108,7 @@ def summarize(n: int, records: list[StreamRecord], times: list[TokenTimes], firs
     decodes = decodes or {}
 
     def tokens_for(rid: str) -> int:
-        return decodes[rid][0][2] + right if decodes.get(rid) else first_tokens
+        return (decodes[rid][0][2] + right) * tokens_per_code if decodes.get(rid) else first_tokens
 
     need = [((t.time_of(tokens_for(rid)) or math.nan) - t.start) * 1e3 for rid, t in firsts.items()]
     submit, decode = [], []

@@ -85,6 +85,17 @@ def test_summarize_splits_the_first_window_per_stream():
     assert lv.decode_ms_by_window[1] == [4.0, 4.0] and lv.first_underrun_chunks == {}
 
 
+def test_summarize_counts_a_frame_of_several_tokens_as_its_tokens():
+    """Orpheus: a code (SNAC frame) is seven LLM tokens, so a 1-frame first window with 2 of lookahead waits for
+    the 21st token, not the third."""
+    rec = [bench.StreamRecord(0.0, [(0.060, 2048)], "a")]
+    firsts = {"a": bench.TokenTimes(0.0, [(0.002 * k, k) for k in range(1, 41)])}
+    decodes = {"a": [(0.043, 0.046, 1)]}
+    lv = bench.summarize(1, rec, list(firsts.values()), firsts, 24000, 0.2, first_tokens=21, wall_s=1.0,
+                         batch_mean=1.0, decodes=decodes, right=2, tokens_per_code=7)
+    assert math.isclose(lv.first_window_tokens_ms_p50, 42.0) and math.isclose(lv.first_submit_ms_p50, 1.0)
+
+
 def test_a_schedule_keeps_up_only_while_its_windows_grow_by_no_more_than_the_streams_speed():
     """A window comes whole: windows growing by 2 run dry below 2x real time, Orpheus's busy windows (8, 8 frames,
     growth 1.25) keep up at the 1.3x a crowd's streams get."""
