@@ -13,10 +13,12 @@ import argparse
 import datetime
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from engine.bench import Variant
 from engine.config import DECODER_AUTOTUNE
+from engine.families.orpheus import SCHEDULE as ORPHEUS
 from engine.windowing import WindowSchedule
 from lab import lab_cli
 from voiceapp.cmd_bench import (checkpoint_for, command_line, finish, log, parse_levels, report_head, run_pipeline,
@@ -70,13 +72,18 @@ VARIANTS = {"first_new2": (Variant(WindowSchedule(first_new=2)), (1,)),
             "busy16_16": (Variant(WindowSchedule(busy_first_new=16, busy_new=16)), (128,)),
             "busy24_24": (Variant(WindowSchedule(busy_first_new=24, busy_new=24)), (128,)),
             "switch200us": (Variant(switch_s=0.0002), (1, 8, 32, 128)),
-            "burst4": (Variant(burst=4), (1, 8))}
+            "burst4": (Variant(burst=4), (1, 8)),
+            "orpheus_again": (Variant(ORPHEUS), (216,)),
+            "orpheus_busy_growth_1_2": (Variant(replace(ORPHEUS, busy_growth=1.2)), (216,)),
+            "orpheus_busy_growth_1_15": (Variant(replace(ORPHEUS, busy_growth=1.15)), (216,))}
 """Other configurations on the same engine: a 2-code first window (2 tokens fewer before first audio, same
 seams) at 1 stream; every stream on vLLM (the graph lane off) at 1 and 32 streams, and the default again after
 it (lane_again: whether a difference is the lane's or the order of runs in one process); other busy first windows than
 the default 16 + 32 at 128 streams (24 + 48 underran on every stream: docs/lab/run-log.md); the interpreter switching
 threads every 0.2 ms instead of 5 (the lane's worker waits less for the GIL after each launch); bursts of 4 decode
-steps per read-back instead of 2 while the lane runs up to 8 streams."""
+steps per read-back instead of 2 while the lane runs up to 8 streams; for an Orpheus checkpoint, its crowd of 216 again
+on its own schedule and on busy windows growing by 1.2 or 1.15 instead of 1.25 (its crowds' streams get their tokens
+at about 1.2-1.25x real time, where a window growing by more than that runs dry after a few chunks)."""
 DEFAULT_VARIANTS = ("first_new2", "no_lane", "busy8_24", "busy16_16")
 """What a plain run runs (not busy24_24, which underran on every stream: docs/lab/run-log.md)."""
 

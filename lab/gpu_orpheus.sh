@@ -11,7 +11,8 @@
 #   the crowd lane alone (`--backend torch`, sized by the family: ModelFamily.lane) at LEVELS (1,32,128,216,256);
 #   while the checkpoint is written on the CPU, lab/gpu_lane3b.py's crowd part (torch's total memory, the lane's rows,
 #   its step per row bucket and span) and penalty part (timeboxed) on the GPU. All within CROWD_S (470) seconds.
-#   BENCH_ARGS go to lab.bench as they are (e.g. "--decoder-dtype fp16").
+#   BENCH_ARGS go to lab.bench as they are (e.g. "--decoder-dtype fp16"); VARIANTS names lab.bench's variants to run
+#   after the levels (e.g. orpheus_again,orpheus_busy_growth_1_15), none without it.
 # ckpt: only the synthetic checkpoint (call 1 of a run without the decoder probe).
 # decoder: our SNAC against the snac package, the pipeline's seams, time per window (lab/orpheus_snac_gpu.py);
 # bench: `python -m lab.bench` at 1..256 streams all at once; fresh: an export and a `say` through a warm server, each a
@@ -50,7 +51,8 @@ if [ "$PART" = crowd ]; then
   echo "probes rc=$? at $(( $(date +%s) - t0 )) s"
   wait $ckpt; cat "$OUT/ckpt.log"
   set -o pipefail
-  timeout "$(left)" python3 -m lab.bench --model "$ORPH" --backend torch --no-reference --no-variants \
+  timeout "$(left)" python3 -m lab.bench --model "$ORPH" --backend torch --no-reference \
+      $([ -n "${VARIANTS:-}" ] && echo --variants "$VARIANTS" || echo --no-variants) \
       --levels "${LEVELS:-1,32,128,216,256}" --tokens 413 --rounds-1 3 --export-sentences 0 ${BENCH_ARGS:-} \
       --json "$OUT/orpheus_crowd.json" 2>&1 | tee "$OUT/crowd.log" | tail -40
   echo "bench rc=$? at $(( $(date +%s) - t0 )) s"
