@@ -30,7 +30,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_lane3b import llama_3b  # noqa: E402 - lab/ beside this script
+from decode_kernels_probe import timed  # noqa: E402 - lab/ beside this script
+from gpu_lane3b import llama_3b  # noqa: E402
 from lane_profile import _replay_steps, graph_step_ms, prefill_ms  # noqa: E402
 from lane_trace import timeline  # noqa: E402
 
@@ -163,22 +164,6 @@ def compiled(out: dict, path: str, model, parts: list[str]) -> None:
     torch.cuda.empty_cache()
 
 
-def captured_ms(fn, reps: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def gemm(out: dict, path: str, model, parts: list[str]) -> None:
     cfg = model.config
     h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -198,14 +183,14 @@ def gemm(out: dict, path: str, model, parts: list[str]) -> None:
             for ws in w_in_out:
                 for w in ws:
                     torch.mm(x[w.shape[0]], w)
-        res["bf16_in_out_ms"] = round(captured_ms(lane_layout), 3)
+        res["bf16_in_out_ms"] = round(timed(lane_layout), 3)
         w_out_in = [[w.t().contiguous() for w in ws] for ws in w_in_out]
 
         def linear_layout() -> None:
             for ws in w_out_in:
                 for w in ws:
                     torch.nn.functional.linear(x[w.shape[1]], w)
-        res["bf16_out_in_ms"] = round(captured_ms(linear_layout), 3)
+        res["bf16_out_in_ms"] = round(timed(linear_layout), 3)
         save({**out, "gemm": res}, path)
         try:
             w8 = [[w.to(torch.float8_e4m3fn) for w in ws] for ws in w_out_in]
@@ -217,7 +202,7 @@ def gemm(out: dict, path: str, model, parts: list[str]) -> None:
                 for ws in w8:
                     for w in ws:
                         torch._scaled_mm(x16[w.shape[1]], w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            res["fp8_m16_ms"] = round(captured_ms(fp8), 3)
+            res["fp8_m16_ms"] = round(timed(fp8), 3)
         except Exception as exc:  # noqa: BLE001 - a probe records what failed
             res["fp8_error"] = f"{type(exc).__name__}: {exc}"[:300]
     out["gemm"] = res

@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_kernels_probe import timed  # noqa: E402 - lab/ beside this script
+
 SHAPES = {"qkv": (3072, 5120), "o": (3072, 3072), "gate_up": (3072, 16384), "down": (8192, 3072)}
 """(in, out) of each projection."""
 LAYERS = 28
@@ -57,22 +60,6 @@ def quantise(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def captured_ms(fn, reps: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def main() -> None:
     out_path = Path(sys.argv[1])
     torch.manual_seed(0)
@@ -86,7 +73,7 @@ def main() -> None:
         for layer in weights:
             for name, w in layer.items():
                 torch.nn.functional.linear(xs[w.shape[1]], w, out=outs[name])
-    res["bf16_cublas_ms"] = round(captured_ms(cublas), 3)
+    res["bf16_cublas_ms"] = round(timed(cublas), 3)
     for kind in ("int8",):
         try:
             quant = [{name: quantise(w, kind) for name, w in layer.items()} for layer in weights]
@@ -98,7 +85,7 @@ def main() -> None:
                 for layer in quant:
                     for name, (w, s) in layer.items():
                         gemv(xs[w.shape[1]], w, s, outs[name])
-            res[f"{kind}_triton_ms"] = round(captured_ms(triton8), 3)
+            res[f"{kind}_triton_ms"] = round(timed(triton8), 3)
             err = 0.0
             for name, (w, s) in quant[0].items():
                 ref = xs[w.shape[1]].float() @ (w.float() * s[:, None]).t()
