@@ -27,12 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_kernels_probe import timed  # noqa: E402 - lab/ beside this script
 from gpu_lane3b import llama_3b  # noqa: E402
-from lane_profile import _replay_steps, graph_step_ms, prefill_ms  # noqa: E402
+from lane_profile import graph_step_ms, prefill_ms, profiled_replays  # noqa: E402
 from lane_trace import timeline  # noqa: E402
 
 
@@ -43,13 +42,7 @@ def save(out: dict, path: str) -> None:
 def graph_kernels(runner, rows: int, span: int, steps: int = 30) -> dict:
     """Kernels of the captured decode graph at (rows, span), from profiled replays: per-step count and time each,
     their sum, and the busy time (union of kernel intervals) against the wall time per step."""
-    graph = runner.graphs[("decode", rows, span)]
-    with torch.cuda.stream(runner.cuda_stream):
-        _replay_steps(runner, graph, span, 3)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _replay_steps(runner, graph, span, steps)
-            torch.cuda.synchronize()
+    prof = profiled_replays(runner, rows, span, steps)
     events = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
                     if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0)
     totals: dict[str, list[float]] = collections.defaultdict(list)

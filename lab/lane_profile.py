@@ -85,6 +85,12 @@ def eager_kernels(runner: LaneRunner, rows: int, span: int, steps: int) -> tuple
 def graph_critical_path(runner: LaneRunner, rows: int, span: int, steps: int = 30) -> dict[str, float]:
     """`critical_path_us` of the captured decode graph at `rows` (replays under the profiler: no host gaps, unlike
     an eager step's kernels, launched one by one from Python)."""
+    prof = profiled_replays(runner, rows, span, steps)
+    return critical_path_us(prof, steps, len(runner.model.layers), layer_roles(runner.plan))
+
+
+def profiled_replays(runner: LaneRunner, rows: int, span: int, steps: int):
+    """torch.profiler's record of `steps` replays of the captured decode graph at (rows, span), after 3 untimed."""
     graph = runner.graphs[("decode", rows, span)]
     with torch.cuda.stream(runner.cuda_stream):
         _replay_steps(runner, graph, span, 3)
@@ -92,7 +98,7 @@ def graph_critical_path(runner: LaneRunner, rows: int, span: int, steps: int = 3
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _replay_steps(runner, graph, span, steps)
             torch.cuda.synchronize()
-    return critical_path_us(prof, steps, len(runner.model.layers), layer_roles(runner.plan))
+    return prof
 
 
 def layer_roles(plan) -> tuple[str, ...]:
