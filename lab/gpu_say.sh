@@ -2,8 +2,8 @@
 # Device call: `voicectl say` through a warm server on a GPU host, with this tree's bytecode compiled first, as an
 # installed package has it (pip compiles at install; the lent machine sets PYTHONDONTWRITEBYTECODE, so without this
 # every launch compiled our modules from source), beside the host's own floor (`python3 -c pass` and what its site
-# imports). No vLLM: the graph lane serves one listener. The synthetic full Spark checkpoint (FAMILY=orpheus: Orpheus's); carry
-# [".devcarry/vllm-extra/deps.tar.xz"]. Writes $OUT/floor.txt, $OUT/say.json and $OUT/say.log.
+# imports). No vLLM: the graph lane serves one listener. The synthetic full Spark checkpoint (FAMILY=orpheus:
+# Orpheus's); carry [".devcarry/vllm-extra/deps.tar.xz"]. Writes $OUT/floor.txt, $OUT/say.json and $OUT/say.log.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s)
