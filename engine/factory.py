@@ -12,6 +12,7 @@ from engine.cpu_pools import CPU_LLM_ROWS, CpuPools, cpu_decoder_dtype, cpu_pool
 from engine.errors import GenerationError, VoiceError, one_line
 from engine.events import EventSink, Notice, StartupPhase, ignore_events
 from engine.families.base import ModelFamily
+from engine.lane_scheduler import LaneSizing
 from engine.pacing import Pacer
 from engine.pipeline import Synthesizer
 from engine.voices import GlobalsCache, VoiceBank
@@ -390,15 +391,16 @@ def _deterministic_generator(info, config: EngineConfig, events: EventSink, gpu:
     if config.backend == "vllm":
         raise InputError("vLLM cannot reproduce a sentence's bytes across runs (its batches change the arithmetic); "
                          "leave --backend at auto or torch")
-    lanes = _build_fixed_lanes(info, events, gpu_device(config)) if gpu else []
+    from engine.families import family
+
+    sizing = family(info.family).lane
+    lanes = _build_fixed_lanes(info, sizing, events, gpu_device(config)) if gpu else []
     if not lanes:
         return _torch_generator(info, config, events)
     import torch
 
-    from engine.families import family
-
     fallback = _plain_torch_generator(info, config, events, torch.device(gpu_device(config)), lazy=True)
-    return fixed_lane_chain(fallback, lanes, events, fit_budget=family(info.family).lane.fit_budget)
+    return fixed_lane_chain(fallback, lanes, events, fit_budget=sizing.fit_budget)
 
 
 def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events, fit_budget: bool = False):
@@ -414,14 +416,13 @@ def fixed_lane_chain(fallback, lanes: list, events: EventSink = ignore_events, f
     return generator
 
 
-def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
-    """The fixed-shape lanes of the family's LaneSizing.fixed (GraphLane `fixed_shapes`), each sized to the GPU;
-    none, with a notice, where they cannot run."""
+def _build_fixed_lanes(info, sizing: LaneSizing, events: EventSink, device: str = "cuda") -> list:
+    """The fixed-shape lanes of `sizing.fixed` (the family's GraphLane `fixed_shapes`), each sized to the GPU; none,
+    with a notice, where they cannot run."""
     import torch
 
     from engine.backends.graph_gen import GraphLane, fixed_rows_for, row_bytes
     from engine.backends.qwen2_checkpoint import Qwen2Weights
-    from engine.families import family
 
     gpu = torch.device(device)
     if not _lane_runs_on(gpu, events, "; the torch generator renders one step per sentence"):
@@ -429,7 +430,6 @@ def _build_fixed_lanes(info, events: EventSink, device: str = "cuda") -> list:
     t0 = time.perf_counter()
     model = Qwen2Weights.from_checkpoint(info.llm_dir)
     memory = torch.cuda.get_device_properties(gpu).total_memory
-    sizing = family(info.family).lane
     shapes = [(fixed_rows_for(memory, row_bytes(model.config, max_len=positions), most, sizing.fixed_share), positions)
               for positions, most in sizing.fixed]
     try:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import factory
+from engine.families import family
 from engine.families.spark import SPARK
 from engine.backends import torch_gen
 from engine.backends.graph_gen import LaneRouter
@@ -268,6 +269,6 @@ def test_export_lanes_the_gpu_cannot_hold_are_one_line_naming_what_to_free(monke
     monkeypatch.setattr(graph_gen, "GraphLane", no_room)
     info = SimpleNamespace(family="orpheus", llm_dir="unused", token_ids=SimpleNamespace(audio_ids=()))
     with pytest.raises(GenerationError) as err:
-        factory._build_fixed_lanes(info, lambda event: None, "cuda:0")
+        factory._build_fixed_lanes(info, family("orpheus").lane, lambda event: None, "cuda:0")
     line = str(err.value)
     assert "\n" not in line and "56.0 GiB of KV cache; 7.0 of 140.0 GiB free" in line and "--compute cpu" in line
