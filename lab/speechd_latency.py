@@ -15,6 +15,7 @@ The capture's own latency (parec, 5 ms fragments) is in `sound` and `spd_say` al
 
     python lab/speechd_latency.py --backend fake --runs 9          # the client's side: an engine of a GPU's speed
     python lab/speechd_latency.py --backend torch --runs 9         # the tiny checkpoint on this CPU
+    python lab/speechd_latency.py --backend torch --model DIR      # a checkpoint of your own (lab/gpu_speechd.sh)
 
 Starts (and stops) its own PulseAudio, speech-dispatcher and engine server in a temporary folder; prints JSON.
 """
@@ -117,7 +118,7 @@ async def engine_first_audio_ms(socket: Path, text: str) -> float:
         await remote.close()
 
 
-def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str) -> dict:
+def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str, timeout_s: float = 10.0) -> dict:
     """One SPEAK fed to the in-process module; its steps' milliseconds from the SPEAK's closing line, the pre-roll
     the player started with and the lead the pacer had measured before (engine.pacing, where the module has them)."""
     hooks.reset()
@@ -129,7 +130,7 @@ def module_run(protocol, out: io.StringIO, hooks: Hooks, cap: Capture, text: str
     start = cap.frames()
     t0 = time.perf_counter()
     protocol.feed(".")
-    sound = cap.first_sound_ms(start)
+    sound = cap.first_sound_ms(start, timeout_s)
     deadline = time.monotonic() + 30
     while "702 END" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -171,6 +172,7 @@ def main() -> None:
     p.add_argument("--text", default="Hello there.")
     p.add_argument("--no-spd", action="store_true", help="skip the spd-say runs")
     p.add_argument("--latency", help="the module's --latency (default: its own)")
+    p.add_argument("--model", help="a checkpoint for --backend torch (default: a tiny synthetic one)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sdl."))
     for d in ("config", "home", "run", "engine", "data", "cache", "pa"):
@@ -191,8 +193,11 @@ def main() -> None:
     if args.backend == "torch":
         from engine.synthetic import write_checkpoint
 
-        write_checkpoint(root / "tiny", size="tiny", seed=0)
-        engine_args = ["--model", str(root / "tiny"), "--backend", "torch", "--max-tokens", "40"]
+        model = args.model
+        if model is None:
+            model = root / "tiny"
+            write_checkpoint(model, size="tiny", seed=0)
+        engine_args = ["--model", str(model), "--backend", "torch", "--max-tokens", "40"]
     if args.latency:
         engine_args += ["--latency", args.latency]
     speechd = cap = None
@@ -206,7 +211,7 @@ def main() -> None:
         hooks = Hooks()
         protocol.feed("INIT")
         cap = Capture(root / "cap.f32", "tts16")
-        module_run(protocol, out, hooks, cap, "Warm up.")  # starts the server
+        module_run(protocol, out, hooks, cap, "Warm up.", timeout_s=600)  # starts the server
         if not args.no_spd:
             subprocess.run([sys.executable, "-m", "voiceapp.cli", "speechd", "install", "--default", "--voice", "ava",
                             *engine_args], env=env, check=True, capture_output=True)
