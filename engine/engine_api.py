@@ -23,8 +23,15 @@ BACKEND_NAMES = {"ScriptedGenerator": "fake", "TorchTokenGenerator": "torch", "V
 class Voices(Protocol):
     """What a server reads of an engine's voices (engine.voices.VoiceBank is one)."""
 
+    default: str
+    """The voice "" and "default" mean (the family's own)."""
+
     def all(self) -> dict[str, Voice]:
         """Every voice by name."""
+        ...
+
+    def presets(self) -> dict[str, Voice]:
+        """The voices the model family ships, not the user's own (engine.voices.preset_slots ranks them)."""
         ...
 
 
@@ -83,14 +90,15 @@ def device_status(device: Any) -> dict[str, Any]:
 
 
 def describe_engine(synth: Any) -> dict[str, Any]:
-    """What identifies a Synthesizer's output: backend name and checkpoint (absolute path, hash; None for the fake); and
+    """What identifies a Synthesizer's output: backend name, model family and checkpoint (absolute path, hash; None
+    for the fake); and
     whether a client should learn its speed before playing a request (`paced_start`) and the windows its sentences
     come in (`paced_windows_s`, and `paced_ahead_windows_s` for a sentence rendered ahead of its turn:
     engine.pacing)."""
     gen = synth.generator
     name = type(getattr(gen, "primary", gen)).__name__  # a LaneRouter is named after the generator behind it
     info = getattr(synth, "model_info", None)  # a RemoteSynthesizer has none
-    return {"backend": BACKEND_NAMES.get(name, name),
+    return {"backend": BACKEND_NAMES.get(name, name), "family": synth.grammar.family,
             "model": ({"path": str(Path(info.root).resolve()), "hash": info.checkpoint_hash}
                       if info is not None else None),
             "paced_start": synth.pacer.probe_first, "paced_windows_s": list(synth.pacer.windows_s),

@@ -494,7 +494,7 @@ class Synthesizer(UtteranceFolds):
         `voice` None: the default voice, or where the bank has none by that name (a benchmark's or a user's own
         bank) the first by name (voices.available_voice); an empty bank fails with VoiceNotFound."""
         t0 = time.perf_counter()
-        voice = available_voice("default", self.voices.all()) if voice is None else voice
+        voice = available_voice("default", self.voices.all(), self.voices.default) if voice is None else voice
         schedule = self.schedule
         tokens = schedule.first_new + schedule.right_context(0) + schedule.new
         req = SynthesisRequest(WARM_UP_TEXT, voice=voice, options=SamplingOptions(max_tokens=tokens, seed=0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,16 +19,40 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "voices"
 DEFAULT_VOICE = "ava"
 
 
-def resolve_name(name: str) -> str:
-    """A requested voice name, with "" and "default" meaning DEFAULT_VOICE."""
-    return DEFAULT_VOICE if name in ("", "default") else name
+VOICE_SLOTS = ("MALE1", "MALE2", "MALE3", "FEMALE1", "FEMALE2", "FEMALE3", "CHILD_MALE", "CHILD_FEMALE")
+"""Kinds of voice a client may ask for instead of a name (speech-dispatcher's voice types, whose names these are;
+OpenAI's voice names map to them): `preset_slots` fills each with one of a family's presets."""
 
 
-def available_voice(name: str, names: Iterable[str]) -> str:
-    """`name` (resolve_name) where `names` holds it, else the first of them by name; DEFAULT_VOICE where there are
-    none (so that a lookup says which voice is missing)."""
-    wanted, ordered = resolve_name(name), sorted(names)
-    return wanted if wanted in ordered else (ordered[0] if ordered else DEFAULT_VOICE)
+def resolve_name(name: str, default: str = DEFAULT_VOICE) -> str:
+    """A requested voice name, with "" and "default" meaning `default` (a bank's own: VoiceBank.default)."""
+    return default if name in ("", "default") else name
+
+
+def available_voice(name: str, names: Iterable[str], default: str = DEFAULT_VOICE) -> str:
+    """`name` (resolve_name) where `names` holds it, else the first of them by name; the resolved name where there
+    are none (so that a lookup says which voice is missing)."""
+    wanted, ordered = resolve_name(name, default), sorted(names)
+    return wanted if wanted in ordered else (ordered[0] if ordered else wanted)
+
+
+def preset_slots(presets: Mapping[str, Voice]) -> dict[str, str]:
+    """VOICE_SLOTS -> a family's presets (never the user's own voices, so a slot keeps its voice whatever the user
+    adds). MALE1-3 and FEMALE1-3 are that gender's presets, the one of moderate pitch first, then the lower before
+    the higher, ties in the family's order, taken in turn where it has fewer than three; the children's are the
+    highest, quickest of each gender. A gender the family lacks speaks with the other's; no presets, no slots."""
+    def by_gender(gender: str) -> list[Voice]:
+        same = [v for v in presets.values() if v.gender == gender] or list(presets.values())
+        return sorted(same, key=lambda v: (abs(LEVELS[v.pitch] - LEVELS["moderate"]), LEVELS[v.pitch]))
+
+    slots: dict[str, str] = {}
+    for gender, prefix in (("male", "MALE"), ("female", "FEMALE")):
+        ranked = by_gender(gender)
+        for i in range(3 if ranked else 0):
+            slots[f"{prefix}{i + 1}"] = ranked[i % len(ranked)].name
+        if ranked:
+            slots[f"CHILD_{prefix}"] = max(ranked, key=lambda v: (LEVELS[v.pitch], LEVELS[v.speed])).name
+    return slots
 
 
 def user_data_dir() -> Path:
@@ -162,6 +186,14 @@ class VoiceBank:
                     voices[voice.name] = voice
         return voices
 
+    def presets(self) -> dict[str, Voice]:
+        """The voices shipped with the family (the first folder's), not the user's: what stays put whatever the user
+        adds, e.g. for speech-dispatcher's voice types."""
+        if len(self.dirs) < 2:
+            return self.all()
+        voices = (self._load(path) for path in sorted(self.dirs[0].glob("*.toml")))
+        return {v.name: v for v in voices if isinstance(v, Voice)}
+
     def builtin(self, name: str) -> Voice | None:
         """The preset shipped as `name` (the first folder's), whether or not a user voice shadows it."""
         path = self.dirs[0] / f"{name}.toml"
@@ -186,7 +218,7 @@ class VoiceBank:
         return known[1]
 
     def get(self, name: str) -> Voice:
-        name = self.default if name in ("", "default") else name
+        name = resolve_name(name, self.default)
         for d in reversed(self.dirs):  # the file of that name first: if it cannot be read, its error, in one line
             path = d / f"{name}.toml"
             if path.is_file():
@@ -207,6 +239,19 @@ class VoiceBank:
         with replacing(path) as tmp:
             tmp.write_text(voice_file_text(voice), encoding="utf-8")
         return path
+
+
+
+class PresetBank(VoiceBank):
+    """A fixed set of voices (a family whose voices are names the model knows, not files); the first is the
+    default."""
+
+    def __init__(self, voices: dict[str, Voice]) -> None:
+        super().__init__(dirs=[], default=next(iter(voices)))
+        self._voices = dict(voices)
+
+    def all(self) -> dict[str, Voice]:
+        return dict(self._voices)
 
 
 class GlobalsCache:

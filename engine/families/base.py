@@ -167,6 +167,8 @@ class ModelFamily(Protocol):
     user's own voices (cloned from a recording) are the family's too."""
     sample_rate: int
     """The codec's output rate (what a player opens before the engine is loaded; the engine's is authoritative)."""
+    languages: tuple[str, ...]
+    """Languages its models speak (ISO 639-1), as clients that list voices by language show them (speechd)."""
 
     def looks_like(self, root: Path) -> bool:
         """The directory has this family's layout (a cheap check on file names and configs, no weights read)."""

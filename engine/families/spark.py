@@ -92,6 +92,7 @@ class SparkFamily:
     gpu_decoder_dtype = "fp16"
     sizes = ("tiny", "full")
     sample_rate = 16000
+    languages = ("en", "zh")
     cached_voices = True
     downloads = (("SparkAudio/Spark-TTS-0.5B", ""),)
 

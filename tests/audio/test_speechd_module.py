@@ -97,12 +97,12 @@ class InProcessModule:
         from engine.config import SynthesisRequest
         from voiceapp.server.client import RemoteSynthesizer
         from voiceapp.common import sampling_options
-        from voiceapp.speechd.module import Settings, choose_voice
+        from voiceapp.speechd.module import Settings
 
         async def render() -> np.ndarray:
             remote = await RemoteSynthesizer.connect(self.socket)
             try:
-                voice = choose_voice(Settings(), self.speaker.config, self.speaker.bank())
+                voice = self.speaker.choose_voice(Settings())
                 return await remote.render(SynthesisRequest(text, voice=voice,
                                                             options=sampling_options(self.speaker.args)))
             finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.voices import Voice, VoiceBank
+from engine.voices import BUILTIN_DIR, Voice, VoiceBank, preset_slots
 from tests import cli_helpers
 from voiceapp.speechd import install as speechd
 from voiceapp.speechd.module import read_config
@@ -132,9 +132,46 @@ def test_the_start_script_runs_the_module_with_speechds_argument(tmp_path):
 
 
 def test_voice_types_map_to_presets_and_install_voice_takes_the_default_type():
-    slots = speechd.type_slots("emma", speechd.default_voice_type('DefaultVoiceType  "female2"\n'))
+    presets = VoiceBank().presets()
+    slots = speechd.type_slots("emma", speechd.default_voice_type('DefaultVoiceType  "female2"\n'), presets)
     assert slots["FEMALE2"] == "emma" and slots["MALE1"] == "leo"
     assert speechd.default_voice_type("# DefaultVoiceType FEMALE1\n") == "MALE1"
+
+
+def test_voice_types_come_from_the_familys_presets_by_gender_and_pitch():
+    from engine.families import family
+
+    assert preset_slots(family("spark").voices().presets()) == {
+        "MALE1": "leo", "MALE2": "max", "MALE3": "sam", "FEMALE1": "ava", "FEMALE2": "mia", "FEMALE3": "emma",
+        "CHILD_MALE": "sam", "CHILD_FEMALE": "emma"}
+    assert preset_slots(family("orpheus").voices().presets()) == {
+        "MALE1": "leo", "MALE2": "dan", "MALE3": "zac", "FEMALE1": "tara", "FEMALE2": "leah", "FEMALE3": "jess",
+        "CHILD_MALE": "leo", "CHILD_FEMALE": "tara"}
+    one = {"solo": Voice(name="solo", gender="female")}
+    assert set(preset_slots(one).values()) == {"solo"}  # a gender it lacks speaks with the other's
+
+
+def test_a_users_attribute_voice_never_takes_a_voice_type(tmp_path):
+    (tmp_path / "mine.toml").write_text('name = "mine"\ngender = "male"\npitch = "moderate"\n')
+    bank = VoiceBank(dirs=[BUILTIN_DIR, tmp_path])
+    assert "mine" in bank.all() and "mine" not in bank.presets()
+    assert "mine" not in preset_slots(bank.presets()).values()
+
+
+def test_install_for_an_orpheus_model_speaks_its_voices(tmp_path, orpheus_tiny):
+    env = user_env(tmp_path)
+    made = voicectl("speechd", "install", "--model", str(orpheus_tiny), env=env)
+    assert made.returncode == 0, made.stderr
+    config = read_config(tmp_path / "config" / "speech-dispatcher" / "modules" / speechd.MODULE_CONF)
+    assert config.default_voice == "tara" and config.voice_types["FEMALE1"] == "tara"
+    assert config.voice_types["MALE1"] == "leo" and config.voice_types["MALE2"] == "dan"
+    made = voicectl("speechd", "install", "--model", str(orpheus_tiny), "--voice", "zoe", env=env)
+    assert made.returncode == 0, made.stderr
+    config = read_config(tmp_path / "config" / "speech-dispatcher" / "modules" / speechd.MODULE_CONF)
+    assert config.default_voice == "zoe" and config.voice_types["MALE1"] == "zoe"  # speechd's default type
+    err = cli_helpers.one_line_error(voicectl("speechd", "install", "--model", str(orpheus_tiny), "--voice", "ava",
+                                              env=env))
+    assert "ava" in err and "tara" in err
 
 
 @pytest.mark.parametrize("value, shift", [(0, 0), (19, 0), (-19.9, 0), (20, 1), (59, 1), (60, 2), (100, 2),

@@ -1,6 +1,8 @@
 """Orpheus through every front end on the CPU, with the tiny synthetic checkpoint: `say` writes 24 kHz, export is
 deterministic and resumes to the same bytes, the voices are the family's, the HTTP API streams its native rate,
-and a voice of the other family is refused naming the ones there are."""
+HTTP and Wyoming clients get its voices (an OpenAI voice name or none at all included), and a voice of the other
+family is refused naming the ones there are."""
+import asyncio
 import json
 import os
 import re
@@ -11,6 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from wyoming.audio import AudioChunk, AudioStart
+from wyoming.client import AsyncTcpClient
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize
 
 from tests.cli_helpers import kill_servers, one_line_error, voicectl
 from tests.export.test_cli_export_book import start_export
@@ -76,21 +82,44 @@ def test_a_killed_export_resumes_to_the_same_bytes_at_24_khz(env, orpheus_tiny, 
     assert soundfile.info(str(clean)).samplerate == 24000
 
 
-def test_http_pcm_is_the_native_24_khz(env, tmp_path):
+def test_http_and_wyoming_speak_the_familys_voices_at_the_native_24_khz(env, tmp_path):
     served_env = {k: v for k, v in env.items() if k != "VOICEAPP_NO_SERVER"}
-    proc = start_serve("--http", "127.0.0.1:0", env=served_env)
+    proc = start_serve("--http", "127.0.0.1:0", "--wyoming", "tcp://127.0.0.1:0", env=served_env)
     try:
         url = re.search(r"http://\S+/v1", proc.startup_log).group(0)
-        body = json.dumps({"model": "tts-1", "input": "Hello there.", "voice": "tara", "response_format": "pcm",
-                           "seed": 1}).encode()
-        req = urllib.request.Request(f"{url}/audio/speech", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            pcm = np.frombuffer(resp.read(), dtype="<i2")
-        assert len(pcm) > 2048 and np.abs(pcm).max() > 0
+        port = int(re.search(r"Wyoming tcp://127\.0\.0\.1:(\d+)", proc.startup_log).group(1))
+        for voice in ("tara", "alloy", None):  # ours, an OpenAI name, none: every client's usual request
+            request = {"model": "tts-1", "input": "Hello there.", "response_format": "pcm", "seed": 1}
+            body = json.dumps(request if voice is None else {**request, "voice": voice}).encode()
+            req = urllib.request.Request(f"{url}/audio/speech", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                pcm = np.frombuffer(resp.read(), dtype="<i2")
+            assert len(pcm) > 2048 and np.abs(pcm).max() > 0, voice
         with urllib.request.urlopen(f"{url}/audio/voices", timeout=30) as resp:
             voices = json.loads(resp.read())
         assert "tara" in json.dumps(voices) and "ava" not in json.dumps(voices)
+        info, (events, audio) = asyncio.run(wyoming_describe_and_speak(port))
+        tts = info.tts[0]
+        assert {v.name for v in tts.voices} == {"tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe"}
+        assert all(v.languages == ["en"] for v in tts.voices) and "Orpheus" in tts.attribution.name
+        start = AudioStart.from_event(next(e for e in events if AudioStart.is_type(e.type)))
+        assert start.rate == 24000 and len(audio) > 2 * 2048, [e.type for e in events]
     finally:
         proc.kill()
         proc.wait()
         kill_servers(served_env["VOICEAPP_SOCKET"])
+
+
+async def wyoming_describe_and_speak(port: int):
+    """Wyoming's describe, then a synthesize naming no voice (Home Assistant's default): the info, the events to
+    audio-stop and the audio."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Describe().event())
+        info = Info.from_event(await asyncio.wait_for(client.read_event(), 30))
+        await client.write_event(Synthesize(text="Hello there.").event())
+        events, audio = [], b""
+        while not events or events[-1].type not in ("audio-stop", "error"):
+            events.append(await asyncio.wait_for(client.read_event(), 120))
+            if AudioChunk.is_type(events[-1].type):
+                audio += AudioChunk.from_event(events[-1]).audio
+        return info, (events, audio)

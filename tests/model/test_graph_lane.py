@@ -11,6 +11,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -654,6 +655,7 @@ def test_status_reports_the_lane(lane) -> None:
     class Synth:
         generator = router
         pacer = Pacer()
+        grammar = SimpleNamespace(family="spark")
 
     assert describe_engine(Synth())["backend"] == "fake"  # named after the generator behind the lane
     router.failed = True

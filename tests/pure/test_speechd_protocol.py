@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from engine.voices import Voice, VoiceBank
-from voiceapp.speechd.module import (ModuleConfig, ModuleProtocol, Output, Settings, choose_voice, config_text,
-                                     read_config, run_module, sentence_count)
+from voiceapp.speechd.module import (ModuleConfig, ModuleProtocol, Output, Settings, Speaker, choose_voice,
+                                     config_text, read_config, run_module, sentence_count)
 from voiceapp.speechd.ssml import Segment, segments
 
 
@@ -122,15 +122,31 @@ def test_configuration_round_trip(tmp_path):
     assert config == ModuleConfig(["--model", "/a b/m's", "--seed", "3"], {"FEMALE1": "ava"}, "mia", tmp_path / "l")
 
 
+def test_the_default_voice_is_the_familys_own_and_it_lists_the_familys_languages(orpheus_tiny):
+    from engine.families import family
+
+    voices = family("orpheus").voices().all()
+    config = ModuleConfig(["--model", str(orpheus_tiny)], {"FEMALE1": "tara"}, "default")
+    assert choose_voice(Settings(voice_type="male3"), config, voices, "tara") == "tara"
+    assert choose_voice(Settings(voice_type="female1"), config, voices, "tara") == "tara"
+    speaker = Speaker(config, Output(io.StringIO()), lambda line: None)
+    try:
+        assert speaker.choose_voice(Settings()) == "tara"
+        assert {language for _, language in speaker.voices()} == {"en"}
+        assert {name for name, _ in speaker.voices()} == set(voices)
+    finally:
+        speaker.close()
+
+
 def test_voice_types_whatever_the_users_voices_and_language():
     voices = {**VoiceBank().all(), "mine": Voice(name="mine", gender="female", global_tokens=(1,) * 32)}
     config = ModuleConfig([], {"MALE1": "ava", "FEMALE1": "ava", "FEMALE2": "mia", "MALE2": "max"}, "ava")
-    assert choose_voice(Settings(voice_type="female1"), config, voices) == "ava"
-    assert choose_voice(Settings(voice_type="FEMALE2", language="NULL"), config, voices) == "mia"
-    assert choose_voice(Settings(voice_type="male2", language="C"), config, voices) == "max"
-    assert choose_voice(Settings(synthesis_voice="mine", voice_type="male2"), config, voices) == "mine"
-    assert choose_voice(Settings(synthesis_voice="nobody", voice_type="child_male"), config, voices) == "ava"
-    assert choose_voice(Settings(voice_type="female1", pitch="-60"), config, voices) == "mia"  # lower: mia
+    assert choose_voice(Settings(voice_type="female1"), config, voices, "ava") == "ava"
+    assert choose_voice(Settings(voice_type="FEMALE2", language="NULL"), config, voices, "ava") == "mia"
+    assert choose_voice(Settings(voice_type="male2", language="C"), config, voices, "ava") == "max"
+    assert choose_voice(Settings(synthesis_voice="mine", voice_type="male2"), config, voices, "ava") == "mine"
+    assert choose_voice(Settings(synthesis_voice="nobody", voice_type="child_male"), config, voices, "ava") == "ava"
+    assert choose_voice(Settings(voice_type="female1", pitch="-60"), config, voices, "ava") == "mia"  # lower: mia
 
 
 # ---- SSML ----------------------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_a_relative_model_path_is_the_clients_folder_and_only_the_hash_decides(c
 
 def test_the_server_says_its_checkpoints_absolute_path(checkpoint, monkeypatch):
     monkeypatch.chdir(checkpoint.parent)
-    synth = SimpleNamespace(generator=object(), pacer=Pacer(),
+    synth = SimpleNamespace(generator=object(), pacer=Pacer(), grammar=SimpleNamespace(family="spark"),
                             model_info=SimpleNamespace(root="tiny", checkpoint_hash="x"))
     assert describe_engine(synth)["model"]["path"] == str(checkpoint.resolve())
 

@@ -10,18 +10,22 @@ import pytest
 import soundfile
 
 from engine.errors import InputError
+from engine.families import family
+from engine.voices import BUILTIN_DIR, PresetBank, Voice, VoiceBank
 from voiceapp.http.rules import (OPENAI_VOICES, RETRY_AFTER_MAX_S, SPEECH_CHARS_PER_S, ApiError, HttpLimits,
-                                 authorized, expected_audio_s, http_settings, is_loopback, parse_listen, parse_speech,
-                                 resolve_voice, retry_after_s, voices_body)
+                                 authorized, expected_audio_s, http_settings, is_loopback, openai_aliases,
+                                 parse_listen, parse_speech, resolve_voice, retry_after_s, voices_body)
 from voiceapp.http.formats import (FORMATS, QUIET_PEAK, WAV_UNKNOWN_SIZE, StreamEncoder, _Muxer, atempo_stages,
                                    pcm16, supported_formats)
 
-VOICES = ("ava", "emma", "leo", "max", "mia", "sam")
+VOICES = VoiceBank(dirs=[BUILTIN_DIR])
+"""Spark's presets alone."""
+ORPHEUS = family("orpheus").voices()
 ALL_FORMATS = tuple(FORMATS)
 
 
-def parse(limits=HttpLimits(), formats=ALL_FORMATS, **request):
-    return parse_speech(json.dumps(request).encode(), VOICES, formats, 16000, limits)
+def parse(limits=HttpLimits(), formats=ALL_FORMATS, voices=VOICES, **request):
+    return parse_speech(json.dumps(request).encode(), voices, formats, 16000, limits)
 
 
 def refused(status=400, **request) -> ApiError:
@@ -49,10 +53,25 @@ def test_pcm_is_24_khz_as_openai_documents_unless_sample_rate_says_otherwise():
 def test_voices_ours_first_then_openai_names_case_insensitive():
     assert resolve_voice("mia", VOICES) == "mia" and resolve_voice("default", VOICES) == "ava"
     assert resolve_voice("Onyx", VOICES) == "max" and resolve_voice("nova", VOICES) == "emma"
-    assert resolve_voice("nova", (*VOICES, "nova")) == "nova"  # a user's voice of that name wins
-    assert set(OPENAI_VOICES.values()) <= set(VOICES)
+    assert openai_aliases(VOICES) == {"alloy": "ava", "ash": "leo", "ballad": "max", "cedar": "leo", "coral": "emma",
+                                      "echo": "leo", "fable": "sam", "marin": "ava", "nova": "emma", "onyx": "max",
+                                      "sage": "mia", "shimmer": "mia", "verse": "sam"}
+    mine = PresetBank({**VOICES.all(), "nova": Voice(name="nova", gender="male")})
+    assert resolve_voice("nova", mine) == "nova" and "nova" not in openai_aliases(mine)  # a voice of ours wins
     err = refused(input="Hi.", voice="bogus")
     assert (err.param, err.code) == ("voice", "invalid_voice") and "mia" in str(err) and "alloy" in str(err)
+
+
+def test_an_orpheus_engine_takes_openai_voices_and_no_voice_as_its_own():
+    assert parse(input="Hi.", voices=ORPHEUS).voice == "tara"  # no voice: the family's default
+    assert parse(input="Hi.", voice="default", voices=ORPHEUS).voice == "tara"
+    assert {name: parse(input="Hi.", voice=name, voices=ORPHEUS).voice for name in OPENAI_VOICES} == {
+        "alloy": "tara", "ash": "leo", "ballad": "dan", "cedar": "leo", "coral": "jess", "echo": "leo",
+        "fable": "zac", "marin": "tara", "nova": "jess", "onyx": "dan", "sage": "leah", "shimmer": "leah",
+        "verse": "zac"}
+    assert parse(input="Hi.", voice="zoe", voices=ORPHEUS).voice == "zoe"
+    err = refused(input="Hi.", voice="ava", voices=ORPHEUS)
+    assert err.param == "voice" and "tara" in str(err)
 
 
 @pytest.mark.parametrize("request_, param, code", [
@@ -134,7 +153,7 @@ def test_listen_addresses_and_which_need_a_key():
 
 
 def test_voice_listing_has_ours_and_the_openai_names_in_open_webuis_shape():
-    body = voices_body({"ava": "warm", "mia": "calm"})
+    body = voices_body({"ava": "warm", "mia": "calm"}, openai_aliases(VOICES))
     ids = [v["id"] for v in body["voices"]]
     assert ids[:2] == ["ava", "mia"] and "alloy" in ids and "onyx" not in ids  # onyx means max, absent here
     assert all({"id", "name"} <= set(v) for v in body["voices"])

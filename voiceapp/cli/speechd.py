@@ -50,10 +50,11 @@ def checked_model(args: argparse.Namespace) -> str | None:
     backend, which needs none."""
     if args.backend == "fake":
         return None
-    from engine.model import load_model_info, resolve_model_dir
+    from engine.families import detect
+    from engine.model import resolve_model_dir
 
     path = resolve_model_dir(args.model).resolve()
-    load_model_info(path)
+    detect(path).read(path)
     return str(path)
 
 
@@ -86,22 +87,23 @@ def module_options(args: argparse.Namespace, model: str | None) -> list[str]:
 
 def install(args: argparse.Namespace) -> int:
     from engine.errors import InputError
-    from engine.voices import DEFAULT_VOICE, resolve_name
+    from engine.families import family_of
     from voiceapp.speechd import install as speechd
     from voiceapp.common import checked_threads, require_voice
     from voiceapp.speechd.module import config_text
 
-    require_voice(args.voice)
     checked_threads(args.threads)
     model = checked_model(args)
+    require_voice(args.voice, model)
+    bank = family_of(model).voices()
     paths = _paths()
     if any(c in str(paths.module_program) for c in '"\\\n'):
         raise InputError(f"speech-dispatcher's configuration cannot name {paths.module_program} (it holds a quote, a "
                          f"backslash or a line break)")
-    chosen = None if args.voice in ("", "default") else resolve_name(args.voice)
+    chosen = None if args.voice in ("", "default") else args.voice
     default_type = speechd.default_voice_type(paths.effective_conf())
-    slots = speechd.type_slots(chosen, default_type)
-    text = config_text(module_options(args, model), slots, chosen or DEFAULT_VOICE, speechd.module_log_path())
+    slots = speechd.type_slots(chosen, default_type, bank.presets())
+    text = config_text(module_options(args, model), slots, chosen or bank.default, speechd.module_log_path())
     result = speechd.install(paths, text, speechd.program_text(sys.executable), args.default)
     what = "wrote" if paths.module_conf in result.changed else "unchanged:"
     print(f"{what} {paths.module_conf} (output module {speechd.MODULE}; speechd's default voice type, {default_type}, "

@@ -102,7 +102,9 @@ class EngineReplica:
         return {"replica": self.name, "pid": os.getpid(), "node": os.uname().nodename, "live": self.live,
                 "capacity": self.capacity(), "admits": admits, "served": self.served, "build_s": self.build_s,
                 "ready_at": self.ready_at, "sample_rate": self.synth.sample_rate,
-                "voices": self.synth.voices.all(), "describe": self.synth.describe(), **self.synth.status()}
+                "voices": self.synth.voices.all(), "default_voice": self.synth.voices.default,
+                "preset_voices": list(self.synth.voices.presets()), "describe": self.synth.describe(),
+                **self.synth.status()}
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What CapacityRouter ranks replicas by (Serve polls it every request_routing_stats_period_s): its live

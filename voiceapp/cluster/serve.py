@@ -246,11 +246,14 @@ def deploy(plan, scaling: Scaling, log: Callable[[str], None]):
 class ReplicaVoices:
     """The voices the replicas have (engine.engine_api.Voices), as the first replica listed them."""
 
-    def __init__(self, voices: dict[str, Voice]) -> None:
-        self._voices = dict(voices)
+    def __init__(self, voices: dict[str, Voice], default: str, presets: list[str]) -> None:
+        self._voices, self.default, self._presets = dict(voices), default, tuple(presets)
 
     def all(self) -> dict[str, Voice]:
         return dict(self._voices)
+
+    def presets(self) -> dict[str, Voice]:
+        return {name: self._voices[name] for name in self._presets if name in self._voices}
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,7 @@ class RayEngine:
         self.relay = relay
         """The text relay streamed requests' text goes through (voiceapp.cluster.relay.TextRelay's actor)."""
         self.sample_rate: int = info["sample_rate"]
-        self.voices = ReplicaVoices(info["voices"])
+        self.voices = ReplicaVoices(info["voices"], info["default_voice"], info["preset_voices"])
         self._describe = dict(info["describe"])
         self.replicas: dict[str, dict[str, Any]] = {}
         """What each replica said in its latest header, by name."""

@@ -50,7 +50,8 @@ from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import EngineBusy, InputError, VoiceError, one_line
 from engine.types import AudioChunk
 from voiceapp.http.rules import (ApiError, HttpLimits, SpeechParams, authorized, expected_audio_s, is_loopback,
-                                 models_body, parse_speech, public_text, retry_after_s, voices_body)
+                                 models_body, openai_aliases, parse_speech, public_text, retry_after_s,
+                                 voices_body)
 from voiceapp.http.formats import FORMATS, StreamEncoder, supported_formats
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ class HttpApi:
 
     async def _speech(self, request: Request) -> Response:
         synth = self.server.synth
-        params = parse_speech(await self._body(request), synth.voices.all(), self.formats, synth.sample_rate,
+        params = parse_speech(await self._body(request), synth.voices, self.formats, synth.sample_rate,
                               self.limits)
         self._admit(synth)
         req, ignored = self._synthesis_request(params)
@@ -310,8 +311,9 @@ class HttpApi:
         return JSONResponse({"models": [{"id": m["id"]} for m in models_body(self.created)["data"]]})
 
     async def _voices(self, request: Request) -> Response:
-        voices = {name: public_text(voice.description) for name, voice in self.server.synth.voices.all().items()}
-        return JSONResponse(voices_body(voices))
+        bank = self.server.synth.voices
+        voices = {name: public_text(voice.description) for name, voice in bank.all().items()}
+        return JSONResponse(voices_body(voices, openai_aliases(bank)))
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "live": len(self._pumps), "max_streams": self.limits.max_streams,

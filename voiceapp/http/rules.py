@@ -30,13 +30,15 @@ from typing import Any, Iterable, Mapping
 
 from engine.errors import InputError
 from engine.text import is_speakable, normalize
-from engine.voices import resolve_name
+from engine.engine_api import Voices
+from engine.voices import preset_slots, resolve_name
 from voiceapp.http.formats import SPEED_RANGE
 
-OPENAI_VOICES = {"alloy": "ava", "ash": "leo", "ballad": "max", "cedar": "leo", "coral": "emma", "echo": "leo",
-                 "fable": "sam", "marin": "ava", "nova": "emma", "onyx": "max", "sage": "mia", "shimmer": "mia",
-                 "verse": "sam"}
-"""OpenAI's voice names -> our presets (by gender and register). A voice of ours by the same name wins."""
+OPENAI_VOICES = {"alloy": "FEMALE1", "ash": "MALE1", "ballad": "MALE2", "cedar": "MALE1", "coral": "FEMALE3",
+                 "echo": "MALE1", "fable": "MALE3", "marin": "FEMALE1", "nova": "FEMALE3", "onyx": "MALE2",
+                 "sage": "FEMALE2", "shimmer": "FEMALE2", "verse": "MALE3"}
+"""OpenAI's voice names -> the kind of voice each is (engine.voices.VOICE_SLOTS, by gender and register), which the
+model family's presets fill (`openai_aliases`). A voice of ours by the same name wins."""
 MODEL_IDS = ("voiceapp", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """What GET /v1/models lists: clients pick a model from it; every name gets the same engine."""
 SAMPLE_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -148,10 +150,10 @@ class SpeechParams:
     """Fields of the request that nothing acts on: those this API does not know, and UNUSED_FIELDS."""
 
 
-def parse_speech(body: bytes, voices: Iterable[str], formats: Iterable[str], native_rate: int,
+def parse_speech(body: bytes, voices: Voices, formats: Iterable[str], native_rate: int,
                  limits: HttpLimits = HttpLimits()) -> SpeechParams:
-    """The request a body asks for, given the engine's voice names, the response formats this machine can write
-    and the engine's sample rate. Raises ApiError (400) naming the first field at fault."""
+    """The request a body asks for, given the engine's voices, the response formats this machine can write and the
+    engine's sample rate. Raises ApiError (400) naming the first field at fault."""
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -238,27 +240,34 @@ def _seed(request: dict[str, Any]) -> int | None:
     return seed
 
 
-def resolve_voice(name: str, voices: Iterable[str]) -> str:
-    """The engine voice `name` means: ours by that name ("" and "default" are the default voice), else the preset an
-    OpenAI voice name maps to. ApiError (400) for anything else."""
-    have = set(voices)
-    wanted = resolve_name(name)
+def openai_aliases(voices: Voices) -> dict[str, str]:
+    """OpenAI's voice names -> the voices of ours they mean with this bank (its family's presets), except where a
+    voice of ours has that name."""
+    slots, have = preset_slots(voices.presets()), voices.all()
+    return {name: slots[slot] for name, slot in OPENAI_VOICES.items() if slot in slots and name not in have}
+
+
+def resolve_voice(name: str, voices: Voices) -> str:
+    """The engine voice `name` means: ours by that name ("" and "default" are the bank's default voice), else the
+    preset an OpenAI voice name stands for. ApiError (400) for anything else."""
+    have = voices.all()
+    wanted = resolve_name(name, voices.default)
     if wanted in have:
         return wanted
-    mapped = OPENAI_VOICES.get(name.lower())
-    if mapped in have:
+    mapped = openai_aliases(voices).get(name.lower())
+    if mapped is not None:
         return mapped
     raise bad(f"unknown voice {name[:64]!r}; available: {', '.join(sorted(have) + sorted(OPENAI_VOICES))}",
               "invalid_voice", "voice")
 
 
-def voices_body(voices: Mapping[str, str]) -> dict[str, Any]:
-    """GET /v1/audio/voices: ours (name -> description), then the OpenAI names with the voice each one means.
-    Shaped as Open WebUI reads it ({"voices": [{"id", "name"}]})."""
+def voices_body(voices: Mapping[str, str], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """GET /v1/audio/voices: ours (name -> description), then the OpenAI names with the voice each one means
+    (`openai_aliases`). Shaped as Open WebUI reads it ({"voices": [{"id", "name"}]})."""
     ours = [{"id": name, "name": name, "description": voices[name]} for name in sorted(voices)]
-    aliases = [{"id": name, "name": name, "description": f"OpenAI's {name}: our {ours_}", "voice": ours_}
-               for name, ours_ in sorted(OPENAI_VOICES.items()) if ours_ in voices and name not in voices]
-    return {"voices": ours + aliases}
+    named = [{"id": name, "name": name, "description": f"OpenAI's {name}: our {ours_}", "voice": ours_}
+             for name, ours_ in sorted(aliases.items()) if ours_ in voices and name not in voices]
+    return {"voices": ours + named}
 
 
 _PATH = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?(?:[/\\][^\s/\\'\"]+)+[/\\]?")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from engine.tokens import LEVELS
+from engine.voices import VOICE_SLOTS, preset_slots
 
 if TYPE_CHECKING:
     from engine.voices import Voice
@@ -36,11 +37,6 @@ OFF = "#voiceapp-off# "
 """Prefix of the user's own DefaultModule lines that `install --default` turned off (uninstall turns them on)."""
 SYSTEM_CONF_DIR = Path("/etc/speech-dispatcher")
 
-VOICE_TYPES = {"MALE1": "leo", "MALE2": "max", "MALE3": "sam", "FEMALE1": "ava", "FEMALE2": "mia", "FEMALE3": "emma",
-               "CHILD_MALE": "sam", "CHILD_FEMALE": "emma"}
-"""speechd's symbolic voice types -> our presets (the children's: the highest, quickest ones)."""
-VOICE_LANGUAGES = ("en", "zh")
-"""Languages the model speaks: the module lists every voice under each (`spd-say -L`)."""
 LEVEL_STEP = 40
 """speechd's -100..100 per level of ours: |rate| or |pitch| below 20 keeps the voice's level, 20..59 moves one
 level, 60 and more two."""
@@ -119,10 +115,11 @@ def program_text(python: str) -> str:
             f"exec {shlex.quote(python)} -m voiceapp.cli speechd module \"$@\"\n")
 
 
-def type_slots(voice: str | None, default_type: str) -> dict[str, str]:
-    """speechd's voice types -> our voices: VOICE_TYPES, with `voice` (install --voice) in the type speechd asks for
-    when its client names none (DefaultVoiceType, MALE1 unless configured), so that it is what `spd-say` speaks."""
-    slots = dict(VOICE_TYPES)
+def type_slots(voice: str | None, default_type: str, presets: Mapping[str, Voice]) -> dict[str, str]:
+    """speechd's voice types -> our voices: engine.voices.preset_slots of the family's presets, with `voice` (install
+    --voice) in the type speechd asks for when its client names none (DefaultVoiceType, MALE1 unless configured), so
+    that it is what `spd-say` speaks."""
+    slots = preset_slots(presets)
     if voice is not None:
         slots[default_type] = voice
     return slots
@@ -132,7 +129,7 @@ def default_voice_type(conf_text: str) -> str:
     """The DefaultVoiceType a speechd.conf sets (its last one), else speechd's own default, MALE1."""
     values = [line.split(None, 1)[1].strip().strip('"').upper() for line in active_lines(conf_text, "DefaultVoiceType")
               if len(line.split()) > 1]
-    return values[-1] if values and values[-1] in VOICE_TYPES else "MALE1"
+    return values[-1] if values and values[-1] in VOICE_SLOTS else "MALE1"
 
 
 # ---- speechd.conf ------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from voiceapp.speechd.ssml import Segment, segments
 
 if TYPE_CHECKING:
     from engine.backends.sounddevice_sink import Player
+    from engine.families.base import ModelFamily
     from engine.voices import VoiceBank
 
 SPEAK_COMMANDS = {"SPEAK": "text", "CHAR": "char", "KEY": "key", "SOUND_ICON": "icon"}
@@ -137,10 +138,10 @@ class Settings:
         return replace(self, **{names[k]: v for k, v in values.items() if k in names})
 
 
-def choose_voice(settings: Settings, config: ModuleConfig, voices: dict) -> str:
+def choose_voice(settings: Settings, config: ModuleConfig, voices: dict, family_default: str) -> str:
     """Our voice for a message: a synthesis voice that is one of ours, else the voice type's (by name, whatever the
-    locale or the user's own voices), else the default; then moved by rate and pitch (speechd.install.pick_voice)."""
-    from engine.voices import DEFAULT_VOICE, resolve_name
+    locale or the user's own voices), else the configured default (`family_default`, the model family's own, for
+    "default"); then moved by rate and pitch (speechd.install.pick_voice)."""
     from voiceapp.speechd.install import pick_voice, speechd_number
 
     name = None
@@ -149,9 +150,9 @@ def choose_voice(settings: Settings, config: ModuleConfig, voices: dict) -> str:
     elif settings.voice_type.upper() in config.voice_types:
         name = config.voice_types[settings.voice_type.upper()]
     if name is None or name not in voices:
-        name = resolve_name(config.default_voice)
+        name = family_default if config.default_voice in ("", "default") else config.default_voice
     if name not in voices:
-        name = DEFAULT_VOICE if DEFAULT_VOICE in voices else sorted(voices)[0]
+        name = family_default if family_default in voices else sorted(voices)[0]
     return pick_voice(name, speechd_number(settings.rate), speechd_number(settings.pitch), voices)
 
 
@@ -362,6 +363,7 @@ class Speaker:
         the next SPEAK as soon as it reads that event, before the task has quite returned)."""
         self._ending: str | None = None
         """What ends the message being spoken: "STOP" or "PAUSE" once asked, else None (its end)."""
+        self._family: ModelFamily | None = None
         self._bank: VoiceBank | None = None
         """The model family's VoiceBank, kept: each message asks it for the voices on disk now (a voice cloned since
         counts), and it reads again only the files that changed."""
@@ -380,25 +382,39 @@ class Speaker:
         """The sample rate the stream opens at before the server says its own: the last server's, else the model
         family's."""
 
+    def family(self) -> ModelFamily:
+        """The configured model's family, found once (from its folder: no model loaded)."""
+        if self._family is None:
+            from engine.families import family_of
+
+            self._family = family_of(self.config.model)
+        return self._family
+
+    def voice_bank(self) -> VoiceBank:
+        """The configured model family's VoiceBank, made once."""
+        if self._bank is None:
+            self._bank = self.family().voices()
+        return self._bank
+
     def bank(self) -> dict:
         """The voices of the configured model's family (Spark's presets and the user's own, or Orpheus's names), as
         they are on disk now."""
-        if self._bank is None:
-            from engine.families import family_of
+        return self.voice_bank().all()
 
-            self._bank = family_of(self.config.model).voices()
-        return self._bank.all()
+    def choose_voice(self, settings: Settings) -> str:
+        """The voice a message with these settings speaks (`choose_voice`)."""
+        bank = self.voice_bank()
+        return choose_voice(settings, self.config, bank.all(), bank.default)
 
     def voices(self) -> list[tuple[str, str]]:
-        from voiceapp.speechd.install import VOICE_LANGUAGES
-
-        return [(name, language) for language in VOICE_LANGUAGES for name in sorted(self.bank())]
+        """Every voice under each language the family speaks (`spd-say -L`)."""
+        return [(name, language) for language in self.family().languages for name in sorted(self.bank())]
 
     def speak(self, kind: str, text: str, settings: Settings) -> bool:
         """Start speaking (the caller holds the output lock and replies); False while a message still plays."""
         if self._active:
             return False
-        voice = choose_voice(settings, self.config, self.bank())
+        voice = self.choose_voice(settings)
         self._ending = None
         self._active = True
         self._task = asyncio.run_coroutine_threadsafe(self._speak(message_text(kind, text), voice), self.loop)
@@ -578,9 +594,7 @@ class Speaker:
     def _family_rate(self) -> int:
         """The configured model family's sample rate (no model loaded): what the first message's stream opens at."""
         if self._rate is None:
-            from engine.families import family_of
-
-            self._rate = family_of(self.config.model).sample_rate
+            self._rate = self.family().sample_rate
         return self._rate
 
 

@@ -45,7 +45,8 @@ class VoiceApp(App[int]):
     def __init__(self, options: TuiOptions = TuiOptions(), sink: MonitoredSink | None = None) -> None:
         super().__init__()
         self.options = options
-        self.voices = sorted((options.engine.voices or family_of(options.engine.model).voices()).all())
+        bank = options.engine.voices or family_of(options.engine.model).voices()
+        self.voices, self.default_voice = sorted(bank.all()), bank.default
         self.bridge = Bridge(options, sink, id="bridge")
 
     def compose(self) -> ComposeResult:
@@ -69,7 +70,7 @@ class VoiceApp(App[int]):
             self.notify(f"unknown voice {self.options.voice!r}; using {self._initial_voice()}", severity="warning")
 
     def _initial_voice(self) -> str:
-        return available_voice(self.options.voice, self.voices)
+        return available_voice(self.options.voice, self.voices, self.default_voice)
 
     # ---- actions ------------------------------------------------------------------------------------
 

@@ -34,13 +34,12 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engine.config import SamplingOptions, SynthesisRequest
 from engine.errors import InputError, VoiceError
+from engine.families import family
 from engine.voices import resolve_name
 
 if TYPE_CHECKING:
     from voiceapp.server.engine_server import EngineServer
 
-ATTRIBUTION = Attribution(name="voiceapp (Spark-TTS)", url="https://github.com/SparkAudio/Spark-TTS")
-LANGUAGES = ["en", "zh"]
 SAMPLE_WIDTH = 2
 """Bytes per sample of the audio sent: 16-bit PCM, what Home Assistant plays."""
 CHUNK_S = 0.1
@@ -176,12 +175,16 @@ class WyomingApi:
             await asyncio.wait_for(self._listener.wait_closed(), 5)
 
     def info(self) -> Info:
+        """The voices and languages of the engine's model family, credited to the family's model."""
+        fam = family(self.server.synth.describe()["family"])
+        model = fam.description.split(" (")[0]
+        attribution = Attribution(name=f"voiceapp ({model})", url=f"https://huggingface.co/{fam.downloads[0][0]}")
         voices = self.server.synth.voices.all()
-        tts_voices = [TtsVoice(name=name, description=voice.description or name, attribution=ATTRIBUTION,
-                               installed=True, version=None, languages=LANGUAGES)
+        tts_voices = [TtsVoice(name=name, description=voice.description or name, attribution=attribution,
+                               installed=True, version=None, languages=list(fam.languages))
                       for name, voice in sorted(voices.items())]
-        program = TtsProgram(name="voiceapp", description="Spark-TTS through voiceapp's warm engine",
-                             attribution=ATTRIBUTION, installed=True, version=self.server.hello().get("version"),
+        program = TtsProgram(name="voiceapp", description=f"{model} through voiceapp's warm engine",
+                             attribution=attribution, installed=True, version=self.server.hello().get("version"),
                              voices=tts_voices, supports_synthesize_streaming=True)
         return Info(tts=[program])
 
@@ -276,8 +279,9 @@ class _Connection:
 
     def request_of(self, voice, text: str = "") -> SynthesisRequest:
         """A request for `voice` (a SynthesizeVoice or None): a name of ours, or our default."""
-        name = resolve_name(getattr(voice, "name", None) or "")
-        voices = self.api.server.synth.voices.all()
+        bank = self.api.server.synth.voices
+        name = resolve_name(getattr(voice, "name", None) or "", bank.default)
+        voices = bank.all()
         if name not in voices:
             raise InputError(f"unknown voice {name!r}; available: {', '.join(sorted(voices))}")
         if not isinstance(text, str) or len(text) > self.api.limits.max_chars:

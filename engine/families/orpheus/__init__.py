@@ -19,7 +19,7 @@ from engine.families.base import Encode, Sample
 from engine.families.orpheus import grammar
 from engine.lane_scheduler import LaneSizing, sentence_positions
 from engine.prompt import Prompt
-from engine.voices import Voice, VoiceBank
+from engine.voices import PresetBank, Voice, VoiceBank
 from engine.windowing import WindowSchedule
 
 SAMPLE_RATE = grammar.SAMPLE_RATE
@@ -112,6 +112,7 @@ class OrpheusFamily:
     gpu_decoder_dtype = "fp32"  # fp16 keeps within the seam bound on the CPU; whether it pays on a GPU is unmeasured
     sizes = ("tiny", "full")
     sample_rate = SAMPLE_RATE
+    languages = ("en",)  # the released fine-tune is English
     cached_voices = False
     downloads = (("canopylabs/orpheus-3b-0.1-ft", ""), ("hubertsiuzdak/snac_24khz", "snac"))
 
@@ -227,17 +228,6 @@ class OrpheusCheckpoint:
                 f"codec        SNAC {self.info.snac.sample_rate} Hz in {self.snac_dir}",
                 f"tokens       audio {grammar.AUDIO_BASE}..{grammar.AUDIO_END - 1}, stop {grammar.END_OF_SPEECH}",
                 f"voices       {', '.join(grammar.VOICES)}"]
-
-
-class PresetBank(VoiceBank):
-    """A fixed set of voices (a family whose voices are names the model knows, not files)."""
-
-    def __init__(self, voices: dict[str, Voice]) -> None:
-        super().__init__(dirs=[], default=next(iter(voices)))
-        self._voices = dict(voices)
-
-    def all(self) -> dict[str, Voice]:
-        return dict(self._voices)
 
 
 ORPHEUS = OrpheusFamily()
