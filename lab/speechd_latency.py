@@ -36,16 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 16000
-
-
 class Capture:
-    """parec of the sink's monitor into a file, float32 at RATE."""
+    """parec of the sink's monitor into a file, float32 at the sink's rate."""
 
-    def __init__(self, path: Path, sink: str) -> None:
-        self.path = path
+    def __init__(self, path: Path, sink: str, rate: int) -> None:
+        self.path, self.rate = path, rate
         self.proc = subprocess.Popen(["parec", "-d", f"{sink}.monitor", "--raw", "--format=float32le",
-                                      f"--rate={RATE}", "--channels=1", "--latency-msec=5", str(path)])
+                                      f"--rate={rate}", "--channels=1", "--latency-msec=5", str(path)])
         time.sleep(0.4)
 
     def frames(self) -> int:
@@ -57,7 +54,7 @@ class Capture:
         while time.monotonic() < deadline:
             heard = np.flatnonzero(np.fromfile(self.path, np.float32, offset=4 * start))
             if len(heard):
-                return float(heard[0]) * 1000 / RATE
+                return float(heard[0]) * 1000 / self.rate
             time.sleep(0.01)
         raise SystemExit("no sound")
 
@@ -101,7 +98,7 @@ def ms(t: float | None, t0: float) -> float | None:
     return None if t is None else round((t - t0) * 1000, 1)
 
 
-async def engine_first_audio_ms(socket: Path, text: str) -> float:
+async def engine_first_audio_ms(socket: Path, text: str, voice: str, max_tokens: int) -> float:
     from engine.config import SamplingOptions, SynthesisRequest
     from voiceapp.server.client import RemoteSynthesizer
 
@@ -109,8 +106,8 @@ async def engine_first_audio_ms(socket: Path, text: str) -> float:
     assert remote is not None, "no warm server"
     try:
         t0 = time.perf_counter()
-        async for chunk in remote.synthesize(SynthesisRequest(text, voice="ava", options=SamplingOptions(
-                seed=0, max_tokens=40))):
+        async for chunk in remote.synthesize(SynthesisRequest(text, voice=voice, options=SamplingOptions(
+                seed=0, max_tokens=max_tokens))):
             if not chunk.pause:
                 return (time.perf_counter() - t0) * 1000
         raise SystemExit("no audio from the server")
@@ -173,6 +170,9 @@ def main() -> None:
     p.add_argument("--no-spd", action="store_true", help="skip the spd-say runs")
     p.add_argument("--latency", help="the module's --latency (default: its own)")
     p.add_argument("--model", help="a checkpoint for --backend torch (default: a tiny synthetic one)")
+    p.add_argument("--voice", default="ava", help="the voice asked for (an Orpheus model's: tara)")
+    p.add_argument("--rate", type=int, default=16000, help="the null sink's rate: the engine's (Orpheus: 24000)")
+    p.add_argument("--max-tokens", type=int, default=40, help="a message's LLM tokens (random weights never stop)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sdl."))
     for d in ("config", "home", "run", "engine", "data", "cache", "pa"):
@@ -180,7 +180,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.audio.conftest import start_pulse
 
-    pulse = start_pulse({"tts16": RATE})
+    sink = f"tts{args.rate // 1000}"
+    pulse = start_pulse({sink: args.rate})
     os.environ.update(pulse.env)
     socket = root / "engine" / "engine.sock"
     env = {k: v for k, v in os.environ.items() if k not in ("VOICEAPP_NO_SERVER", "LANGUAGE", "LC_ALL")}
@@ -197,7 +198,7 @@ def main() -> None:
         if model is None:
             model = root / "tiny"
             write_checkpoint(model, size="tiny", seed=0)
-        engine_args = ["--model", str(model), "--backend", "torch", "--max-tokens", "40"]
+        engine_args = ["--model", str(model), "--backend", "torch", "--max-tokens", str(args.max_tokens)]
     if args.latency:
         engine_args += ["--latency", args.latency]
     speechd = cap = None
@@ -210,10 +211,10 @@ def main() -> None:
         protocol = ModuleProtocol(output, speaker)
         hooks = Hooks()
         protocol.feed("INIT")
-        cap = Capture(root / "cap.f32", "tts16")
+        cap = Capture(root / "cap.f32", sink, args.rate)
         module_run(protocol, out, hooks, cap, "Warm up.", timeout_s=600)  # starts the server
         if not args.no_spd:
-            subprocess.run([sys.executable, "-m", "voiceapp.cli", "speechd", "install", "--default", "--voice", "ava",
+            subprocess.run([sys.executable, "-m", "voiceapp.cli", "speechd", "install", "--default", "--voice", args.voice,
                             *engine_args], env=env, check=True, capture_output=True)
             speechd = subprocess.Popen(["speech-dispatcher", "--run-single", "--timeout", "0"], env=env,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -224,7 +225,7 @@ def main() -> None:
             subprocess.run(["spd-say", "-w", "-l", "en", "Warm up."], env=env, check=True, timeout=120)
         rows = []
         for _ in range(args.runs):
-            row = {"engine": round(asyncio.run(engine_first_audio_ms(socket, args.text)), 1)}
+            row = {"engine": round(asyncio.run(engine_first_audio_ms(socket, args.text, args.voice, args.max_tokens)), 1)}
             time.sleep(0.2)
             row.update(module_run(protocol, out, hooks, cap, args.text))
             time.sleep(0.2)

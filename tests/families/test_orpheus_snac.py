@@ -217,12 +217,13 @@ def test_a_short_last_window_padded_before_the_sentence_keeps_its_audio(snac_dec
     from engine.families.orpheus import SCHEDULE
 
     rng = np.random.default_rng(1)
-    frames = tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(9))
-    last = DecodeItem(frames, (), SCHEDULE.left, 9, 0)
+    n = next(n for n in range(SCHEDULE.left + 2, 40) if n not in lengths_for(SCHEDULE))  # no standard length
+    frames = tuple(tuple(int(c) for c in rng.integers(0, g.CODEBOOK, g.FRAME_TOKENS)) for _ in range(n))
+    last = DecodeItem(frames, (), SCHEDULE.left, n, 0)
     wide = widen_left(last, frames, 0, lengths_for(SCHEDULE), pad_after=SCHEDULE.left)
-    assert len(wide.codes) > 9 and wide.start < 0
+    assert len(wide.codes) > n and wide.start < 0
     padded, = snac_decoder.decode([wide])
     one = snac_decoder.decode([DecodeItem(frames, ())])[0][SCHEDULE.left * g.SAMPLES_PER_FRAME:]
     assert seam_error_db(padded, one) < -80
     with pytest.raises(ValueError, match="before the sentence"):
-        snac_decoder.decode([DecodeItem(frames, (), 0, 9, -1)])  # keeping a frame that is not the sentence's
+        snac_decoder.decode([DecodeItem(frames, (), 0, n, -1)])  # keeping a frame that is not the sentence's

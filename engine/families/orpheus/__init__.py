@@ -35,13 +35,15 @@ candidates) take every request, and at temperature 0.6 and top-p 0.8 a trained m
 50 ids."""
 SAMPLED = ("temperature", "top_k", "top_p", "repetition_penalty")
 """The knobs DEFAULT_SAMPLING sets where a request kept the engine-wide default."""
-SCHEDULE = WindowSchedule(first_new=1, new=4, growth=2.0, max_new=32, left=3, right=2,
+SCHEDULE = WindowSchedule(first_new=1, new=2, growth=2.0, max_new=32, left=3, right=2,
                           busy_first_new=8, busy_new=8, busy_growth=1.25, crossfade=0)
 """Windows in SNAC frames (85 ms each). Three frames of left context and two of right put every seam far below
 -40 dB and, with the decoder's noise keyed to the position, windows join without a crossfade. The first window is
-one frame: first audio after 21 tokens. A crowd's streams get their tokens at 1.3-1.5x real time, where windows
-growing by 2 run dry before the second chunk: the busy schedule starts with two windows of 8 frames and grows by
-1.25, which keeps up from about 1.2x (engine.bench.playback `window_arrivals`)."""
+one frame: first audio after 21 tokens. The second is two, 14 tokens later: a player starts once it holds more than
+the first frame (its device takes more as it starts), so the second chunk is what a listener waits for, and with
+the first frame's 85 ms in hand it should come well inside them. A crowd's streams get their tokens at 1.3-1.5x
+real time, where windows growing by 2 run dry before the second chunk: the busy schedule starts with two windows of
+8 frames and grows by 1.25, which keeps up from about 1.2x (engine.bench.playback `window_arrivals`)."""
 WHOLE_FRAMES = 176
 """Frames of a whole-sentence decode (export): 15 s."""
 LANE_MEMORY_SHARE = 0.75
