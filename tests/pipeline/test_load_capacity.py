@@ -12,6 +12,11 @@ from voiceapp.load_bench import drive, engine_target
 
 CAPACITY = 4
 """Streams the engine keeps up with in real time."""
+HOST_SHARE = 0.85
+"""The fake's tokens are sleeps, but the pipeline's own work per token adds to them: alone and warm the engine runs
+a little under CAPACITY times real time. Where it runs under this share of it, the host is too slow for the engine to
+be the one of known capacity the test judges (a shared host under load has made it so); the test says so as a skip
+naming the speed."""
 
 
 def fake_engine(capacity: int):
@@ -27,21 +32,28 @@ def test_the_load_bench_finds_the_fake_engines_capacity():
         synth = fake_engine(CAPACITY)
         target = engine_target(synth, synth.voices.default)
         try:
+            await drive(target, [Arrival(0.0, SENTENCES[2])])  # warm
             one = (await drive(target, [Arrival(0.0, SENTENCES[2])]))[0]
             audio_s = sum(n for _, n in one.chunks) / synth.sample_rate
             busy = one.end - one.start
             assert busy < audio_s, (busy, audio_s)  # alone, faster than real time (by CAPACITY when idle)
+            if audio_s / busy < HOST_SHARE * CAPACITY:
+                return audio_s / busy, None
             capacity_rate = CAPACITY / audio_s  # requests a second whose audio the engine makes in real time
             results = []
             for share, seconds in ((0.3, 3.0), (2.0, 2.0)):
                 rate = share * capacity_rate
                 logs = await drive(target, schedule(rate, seconds, seed=7))
                 results.append(summarize_rate(rate, seconds, logs, synth.sample_rate))
-            return results
+            return audio_s / busy, results
         finally:
             await synth.close()
 
-    below, above = asyncio.run(main())
+    speed, results = asyncio.run(main())
+    if results is None:
+        pytest.skip(f"alone and warm the fake engine ran at {speed:.2f}x real time on this host, under "
+                    f"{HOST_SHARE:g} of its capacity of {CAPACITY}: the host is too slow to judge the capacity")
+    below, above = results
     assert below.served == below.streams >= 3 and above.served == above.streams > below.streams, (below, above)
     assert below.underran_share == 0, below
     assert above.underran_share > 0.5, above
